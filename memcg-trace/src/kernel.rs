@@ -1,0 +1,358 @@
+//! Facts about the running kernel: which functions and tracepoints exist (BTF, kallsyms,
+//! available_filter_functions), the struct and per-CPU offsets the eBPF programs need, and the
+//! build configuration worth recording next to a measurement.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fs,
+    io::Read as _,
+    path::Path,
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use btf_rs::{Btf, BtfType, Type};
+use fallible_iterator::FallibleIterator as _;
+use memcg_trace_common::{KernelLayout, PREEMPT_MASKS};
+
+/// Where the running kernel's BTF lives.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// What exists in this kernel, by name. Built once per run (kallsyms is slow under emulation).
+#[derive(Debug, Default, Clone)]
+pub struct Symbols {
+    /// Functions described in vmlinux BTF (fentry/fexit can target these).
+    pub btf_funcs: HashSet<String>,
+    /// Tracepoints with a BTF prototype (`btf_trace_<name>`), attachable as tp_btf.
+    pub btf_tracepoints: HashSet<String>,
+    /// Text symbols from /proc/kallsyms, exact names (kprobes can target these).
+    pub kallsyms: HashSet<String>,
+    /// Compiler clones by base name: `foo` -> [`foo.constprop.0`].
+    pub clones: HashMap<String, Vec<String>>,
+    /// /sys/kernel/tracing/available_filter_functions, when readable.
+    pub traceable: Option<HashSet<String>>,
+    /// Whether the kernel can create kprobes at all.
+    pub kprobes: bool,
+}
+
+impl Symbols {
+    /// Reads BTF, kallsyms and the ftrace function list of the running kernel.
+    pub fn load(btf: &Btf) -> Result<Self> {
+        let mut s = Symbols::default();
+        let mut types = btf.type_iter();
+        while let Ok(Some(t)) = types.next() {
+            match &t {
+                Type::Func(f) => {
+                    if let Ok(n) = btf.resolve_name(f) {
+                        s.btf_funcs.insert(n);
+                    }
+                }
+                Type::Typedef(td) => {
+                    if let Ok(n) = btf.resolve_name(td) {
+                        if let Some(tp) = n.strip_prefix("btf_trace_") {
+                            s.btf_tracepoints.insert(tp.to_string());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let kallsyms = fs::read_to_string("/proc/kallsyms").context("read /proc/kallsyms")?;
+        s.add_kallsyms(&kallsyms);
+        for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
+            if let Ok(list) = fs::read_to_string(format!("{dir}/available_filter_functions")) {
+                s.traceable = Some(
+                    list.lines()
+                        .filter_map(|l| l.split_whitespace().next())
+                        .map(str::to_string)
+                        .collect(),
+                );
+                break;
+            }
+        }
+        s.kprobes = Path::new("/sys/bus/event_source/devices/kprobe").exists();
+        Ok(s)
+    }
+
+    /// Adds the text symbols of a /proc/kallsyms listing.
+    pub fn add_kallsyms(&mut self, kallsyms: &str) {
+        for line in kallsyms.lines() {
+            let mut it = line.split_whitespace();
+            let (Some(_addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
+                continue;
+            };
+            if !matches!(kind, "t" | "T") {
+                continue;
+            }
+            match name.split_once('.') {
+                Some((base, _)) => self
+                    .clones
+                    .entry(base.to_string())
+                    .or_default()
+                    .push(name.to_string()),
+                None => {
+                    self.kallsyms.insert(name.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// The release of the running kernel (`uname -r`).
+pub fn release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Opens the running kernel's BTF, with a clear error when there is none.
+pub fn open_btf() -> Result<Btf> {
+    if !Path::new(VMLINUX_BTF).exists() {
+        bail!("{VMLINUX_BTF} is missing: this kernel was built without CONFIG_DEBUG_INFO_BTF, which memcg-trace needs");
+    }
+    Btf::from_file(VMLINUX_BTF).map_err(|e| anyhow!("cannot parse {VMLINUX_BTF}: {e}"))
+}
+
+fn named_struct(btf: &Btf, name: &str) -> Result<btf_rs::Struct> {
+    for t in btf.resolve_types_by_name(name).unwrap_or_default() {
+        if let Type::Struct(s) = t {
+            if !s.members.is_empty() {
+                return Ok(s);
+            }
+        }
+    }
+    bail!("struct {name} not found in BTF")
+}
+
+/// Follows typedefs and qualifiers to the underlying type.
+fn strip(btf: &Btf, mut t: Type) -> Result<Type> {
+    loop {
+        match &t {
+            Type::Typedef(_) | Type::Volatile(_) | Type::Const(_) | Type::Restrict(_) | Type::TypeTag(_) => {
+                t = btf
+                    .resolve_chained_type(t.as_btf_type().expect("qualifier is a btf type"))
+                    .map_err(|e| anyhow!("{e}"))?;
+            }
+            _ => return Ok(t),
+        }
+    }
+}
+
+/// Byte offset of `field` in `s`, looking through anonymous structs and unions.
+fn member_offset(btf: &Btf, s: &btf_rs::Struct, field: &str) -> Option<(u64, Type)> {
+    for m in &s.members {
+        let name = btf.resolve_name(m).unwrap_or_default();
+        let ty = btf.resolve_chained_type(m).ok()?;
+        if name == field {
+            return Some(((m.bit_offset() / 8) as u64, ty));
+        }
+        if name.is_empty() {
+            if let Ok(Type::Struct(inner) | Type::Union(inner)) = strip(btf, ty) {
+                if let Some((off, t)) = member_offset(btf, &inner, field) {
+                    return Some((m.bit_offset() as u64 / 8 + off, t));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Offset of a dotted path of fields starting at struct `root`.
+pub fn field_path_offset(btf: &Btf, root: &str, path: &[&str]) -> Result<u64> {
+    let mut s = named_struct(btf, root)?;
+    let mut total = 0;
+    for (i, field) in path.iter().enumerate() {
+        let (off, ty) = member_offset(btf, &s, field)
+            .ok_or_else(|| anyhow!("{root}.{} not found in BTF", path[..=i].join(".")))?;
+        total += off;
+        if i + 1 < path.len() {
+            match strip(btf, ty)? {
+                Type::Struct(next) | Type::Union(next) => s = next,
+                Type::Ptr(_) => bail!("{root}.{} is a pointer; split the path", path[..=i].join(".")),
+                other => bail!("{root}.{} is a {}", path[..=i].join("."), other.name()),
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Per-CPU variables and their offsets in the `.data..percpu` section.
+pub fn percpu_vars(btf: &Btf) -> Result<HashMap<String, u64>> {
+    let mut out = HashMap::new();
+    for t in btf.resolve_types_by_name(".data..percpu").unwrap_or_default() {
+        if let Type::Datasec(ds) = t {
+            for v in &ds.variables {
+                if let Ok(var) = btf.resolve_type_by_id(v.get_type_id().unwrap_or(0)) {
+                    if let Some(bt) = var.as_btf_type() {
+                        if let Ok(name) = btf.resolve_name(bt) {
+                            out.insert(name, v.offset() as u64);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        bail!("no .data..percpu section in BTF: cannot locate preempt_count");
+    }
+    Ok(out)
+}
+
+/// The offsets the eBPF programs need to read preempt_count and the task's switch counts.
+pub fn layout(btf: &Btf) -> Result<KernelLayout> {
+    let percpu = percpu_vars(btf)?;
+    // Up to 6.1 and again from 6.15: `__preempt_count`; 6.2-6.14: `pcpu_hot.preempt_count`.
+    let preempt_count = if let Some(off) = percpu.get("__preempt_count") {
+        *off
+    } else if let Some(off) = percpu.get("pcpu_hot") {
+        off + field_path_offset(btf, "pcpu_hot", &["preempt_count"])?
+    } else {
+        bail!("neither __preempt_count nor pcpu_hot is a per-CPU variable in BTF");
+    };
+    let runqueues = *percpu
+        .get("runqueues")
+        .ok_or_else(|| anyhow!("per-CPU variable runqueues not in BTF"))?;
+    let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
+    Ok(KernelLayout {
+        preempt_count,
+        runqueues,
+        task_se_cfs_rq: field_path_offset(btf, "task_struct", &["se", "cfs_rq"])
+            .context("task_struct.se.cfs_rq (needs CONFIG_FAIR_GROUP_SCHED)")?,
+        cfs_rq_rq: field_path_offset(btf, "cfs_rq", &["rq"])?,
+        rq_cpu: field_path_offset(btf, "rq", &["cpu"])?,
+        task_nvcsw: field_path_offset(btf, "task_struct", &["nvcsw"])?,
+        task_nivcsw: field_path_offset(btf, "task_struct", &["nivcsw"])?,
+        nmi_mask,
+        hardirq_mask,
+        softirq_offset,
+        valid: 1,
+    })
+}
+
+/// Kernel build options that change what the charging path costs.
+pub const CONFIG_OF_INTEREST: &[&str] = &[
+    "CONFIG_PREEMPT",
+    "CONFIG_PREEMPT_VOLUNTARY",
+    "CONFIG_PREEMPT_NONE",
+    "CONFIG_PREEMPT_DYNAMIC",
+    "CONFIG_PREEMPT_RT",
+    "CONFIG_PREEMPT_LAZY",
+    "CONFIG_DEBUG_PREEMPT",
+    "CONFIG_MEMCG",
+    "CONFIG_MEMCG_KMEM",
+    "CONFIG_SLUB_DEBUG",
+    "CONFIG_SLUB_DEBUG_ON",
+    "CONFIG_LOCKDEP",
+    "CONFIG_PROVE_LOCKING",
+    "CONFIG_KASAN",
+    "CONFIG_DEBUG_VM",
+    "CONFIG_HZ",
+    "CONFIG_NR_CPUS",
+];
+
+/// The kernel's build configuration, from /proc/config.gz or /boot/config-<release>.
+pub fn config(release: &str) -> Option<BTreeMap<String, String>> {
+    let text = if let Ok(gz) = fs::read("/proc/config.gz") {
+        let mut s = String::new();
+        flate2::read::GzDecoder::new(&gz[..]).read_to_string(&mut s).ok()?;
+        s
+    } else {
+        fs::read_to_string(format!("/boot/config-{release}")).ok()?
+    };
+    Some(parse_config(&text))
+}
+
+/// The options of interest from a kernel .config text (`# X is not set` becomes "n").
+pub fn parse_config(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let (k, v) = if let Some(rest) = line.strip_prefix("# ") {
+            match rest.strip_suffix(" is not set") {
+                Some(k) => (k, "n"),
+                None => continue,
+            }
+        } else if let Some((k, v)) = line.split_once('=') {
+            (k, v)
+        } else {
+            continue;
+        };
+        if CONFIG_OF_INTEREST.contains(&k) {
+            out.insert(k.to_string(), v.trim_matches('"').to_string());
+        }
+    }
+    out
+}
+
+/// The preemption model in the kernel's words, from /sys/kernel/debug/sched/preempt (dynamic
+/// preemption, current mode in parentheses) or else the build configuration.
+pub fn preemption_model(config: Option<&BTreeMap<String, String>>) -> String {
+    for p in ["/sys/kernel/debug/sched/preempt", "/sys/kernel/debug/sched_preempt"] {
+        if let Ok(s) = fs::read_to_string(p) {
+            if let Some(cur) = s.split_whitespace().find(|w| w.starts_with('(')) {
+                return format!("dynamic {}", cur.trim_matches(|c| c == '(' || c == ')'));
+            }
+        }
+    }
+    let Some(c) = config else {
+        return "unknown".into();
+    };
+    let on = |k: &str| c.get(k).map(|v| v == "y").unwrap_or(false);
+    let model = if on("CONFIG_PREEMPT_RT") {
+        "rt"
+    } else if on("CONFIG_PREEMPT") {
+        "full"
+    } else if on("CONFIG_PREEMPT_LAZY") {
+        "lazy"
+    } else if on("CONFIG_PREEMPT_VOLUNTARY") {
+        "voluntary"
+    } else {
+        "none"
+    };
+    if on("CONFIG_PREEMPT_DYNAMIC") {
+        format!("dynamic (built {model})")
+    } else {
+        model.to_string()
+    }
+}
+
+/// CPU model name and the number of online CPUs.
+pub fn cpu_info() -> (String, usize) {
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    (model, online_cpus())
+}
+
+/// Number of online CPUs (what the per-CPU maps hold values for).
+pub fn online_cpus() -> usize {
+    aya::util::online_cpus().map(|c| c.len()).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_parsing_keeps_options_of_interest() {
+        let c = parse_config("CONFIG_PREEMPT_VOLUNTARY=y\n# CONFIG_DEBUG_PREEMPT is not set\nCONFIG_HZ=250\nCONFIG_FOO=y\n");
+        assert_eq!(c.get("CONFIG_PREEMPT_VOLUNTARY").unwrap(), "y");
+        assert_eq!(c.get("CONFIG_DEBUG_PREEMPT").unwrap(), "n");
+        assert_eq!(c.get("CONFIG_HZ").unwrap(), "250");
+        assert!(!c.contains_key("CONFIG_FOO"));
+        assert_eq!(preemption_model(Some(&c)), "voluntary");
+    }
+
+    #[test]
+    fn kallsyms_separates_clones() {
+        let mut s = Symbols::default();
+        s.add_kallsyms("ffffffff81000000 T obj_cgroup_charge\nffffffff81000010 t mod_memcg_state.constprop.0\nffffffff82000000 D some_data\n");
+        assert!(s.kallsyms.contains("obj_cgroup_charge"));
+        assert!(!s.kallsyms.contains("some_data"));
+        assert_eq!(s.clones["mod_memcg_state"], vec!["mod_memcg_state.constprop.0"]);
+    }
+}

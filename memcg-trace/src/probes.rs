@@ -1,0 +1,364 @@
+//! Logical probes (steps of the memcg charging hot path) and their resolution to a kernel symbol
+//! and an attach backend on the running kernel.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::kernel::Symbols;
+
+/// How a probe is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// fentry + fexit (BPF trampoline): cheapest, needs BTF for the function.
+    Fentry,
+    /// kprobe + kretprobe: works where fentry is refused, costs an int3 or ftrace hop.
+    Kprobe,
+    /// tp_btf on a memcg tracepoint: counts and context only, no latency.
+    Tracepoint,
+}
+
+impl Backend {
+    /// Whether this backend measures latency (entry/exit pairs).
+    pub fn has_latency(self) -> bool {
+        !matches!(self, Backend::Tracepoint)
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Fentry => "fentry",
+            Backend::Kprobe => "kprobe",
+            Backend::Tracepoint => "tracepoint",
+        })
+    }
+}
+
+/// The `--attach` choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// Per probe: fentry, else kprobe, else tracepoint.
+    Auto,
+    /// fentry/fexit only.
+    Fentry,
+    /// kprobe/kretprobe only.
+    Kprobe,
+    /// tp_btf tracepoints only.
+    Tracepoint,
+}
+
+impl AttachMode {
+    /// The backends to try, in order.
+    pub fn order(self) -> &'static [Backend] {
+        match self {
+            AttachMode::Auto => &[Backend::Fentry, Backend::Kprobe, Backend::Tracepoint],
+            AttachMode::Fentry => &[Backend::Fentry],
+            AttachMode::Kprobe => &[Backend::Kprobe],
+            AttachMode::Tracepoint => &[Backend::Tracepoint],
+        }
+    }
+}
+
+/// A logical step of the charging path and the kernel symbols that implement it, newest kernels
+/// first. The first candidate that exists wins; later ones are wrappers or older names, and
+/// tracing both would count one call twice.
+#[derive(Debug)]
+pub struct ProbeDef {
+    /// The name users pass to `--probe`.
+    pub name: &'static str,
+    /// What it measures.
+    pub about: &'static str,
+    /// Candidate functions, in order of preference.
+    pub candidates: &'static [&'static str],
+    /// A tracepoint that fires once per call of this step, for the counts-only backend.
+    pub tracepoint: Option<&'static str>,
+    /// Traced unless `--probe` says otherwise.
+    pub default: bool,
+}
+
+/// Every probe memcg-trace knows.
+pub const PROBES: &[ProbeDef] = &[
+    ProbeDef {
+        name: "charge",
+        about: "object (kmem/slab) charge to the objcg",
+        // 6.16+: the slab hook calls static obj_cgroup_charge_account(); obj_cgroup_charge() is
+        // a thin wrapper for the other callers, so tracing both double-counts.
+        candidates: &["obj_cgroup_charge_account", "obj_cgroup_charge"],
+        tracepoint: None,
+        default: true,
+    },
+    ProbeDef {
+        name: "stat",
+        about: "memcg stat update",
+        // Up to 6.15 mod_memcg_state() is an inline around __mod_memcg_state(); 6.16+ made
+        // mod_memcg_state() out of line and irq-safe.
+        candidates: &["__mod_memcg_state", "mod_memcg_state"],
+        tracepoint: Some("mod_memcg_state"),
+        default: true,
+    },
+    ProbeDef {
+        name: "rstat",
+        about: "rstat updated-tree insertion",
+        // cgroup_rstat_updated (4.18-6.15) became css_rstat_updated (6.16); 7.x callers use
+        // __css_rstat_updated directly.
+        candidates: &[
+            "__css_rstat_updated",
+            "css_rstat_updated",
+            "__cgroup_rstat_updated",
+            "cgroup_rstat_updated",
+        ],
+        tracepoint: None,
+        default: true,
+    },
+    ProbeDef {
+        name: "uncharge",
+        about: "object uncharge",
+        candidates: &["obj_cgroup_uncharge"],
+        tracepoint: None,
+        default: false,
+    },
+    ProbeDef {
+        name: "slab_post_alloc",
+        about: "slab allocation hook that charges the new objects",
+        // 6.10 moved slab charging into __memcg_slab_post_alloc_hook() in mm/memcontrol.c.
+        candidates: &["__memcg_slab_post_alloc_hook", "memcg_slab_post_alloc_hook"],
+        tracepoint: None,
+        default: false,
+    },
+    ProbeDef {
+        name: "slab_free",
+        about: "slab free hook that uncharges the objects",
+        candidates: &["__memcg_slab_free_hook", "memcg_slab_free_hook"],
+        tracepoint: None,
+        default: false,
+    },
+    ProbeDef {
+        name: "refill_stock",
+        about: "return bytes to the per-CPU object stock",
+        candidates: &["refill_obj_stock", "refill_stock"],
+        tracepoint: None,
+        default: false,
+    },
+    ProbeDef {
+        name: "try_charge",
+        about: "page-counter charge (can enter reclaim and sleep)",
+        candidates: &["try_charge_memcg", "try_charge"],
+        tracepoint: None,
+        default: false,
+    },
+    ProbeDef {
+        name: "events",
+        about: "memcg event counter update",
+        candidates: &["count_memcg_events", "__count_memcg_events"],
+        tracepoint: Some("count_memcg_events"),
+        default: false,
+    },
+];
+
+/// Looks a logical probe up by name.
+pub fn probe_def(name: &str) -> Option<&'static ProbeDef> {
+    PROBES.iter().find(|p| p.name == name)
+}
+
+/// The names of the default probes.
+pub fn default_probes() -> Vec<&'static str> {
+    PROBES.iter().filter(|p| p.default).map(|p| p.name).collect()
+}
+
+/// What one probe request asks for: a logical probe, or any function (`--func`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// A logical probe from [`PROBES`].
+    Probe(&'static ProbeDef),
+    /// `--func SYMBOL`.
+    Func(String),
+}
+
+impl Request {
+    /// The name shown for this probe.
+    pub fn name(&self) -> String {
+        match self {
+            Request::Probe(p) => p.name.to_string(),
+            Request::Func(f) => f.clone(),
+        }
+    }
+}
+
+impl PartialEq for ProbeDef {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+impl Eq for ProbeDef {}
+
+/// One way to attach a request that the kernel's symbol tables allow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The backend.
+    pub backend: Backend,
+    /// The function (fentry, kprobe) or tracepoint (tracepoint) to attach to.
+    pub target: String,
+}
+
+/// The outcome of resolving one request against the kernel's symbol tables, before any load.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resolution {
+    /// Attachable plans in the order they will be tried.
+    pub plans: Vec<Plan>,
+    /// Why candidates or backends were not chosen, one line each.
+    pub notes: Vec<String>,
+}
+
+/// Picks, for each backend in `order`, the symbol the request resolves to on this kernel.
+pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
+    let mut r = Resolution::default();
+    let candidates: Vec<&str> = match req {
+        Request::Probe(p) => p.candidates.to_vec(),
+        Request::Func(f) => vec![f.as_str()],
+    };
+    let present = |c: &str| syms.btf_funcs.contains(c) || syms.kallsyms.contains(c);
+    let chosen = candidates.iter().copied().find(|c| present(c));
+    for c in &candidates {
+        if Some(*c) == chosen {
+            continue;
+        }
+        if present(c) {
+            r.notes.push(format!(
+                "{c}: not used, {} is preferred (tracing both would count calls twice)",
+                chosen.unwrap_or("?")
+            ));
+        } else if let Some(clones) = syms.clones.get(*c) {
+            r.notes.push(format!(
+                "{c}: inlined; only compiler clones exist ({})",
+                clones.join(", ")
+            ));
+        } else {
+            r.notes.push(format!("{c}: absent from this kernel (BTF and kallsyms)"));
+        }
+    }
+    for &backend in order {
+        match backend {
+            Backend::Fentry | Backend::Kprobe => {
+                let Some(sym) = chosen else {
+                    r.notes.push(format!("{backend}: no candidate function exists"));
+                    continue;
+                };
+                if backend == Backend::Fentry && !syms.btf_funcs.contains(sym) {
+                    r.notes.push(format!("fentry: {sym} has no BTF description"));
+                    continue;
+                }
+                if backend == Backend::Kprobe {
+                    if !syms.kprobes {
+                        r.notes.push("kprobe: this kernel has no kprobe support (CONFIG_KPROBES off)".into());
+                        continue;
+                    }
+                    if !syms.kallsyms.contains(sym) {
+                        r.notes.push(format!("kprobe: {sym} is not in kallsyms"));
+                        continue;
+                    }
+                }
+                if let Some(t) = &syms.traceable {
+                    if !t.contains(sym) {
+                        r.notes.push(format!(
+                            "{backend}: {sym} is not traceable (not in available_filter_functions: notrace or inlined)"
+                        ));
+                        continue;
+                    }
+                }
+                r.plans.push(Plan { backend, target: sym.to_string() });
+            }
+            Backend::Tracepoint => {
+                let tp = match req {
+                    Request::Probe(p) => p.tracepoint,
+                    Request::Func(_) => None,
+                };
+                match tp {
+                    None => r.notes.push("tracepoint: no tracepoint fires for this step".into()),
+                    Some(tp) if syms.btf_tracepoints.contains(tp) => r.plans.push(Plan {
+                        backend,
+                        target: tp.to_string(),
+                    }),
+                    Some(tp) => r.notes.push(format!("tracepoint: memcg:{tp} does not exist in this kernel")),
+                }
+            }
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Symbol facts as recorded from the stock kernels (see KERNEL-NOTES.md).
+    fn kernel(funcs: &[&str], tracepoints: &[&str]) -> Symbols {
+        let mut s = Symbols {
+            kprobes: true,
+            ..Default::default()
+        };
+        for f in funcs {
+            s.btf_funcs.insert(f.to_string());
+            s.kallsyms.insert(f.to_string());
+        }
+        for t in tracepoints {
+            s.btf_tracepoints.insert(t.to_string());
+        }
+        s
+    }
+
+    fn chosen(s: &Symbols, probe: &str) -> String {
+        let r = resolve(&Request::Probe(probe_def(probe).unwrap()), AttachMode::Auto.order(), s);
+        r.plans.first().map(|p| p.target.clone()).unwrap_or_default()
+    }
+
+    #[test]
+    fn stock_kernels_resolve_to_the_hot_path() {
+        let k61 = kernel(&["obj_cgroup_charge", "__mod_memcg_state", "__cgroup_rstat_updated", "cgroup_rstat_updated"], &[]);
+        let k612 = kernel(&["obj_cgroup_charge", "__mod_memcg_state", "__cgroup_rstat_updated", "cgroup_rstat_updated"], &["mod_memcg_state"]);
+        let k618 = kernel(&["obj_cgroup_charge", "obj_cgroup_charge_account", "mod_memcg_state", "css_rstat_updated"], &["mod_memcg_state"]);
+        let k73 = kernel(&["obj_cgroup_charge", "obj_cgroup_charge_account", "mod_memcg_state", "css_rstat_updated", "__css_rstat_updated"], &["mod_memcg_state"]);
+        for (k, charge, stat, rstat) in [
+            (&k61, "obj_cgroup_charge", "__mod_memcg_state", "__cgroup_rstat_updated"),
+            (&k612, "obj_cgroup_charge", "__mod_memcg_state", "__cgroup_rstat_updated"),
+            (&k618, "obj_cgroup_charge_account", "mod_memcg_state", "css_rstat_updated"),
+            (&k73, "obj_cgroup_charge_account", "mod_memcg_state", "__css_rstat_updated"),
+        ] {
+            assert_eq!(chosen(k, "charge"), charge);
+            assert_eq!(chosen(k, "stat"), stat);
+            assert_eq!(chosen(k, "rstat"), rstat);
+        }
+    }
+
+    #[test]
+    fn host_without_function_tracing_falls_back_to_the_tracepoint() {
+        let mut host = kernel(&["obj_cgroup_charge_account", "obj_cgroup_charge", "mod_memcg_state", "__css_rstat_updated"], &["mod_memcg_state"]);
+        host.kprobes = false;
+        let r = resolve(&Request::Probe(probe_def("stat").unwrap()), AttachMode::Auto.order(), &host);
+        let backends: Vec<_> = r.plans.iter().map(|p| p.backend).collect();
+        assert_eq!(backends, vec![Backend::Fentry, Backend::Tracepoint]);
+        assert!(r.notes.iter().any(|n| n.contains("CONFIG_KPROBES")), "{:?}", r.notes);
+        let charge = resolve(&Request::Probe(probe_def("charge").unwrap()), &[Backend::Tracepoint], &host);
+        assert!(charge.plans.is_empty());
+        assert!(charge.notes.iter().any(|n| n.contains("obj_cgroup_charge: not used")));
+    }
+
+    #[test]
+    fn inlined_candidates_are_explained() {
+        let mut k = kernel(&["__mod_memcg_state"], &[]);
+        k.clones.insert("mod_memcg_state".into(), vec!["mod_memcg_state.constprop.0".into()]);
+        let r = resolve(&Request::Probe(probe_def("stat").unwrap()), &[Backend::Kprobe], &k);
+        assert_eq!(r.plans[0].target, "__mod_memcg_state");
+        assert!(r.notes.iter().any(|n| n.contains("inlined") && n.contains("constprop")), "{:?}", r.notes);
+    }
+
+    #[test]
+    fn untraceable_function_is_refused_with_reason() {
+        let mut k = kernel(&["obj_cgroup_charge"], &[]);
+        k.traceable = Some(Default::default());
+        let r = resolve(&Request::Func("obj_cgroup_charge".into()), AttachMode::Auto.order(), &k);
+        assert!(r.plans.is_empty());
+        assert_eq!(r.notes.iter().filter(|n| n.contains("not traceable")).count(), 2);
+    }
+}

@@ -1,0 +1,301 @@
+//! `record` and `probes`: resolve, attach, run the workload, poll, and hand the final
+//! `Snapshot` to the outputs.
+
+use std::{
+    collections::HashMap,
+    fs,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use memcg_trace_common::MAX_PROBES;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{
+    cli::{ProbeSel, RecordArgs},
+    export::{self, Document, Meta, NotAttachedOut, Workload},
+    kernel::{self, Symbols},
+    probes::{self, probe_def, resolve, Request, PROBES},
+    report,
+    tracer::Tracer,
+    workload::{self, Memcg},
+};
+
+/// Checks the capabilities tracing needs, naming the missing ones.
+pub fn check_privileges() -> Result<()> {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let has = |c: u32| cap_eff & (1 << c) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .iter()
+        .filter(|(c, _)| !has(*c))
+        .map(|(_, n)| *n)
+        .collect();
+    bail!("memcg-trace needs root, or CAP_BPF and CAP_PERFMON (missing: {}); run it with sudo", missing.join(", "))
+}
+
+/// Turns `--probe`/`--func` into requests, with one clear error for unknown names.
+pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
+    let mut out = Vec::new();
+    let names: Vec<String> = if sel.probe.is_empty() && sel.func.is_empty() {
+        if sel.all {
+            PROBES.iter().map(|p| p.name.to_string()).collect()
+        } else {
+            probes::default_probes().iter().map(|s| s.to_string()).collect()
+        }
+    } else {
+        sel.probe.clone()
+    };
+    for n in names.iter().filter(|n| !n.is_empty()) {
+        let p = probe_def(n).ok_or_else(|| {
+            anyhow!(
+                "unknown probe {n:?}; valid probes: {}",
+                PROBES.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+            )
+        })?;
+        if !out.contains(&Request::Probe(p)) {
+            out.push(Request::Probe(p));
+        }
+    }
+    for f in &sel.func {
+        if !syms.btf_funcs.contains(f) && !syms.kallsyms.contains(f) {
+            let hint = syms
+                .clones
+                .get(f)
+                .map(|c| format!(" (only compiler clones exist: {}; it is inlined)", c.join(", ")))
+                .unwrap_or_default();
+            bail!("unknown function {f:?}: not in this kernel's BTF or kallsyms{hint}");
+        }
+        out.push(Request::Func(f.clone()));
+    }
+    if out.len() > MAX_PROBES {
+        bail!("{} probes requested; at most {MAX_PROBES} can be traced at once", out.len());
+    }
+    Ok(out)
+}
+
+/// Resolves and attaches every request; fails only if nothing could be attached, or an
+/// explicitly requested function could not be.
+fn attach_all(sel: &ProbeSel, quiet: bool) -> Result<(Tracer, HashMap<String, Vec<String>>)> {
+    check_privileges()?;
+    let btf = kernel::open_btf()?;
+    let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
+    let syms = Symbols::load(&btf)?;
+    let reqs = requests(sel, &syms)?;
+    let mut tracer = Tracer::load(&layout)?;
+    let mut notes = HashMap::new();
+    for req in &reqs {
+        let res = resolve(req, sel.attach.order(), &syms);
+        if tracer.attach(req, &res) {
+            let a = tracer.attached.last().expect("just attached");
+            if !quiet {
+                eprintln!("memcg-trace: {} -> {} via {}", a.name, a.target, a.backend);
+                for n in a.notes.iter().filter(|n| n.starts_with(&format!("{}:", probes::Backend::Fentry)) || n.contains(": Operation")) {
+                    eprintln!("memcg-trace:   ({n})");
+                }
+            }
+            notes.insert(a.name.clone(), a.notes.clone());
+        } else {
+            let f = tracer.failed.last().expect("just failed");
+            if matches!(req, Request::Func(_)) {
+                bail!("cannot trace {}: {}", f.name, f.reasons.join("; "));
+            }
+            if !quiet {
+                eprintln!("memcg-trace: {} not attached: {}", f.name, f.reasons.join("; "));
+            }
+        }
+    }
+    if tracer.attached.is_empty() {
+        let why: Vec<String> = tracer.failed.iter().map(|f| format!("{}: {}", f.name, f.reasons.join("; "))).collect();
+        bail!("no probe could be attached ({})", why.join(" | "));
+    }
+    Ok((tracer, notes))
+}
+
+/// `memcg-trace probes`.
+pub fn probes(sel: ProbeSel) -> Result<()> {
+    let sel = ProbeSel {
+        all: sel.all || (sel.probe.is_empty() && sel.func.is_empty()),
+        ..sel
+    };
+    let (tracer, _) = attach_all(&sel, true)?;
+    println!("kernel {}", kernel::release());
+    for a in &tracer.attached {
+        println!("{:<16} {:<28} {:<10} attached", a.name, a.target, a.backend.to_string());
+        for n in &a.notes {
+            println!("{:<16}   {n}", "");
+        }
+    }
+    for f in &tracer.failed {
+        println!("{:<16} {:<28} {:<10} not attached", f.name, "-", "-");
+        for n in &f.reasons {
+            println!("{:<16}   {n}", "");
+        }
+    }
+    Ok(())
+}
+
+fn unix_ns(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+}
+
+/// How the recording ended.
+enum End {
+    Deadline,
+    Signal(i32),
+    Exited(Option<i32>),
+}
+
+/// `memcg-trace record`.
+pub fn record(args: RecordArgs) -> Result<i32> {
+    if let Some(o) = &args.output {
+        export::check_writable(o)?;
+    }
+    let mut memcg = None;
+    if !args.command.is_empty() {
+        check_privileges()?;
+        let m = match &args.cgroup {
+            Some(p) => Memcg::existing(p)?,
+            None => {
+                let h = workload::find_hierarchy()?;
+                for stale in workload::remove_stale(&h) {
+                    eprintln!("memcg-trace: removed stale memcg {} of an earlier run", stale.display());
+                }
+                Memcg::create(&h)?
+            }
+        };
+        memcg = Some(m);
+    }
+    let (tracer, notes) = attach_all(&args.sel, args.quiet)?;
+    let start = SystemTime::now();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (end, argv) = rt.block_on(run(&args, memcg.as_ref()))?;
+    let failed = tracer.failed.clone();
+    let snap = tracer.finish()?;
+    let end_t = SystemTime::now();
+    let cgroup_path = memcg.as_ref().map(|m| m.path.display().to_string());
+    if let Some(mut m) = memcg.take() {
+        if let Err(e) = m.remove() {
+            eprintln!("memcg-trace: warning: {e:#}");
+        }
+    }
+    let release = kernel::release();
+    let config = kernel::config(&release);
+    let (cpu_model, cpus) = kernel::cpu_info();
+    let exit_status = match end {
+        End::Exited(s) => s,
+        _ => None,
+    };
+    let doc = Document {
+        schema: export::SCHEMA.into(),
+        meta: Meta {
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+            preemption_model: kernel::preemption_model(config.as_ref()),
+            kernel_release: release,
+            kernel_config: config.unwrap_or_default(),
+            cpu_model,
+            cpus,
+            start_unix_ns: unix_ns(start),
+            end_unix_ns: unix_ns(end_t),
+            duration_ns: snap.elapsed.as_nanos() as u64,
+            bpf_stats: snap.probes.iter().any(|p| p.programs.iter().any(|c| c.run_cnt > 0)),
+            workload: cgroup_path.map(|cgroup| Workload { argv, exit_status, cgroup }),
+        },
+        probes: export::probes_out(&snap, &|n| notes.get(n).cloned().unwrap_or_default()),
+        not_attached: failed
+            .into_iter()
+            .map(|f| NotAttachedOut { name: f.name, reasons: f.reasons })
+            .collect(),
+    };
+    print!("{}", report::summary(&doc));
+    if let Some(o) = &args.output {
+        export::write_atomic(o, &doc)?;
+        eprintln!("memcg-trace: wrote {}", o.display());
+    }
+    Ok(match end {
+        End::Exited(Some(s)) => s,
+        End::Exited(None) => 1,
+        // A workload cut short by a signal is reported like a shell would; a system-wide
+        // recording ended by Ctrl-C is a normal end.
+        End::Signal(sig) if !args.command.is_empty() => 128 + sig,
+        End::Signal(_) | End::Deadline => 0,
+    })
+}
+
+/// Waits for the workload, the deadline or a signal, whichever comes first.
+async fn run(args: &RecordArgs, memcg: Option<&Memcg>) -> Result<(End, Vec<String>)> {
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut child = match memcg {
+        Some(m) => {
+            let procs = m.procs_cstring();
+            let mut cmd = tokio::process::Command::new(&args.command[0]);
+            cmd.args(&args.command[1..]);
+            // SAFETY: join_in_child only makes async-signal-safe calls.
+            unsafe {
+                cmd.pre_exec(move || workload::join_in_child(&procs));
+            }
+            Some(cmd.spawn().map_err(|e| anyhow!("cannot run {:?}: {e}", args.command[0]))?)
+        }
+        None => None,
+    };
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    let sleep = tokio::time::sleep_until(deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400 * 365)));
+    tokio::pin!(sleep);
+    let end = loop {
+        tokio::select! {
+            _ = sigint.recv() => break End::Signal(libc::SIGINT),
+            _ = sigterm.recv() => break End::Signal(libc::SIGTERM),
+            _ = sighup.recv() => break End::Signal(libc::SIGHUP),
+            _ = &mut sleep, if deadline.is_some() => break End::Deadline,
+            st = async { child.as_mut().expect("guarded").wait().await }, if child.is_some() => {
+                use std::os::unix::process::ExitStatusExt as _;
+                let st = st?;
+                break End::Exited(st.code().or_else(|| st.signal().map(|s| 128 + s)));
+            }
+        }
+    };
+    if let (Some(c), End::Signal(_) | End::Deadline) = (child.as_mut(), &end) {
+        // The memcg removal kills what is left; give the child a chance to end cleanly first.
+        if let Some(pid) = c.id() {
+            // SAFETY: plain kill(2) of our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), c.wait()).await;
+    }
+    Ok((end, args.command.clone()))
+}
+
+/// `memcg-trace selftest`: the kernel-side bucketing must agree with [`bucket_index`] for every
+/// value, and a program run from a syscall must see task context.
+pub fn selftest() -> Result<i32> {
+    use memcg_trace_common::{bucket_index, CTX_NAMES};
+    check_privileges()?;
+    let btf = kernel::open_btf()?;
+    let layout = kernel::layout(&btf)?;
+    let values = [0u64, 1, 31, 32, 33, 63, 64, 100, 1000, 1500, 4095, 4096, 123_456, 10_000_000, 1 << 35, (1 << 36) + 5, u64::MAX >> 1];
+    let results = crate::tracer::selftest(&layout, &values)?;
+    let mut bad = 0;
+    for (v, got, ctx) in &results {
+        let want = bucket_index(*v);
+        let ctx_name = usize::try_from(*ctx).ok().and_then(|c| CTX_NAMES.get(c)).copied().unwrap_or("unknown");
+        let ok = *got == Some(want) && ctx_name == "task";
+        if !ok {
+            bad += 1;
+        }
+        println!("selftest: ns={v} bucket kernel={got:?} userspace={want} context={ctx_name} {}", if ok { "ok" } else { "MISMATCH" });
+    }
+    println!("selftest: {} values, {bad} mismatches", results.len());
+    Ok(if bad == 0 { 0 } else { 1 })
+}

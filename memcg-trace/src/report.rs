@@ -1,0 +1,145 @@
+//! The text summary table printed by `record` and `report`, built from the JSON document types
+//! so that a recording and a live run print the same thing.
+
+use std::fmt::Write as _;
+
+use crate::export::{Document, Quantile};
+
+/// Human units for nanoseconds: `850ns`, `1.25us`, `3.40ms`, `2.10s`.
+pub fn fmt_ns(ns: f64) -> String {
+    if ns < 1_000.0 {
+        format!("{ns:.0}ns")
+    } else if ns < 1_000_000.0 {
+        format!("{:.2}us", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2}ms", ns / 1e6)
+    } else {
+        format!("{:.2}s", ns / 1e9)
+    }
+}
+
+/// Compact counts: `950`, `12.3k`, `4.56M`.
+pub fn fmt_count(n: f64) -> String {
+    if n < 10_000.0 {
+        format!("{n:.0}")
+    } else if n < 1e6 {
+        format!("{:.1}k", n / 1e3)
+    } else if n < 1e9 {
+        format!("{:.2}M", n / 1e6)
+    } else {
+        format!("{:.2}G", n / 1e9)
+    }
+}
+
+fn pct(qs: &[Quantile], q: f64) -> String {
+    qs.iter()
+        .find(|x| (x.q - q).abs() < 1e-9)
+        .map(|x| fmt_ns(x.ns as f64))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// The summary table: one row per (probe, context) with calls, then footnotes for dropped
+/// calls, self-cost and probes that could not be attached.
+pub fn summary(doc: &Document) -> String {
+    let mut out = String::new();
+    let m = &doc.meta;
+    let _ = writeln!(
+        out,
+        "memcg-trace {} on {} ({} preemption, {} CPUs), {:.2}s traced",
+        m.tool_version,
+        m.kernel_release,
+        m.preemption_model,
+        m.cpus,
+        m.duration_ns as f64 / 1e9
+    );
+    if let Some(w) = &m.workload {
+        let status = w.exit_status.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+        let _ = writeln!(out, "workload: {} (exit {status}) in {}", w.argv.join(" "), w.cgroup);
+    }
+    let _ = writeln!(
+        out,
+        "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
+        "probe", "context", "backend", "calls", "calls/s", "p50", "p90", "p99", "p99.9", "max", "mean", "total", "%cpu"
+    );
+    for p in &doc.probes {
+        for c in p.contexts.iter().filter(|c| c.count > 0 || c.context == "task") {
+            let rate = c.rate_per_s.map(fmt_count).unwrap_or_else(|| "-".into());
+            let (p50, p90, p99, p999, max, mean, total, share) = match &c.latency {
+                Some(l) if !l.percentiles.is_empty() => (
+                    pct(&l.percentiles, 0.5),
+                    pct(&l.percentiles, 0.9),
+                    pct(&l.percentiles, 0.99),
+                    pct(&l.percentiles, 0.999),
+                    fmt_ns(l.max_ns as f64),
+                    l.mean_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
+                    fmt_ns(l.sum_ns as f64),
+                    l.cpu_share.map(|s| format!("{:.2}", s * 100.0)).unwrap_or_else(|| "-".into()),
+                ),
+                _ => Default::default(),
+            };
+            let dash = |s: String| if s.is_empty() { "-".to_string() } else { s };
+            let _ = writeln!(
+                out,
+                "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
+                p.name,
+                c.context,
+                p.backend.to_string(),
+                fmt_count(c.count as f64),
+                rate,
+                dash(p50),
+                dash(p90),
+                dash(p99),
+                dash(p999),
+                dash(max),
+                dash(mean),
+                dash(total),
+                dash(share)
+            );
+        }
+    }
+    let _ = writeln!(out);
+    for p in &doc.probes {
+        let runs: u64 = p.programs.iter().map(|x| x.run_cnt).sum();
+        let time: u64 = p.programs.iter().map(|x| x.run_time_ns).sum();
+        let per_call = if p.count > 0 && m.bpf_stats {
+            fmt_ns(time as f64 / p.count.max(1) as f64)
+        } else {
+            "-".into()
+        };
+        let _ = writeln!(
+            out,
+            "{:<16} {} via {}: {} calls, {} dropped, {} recursion misses; tracer cost {} per call ({} program runs)",
+            p.name,
+            p.target,
+            p.backend,
+            p.count,
+            p.dropped,
+            p.recursion_misses,
+            per_call,
+            runs
+        );
+    }
+    if !m.bpf_stats {
+        let _ = writeln!(out, "self-cost unknown: kernel bpf stats could not be enabled");
+    }
+    for n in &doc.not_attached {
+        let _ = writeln!(out, "{:<16} not attached: {}", n.name, n.reasons.join("; "));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(fmt_ns(850.0), "850ns");
+        assert_eq!(fmt_ns(1250.0), "1.25us");
+        assert_eq!(fmt_ns(3.4e6), "3.40ms");
+        assert_eq!(fmt_ns(2.1e9), "2.10s");
+        assert_eq!(fmt_count(950.0), "950");
+        assert_eq!(fmt_count(12_345.0), "12.3k");
+        assert_eq!(fmt_count(4_560_000.0), "4.56M");
+    }
+}

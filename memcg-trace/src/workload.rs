@@ -1,0 +1,192 @@
+//! A fresh memory cgroup for the workload (cgroup v2 where the memory controller is enabled,
+//! else v1), the child started inside it before it runs an instruction of its own, and the
+//! cgroup removed afterwards, also after a crash of an earlier run.
+
+use std::{
+    ffi::CString,
+    fs,
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+
+/// Prefix of the cgroups memcg-trace creates: `memcg-trace.<pid>`.
+pub const PREFIX: &str = "memcg-trace.";
+
+/// A cgroup hierarchy with the memory controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hierarchy {
+    /// Mount point.
+    pub root: PathBuf,
+    /// cgroup v2 (unified) or v1.
+    pub v2: bool,
+}
+
+/// Finds the hierarchy to use from /proc/self/mountinfo: v2 when its root offers the memory
+/// controller, else the v1 memory hierarchy.
+pub fn find_hierarchy() -> Result<Hierarchy> {
+    let info = fs::read_to_string("/proc/self/mountinfo").context("read /proc/self/mountinfo")?;
+    let mut v1 = None;
+    for line in info.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else { continue };
+        let mount = pre.split_whitespace().nth(4).unwrap_or_default();
+        let mut post = post.split_whitespace();
+        let fstype = post.next().unwrap_or_default();
+        let opts = post.nth(1).unwrap_or_default();
+        if fstype == "cgroup2" {
+            let controllers = fs::read_to_string(Path::new(mount).join("cgroup.controllers")).unwrap_or_default();
+            if controllers.split_whitespace().any(|c| c == "memory") {
+                return Ok(Hierarchy { root: mount.into(), v2: true });
+            }
+        } else if fstype == "cgroup" && opts.split(',').any(|o| o == "memory") && v1.is_none() {
+            v1 = Some(Hierarchy { root: mount.into(), v2: false });
+        }
+    }
+    v1.ok_or_else(|| anyhow!("no memory controller: neither a cgroup v2 mount offering \"memory\" nor a v1 memory hierarchy is mounted"))
+}
+
+/// A memcg this process created (or was given with `--cgroup`).
+#[derive(Debug)]
+pub struct Memcg {
+    /// Its directory.
+    pub path: PathBuf,
+    /// Whether we created it (and so remove it).
+    owned: bool,
+    v2: bool,
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
+fn tasks(dir: &Path) -> Vec<i32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Kills every task in `dir` and removes it, waiting up to `timeout` for the tasks to go.
+fn kill_and_remove(dir: &Path, v2: bool, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let pids = tasks(dir);
+        if pids.is_empty() {
+            break;
+        }
+        if v2 && fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        } else {
+            for pid in pids {
+                // SAFETY: plain kill(2).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        if start.elapsed() > timeout {
+            bail!("tasks remain in {} after {:?}", dir.display(), timeout);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    // rmdir can see EBUSY briefly while the last task is being reaped.
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if start.elapsed() > timeout => return Err(anyhow!("cannot remove {}: {e}", dir.display())),
+            Err(_) => thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Removes cgroups left by memcg-trace runs that no longer exist (after a SIGKILL), and only
+/// those: names are `memcg-trace.<pid>` and the pid must be gone. Returns what was removed.
+pub fn remove_stale(h: &Hierarchy) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(rd) = fs::read_dir(&h.root) else { return removed };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)).and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 || alive(pid) {
+            continue;
+        }
+        if kill_and_remove(&e.path(), h.v2, Duration::from_secs(5)).is_ok() {
+            removed.push(e.path());
+        }
+    }
+    removed
+}
+
+impl Memcg {
+    /// Creates `memcg-trace.<pid>` in the hierarchy, enabling the memory controller for the
+    /// root's children on v2 if needed.
+    pub fn create(h: &Hierarchy) -> Result<Memcg> {
+        if h.v2 {
+            let sub = h.root.join("cgroup.subtree_control");
+            let cur = fs::read_to_string(&sub).unwrap_or_default();
+            if !cur.split_whitespace().any(|c| c == "memory") {
+                fs::write(&sub, "+memory").map_err(|e| anyhow!("cannot enable the memory controller in {}: {e}", sub.display()))?;
+            }
+        }
+        let path = h.root.join(format!("{PREFIX}{}", std::process::id()));
+        fs::create_dir(&path).map_err(|e| anyhow!("cannot create memcg {}: {e}", path.display()))?;
+        Ok(Memcg { path, owned: true, v2: h.v2 })
+    }
+
+    /// Uses an existing cgroup, which must be a memcg.
+    pub fn existing(path: &Path) -> Result<Memcg> {
+        if !path.is_dir() {
+            bail!("--cgroup {}: no such cgroup directory", path.display());
+        }
+        let v2 = path.join("memory.current").exists();
+        if !v2 && !path.join("memory.usage_in_bytes").exists() {
+            bail!("--cgroup {}: not a memory cgroup (no memory.current or memory.usage_in_bytes)", path.display());
+        }
+        Ok(Memcg { path: path.to_path_buf(), owned: false, v2 })
+    }
+
+    /// The `cgroup.procs` path as a C string, prepared before fork so the child only calls
+    /// async-signal-safe functions.
+    pub fn procs_cstring(&self) -> CString {
+        CString::new(self.path.join("cgroup.procs").as_os_str().as_bytes()).expect("no NUL in cgroup path")
+    }
+
+    /// Removes the memcg if we created it, killing what is left in it.
+    pub fn remove(&mut self) -> Result<()> {
+        if !self.owned {
+            return Ok(());
+        }
+        self.owned = false;
+        kill_and_remove(&self.path, self.v2, Duration::from_secs(10))
+    }
+}
+
+impl Drop for Memcg {
+    fn drop(&mut self) {
+        let _ = self.remove();
+    }
+}
+
+/// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`. Meant for
+/// `pre_exec`: between fork and exec, so the command's first instruction already runs there.
+pub fn join_in_child(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: open/write/close are async-signal-safe; the buffer is static.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if n != 1 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! memcg-trace's build, setup and VM tooling, as a library so that the integration tests in
+//! `tests/` can boot stock kernels the same way `cargo xtask vm` does.
+
+pub mod kernels;
+pub mod setup;
+pub mod vm;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+/// The workspace root (this crate lives in `<root>/xtask`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask has a parent").to_path_buf()
+}
+
+/// Where downloaded kernels and apt state are cached across clones
+/// (`$MEMCG_TRACE_CACHE`, else `~/.cache/memcg-trace`).
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MEMCG_TRACE_CACHE") {
+        return d.into();
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    Path::new(&home).join(".cache/memcg-trace")
+}
+
+/// Runs a command, failing with its name and exit status.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    if !status.success() {
+        bail!("{:?} failed: {status}", cmd);
+    }
+    Ok(())
+}
+
+/// Runs a command and returns its stdout.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!("{:?} failed: {}: {}", cmd, out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// PATH with LLVM 22 first, as bpf-linker and the eBPF build need.
+pub fn llvm_path() -> String {
+    format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+/// Builds the release `memcg-trace` binary (with its eBPF object) and returns its path.
+pub fn build_release() -> Result<PathBuf> {
+    let root = workspace_root();
+    run(Command::new("cargo")
+        .current_dir(&root)
+        .env("PATH", llvm_path())
+        .args(["build", "--release", "--locked", "-p", "memcg-trace"]))
+    .context("building memcg-trace (run `cargo xtask setup` if bpf-linker or rust-src is missing)")?;
+    Ok(root.join("target/release/memcg-trace"))
+}

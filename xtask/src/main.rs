@@ -1,0 +1,254 @@
+//! `cargo xtask`: setup, build, VM runs, the demo and the full test run.
+
+use std::{
+    fs,
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+use xtask::{
+    build_release, kernels, llvm_path, run, setup, workspace_root,
+    vm::{self, Accel, VmSpec},
+};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "memcg-trace developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what is missing: apt packages, rust-src, bpf-linker.
+    Setup,
+    /// Build the release binary with its eBPF programs.
+    Build,
+    /// Boot stock kernels under qemu and run a guest script (default: record with fentry and
+    /// kprobe alongside hackbench).
+    Vm {
+        /// 6.1, 6.12, 6.18, 7.3, a comma list, all (the matrix 6.1,6.12,6.18) or every.
+        #[arg(long, default_value = "all")]
+        kernel: String,
+        /// tcg (software emulation, works here) or kvm.
+        #[arg(long, value_enum, default_value = "tcg")]
+        accel: Accel,
+        /// Guest script to run instead of the default.
+        #[arg(long)]
+        script: Option<PathBuf>,
+        /// Seconds before a boot is declared hung.
+        #[arg(long, default_value_t = 900)]
+        timeout: u64,
+    },
+    /// The main job: memcg-trace alongside hackbench on a stock kernel in a VM (or the host).
+    Demo {
+        /// Trace this machine's kernel instead (tracepoint backend where function tracing is
+        /// refused).
+        #[arg(long)]
+        host: bool,
+        /// Kernel for the VM demo.
+        #[arg(long, default_value = "6.12")]
+        kernel: String,
+        /// tcg or kvm.
+        #[arg(long, value_enum, default_value = "tcg")]
+        accel: Accel,
+        /// hackbench arguments.
+        #[arg(long, default_value = "-g 2 -l 200")]
+        hackbench: String,
+    },
+    /// Everything CI runs: setup, fmt, clippy, unit tests, host root tests, the VM matrix.
+    Test {
+        /// Kernels for the VM matrix.
+        #[arg(long, default_value = "all")]
+        kernel: String,
+        /// tcg or kvm.
+        #[arg(long, value_enum, default_value = "tcg")]
+        accel: Accel,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Setup => setup::setup(),
+        Cmd::Build => build_release().map(|p| eprintln!("xtask: built {}", p.display())),
+        Cmd::Vm { kernel, accel, script, timeout } => vm_cmd(&kernel, accel, script, timeout),
+        Cmd::Demo { host, kernel, accel, hackbench } => demo(host, &kernel, accel, &hackbench),
+        Cmd::Test { kernel, accel } => test(&kernel, accel),
+    };
+    if let Err(e) = r {
+        eprintln!("xtask: error: {}", format!("{e:#}").replace('\n', " "));
+        std::process::exit(1);
+    }
+}
+
+fn record_script(backends: &str, hackbench: &str) -> String {
+    format!(
+        "BACKENDS='{backends}'\nHACKBENCH='{hackbench}'\n{}",
+        include_str!("../guest/record.sh")
+    )
+}
+
+fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> Result<()> {
+    let specs = kernels::select(kernel)?;
+    let script = match script {
+        Some(p) => fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?,
+        None => record_script("fentry kprobe", "-g 2 -l 100"),
+    };
+    let bin = build_release()?;
+    let hackbench = which("hackbench")?;
+    let (mut passed, mut failed) = (0, 0);
+    for spec in specs {
+        let k = kernels::fetch(spec)?;
+        let r = vm::run(
+            &k,
+            &VmSpec {
+                name: format!("{}-vm", spec.short),
+                script: script.clone(),
+                bins: vec![bin.clone(), hackbench.clone()],
+                accel,
+                timeout: Duration::from_secs(timeout),
+                echo: true,
+            },
+        )?;
+        if r.success {
+            passed += 1;
+            eprintln!("xtask: {} ok in {:.1}s; guest files in {}", spec.short, r.elapsed.as_secs_f64(), r.out_dir.display());
+        } else {
+            failed += 1;
+            eprintln!(
+                "xtask: {} FAILED: {}\n--- last console lines ({}) ---\n{}",
+                spec.short,
+                r.failure.clone().unwrap_or_default(),
+                r.log.display(),
+                r.tail(40)
+            );
+        }
+    }
+    println!("vm: {passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} VM run(s) failed");
+    }
+    Ok(())
+}
+
+fn which(name: &str) -> Result<PathBuf> {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/bin", "/usr/sbin"]) {
+        let p = PathBuf::from(dir).join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!("{name} not found: run `cargo xtask setup` ({name} comes with apt package {})", if name == "hackbench" { "rt-tests" } else { name })
+}
+
+fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
+    setup::setup()?;
+    let bin = build_release()?;
+    let out = workspace_root().join("target/demo");
+    fs::create_dir_all(&out)?;
+    if host {
+        let json = out.join("host.json");
+        let hb = which("hackbench")?;
+        let status = Command::new(&bin)
+            .args(["record", "-o"])
+            .arg(&json)
+            .arg("--")
+            .arg(hb)
+            .args(hackbench.split_whitespace())
+            .status()?;
+        if !status.success() {
+            bail!("memcg-trace record failed: {status}");
+        }
+        println!("demo: the recording is at {}", json.display());
+        return Ok(());
+    }
+    let specs = kernels::select(kernel)?;
+    for spec in specs {
+        let k = kernels::fetch(spec)?;
+        eprintln!("demo: booting Debian's {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", spec.release);
+        let r = vm::run(
+            &k,
+            &VmSpec {
+                name: format!("{}-demo", spec.short),
+                script: record_script("fentry kprobe", hackbench),
+                bins: vec![bin.clone(), which("hackbench")?],
+                accel,
+                timeout: Duration::from_secs(900),
+                echo: false,
+            },
+        )?;
+        if !r.success {
+            bail!("the demo VM failed: {}\n{}", r.failure.clone().unwrap_or_default(), r.tail(40));
+        }
+        for b in ["fentry", "kprobe"] {
+            let txt = fs::read_to_string(r.out_dir.join(format!("{b}.txt")))?;
+            println!("== {} ({}), --attach {b} ==\n{txt}", spec.short, spec.release);
+            let dst = out.join(format!("{}-{b}.json", spec.short));
+            fs::copy(r.out_dir.join(format!("{b}.json")), &dst)?;
+            println!("demo: the recording is at {}", dst.display());
+        }
+    }
+    Ok(())
+}
+
+/// Runs `cmd`, echoing its output, and returns the (passed, failed) totals of cargo test's
+/// `test result:` lines.
+fn cargo_test(cmd: &mut Command) -> Result<(u64, u64, bool)> {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().context("run cargo test")?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines().map_while(Result::ok) {
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let num = |key: &str| -> u64 {
+                rest.split(';')
+                    .find_map(|p| p.trim().strip_suffix(key).map(|n| n.trim().trim_start_matches("ok.").trim_start_matches("FAILED.").trim().parse().unwrap_or(0)))
+                    .unwrap_or(0)
+            };
+            passed += num(" passed");
+            failed += num(" failed");
+        }
+    }
+    let ok = child.wait()?.success();
+    Ok((passed, failed, ok))
+}
+
+fn test(kernel: &str, accel: Accel) -> Result<()> {
+    let start = Instant::now();
+    let root = workspace_root();
+    setup::setup()?;
+    let cargo = |args: &[&str]| {
+        let mut c = Command::new("cargo");
+        c.current_dir(&root).env("PATH", llvm_path()).args(args);
+        c
+    };
+    eprintln!("test: cargo fmt --check");
+    run(&mut cargo(&["fmt", "--all", "--", "--check"])).context("formatting differs: run `cargo fmt --all`")?;
+    eprintln!("test: cargo clippy -D warnings");
+    run(&mut cargo(&["clippy", "--locked", "--workspace", "--exclude", "memcg-trace-ebpf", "--all-targets", "--", "-D", "warnings"]))?;
+    let bin = build_release()?;
+    let kernels_env = kernels::select(kernel)?.iter().map(|k| k.short).collect::<Vec<_>>().join(",");
+    eprintln!("test: unit and host tests");
+    let (p1, f1, ok1) = cargo_test(
+        cargo(&["test", "--locked", "--workspace", "--exclude", "memcg-trace-ebpf", "--", "--skip", "vm_"])
+            .env("MEMCG_TRACE_BIN", &bin),
+    )?;
+    eprintln!("test: VM matrix ({kernels_env}, {accel:?})");
+    let (p2, f2, ok2) = cargo_test(
+        cargo(&["test", "--locked", "-p", "memcg-trace-tests", "--test", "vm", "--", "--test-threads=2"])
+            .env("MEMCG_TRACE_BIN", &bin)
+            .env("MEMCG_TRACE_KERNELS", &kernels_env)
+            .env("MEMCG_TRACE_ACCEL", format!("{accel:?}").to_lowercase()),
+    )?;
+    println!("test: finished in {:.0}s", start.elapsed().as_secs_f64());
+    println!("vm: {p2} passed, {f2} failed");
+    println!("all: {} passed, {} failed", p1 + p2, f1 + f2);
+    if !(ok1 && ok2) || f1 + f2 > 0 {
+        bail!("tests failed");
+    }
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! `cargo xtask setup`: installs what building and testing memcg-trace needs, and only what is
+//! missing. Idempotent; each step says what it does and a failure names the step.
+
+use std::process::Command;
+
+use anyhow::{anyhow, bail, Context as _, Result};
+
+use crate::{llvm_path, output, run};
+
+/// Debian packages: LLVM 22 for bpf-linker, qemu and busybox for the VM tests, rt-tests for
+/// hackbench, cpio for the initramfs, tmux for the terminal tests, the archive keyring for the
+/// trixie kernels.
+pub const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+    "qemu-system-x86",
+    "busybox-static",
+    "rt-tests",
+    "cpio",
+    "tmux",
+    "debian-archive-keyring",
+];
+
+/// bpf-linker version; 0.13 builds against LLVM 22, the LLVM of the preinstalled nightly.
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// The LLVM major version that bpf-linker and the eBPF rustc must share.
+pub const LLVM_MAJOR: &str = "22";
+
+fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    f().with_context(|| format!("setup step \"{name}\" failed"))
+}
+
+fn missing_packages() -> Vec<&'static str> {
+    APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .map(|o| !String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+                .unwrap_or(true)
+        })
+        .collect()
+}
+
+/// Runs every setup step.
+pub fn setup() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("setup must run as root (it installs apt packages): run it with sudo");
+    }
+    step("apt packages", || {
+        let missing = missing_packages();
+        if missing.is_empty() {
+            eprintln!("setup: apt packages present");
+            return Ok(());
+        }
+        eprintln!("setup: apt-get install {}", missing.join(" "));
+        run(Command::new("apt-get").args(["-q", "update"]))?;
+        run(Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["-q", "-y", "install", "--no-install-recommends"])
+            .args(&missing))
+    })?;
+    step("rust-src for nightly", || {
+        let installed = output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
+            .context("rustup cannot list the nightly toolchain's components (is the nightly toolchain installed?)")?;
+        if installed.lines().any(|l| l.starts_with("rust-src")) {
+            eprintln!("setup: rust-src present");
+            return Ok(());
+        }
+        eprintln!("setup: rustup component add rust-src --toolchain nightly");
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    })?;
+    step("nightly LLVM version", || {
+        let v = output(Command::new("rustup").args(["run", "nightly", "rustc", "-vV"]))?;
+        let llvm = v
+            .lines()
+            .find_map(|l| l.strip_prefix("LLVM version: "))
+            .ok_or_else(|| anyhow!("nightly rustc does not report its LLVM version"))?;
+        if !llvm.starts_with(&format!("{LLVM_MAJOR}.")) {
+            bail!("nightly rustc uses LLVM {llvm}, bpf-linker is built against LLVM {LLVM_MAJOR}: they must match");
+        }
+        eprintln!("setup: nightly rustc uses LLVM {llvm}");
+        Ok(())
+    })?;
+    step("bpf-linker", || {
+        let have = Command::new("bpf-linker")
+            .env("PATH", llvm_path_with_cargo())
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        if have.contains(BPF_LINKER_VERSION) {
+            eprintln!("setup: bpf-linker {BPF_LINKER_VERSION} present");
+            return Ok(());
+        }
+        eprintln!("setup: cargo install bpf-linker {BPF_LINKER_VERSION} (LLVM {LLVM_MAJOR}, about a minute)");
+        run(Command::new("cargo")
+            .env("PATH", llvm_path())
+            .env("LLVM_PREFIX", format!("/usr/lib/llvm-{LLVM_MAJOR}"))
+            .args(["install", "--locked", "bpf-linker", "--version", BPF_LINKER_VERSION])
+            .args(["--no-default-features", "--features", &format!("llvm-{LLVM_MAJOR}")]))
+    })?;
+    eprintln!("setup: done");
+    Ok(())
+}
+
+fn llvm_path_with_cargo() -> String {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    format!("{home}/.cargo/bin:{}", llvm_path())
+}
+

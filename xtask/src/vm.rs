@@ -1,0 +1,295 @@
+//! Boots a stock kernel under qemu with an initramfs of busybox, the binaries under test and a
+//! guest script; streams the console to a log; brings files the script leaves in /out back over
+//! a second serial port; returns the guest's verdict (`init: success|failure`).
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use base64::Engine as _;
+
+use crate::kernels::Kernel;
+
+/// The accelerator: TCG (software emulation, single-threaded) or KVM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Accel {
+    /// Single-threaded TCG. Multi-threaded TCG crashes guests when probes are patched in
+    /// while another vCPU runs the patched code.
+    Tcg,
+    /// KVM, where /dev/kvm works.
+    Kvm,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    /// Label for logs (`6.12-record`).
+    pub name: String,
+    /// Shell script run as root in the guest after the mounts; its exit status is the verdict.
+    /// Files it writes to /out come back to the host.
+    pub script: String,
+    /// Host binaries installed in the guest's /bin with the libraries they need.
+    pub bins: Vec<PathBuf>,
+    /// Accelerator.
+    pub accel: Accel,
+    /// Give up after this long.
+    pub timeout: Duration,
+    /// Echo the console to stderr while it runs.
+    pub echo: bool,
+}
+
+/// The outcome of one boot.
+#[derive(Debug)]
+pub struct VmResult {
+    /// The guest printed `init: success`.
+    pub success: bool,
+    /// Why not, if not.
+    pub failure: Option<String>,
+    /// The whole console output.
+    pub console: String,
+    /// Where the console log was written.
+    pub log: PathBuf,
+    /// Directory holding the files the guest left in /out.
+    pub out_dir: PathBuf,
+    /// Wall time of the boot.
+    pub elapsed: Duration,
+}
+
+impl VmResult {
+    /// The last `n` lines of the console, for failure messages.
+    pub fn tail(&self, n: usize) -> String {
+        let lines: Vec<&str> = self.console.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+const DATA_BEGIN: &str = "MEMCG-TRACE-DATA-BEGIN";
+const DATA_END: &str = "MEMCG-TRACE-DATA-END";
+
+const INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin:/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t debugfs debugfs /sys/kernel/debug
+mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+mount -t bpf bpf /sys/fs/bpf
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mkdir -p /out
+echo "init: kernel $(uname -r), $(nproc) cpus"
+cd /tmp
+sh -e /guest.sh
+rc=$?
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+{ echo MEMCG-TRACE-DATA-BEGIN; tar c -C /out . | base64; echo MEMCG-TRACE-DATA-END; } > /dev/ttyS1
+sync
+if [ "$rc" = 0 ]; then echo "init: success"; else echo "init: failure (guest script exit $rc)"; fi
+reboot -f
+"#;
+
+/// Host libraries a binary needs, from ldd.
+fn libraries(bin: &Path) -> Result<BTreeSet<PathBuf>> {
+    let out = Command::new("ldd").arg(bin).output().context("run ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut libs = BTreeSet::new();
+    for line in text.lines() {
+        for word in line.split_whitespace() {
+            if word.starts_with('/') {
+                libs.insert(PathBuf::from(word));
+            }
+        }
+    }
+    Ok(libs)
+}
+
+fn copy_into(root: &Path, src: &Path, dst_rel: &Path) -> Result<()> {
+    let dst = root.join(dst_rel);
+    fs::create_dir_all(dst.parent().expect("has parent"))?;
+    fs::copy(src, &dst).with_context(|| format!("copy {} into the initramfs", src.display()))?;
+    Ok(())
+}
+
+/// Writes the initramfs (newc cpio) for `spec` on `kernel` into `work`.
+fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
+    let root = work.join("root");
+    let _ = fs::remove_dir_all(&root);
+    for d in ["bin", "sbin", "proc", "sys", "dev", "tmp", "boot", "out", "lib64", "etc"] {
+        fs::create_dir_all(root.join(d))?;
+    }
+    let busybox = Path::new("/bin/busybox");
+    if !busybox.exists() {
+        bail!("/bin/busybox is missing: run `cargo xtask setup` (apt package busybox-static)");
+    }
+    copy_into(&root, busybox, Path::new("bin/busybox"))?;
+    let mut libs = BTreeSet::new();
+    for bin in &spec.bins {
+        let name = bin.file_name().ok_or_else(|| anyhow!("{}: not a file", bin.display()))?;
+        copy_into(&root, bin, &Path::new("bin").join(name))?;
+        libs.extend(libraries(bin)?);
+    }
+    for lib in libs {
+        copy_into(&root, &lib, lib.strip_prefix("/").expect("absolute"))?;
+    }
+    fs::copy(&kernel.config, root.join("boot").join(format!("config-{}", kernel.spec.release)))?;
+    fs::write(root.join("init"), INIT)?;
+    fs::set_permissions(root.join("init"), fs::Permissions::from_mode(0o755))?;
+    fs::write(root.join("guest.sh"), &spec.script)?;
+    let cpio = work.join("initramfs.cpio");
+    let list = crate::output(Command::new("find").arg(".").current_dir(&root))?;
+    let mut child = Command::new("cpio")
+        .args(["-o", "-H", "newc", "--quiet"])
+        .current_dir(&root)
+        .stdin(Stdio::piped())
+        .stdout(fs::File::create(&cpio)?)
+        .spawn()
+        .context("run cpio (apt package cpio; `cargo xtask setup` installs it)")?;
+    child.stdin.take().expect("piped").write_all(list.as_bytes())?;
+    if !child.wait()?.success() {
+        bail!("cpio failed building the initramfs");
+    }
+    Ok(cpio)
+}
+
+/// Decodes the /out archive the guest sent over the second serial port into `out`.
+fn unpack_data(data: &Path, out: &Path) -> Result<()> {
+    let text = fs::read_to_string(data).unwrap_or_default();
+    let Some(start) = text.find(DATA_BEGIN) else {
+        bail!("the guest sent no /out archive");
+    };
+    let body = &text[start + DATA_BEGIN.len()..];
+    let end = body.find(DATA_END).ok_or_else(|| anyhow!("the /out archive from the guest is truncated"))?;
+    let b64: String = body[..end].chars().filter(|c| !c.is_whitespace()).collect();
+    let tar = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| anyhow!("the /out archive from the guest is corrupt: {e}"))?;
+    fs::create_dir_all(out)?;
+    let mut child = Command::new("tar")
+        .args(["x", "-C"])
+        .arg(out)
+        .stdin(Stdio::piped())
+        .spawn()
+        .context("run tar")?;
+    child.stdin.take().expect("piped").write_all(&tar)?;
+    if !child.wait()?.success() {
+        bail!("tar could not unpack the /out archive from the guest");
+    }
+    Ok(())
+}
+
+/// Boots `kernel` with `spec` and waits for the verdict.
+pub fn run(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
+    let qemu = "qemu-system-x86_64";
+    if Command::new(qemu).arg("--version").output().is_err() {
+        bail!("{qemu} is missing: run `cargo xtask setup` (apt package qemu-system-x86)");
+    }
+    let work = crate::workspace_root().join("target/vm").join(&spec.name);
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work)?;
+    let cpio = initramfs(kernel, spec, &work)?;
+    let data = work.join("data.b64");
+    let log = work.join("console.log");
+    let out_dir = work.join("out");
+    let mut cmd = Command::new(qemu);
+    match spec.accel {
+        Accel::Tcg => cmd.args(["-accel", "tcg,thread=single", "-cpu", "max"]),
+        Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host"]),
+    };
+    cmd.args(["-m", "1024", "-smp", "2", "-display", "none", "-no-reboot", "-nodefaults"])
+        .args(["-serial", "stdio", "-serial"])
+        .arg(format!("file:{}", data.display()))
+        .arg("-kernel")
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(&cpio)
+        .arg("-append")
+        .arg(format!("console=ttyS0 rdinit=/init panic=-1 quiet {}", kernel.spec.cmdline))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn().with_context(|| format!("cannot start {qemu}"))?;
+    let (tx, rx) = mpsc::channel::<String>();
+    let stdout = child.stdout.take().expect("piped");
+    let stderr = child.stderr.take().expect("piped");
+    let tx2 = tx.clone();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx2.send(format!("qemu: {line}")).is_err() {
+                break;
+            }
+        }
+    });
+    let mut logf = fs::File::create(&log)?;
+    let mut console = String::new();
+    let mut verdict: Option<bool> = None;
+    let mut failure = None;
+    loop {
+        let left = spec.timeout.checked_sub(start.elapsed());
+        let Some(left) = left else {
+            failure = Some(format!("timed out after {:?}", spec.timeout));
+            let _ = child.kill();
+            break;
+        };
+        match rx.recv_timeout(left.min(Duration::from_secs(1))) {
+            Ok(line) => {
+                let line = line.trim_end_matches('\r').to_string();
+                if spec.echo {
+                    eprintln!("[{}] {line}", spec.name);
+                }
+                writeln!(logf, "{line}")?;
+                if line.contains("init: success") {
+                    verdict = Some(true);
+                } else if line.contains("init: failure") {
+                    verdict = Some(false);
+                }
+                if line.contains("Kernel panic") {
+                    failure.get_or_insert_with(|| "kernel panic".to_string());
+                }
+                console.push_str(&line);
+                console.push('\n');
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let _ = child.wait();
+    let elapsed = start.elapsed();
+    if failure.is_none() {
+        match verdict {
+            Some(true) => {}
+            Some(false) => failure = Some("the guest script failed".into()),
+            None => failure = Some("the guest ended without a verdict".into()),
+        }
+    }
+    if let Err(e) = unpack_data(&data, &out_dir) {
+        if failure.is_none() {
+            failure = Some(format!("{e:#}"));
+        }
+    }
+    Ok(VmResult {
+        success: failure.is_none(),
+        failure,
+        console,
+        log,
+        out_dir,
+        elapsed,
+    })
+}

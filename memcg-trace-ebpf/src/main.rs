@@ -9,18 +9,21 @@
 #![no_main]
 
 use aya_ebpf::{
-    EbpfContext as _,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
     maps::PerCpuArray,
-    programs::{BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RawTracePointContext, RetProbeContext},
+    programs::{
+        BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RawTracePointContext,
+        RetProbeContext,
+    },
+    EbpfContext as _,
 };
 use memcg_trace_common::{
-    bucket_index, classify, slot_index, Counters, Hist, KernelLayout, Start, CTX_TASK,
-    NUM_BUCKETS, NUM_SLOTS,
+    bucket_index, classify, slot_index, Counters, Hist, KernelLayout, Start, CTX_TASK, NUM_BUCKETS,
+    NUM_SLOTS,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -220,6 +223,7 @@ fn on_hit(probe: u32) -> u32 {
         }
         None => {
             if let Some(c) = counters(slot_index(probe, CTX_TASK)) {
+                c.exits += 1;
                 c.no_context += 1;
             }
         }

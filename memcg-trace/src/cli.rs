@@ -84,11 +84,13 @@ pub struct RecordArgs {
 /// Parses `10s`, `500ms`, `2m`, `1h` or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| anyhow!("invalid duration {s:?}: expected a number with a unit, like 10s or 500ms"))?;
+    let n: f64 = num.parse().map_err(|_| {
+        anyhow!("invalid duration {s:?}: expected a number with a unit, like 10s or 500ms")
+    })?;
     let secs = match unit {
         "" | "s" => n,
         "ms" => n / 1e3,
@@ -125,7 +127,10 @@ pub fn main() -> i32 {
     match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("memcg-trace: error: {}", format!("{e:#}").replace('\n', " "));
+            eprintln!(
+                "memcg-trace: error: {}",
+                format!("{e:#}").replace('\n', " ")
+            );
             1
         }
     }

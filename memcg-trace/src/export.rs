@@ -224,7 +224,9 @@ pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<P
                     let latency = (p.backend.has_latency()).then(|| {
                         let hdr = h.to_hdr();
                         let mut buf = Vec::new();
-                        V2Serializer::new().serialize(&hdr, &mut buf).expect("serialize hdr");
+                        V2Serializer::new()
+                            .serialize(&hdr, &mut buf)
+                            .expect("serialize hdr");
                         Latency {
                             sum_ns: h.sum_ns,
                             cpu_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
@@ -237,7 +239,13 @@ pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<P
                                     .iter()
                                     .map(|&q| Quantile {
                                         q,
-                                        ns: if q >= 1.0 { h.max_ns } else { hdr.value_at_quantile(q) },
+                                        // HDR reports a bucket's highest equivalent value,
+                                        // which can lie above the true maximum.
+                                        ns: if q >= 1.0 {
+                                            h.max_ns
+                                        } else {
+                                            hdr.value_at_quantile(q).min(h.max_ns)
+                                        },
                                     })
                                     .collect()
                             } else {
@@ -250,7 +258,11 @@ pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<P
                                 .filter(|(_, n)| **n > 0)
                                 .map(|(i, &count)| {
                                     let (min_ns, max_ns) = bucket_bounds(i);
-                                    Bucket { min_ns, max_ns, count }
+                                    Bucket {
+                                        min_ns,
+                                        max_ns,
+                                        count,
+                                    }
                                 })
                                 .collect(),
                             hdr_v2: base64::engine::general_purpose::STANDARD.encode(&buf),
@@ -283,7 +295,11 @@ pub fn write_atomic(path: &Path, doc: &Document) -> Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| anyhow!("{}: not a file path", path.display()))?;
-    let tmp = dir.join(format!(".{}.tmp{}", name.to_string_lossy(), std::process::id()));
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
     let write = || -> std::io::Result<()> {
         let mut f = fs::File::create(&tmp)?;
         f.write_all(&json)?;
@@ -316,13 +332,29 @@ pub fn check_writable(path: &Path) -> Result<()> {
 
 /// Reads a recording, with one clear error for each way a file can be wrong.
 pub fn read(path: &Path) -> Result<Document> {
-    let text = fs::read_to_string(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| anyhow!("{}: not a memcg-trace recording (invalid JSON: {e})", path.display()))?;
+    let text =
+        fs::read_to_string(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        anyhow!(
+            "{}: not a memcg-trace recording (invalid JSON: {e})",
+            path.display()
+        )
+    })?;
     match v.get("schema").and_then(|s| s.as_str()) {
         Some(SCHEMA) => {}
-        Some(other) => return Err(anyhow!("{}: schema {other} is not supported (expected {SCHEMA})", path.display())),
-        None => return Err(anyhow!("{}: not a memcg-trace recording (no \"schema\")", path.display())),
+        Some(other) => {
+            return Err(anyhow!(
+                "{}: schema {other} is not supported (expected {SCHEMA})",
+                path.display()
+            ))
+        }
+        None => {
+            return Err(anyhow!(
+                "{}: not a memcg-trace recording (no \"schema\")",
+                path.display()
+            ))
+        }
     }
-    serde_json::from_value(v).map_err(|e| anyhow!("{}: malformed {SCHEMA} document: {e}", path.display()))
+    serde_json::from_value(v)
+        .map_err(|e| anyhow!("{}: malformed {SCHEMA} document: {e}", path.display()))
 }

@@ -127,7 +127,11 @@ fn named_struct(btf: &Btf, name: &str) -> Result<btf_rs::Struct> {
 fn strip(btf: &Btf, mut t: Type) -> Result<Type> {
     loop {
         match &t {
-            Type::Typedef(_) | Type::Volatile(_) | Type::Const(_) | Type::Restrict(_) | Type::TypeTag(_) => {
+            Type::Typedef(_)
+            | Type::Volatile(_)
+            | Type::Const(_)
+            | Type::Restrict(_)
+            | Type::TypeTag(_) => {
                 t = btf
                     .resolve_chained_type(t.as_btf_type().expect("qualifier is a btf type"))
                     .map_err(|e| anyhow!("{e}"))?;
@@ -167,7 +171,10 @@ pub fn field_path_offset(btf: &Btf, root: &str, path: &[&str]) -> Result<u64> {
         if i + 1 < path.len() {
             match strip(btf, ty)? {
                 Type::Struct(next) | Type::Union(next) => s = next,
-                Type::Ptr(_) => bail!("{root}.{} is a pointer; split the path", path[..=i].join(".")),
+                Type::Ptr(_) => bail!(
+                    "{root}.{} is a pointer; split the path",
+                    path[..=i].join(".")
+                ),
                 other => bail!("{root}.{} is a {}", path[..=i].join("."), other.name()),
             }
         }
@@ -178,7 +185,10 @@ pub fn field_path_offset(btf: &Btf, root: &str, path: &[&str]) -> Result<u64> {
 /// Per-CPU variables and their offsets in the `.data..percpu` section.
 pub fn percpu_vars(btf: &Btf) -> Result<HashMap<String, u64>> {
     let mut out = HashMap::new();
-    for t in btf.resolve_types_by_name(".data..percpu").unwrap_or_default() {
+    for t in btf
+        .resolve_types_by_name(".data..percpu")
+        .unwrap_or_default()
+    {
         if let Type::Datasec(ds) = t {
             for v in &ds.variables {
                 if let Ok(var) = btf.resolve_type_by_id(v.get_type_id().unwrap_or(0)) {
@@ -253,7 +263,9 @@ pub const CONFIG_OF_INTEREST: &[&str] = &[
 pub fn config(release: &str) -> Option<BTreeMap<String, String>> {
     let text = if let Ok(gz) = fs::read("/proc/config.gz") {
         let mut s = String::new();
-        flate2::read::GzDecoder::new(&gz[..]).read_to_string(&mut s).ok()?;
+        flate2::read::GzDecoder::new(&gz[..])
+            .read_to_string(&mut s)
+            .ok()?;
         s
     } else {
         fs::read_to_string(format!("/boot/config-{release}")).ok()?
@@ -285,7 +297,10 @@ pub fn parse_config(text: &str) -> BTreeMap<String, String> {
 /// The preemption model in the kernel's words, from /sys/kernel/debug/sched/preempt (dynamic
 /// preemption, current mode in parentheses) or else the build configuration.
 pub fn preemption_model(config: Option<&BTreeMap<String, String>>) -> String {
-    for p in ["/sys/kernel/debug/sched/preempt", "/sys/kernel/debug/sched_preempt"] {
+    for p in [
+        "/sys/kernel/debug/sched/preempt",
+        "/sys/kernel/debug/sched_preempt",
+    ] {
         if let Ok(s) = fs::read_to_string(p) {
             if let Some(cur) = s.split_whitespace().find(|w| w.starts_with('(')) {
                 return format!("dynamic {}", cur.trim_matches(|c| c == '(' || c == ')'));
@@ -353,6 +368,9 @@ mod tests {
         s.add_kallsyms("ffffffff81000000 T obj_cgroup_charge\nffffffff81000010 t mod_memcg_state.constprop.0\nffffffff82000000 D some_data\n");
         assert!(s.kallsyms.contains("obj_cgroup_charge"));
         assert!(!s.kallsyms.contains("some_data"));
-        assert_eq!(s.clones["mod_memcg_state"], vec!["mod_memcg_state.constprop.0"]);
+        assert_eq!(
+            s.clones["mod_memcg_state"],
+            vec!["mod_memcg_state.constprop.0"]
+        );
     }
 }

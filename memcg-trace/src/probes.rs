@@ -71,11 +71,30 @@ pub struct ProbeDef {
     /// What it measures.
     pub about: &'static str,
     /// Candidate functions, in order of preference.
-    pub candidates: &'static [&'static str],
+    pub candidates: &'static [Candidate],
     /// A tracepoint that fires once per call of this step, for the counts-only backend.
     pub tracepoint: Option<&'static str>,
     /// Traced unless `--probe` says otherwise.
     pub default: bool,
+}
+
+/// A kernel function that can implement a probe.
+#[derive(Debug)]
+pub struct Candidate {
+    /// The function.
+    pub symbol: &'static str,
+    /// Only on kernels that also have this function (a marker of the code layout).
+    pub requires: Option<&'static str>,
+    /// Why this candidate stands in, shown when it is chosen under `requires`.
+    pub why: &'static str,
+}
+
+const fn c(symbol: &'static str) -> Candidate {
+    Candidate {
+        symbol,
+        requires: None,
+        why: "",
+    }
 }
 
 /// Every probe memcg-trace knows.
@@ -85,7 +104,18 @@ pub const PROBES: &[ProbeDef] = &[
         about: "object (kmem/slab) charge to the objcg",
         // 6.16+: the slab hook calls static obj_cgroup_charge_account(); obj_cgroup_charge() is
         // a thin wrapper for the other callers, so tracing both double-counts.
-        candidates: &["obj_cgroup_charge_account", "obj_cgroup_charge"],
+        candidates: &[
+            c("obj_cgroup_charge_account"),
+            // 7.x inlines obj_cgroup_charge_account() into the slab hook; the hook is then the
+            // narrowest traceable function that charges slab objects. __account_obj_stock marks
+            // the 6.16+ layout, where obj_cgroup_charge() no longer sees slab charges.
+            Candidate {
+                symbol: "__memcg_slab_post_alloc_hook",
+                requires: Some("__account_obj_stock"),
+                why: "obj_cgroup_charge_account is inlined into it on this kernel; the figures include the rest of the slab hook",
+            },
+            c("obj_cgroup_charge"),
+        ],
         tracepoint: None,
         default: true,
     },
@@ -94,7 +124,7 @@ pub const PROBES: &[ProbeDef] = &[
         about: "memcg stat update",
         // Up to 6.15 mod_memcg_state() is an inline around __mod_memcg_state(); 6.16+ made
         // mod_memcg_state() out of line and irq-safe.
-        candidates: &["__mod_memcg_state", "mod_memcg_state"],
+        candidates: &[c("__mod_memcg_state"), c("mod_memcg_state")],
         tracepoint: Some("mod_memcg_state"),
         default: true,
     },
@@ -103,19 +133,14 @@ pub const PROBES: &[ProbeDef] = &[
         about: "rstat updated-tree insertion",
         // cgroup_rstat_updated (4.18-6.15) became css_rstat_updated (6.16); 7.x callers use
         // __css_rstat_updated directly.
-        candidates: &[
-            "__css_rstat_updated",
-            "css_rstat_updated",
-            "__cgroup_rstat_updated",
-            "cgroup_rstat_updated",
-        ],
+        candidates: &[c("__css_rstat_updated"), c("css_rstat_updated"), c("__cgroup_rstat_updated"), c("cgroup_rstat_updated")],
         tracepoint: None,
         default: true,
     },
     ProbeDef {
         name: "uncharge",
         about: "object uncharge",
-        candidates: &["obj_cgroup_uncharge"],
+        candidates: &[c("obj_cgroup_uncharge")],
         tracepoint: None,
         default: false,
     },
@@ -123,35 +148,35 @@ pub const PROBES: &[ProbeDef] = &[
         name: "slab_post_alloc",
         about: "slab allocation hook that charges the new objects",
         // 6.10 moved slab charging into __memcg_slab_post_alloc_hook() in mm/memcontrol.c.
-        candidates: &["__memcg_slab_post_alloc_hook", "memcg_slab_post_alloc_hook"],
+        candidates: &[c("__memcg_slab_post_alloc_hook"), c("memcg_slab_post_alloc_hook")],
         tracepoint: None,
         default: false,
     },
     ProbeDef {
         name: "slab_free",
         about: "slab free hook that uncharges the objects",
-        candidates: &["__memcg_slab_free_hook", "memcg_slab_free_hook"],
+        candidates: &[c("__memcg_slab_free_hook"), c("memcg_slab_free_hook")],
         tracepoint: None,
         default: false,
     },
     ProbeDef {
         name: "refill_stock",
         about: "return bytes to the per-CPU object stock",
-        candidates: &["refill_obj_stock", "refill_stock"],
+        candidates: &[c("refill_obj_stock"), c("refill_stock")],
         tracepoint: None,
         default: false,
     },
     ProbeDef {
         name: "try_charge",
         about: "page-counter charge (can enter reclaim and sleep)",
-        candidates: &["try_charge_memcg", "try_charge"],
+        candidates: &[c("try_charge_memcg"), c("try_charge")],
         tracepoint: None,
         default: false,
     },
     ProbeDef {
         name: "events",
         about: "memcg event counter update",
-        candidates: &["count_memcg_events", "__count_memcg_events"],
+        candidates: &[c("count_memcg_events"), c("__count_memcg_events")],
         tracepoint: Some("count_memcg_events"),
         default: false,
     },
@@ -164,7 +189,11 @@ pub fn probe_def(name: &str) -> Option<&'static ProbeDef> {
 
 /// The names of the default probes.
 pub fn default_probes() -> Vec<&'static str> {
-    PROBES.iter().filter(|p| p.default).map(|p| p.name).collect()
+    PROBES
+        .iter()
+        .filter(|p| p.default)
+        .map(|p| p.name)
+        .collect()
 }
 
 /// What one probe request asks for: a logical probe, or any function (`--func`).
@@ -214,44 +243,66 @@ pub struct Resolution {
 /// Picks, for each backend in `order`, the symbol the request resolves to on this kernel.
 pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
     let mut r = Resolution::default();
-    let candidates: Vec<&str> = match req {
-        Request::Probe(p) => p.candidates.to_vec(),
-        Request::Func(f) => vec![f.as_str()],
+    // (symbol, requires, why) borrowed from the static table or from the request.
+    let candidates: Vec<(&str, Option<&str>, &str)> = match req {
+        Request::Probe(p) => p
+            .candidates
+            .iter()
+            .map(|c| (c.symbol, c.requires, c.why))
+            .collect(),
+        Request::Func(f) => vec![(f.as_str(), None, "")],
     };
-    let present = |c: &str| syms.btf_funcs.contains(c) || syms.kallsyms.contains(c);
-    let chosen = candidates.iter().copied().find(|c| present(c));
+    let exists = |c: &str| syms.btf_funcs.contains(c) || syms.kallsyms.contains(c);
+    let usable = |c: &(&str, Option<&str>, &str)| exists(c.0) && c.1.map(exists).unwrap_or(true);
+    let chosen = candidates.iter().find(|c| usable(c));
     for c in &candidates {
-        if Some(*c) == chosen {
+        let (sym, requires, why) = *c;
+        if chosen.map(|x| x.0) == Some(sym) {
+            if !why.is_empty() {
+                r.notes.push(format!("{sym}: chosen because {why}"));
+            }
             continue;
         }
-        if present(c) {
+        if exists(sym) && !usable(c) {
             r.notes.push(format!(
-                "{c}: not used, {} is preferred (tracing both would count calls twice)",
-                chosen.unwrap_or("?")
+                "{sym}: not used, only stands in on kernels with {}",
+                requires.unwrap_or("?")
             ));
-        } else if let Some(clones) = syms.clones.get(*c) {
+        } else if exists(sym) {
             r.notes.push(format!(
-                "{c}: inlined; only compiler clones exist ({})",
+                "{sym}: not used, {} is preferred (tracing both would count calls twice)",
+                chosen.map(|x| x.0).unwrap_or("?")
+            ));
+        } else if let Some(clones) = syms.clones.get(sym) {
+            r.notes.push(format!(
+                "{sym}: inlined; only compiler clones exist ({})",
                 clones.join(", ")
             ));
         } else {
-            r.notes.push(format!("{c}: absent from this kernel (BTF and kallsyms)"));
+            r.notes.push(format!(
+                "{sym}: absent from this kernel (BTF and kallsyms; inlined or renamed)"
+            ));
         }
     }
+    let chosen = chosen.map(|c| c.0);
     for &backend in order {
         match backend {
             Backend::Fentry | Backend::Kprobe => {
                 let Some(sym) = chosen else {
-                    r.notes.push(format!("{backend}: no candidate function exists"));
+                    r.notes
+                        .push(format!("{backend}: no candidate function exists"));
                     continue;
                 };
                 if backend == Backend::Fentry && !syms.btf_funcs.contains(sym) {
-                    r.notes.push(format!("fentry: {sym} has no BTF description"));
+                    r.notes
+                        .push(format!("fentry: {sym} has no BTF description"));
                     continue;
                 }
                 if backend == Backend::Kprobe {
                     if !syms.kprobes {
-                        r.notes.push("kprobe: this kernel has no kprobe support (CONFIG_KPROBES off)".into());
+                        r.notes.push(
+                            "kprobe: this kernel has no kprobe support (CONFIG_KPROBES off)".into(),
+                        );
                         continue;
                     }
                     if !syms.kallsyms.contains(sym) {
@@ -267,7 +318,10 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
                         continue;
                     }
                 }
-                r.plans.push(Plan { backend, target: sym.to_string() });
+                r.plans.push(Plan {
+                    backend,
+                    target: sym.to_string(),
+                });
             }
             Backend::Tracepoint => {
                 let tp = match req {
@@ -275,12 +329,16 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
                     Request::Func(_) => None,
                 };
                 match tp {
-                    None => r.notes.push("tracepoint: no tracepoint fires for this step".into()),
+                    None => r
+                        .notes
+                        .push("tracepoint: no tracepoint fires for this step".into()),
                     Some(tp) if syms.btf_tracepoints.contains(tp) => r.plans.push(Plan {
                         backend,
                         target: tp.to_string(),
                     }),
-                    Some(tp) => r.notes.push(format!("tracepoint: memcg:{tp} does not exist in this kernel")),
+                    Some(tp) => r.notes.push(format!(
+                        "tracepoint: memcg:{tp} does not exist in this kernel"
+                    )),
                 }
             }
         }
@@ -309,21 +367,86 @@ mod tests {
     }
 
     fn chosen(s: &Symbols, probe: &str) -> String {
-        let r = resolve(&Request::Probe(probe_def(probe).unwrap()), AttachMode::Auto.order(), s);
-        r.plans.first().map(|p| p.target.clone()).unwrap_or_default()
+        let r = resolve(
+            &Request::Probe(probe_def(probe).unwrap()),
+            AttachMode::Auto.order(),
+            s,
+        );
+        r.plans
+            .first()
+            .map(|p| p.target.clone())
+            .unwrap_or_default()
     }
 
     #[test]
     fn stock_kernels_resolve_to_the_hot_path() {
-        let k61 = kernel(&["obj_cgroup_charge", "__mod_memcg_state", "__cgroup_rstat_updated", "cgroup_rstat_updated"], &[]);
-        let k612 = kernel(&["obj_cgroup_charge", "__mod_memcg_state", "__cgroup_rstat_updated", "cgroup_rstat_updated"], &["mod_memcg_state"]);
-        let k618 = kernel(&["obj_cgroup_charge", "obj_cgroup_charge_account", "mod_memcg_state", "css_rstat_updated"], &["mod_memcg_state"]);
-        let k73 = kernel(&["obj_cgroup_charge", "obj_cgroup_charge_account", "mod_memcg_state", "css_rstat_updated", "__css_rstat_updated"], &["mod_memcg_state"]);
+        let k61 = kernel(
+            &[
+                "obj_cgroup_charge",
+                "__mod_memcg_state",
+                "__cgroup_rstat_updated",
+                "cgroup_rstat_updated",
+            ],
+            &[],
+        );
+        let k612 = kernel(
+            &[
+                "obj_cgroup_charge",
+                "__memcg_slab_post_alloc_hook",
+                "__mod_memcg_state",
+                "__cgroup_rstat_updated",
+                "cgroup_rstat_updated",
+            ],
+            &["mod_memcg_state"],
+        );
+        let k618 = kernel(
+            &[
+                "obj_cgroup_charge",
+                "obj_cgroup_charge_account",
+                "__memcg_slab_post_alloc_hook",
+                "__account_obj_stock",
+                "mod_memcg_state",
+                "css_rstat_updated",
+            ],
+            &["mod_memcg_state"],
+        );
+        // 7.3 inlines obj_cgroup_charge_account into the slab hook (seen in its kallsyms).
+        let k73 = kernel(
+            &[
+                "obj_cgroup_charge",
+                "__memcg_slab_post_alloc_hook",
+                "__account_obj_stock",
+                "mod_memcg_state",
+                "css_rstat_updated",
+                "__css_rstat_updated",
+            ],
+            &["mod_memcg_state"],
+        );
         for (k, charge, stat, rstat) in [
-            (&k61, "obj_cgroup_charge", "__mod_memcg_state", "__cgroup_rstat_updated"),
-            (&k612, "obj_cgroup_charge", "__mod_memcg_state", "__cgroup_rstat_updated"),
-            (&k618, "obj_cgroup_charge_account", "mod_memcg_state", "css_rstat_updated"),
-            (&k73, "obj_cgroup_charge_account", "mod_memcg_state", "__css_rstat_updated"),
+            (
+                &k61,
+                "obj_cgroup_charge",
+                "__mod_memcg_state",
+                "__cgroup_rstat_updated",
+            ),
+            (
+                &k612,
+                "obj_cgroup_charge",
+                "__mod_memcg_state",
+                "__cgroup_rstat_updated",
+            ),
+            (
+                &k618,
+                "obj_cgroup_charge_account",
+                "mod_memcg_state",
+                "css_rstat_updated",
+            ),
+            (
+                &k73,
+                "__memcg_slab_post_alloc_hook",
+                "mod_memcg_state",
+                "__css_rstat_updated",
+            ),
         ] {
             assert_eq!(chosen(k, "charge"), charge);
             assert_eq!(chosen(k, "stat"), stat);
@@ -333,32 +456,78 @@ mod tests {
 
     #[test]
     fn host_without_function_tracing_falls_back_to_the_tracepoint() {
-        let mut host = kernel(&["obj_cgroup_charge_account", "obj_cgroup_charge", "mod_memcg_state", "__css_rstat_updated"], &["mod_memcg_state"]);
+        let mut host = kernel(
+            &[
+                "obj_cgroup_charge_account",
+                "obj_cgroup_charge",
+                "mod_memcg_state",
+                "__css_rstat_updated",
+            ],
+            &["mod_memcg_state"],
+        );
         host.kprobes = false;
-        let r = resolve(&Request::Probe(probe_def("stat").unwrap()), AttachMode::Auto.order(), &host);
+        let r = resolve(
+            &Request::Probe(probe_def("stat").unwrap()),
+            AttachMode::Auto.order(),
+            &host,
+        );
         let backends: Vec<_> = r.plans.iter().map(|p| p.backend).collect();
         assert_eq!(backends, vec![Backend::Fentry, Backend::Tracepoint]);
-        assert!(r.notes.iter().any(|n| n.contains("CONFIG_KPROBES")), "{:?}", r.notes);
-        let charge = resolve(&Request::Probe(probe_def("charge").unwrap()), &[Backend::Tracepoint], &host);
+        assert!(
+            r.notes.iter().any(|n| n.contains("CONFIG_KPROBES")),
+            "{:?}",
+            r.notes
+        );
+        let charge = resolve(
+            &Request::Probe(probe_def("charge").unwrap()),
+            &[Backend::Tracepoint],
+            &host,
+        );
         assert!(charge.plans.is_empty());
-        assert!(charge.notes.iter().any(|n| n.contains("obj_cgroup_charge: not used")));
+        assert!(charge
+            .notes
+            .iter()
+            .any(|n| n.contains("obj_cgroup_charge: not used")));
     }
 
     #[test]
     fn inlined_candidates_are_explained() {
         let mut k = kernel(&["__mod_memcg_state"], &[]);
-        k.clones.insert("mod_memcg_state".into(), vec!["mod_memcg_state.constprop.0".into()]);
-        let r = resolve(&Request::Probe(probe_def("stat").unwrap()), &[Backend::Kprobe], &k);
+        k.clones.insert(
+            "mod_memcg_state".into(),
+            vec!["mod_memcg_state.constprop.0".into()],
+        );
+        let r = resolve(
+            &Request::Probe(probe_def("stat").unwrap()),
+            &[Backend::Kprobe],
+            &k,
+        );
         assert_eq!(r.plans[0].target, "__mod_memcg_state");
-        assert!(r.notes.iter().any(|n| n.contains("inlined") && n.contains("constprop")), "{:?}", r.notes);
+        assert!(
+            r.notes
+                .iter()
+                .any(|n| n.contains("inlined") && n.contains("constprop")),
+            "{:?}",
+            r.notes
+        );
     }
 
     #[test]
     fn untraceable_function_is_refused_with_reason() {
         let mut k = kernel(&["obj_cgroup_charge"], &[]);
         k.traceable = Some(Default::default());
-        let r = resolve(&Request::Func("obj_cgroup_charge".into()), AttachMode::Auto.order(), &k);
+        let r = resolve(
+            &Request::Func("obj_cgroup_charge".into()),
+            AttachMode::Auto.order(),
+            &k,
+        );
         assert!(r.plans.is_empty());
-        assert_eq!(r.notes.iter().filter(|n| n.contains("not traceable")).count(), 2);
+        assert_eq!(
+            r.notes
+                .iter()
+                .filter(|n| n.contains("not traceable"))
+                .count(),
+            2
+        );
     }
 }

@@ -41,7 +41,10 @@ pub fn check_privileges() -> Result<()> {
         .filter(|(c, _)| !has(*c))
         .map(|(_, n)| *n)
         .collect();
-    bail!("memcg-trace needs root, or CAP_BPF and CAP_PERFMON (missing: {}); run it with sudo", missing.join(", "))
+    bail!(
+        "memcg-trace needs root, or CAP_BPF and CAP_PERFMON (missing: {}); run it with sudo",
+        missing.join(", ")
+    )
 }
 
 /// Turns `--probe`/`--func` into requests, with one clear error for unknown names.
@@ -51,7 +54,10 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
         if sel.all {
             PROBES.iter().map(|p| p.name.to_string()).collect()
         } else {
-            probes::default_probes().iter().map(|s| s.to_string()).collect()
+            probes::default_probes()
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
         }
     } else {
         sel.probe.clone()
@@ -72,14 +78,22 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
             let hint = syms
                 .clones
                 .get(f)
-                .map(|c| format!(" (only compiler clones exist: {}; it is inlined)", c.join(", ")))
+                .map(|c| {
+                    format!(
+                        " (only compiler clones exist: {}; it is inlined)",
+                        c.join(", ")
+                    )
+                })
                 .unwrap_or_default();
             bail!("unknown function {f:?}: not in this kernel's BTF or kallsyms{hint}");
         }
         out.push(Request::Func(f.clone()));
     }
     if out.len() > MAX_PROBES {
-        bail!("{} probes requested; at most {MAX_PROBES} can be traced at once", out.len());
+        bail!(
+            "{} probes requested; at most {MAX_PROBES} can be traced at once",
+            out.len()
+        );
     }
     Ok(out)
 }
@@ -100,7 +114,10 @@ fn attach_all(sel: &ProbeSel, quiet: bool) -> Result<(Tracer, HashMap<String, Ve
             let a = tracer.attached.last().expect("just attached");
             if !quiet {
                 eprintln!("memcg-trace: {} -> {} via {}", a.name, a.target, a.backend);
-                for n in a.notes.iter().filter(|n| n.starts_with(&format!("{}:", probes::Backend::Fentry)) || n.contains(": Operation")) {
+                for n in a.notes.iter().filter(|n| {
+                    n.starts_with(&format!("{}:", probes::Backend::Fentry))
+                        || n.contains(": Operation")
+                }) {
                     eprintln!("memcg-trace:   ({n})");
                 }
             }
@@ -111,12 +128,20 @@ fn attach_all(sel: &ProbeSel, quiet: bool) -> Result<(Tracer, HashMap<String, Ve
                 bail!("cannot trace {}: {}", f.name, f.reasons.join("; "));
             }
             if !quiet {
-                eprintln!("memcg-trace: {} not attached: {}", f.name, f.reasons.join("; "));
+                eprintln!(
+                    "memcg-trace: {} not attached: {}",
+                    f.name,
+                    f.reasons.join("; ")
+                );
             }
         }
     }
     if tracer.attached.is_empty() {
-        let why: Vec<String> = tracer.failed.iter().map(|f| format!("{}: {}", f.name, f.reasons.join("; "))).collect();
+        let why: Vec<String> = tracer
+            .failed
+            .iter()
+            .map(|f| format!("{}: {}", f.name, f.reasons.join("; ")))
+            .collect();
         bail!("no probe could be attached ({})", why.join(" | "));
     }
     Ok((tracer, notes))
@@ -131,7 +156,12 @@ pub fn probes(sel: ProbeSel) -> Result<()> {
     let (tracer, _) = attach_all(&sel, true)?;
     println!("kernel {}", kernel::release());
     for a in &tracer.attached {
-        println!("{:<16} {:<28} {:<10} attached", a.name, a.target, a.backend.to_string());
+        println!(
+            "{:<16} {:<28} {:<10} attached",
+            a.name,
+            a.target,
+            a.backend.to_string()
+        );
         for n in &a.notes {
             println!("{:<16}   {n}", "");
         }
@@ -146,7 +176,9 @@ pub fn probes(sel: ProbeSel) -> Result<()> {
 }
 
 fn unix_ns(t: SystemTime) -> u128 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
 }
 
 /// How the recording ended.
@@ -169,7 +201,10 @@ pub fn record(args: RecordArgs) -> Result<i32> {
             None => {
                 let h = workload::find_hierarchy()?;
                 for stale in workload::remove_stale(&h) {
-                    eprintln!("memcg-trace: removed stale memcg {} of an earlier run", stale.display());
+                    eprintln!(
+                        "memcg-trace: removed stale memcg {} of an earlier run",
+                        stale.display()
+                    );
                 }
                 Memcg::create(&h)?
             }
@@ -178,8 +213,10 @@ pub fn record(args: RecordArgs) -> Result<i32> {
     }
     let (tracer, notes) = attach_all(&args.sel, args.quiet)?;
     let start = SystemTime::now();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (end, argv) = rt.block_on(run(&args, memcg.as_ref()))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (end, argv) = rt.block_on(run(&args, memcg.as_ref(), &tracer))?;
     let failed = tracer.failed.clone();
     let snap = tracer.finish()?;
     let end_t = SystemTime::now();
@@ -208,13 +245,23 @@ pub fn record(args: RecordArgs) -> Result<i32> {
             start_unix_ns: unix_ns(start),
             end_unix_ns: unix_ns(end_t),
             duration_ns: snap.elapsed.as_nanos() as u64,
-            bpf_stats: snap.probes.iter().any(|p| p.programs.iter().any(|c| c.run_cnt > 0)),
-            workload: cgroup_path.map(|cgroup| Workload { argv, exit_status, cgroup }),
+            bpf_stats: snap
+                .probes
+                .iter()
+                .any(|p| p.programs.iter().any(|c| c.run_cnt > 0)),
+            workload: cgroup_path.map(|cgroup| Workload {
+                argv,
+                exit_status,
+                cgroup,
+            }),
         },
         probes: export::probes_out(&snap, &|n| notes.get(n).cloned().unwrap_or_default()),
         not_attached: failed
             .into_iter()
-            .map(|f| NotAttachedOut { name: f.name, reasons: f.reasons })
+            .map(|f| NotAttachedOut {
+                name: f.name,
+                reasons: f.reasons,
+            })
             .collect(),
     };
     print!("{}", report::summary(&doc));
@@ -233,7 +280,11 @@ pub fn record(args: RecordArgs) -> Result<i32> {
 }
 
 /// Waits for the workload, the deadline or a signal, whichever comes first.
-async fn run(args: &RecordArgs, memcg: Option<&Memcg>) -> Result<(End, Vec<String>)> {
+async fn run(
+    args: &RecordArgs,
+    memcg: Option<&Memcg>,
+    tracer: &Tracer,
+) -> Result<(End, Vec<String>)> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -246,15 +297,24 @@ async fn run(args: &RecordArgs, memcg: Option<&Memcg>) -> Result<(End, Vec<Strin
             unsafe {
                 cmd.pre_exec(move || workload::join_in_child(&procs));
             }
-            Some(cmd.spawn().map_err(|e| anyhow!("cannot run {:?}: {e}", args.command[0]))?)
+            Some(
+                cmd.spawn()
+                    .map_err(|e| anyhow!("cannot run {:?}: {e}", args.command[0]))?,
+            )
         }
         None => None,
     };
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
-    let sleep = tokio::time::sleep_until(deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400 * 365)));
+    let sleep = tokio::time::sleep_until(
+        deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86400 * 365)),
+    );
     tokio::pin!(sleep);
+    let mut tick = tokio::time::interval(args.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
     let end = loop {
         tokio::select! {
+            _ = tick.tick(), if !args.quiet => progress(tracer),
             _ = sigint.recv() => break End::Signal(libc::SIGINT),
             _ = sigterm.recv() => break End::Signal(libc::SIGTERM),
             _ = sighup.recv() => break End::Signal(libc::SIGHUP),
@@ -277,6 +337,22 @@ async fn run(args: &RecordArgs, memcg: Option<&Memcg>) -> Result<(End, Vec<Strin
     Ok((end, args.command.clone()))
 }
 
+/// One progress line on stderr: elapsed time and calls so far per probe.
+fn progress(tracer: &Tracer) {
+    if let Ok(snap) = tracer.snapshot() {
+        let per: Vec<String> = snap
+            .probes
+            .iter()
+            .map(|p| format!("{} {}", p.name, report::fmt_count(p.calls() as f64)))
+            .collect();
+        eprintln!(
+            "memcg-trace: {:.0}s: {}",
+            snap.elapsed.as_secs_f64(),
+            per.join(", ")
+        );
+    }
+}
+
 /// `memcg-trace selftest`: the kernel-side bucketing must agree with [`bucket_index`] for every
 /// value, and a program run from a syscall must see task context.
 pub fn selftest() -> Result<i32> {
@@ -284,17 +360,42 @@ pub fn selftest() -> Result<i32> {
     check_privileges()?;
     let btf = kernel::open_btf()?;
     let layout = kernel::layout(&btf)?;
-    let values = [0u64, 1, 31, 32, 33, 63, 64, 100, 1000, 1500, 4095, 4096, 123_456, 10_000_000, 1 << 35, (1 << 36) + 5, u64::MAX >> 1];
+    let values = [
+        0u64,
+        1,
+        31,
+        32,
+        33,
+        63,
+        64,
+        100,
+        1000,
+        1500,
+        4095,
+        4096,
+        123_456,
+        10_000_000,
+        1 << 35,
+        (1 << 36) + 5,
+        u64::MAX >> 1,
+    ];
     let results = crate::tracer::selftest(&layout, &values)?;
     let mut bad = 0;
     for (v, got, ctx) in &results {
         let want = bucket_index(*v);
-        let ctx_name = usize::try_from(*ctx).ok().and_then(|c| CTX_NAMES.get(c)).copied().unwrap_or("unknown");
+        let ctx_name = usize::try_from(*ctx)
+            .ok()
+            .and_then(|c| CTX_NAMES.get(c))
+            .copied()
+            .unwrap_or("unknown");
         let ok = *got == Some(want) && ctx_name == "task";
         if !ok {
             bad += 1;
         }
-        println!("selftest: ns={v} bucket kernel={got:?} userspace={want} context={ctx_name} {}", if ok { "ok" } else { "MISMATCH" });
+        println!(
+            "selftest: ns={v} bucket kernel={got:?} userspace={want} context={ctx_name} {}",
+            if ok { "ok" } else { "MISMATCH" }
+        );
     }
     println!("selftest: {} values, {bad} mismatches", results.len());
     Ok(if bad == 0 { 0 } else { 1 })

@@ -53,16 +53,40 @@ pub fn summary(doc: &Document) -> String {
         m.duration_ns as f64 / 1e9
     );
     if let Some(w) = &m.workload {
-        let status = w.exit_status.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
-        let _ = writeln!(out, "workload: {} (exit {status}) in {}", w.argv.join(" "), w.cgroup);
+        let status = w
+            .exit_status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "workload: {} (exit {status}) in {}",
+            w.argv.join(" "),
+            w.cgroup
+        );
     }
     let _ = writeln!(
         out,
         "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
-        "probe", "context", "backend", "calls", "calls/s", "p50", "p90", "p99", "p99.9", "max", "mean", "total", "%cpu"
+        "probe",
+        "context",
+        "backend",
+        "calls",
+        "calls/s",
+        "p50",
+        "p90",
+        "p99",
+        "p99.9",
+        "max",
+        "mean",
+        "total",
+        "%cpu"
     );
     for p in &doc.probes {
-        for c in p.contexts.iter().filter(|c| c.count > 0 || c.context == "task") {
+        for c in p
+            .contexts
+            .iter()
+            .filter(|c| c.count > 0 || c.context == "task")
+        {
             let rate = c.rate_per_s.map(fmt_count).unwrap_or_else(|| "-".into());
             let (p50, p90, p99, p999, max, mean, total, share) = match &c.latency {
                 Some(l) if !l.percentiles.is_empty() => (
@@ -73,7 +97,9 @@ pub fn summary(doc: &Document) -> String {
                     fmt_ns(l.max_ns as f64),
                     l.mean_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
                     fmt_ns(l.sum_ns as f64),
-                    l.cpu_share.map(|s| format!("{:.2}", s * 100.0)).unwrap_or_else(|| "-".into()),
+                    l.cpu_share
+                        .map(|s| format!("{:.2}", s * 100.0))
+                        .unwrap_or_else(|| "-".into()),
                 ),
                 _ => Default::default(),
             };
@@ -120,7 +146,10 @@ pub fn summary(doc: &Document) -> String {
         );
     }
     if !m.bpf_stats {
-        let _ = writeln!(out, "self-cost unknown: kernel bpf stats could not be enabled");
+        let _ = writeln!(
+            out,
+            "self-cost unknown: kernel bpf stats could not be enabled"
+        );
     }
     for n in &doc.not_attached {
         let _ = writeln!(out, "{:<16} not attached: {}", n.name, n.reasons.join("; "));

@@ -43,7 +43,11 @@ impl HistData {
         self.max_ns = self.max_ns.max(h.max_ns);
         if h.min_ns_inv != 0 {
             let m = !h.min_ns_inv;
-            self.min_ns = if self.min_ns == 0 { m } else { self.min_ns.min(m) };
+            self.min_ns = if self.min_ns == 0 {
+                m
+            } else {
+                self.min_ns.min(m)
+            };
         }
         for (a, b) in self.buckets.iter_mut().zip(h.buckets.iter()) {
             *a += b;
@@ -210,14 +214,20 @@ mod tests {
     #[test]
     fn percentiles_stay_within_three_percent() {
         // A spread of values over six decades, each percentile checked against the exact one.
-        let mut values: Vec<u64> = (0..20_000u64).map(|i| 20 + (i * i * 37) % 5_000_000).collect();
+        let mut values: Vec<u64> = (0..20_000u64)
+            .map(|i| 20 + (i * i * 37) % 5_000_000)
+            .collect();
         values.sort_unstable();
         let hdr = hist_of(&values).to_hdr();
         for q in [0.5, 0.9, 0.99, 0.999] {
-            let exact = values[((q * values.len() as f64).ceil() as usize).saturating_sub(1)] as f64;
+            let exact =
+                values[((q * values.len() as f64).ceil() as usize).saturating_sub(1)] as f64;
             let got = hdr.value_at_quantile(q) as f64;
             let err = (got - exact).abs() / exact;
-            assert!(err <= 0.03, "q={q}: got {got}, exact {exact}, error {err:.4}");
+            assert!(
+                err <= 0.03,
+                "q={q}: got {got}, exact {exact}, error {err:.4}"
+            );
         }
         assert_eq!(hdr.len(), values.len() as u64);
     }
@@ -251,10 +261,28 @@ mod tests {
 
     #[test]
     fn per_cpu_sum_merges_min_max() {
-        let mut cpu0 = Hist { count: 1, sum_ns: 50, max_ns: 50, min_ns_inv: !50, buckets: [0; NUM_BUCKETS] };
+        let mut cpu0 = Hist {
+            count: 1,
+            sum_ns: 50,
+            max_ns: 50,
+            min_ns_inv: !50,
+            buckets: [0; NUM_BUCKETS],
+        };
         cpu0.buckets[bucket_index(50)] = 1;
-        let cpu1 = Hist { count: 0, sum_ns: 0, max_ns: 0, min_ns_inv: 0, buckets: [0; NUM_BUCKETS] };
-        let mut cpu2 = Hist { count: 1, sum_ns: 9, max_ns: 9, min_ns_inv: !9, buckets: [0; NUM_BUCKETS] };
+        let cpu1 = Hist {
+            count: 0,
+            sum_ns: 0,
+            max_ns: 0,
+            min_ns_inv: 0,
+            buckets: [0; NUM_BUCKETS],
+        };
+        let mut cpu2 = Hist {
+            count: 1,
+            sum_ns: 9,
+            max_ns: 9,
+            min_ns_inv: !9,
+            buckets: [0; NUM_BUCKETS],
+        };
         cpu2.buckets[9] = 1;
         let mut h = HistData::default();
         for c in [&cpu0, &cpu1, &cpu2] {

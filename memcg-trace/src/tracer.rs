@@ -11,11 +11,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use aya::{
-    maps::PerCpuArray,
-    programs::Program,
-    Btf, Ebpf, EbpfLoader,
-};
+use aya::{maps::PerCpuArray, programs::Program, Btf, Ebpf, EbpfLoader};
 use memcg_trace_common::{slot_index, Counters, Hist, KernelLayout, MAX_PROBES, NUM_CTX};
 
 use crate::{
@@ -182,7 +178,9 @@ impl Tracer {
             Program::FEntry(p) => p.load(&plan.target, btf).and_then(|_| p.attach().map(drop)),
             Program::FExit(p) => p.load(&plan.target, btf).and_then(|_| p.attach().map(drop)),
             Program::KProbe(p) => p.load().and_then(|_| p.attach(&plan.target, 0).map(drop)),
-            Program::BtfTracePoint(p) => p.load(&plan.target, btf).and_then(|_| p.attach().map(drop)),
+            Program::BtfTracePoint(p) => {
+                p.load(&plan.target, btf).and_then(|_| p.attach().map(drop))
+            }
             _ => return Err(format!("{prog} has an unexpected program type")),
         };
         r.map_err(|e| {
@@ -209,7 +207,11 @@ impl Tracer {
 
     /// Detaches and unloads every program (also done on drop).
     pub fn detach_all(&mut self) {
-        let progs: Vec<String> = self.attached.iter().flat_map(|a| a.programs.clone()).collect();
+        let progs: Vec<String> = self
+            .attached
+            .iter()
+            .flat_map(|a| a.programs.clone())
+            .collect();
         for p in progs {
             self.unload(&p);
         }
@@ -237,7 +239,9 @@ impl Tracer {
         };
         if let Ok(info) = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())) {
             for line in info.lines() {
-                let Some((k, v)) = line.split_once(':') else { continue };
+                let Some((k, v)) = line.split_once(':') else {
+                    continue;
+                };
                 let v: u64 = v.trim().parse().unwrap_or(0);
                 match k {
                     "run_time_ns" => c.run_time_ns = v,
@@ -262,7 +266,8 @@ impl Tracer {
 
     /// Reads every attached probe's per-CPU histograms and counters, summed over CPUs.
     pub fn snapshot(&self) -> Result<Snapshot> {
-        let hist: PerCpuArray<_, Hist> = PerCpuArray::try_from(self.ebpf.map("HIST").context("HIST map")?)?;
+        let hist: PerCpuArray<_, Hist> =
+            PerCpuArray::try_from(self.ebpf.map("HIST").context("HIST map")?)?;
         let counters: PerCpuArray<_, Counters> =
             PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
         let mut probes = Vec::with_capacity(self.attached.len());
@@ -312,19 +317,33 @@ pub fn selftest(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Optio
         .override_global("LAYOUT", layout, true)
         .load(EBPF_OBJECT)
         .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))?;
-    let hist: PerCpuArray<_, Hist> = PerCpuArray::try_from(ebpf.take_map("HIST").context("HIST map")?)?;
-    let prog: &mut RawTracePoint = ebpf.program_mut("selftest").context("selftest program")?.try_into()?;
-    prog.load().map_err(|e| anyhow!("load selftest: {}", chain(&e)))?;
+    let hist: PerCpuArray<_, Hist> =
+        PerCpuArray::try_from(ebpf.take_map("HIST").context("HIST map")?)?;
+    let prog: &mut RawTracePoint = ebpf
+        .program_mut("selftest")
+        .context("selftest program")?
+        .try_into()?;
+    prog.load()
+        .map_err(|e| anyhow!("load selftest: {}", chain(&e)))?;
     let mut out = Vec::new();
     for (slot, &v) in values.iter().enumerate() {
         let mut opts = RawTracePointRunOptions::new();
         opts.args[0] = slot as u64;
         opts.args[1] = v;
-        let r = prog.test_run(opts).map_err(|e| anyhow!("BPF_PROG_TEST_RUN: {}", chain(&e)))?;
+        let r = prog
+            .test_run(opts)
+            .map_err(|e| anyhow!("BPF_PROG_TEST_RUN: {}", chain(&e)))?;
         let bucket = hist
             .get(&(slot as u32), 0)?
             .iter()
-            .flat_map(|h| h.buckets.iter().enumerate().filter(|(_, n)| **n > 0).map(|(b, _)| b).collect::<Vec<_>>())
+            .flat_map(|h| {
+                h.buckets
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(b, _)| b)
+                    .collect::<Vec<_>>()
+            })
             .next();
         out.push((v, bucket, r.return_value as i32));
     }

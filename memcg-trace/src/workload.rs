@@ -31,18 +31,27 @@ pub fn find_hierarchy() -> Result<Hierarchy> {
     let info = fs::read_to_string("/proc/self/mountinfo").context("read /proc/self/mountinfo")?;
     let mut v1 = None;
     for line in info.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else { continue };
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
         let mount = pre.split_whitespace().nth(4).unwrap_or_default();
         let mut post = post.split_whitespace();
         let fstype = post.next().unwrap_or_default();
         let opts = post.nth(1).unwrap_or_default();
         if fstype == "cgroup2" {
-            let controllers = fs::read_to_string(Path::new(mount).join("cgroup.controllers")).unwrap_or_default();
+            let controllers =
+                fs::read_to_string(Path::new(mount).join("cgroup.controllers")).unwrap_or_default();
             if controllers.split_whitespace().any(|c| c == "memory") {
-                return Ok(Hierarchy { root: mount.into(), v2: true });
+                return Ok(Hierarchy {
+                    root: mount.into(),
+                    v2: true,
+                });
             }
         } else if fstype == "cgroup" && opts.split(',').any(|o| o == "memory") && v1.is_none() {
-            v1 = Some(Hierarchy { root: mount.into(), v2: false });
+            v1 = Some(Hierarchy {
+                root: mount.into(),
+                v2: false,
+            });
         }
     }
     v1.ok_or_else(|| anyhow!("no memory controller: neither a cgroup v2 mount offering \"memory\" nor a v1 memory hierarchy is mounted"))
@@ -60,7 +69,9 @@ pub struct Memcg {
 
 fn alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence.
-    pid > 0 && (unsafe { libc::kill(pid, 0) } == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+    pid > 0
+        && (unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
 }
 
 fn tasks(dir: &Path) -> Vec<i32> {
@@ -96,7 +107,9 @@ fn kill_and_remove(dir: &Path, v2: bool, timeout: Duration) -> Result<()> {
         match fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if start.elapsed() > timeout => return Err(anyhow!("cannot remove {}: {e}", dir.display())),
+            Err(e) if start.elapsed() > timeout => {
+                return Err(anyhow!("cannot remove {}: {e}", dir.display()))
+            }
             Err(_) => thread::sleep(Duration::from_millis(20)),
         }
     }
@@ -106,10 +119,16 @@ fn kill_and_remove(dir: &Path, v2: bool, timeout: Duration) -> Result<()> {
 /// those: names are `memcg-trace.<pid>` and the pid must be gone. Returns what was removed.
 pub fn remove_stale(h: &Hierarchy) -> Vec<PathBuf> {
     let mut removed = Vec::new();
-    let Ok(rd) = fs::read_dir(&h.root) else { return removed };
+    let Ok(rd) = fs::read_dir(&h.root) else {
+        return removed;
+    };
     for e in rd.flatten() {
         let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)).and_then(|p| p.parse::<i32>().ok()) else {
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
             continue;
         };
         if pid == std::process::id() as i32 || alive(pid) {
@@ -130,12 +149,22 @@ impl Memcg {
             let sub = h.root.join("cgroup.subtree_control");
             let cur = fs::read_to_string(&sub).unwrap_or_default();
             if !cur.split_whitespace().any(|c| c == "memory") {
-                fs::write(&sub, "+memory").map_err(|e| anyhow!("cannot enable the memory controller in {}: {e}", sub.display()))?;
+                fs::write(&sub, "+memory").map_err(|e| {
+                    anyhow!(
+                        "cannot enable the memory controller in {}: {e}",
+                        sub.display()
+                    )
+                })?;
             }
         }
         let path = h.root.join(format!("{PREFIX}{}", std::process::id()));
-        fs::create_dir(&path).map_err(|e| anyhow!("cannot create memcg {}: {e}", path.display()))?;
-        Ok(Memcg { path, owned: true, v2: h.v2 })
+        fs::create_dir(&path)
+            .map_err(|e| anyhow!("cannot create memcg {}: {e}", path.display()))?;
+        Ok(Memcg {
+            path,
+            owned: true,
+            v2: h.v2,
+        })
     }
 
     /// Uses an existing cgroup, which must be a memcg.
@@ -145,15 +174,23 @@ impl Memcg {
         }
         let v2 = path.join("memory.current").exists();
         if !v2 && !path.join("memory.usage_in_bytes").exists() {
-            bail!("--cgroup {}: not a memory cgroup (no memory.current or memory.usage_in_bytes)", path.display());
+            bail!(
+                "--cgroup {}: not a memory cgroup (no memory.current or memory.usage_in_bytes)",
+                path.display()
+            );
         }
-        Ok(Memcg { path: path.to_path_buf(), owned: false, v2 })
+        Ok(Memcg {
+            path: path.to_path_buf(),
+            owned: false,
+            v2,
+        })
     }
 
     /// The `cgroup.procs` path as a C string, prepared before fork so the child only calls
     /// async-signal-safe functions.
     pub fn procs_cstring(&self) -> CString {
-        CString::new(self.path.join("cgroup.procs").as_os_str().as_bytes()).expect("no NUL in cgroup path")
+        CString::new(self.path.join("cgroup.procs").as_os_str().as_bytes())
+            .expect("no NUL in cgroup path")
     }
 
     /// Removes the memcg if we created it, killing what is left in it.

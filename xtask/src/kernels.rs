@@ -65,7 +65,10 @@ pub const KERNELS: &[KernelSpec] = &[
         short: "7.3",
         release: "7.3.4+deb13-amd64",
         // From 6.19 Debian splits the image: vmlinuz in linux-binary, the config in linux-base.
-        packages: &["linux-binary-7.3.4+deb13-amd64", "linux-base-7.3.4+deb13-amd64"],
+        packages: &[
+            "linux-binary-7.3.4+deb13-amd64",
+            "linux-base-7.3.4+deb13-amd64",
+        ],
         suite: Suite::Trixie,
         cmdline: "",
     },
@@ -87,7 +90,11 @@ pub fn select(arg: &str) -> Result<Vec<&'static KernelSpec>> {
             KERNELS.iter().find(|k| k.short == n).ok_or_else(|| {
                 anyhow!(
                     "unknown kernel {n:?}; known: {}, all, every",
-                    KERNELS.iter().map(|k| k.short).collect::<Vec<_>>().join(", ")
+                    KERNELS
+                        .iter()
+                        .map(|k| k.short)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             })
         })
@@ -129,19 +136,36 @@ fn trixie_apt(dir: &Path) -> Result<Vec<String>> {
         format!("-oDir::Cache={}", dir.join("cache").display()),
         "-oAPT::Sandbox::User=root".into(),
     ];
-    let has_lists = fs::read_dir(dir.join("lists"))?.flatten().any(|e| e.file_name().to_string_lossy().ends_with("Packages"));
+    let has_lists = fs::read_dir(dir.join("lists"))?
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().ends_with("Packages"));
     if !has_lists {
-        eprintln!("xtask: apt-get update (private trixie configuration in {})", dir.display());
-        run(Command::new("apt-get").args(&opts).args(["-q", "update"]))
-            .context("apt-get update for the trixie kernels failed (is the Debian mirror reachable?)")?;
+        eprintln!(
+            "xtask: apt-get update (private trixie configuration in {})",
+            dir.display()
+        );
+        run(Command::new("apt-get").args(&opts).args(["-q", "update"])).context(
+            "apt-get update for the trixie kernels failed (is the Debian mirror reachable?)",
+        )?;
     }
     Ok(opts)
 }
 
+/// `boot/<prefix>-<release>` up to 6.18; from 6.19 `usr/lib/modules/<release>/<prefix>`.
 fn find_file(root: &Path, prefix: &str) -> Option<PathBuf> {
-    let boot = root.join("boot");
-    fs::read_dir(&boot).ok()?.flatten().map(|e| e.path()).find(|p| {
-        p.file_name().map(|n| n.to_string_lossy().starts_with(prefix)).unwrap_or(false)
+    let in_boot = fs::read_dir(root.join("boot")).ok().and_then(|rd| {
+        rd.flatten().map(|e| e.path()).find(|p| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().starts_with(&format!("{prefix}-")))
+                .unwrap_or(false)
+        })
+    });
+    in_boot.or_else(|| {
+        fs::read_dir(root.join("usr/lib/modules"))
+            .ok()?
+            .flatten()
+            .map(|e| e.path().join(prefix))
+            .find(|p| p.is_file())
     })
 }
 
@@ -151,10 +175,18 @@ pub fn fetch(spec: &KernelSpec) -> Result<Kernel> {
     let vmlinuz = dir.join("vmlinuz");
     let config = dir.join("config");
     if vmlinuz.exists() && config.exists() {
-        return Ok(Kernel { spec: *spec, vmlinuz, config });
+        return Ok(Kernel {
+            spec: *spec,
+            vmlinuz,
+            config,
+        });
     }
-    eprintln!("xtask: fetching kernel {} ({})", spec.short, spec.packages.join(", "));
-    let work = dir.with_extension("partial");
+    eprintln!(
+        "xtask: fetching kernel {} ({})",
+        spec.short,
+        spec.packages.join(", ")
+    );
+    let work = dir.with_file_name(format!("{}.partial", spec.release));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(work.join("debs"))?;
     let opts = match spec.suite {
@@ -168,15 +200,24 @@ pub fn fetch(spec: &KernelSpec) -> Result<Kernel> {
         .args(spec.packages))
     .with_context(|| format!("apt-get download {} failed: the kernel is not cached and cannot be fetched (run `apt-get update`, check the mirror)", spec.packages.join(" ")))?;
     for deb in fs::read_dir(work.join("debs"))?.flatten() {
-        run(Command::new("dpkg").arg("-x").arg(deb.path()).arg(work.join("root")))?;
+        run(Command::new("dpkg")
+            .arg("-x")
+            .arg(deb.path())
+            .arg(work.join("root")))?;
     }
     let root = work.join("root");
-    let z = find_file(&root, "vmlinuz-").ok_or_else(|| anyhow!("no boot/vmlinuz-* in {}", spec.packages.join(" ")))?;
-    let c = find_file(&root, "config-").ok_or_else(|| anyhow!("no boot/config-* in {}", spec.packages.join(" ")))?;
+    let z = find_file(&root, "vmlinuz")
+        .ok_or_else(|| anyhow!("no vmlinuz in {}", spec.packages.join(" ")))?;
+    let c = find_file(&root, "config")
+        .ok_or_else(|| anyhow!("no kernel config in {}", spec.packages.join(" ")))?;
     fs::create_dir_all(&dir)?;
     fs::copy(&c, &config)?;
     fs::copy(&z, dir.join("vmlinuz.tmp"))?;
     fs::rename(dir.join("vmlinuz.tmp"), &vmlinuz)?;
     let _ = fs::remove_dir_all(&work);
-    Ok(Kernel { spec: *spec, vmlinuz, config })
+    Ok(Kernel {
+        spec: *spec,
+        vmlinuz,
+        config,
+    })
 }

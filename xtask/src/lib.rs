@@ -14,7 +14,10 @@ use anyhow::{bail, Context as _, Result};
 
 /// The workspace root (this crate lives in `<root>/xtask`).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent")
+        .to_path_buf()
 }
 
 /// Where downloaded kernels and apt state are cached across clones
@@ -29,7 +32,9 @@ pub fn cache_dir() -> PathBuf {
 
 /// Runs a command, failing with its name and exit status.
 pub fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
     if !status.success() {
         bail!("{:?} failed: {status}", cmd);
     }
@@ -38,16 +43,26 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 
 /// Runs a command and returns its stdout.
 pub fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
     if !out.status.success() {
-        bail!("{:?} failed: {}: {}", cmd, out.status, String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{:?} failed: {}: {}",
+            cmd,
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// PATH with LLVM 22 first, as bpf-linker and the eBPF build need.
 pub fn llvm_path() -> String {
-    format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default())
+    format!(
+        "/usr/lib/llvm-22/bin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    )
 }
 
 /// Builds the release `memcg-trace` binary (with its eBPF object) and returns its path.
@@ -57,6 +72,18 @@ pub fn build_release() -> Result<PathBuf> {
         .current_dir(&root)
         .env("PATH", llvm_path())
         .args(["build", "--release", "--locked", "-p", "memcg-trace"]))
-    .context("building memcg-trace (run `cargo xtask setup` if bpf-linker or rust-src is missing)")?;
+    .context(
+        "building memcg-trace (run `cargo xtask setup` if bpf-linker or rust-src is missing)",
+    )?;
     Ok(root.join("target/release/memcg-trace"))
+}
+
+/// The guest script of the VM tests and the demo: `memcg-trace record` with each backend in
+/// `backends` while `hackbench <args>` runs in a fresh memcg. Leaves `<backend>.json`,
+/// `<backend>.txt` (the summary), `<backend>.err` and `leftover-memcgs` in /out.
+pub fn record_script(backends: &str, hackbench: &str) -> String {
+    format!(
+        "BACKENDS='{backends}'\nHACKBENCH='{hackbench}'\n{}",
+        include_str!("../guest/record.sh")
+    )
 }

@@ -11,8 +11,9 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 use xtask::{
-    build_release, kernels, llvm_path, run, setup, workspace_root,
+    build_release, kernels, llvm_path, record_script, run, setup,
     vm::{self, Accel, VmSpec},
+    workspace_root,
 };
 
 #[derive(Parser)]
@@ -76,21 +77,24 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Setup => setup::setup(),
         Cmd::Build => build_release().map(|p| eprintln!("xtask: built {}", p.display())),
-        Cmd::Vm { kernel, accel, script, timeout } => vm_cmd(&kernel, accel, script, timeout),
-        Cmd::Demo { host, kernel, accel, hackbench } => demo(host, &kernel, accel, &hackbench),
+        Cmd::Vm {
+            kernel,
+            accel,
+            script,
+            timeout,
+        } => vm_cmd(&kernel, accel, script, timeout),
+        Cmd::Demo {
+            host,
+            kernel,
+            accel,
+            hackbench,
+        } => demo(host, &kernel, accel, &hackbench),
         Cmd::Test { kernel, accel } => test(&kernel, accel),
     };
     if let Err(e) = r {
         eprintln!("xtask: error: {}", format!("{e:#}").replace('\n', " "));
         std::process::exit(1);
     }
-}
-
-fn record_script(backends: &str, hackbench: &str) -> String {
-    format!(
-        "BACKENDS='{backends}'\nHACKBENCH='{hackbench}'\n{}",
-        include_str!("../guest/record.sh")
-    )
 }
 
 fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> Result<()> {
@@ -117,7 +121,12 @@ fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> 
         )?;
         if r.success {
             passed += 1;
-            eprintln!("xtask: {} ok in {:.1}s; guest files in {}", spec.short, r.elapsed.as_secs_f64(), r.out_dir.display());
+            eprintln!(
+                "xtask: {} ok in {:.1}s; guest files in {}",
+                spec.short,
+                r.elapsed.as_secs_f64(),
+                r.out_dir.display()
+            );
         } else {
             failed += 1;
             eprintln!(
@@ -137,13 +146,24 @@ fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> 
 }
 
 fn which(name: &str) -> Result<PathBuf> {
-    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/bin", "/usr/sbin"]) {
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/bin", "/usr/sbin"])
+    {
         let p = PathBuf::from(dir).join(name);
         if p.is_file() {
             return Ok(p);
         }
     }
-    bail!("{name} not found: run `cargo xtask setup` ({name} comes with apt package {})", if name == "hackbench" { "rt-tests" } else { name })
+    bail!(
+        "{name} not found: run `cargo xtask setup` ({name} comes with apt package {})",
+        if name == "hackbench" {
+            "rt-tests"
+        } else {
+            name
+        }
+    )
 }
 
 fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
@@ -183,11 +203,18 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
             },
         )?;
         if !r.success {
-            bail!("the demo VM failed: {}\n{}", r.failure.clone().unwrap_or_default(), r.tail(40));
+            bail!(
+                "the demo VM failed: {}\n{}",
+                r.failure.clone().unwrap_or_default(),
+                r.tail(40)
+            );
         }
         for b in ["fentry", "kprobe"] {
             let txt = fs::read_to_string(r.out_dir.join(format!("{b}.txt")))?;
-            println!("== {} ({}), --attach {b} ==\n{txt}", spec.short, spec.release);
+            println!(
+                "== {} ({}), --attach {b} ==\n{txt}",
+                spec.short, spec.release
+            );
             let dst = out.join(format!("{}-{b}.json", spec.short));
             fs::copy(r.out_dir.join(format!("{b}.json")), &dst)?;
             println!("demo: the recording is at {}", dst.display());
@@ -199,14 +226,29 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
 /// Runs `cmd`, echoing its output, and returns the (passed, failed) totals of cargo test's
 /// `test result:` lines.
 fn cargo_test(cmd: &mut Command) -> Result<(u64, u64, bool)> {
-    let mut child = cmd.stdout(Stdio::piped()).spawn().context("run cargo test")?;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("run cargo test")?;
     let (mut passed, mut failed) = (0, 0);
-    for line in BufReader::new(child.stdout.take().expect("piped")).lines().map_while(Result::ok) {
+    for line in BufReader::new(child.stdout.take().expect("piped"))
+        .lines()
+        .map_while(Result::ok)
+    {
         println!("{line}");
         if let Some(rest) = line.strip_prefix("test result: ") {
             let num = |key: &str| -> u64 {
                 rest.split(';')
-                    .find_map(|p| p.trim().strip_suffix(key).map(|n| n.trim().trim_start_matches("ok.").trim_start_matches("FAILED.").trim().parse().unwrap_or(0)))
+                    .find_map(|p| {
+                        p.trim().strip_suffix(key).map(|n| {
+                            n.trim()
+                                .trim_start_matches("ok.")
+                                .trim_start_matches("FAILED.")
+                                .trim()
+                                .parse()
+                                .unwrap_or(0)
+                        })
+                    })
                     .unwrap_or(0)
             };
             passed += num(" passed");
@@ -227,22 +269,55 @@ fn test(kernel: &str, accel: Accel) -> Result<()> {
         c
     };
     eprintln!("test: cargo fmt --check");
-    run(&mut cargo(&["fmt", "--all", "--", "--check"])).context("formatting differs: run `cargo fmt --all`")?;
+    run(&mut cargo(&["fmt", "--all", "--", "--check"]))
+        .context("formatting differs: run `cargo fmt --all`")?;
     eprintln!("test: cargo clippy -D warnings");
-    run(&mut cargo(&["clippy", "--locked", "--workspace", "--exclude", "memcg-trace-ebpf", "--all-targets", "--", "-D", "warnings"]))?;
+    run(&mut cargo(&[
+        "clippy",
+        "--locked",
+        "--workspace",
+        "--exclude",
+        "memcg-trace-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     let bin = build_release()?;
-    let kernels_env = kernels::select(kernel)?.iter().map(|k| k.short).collect::<Vec<_>>().join(",");
+    let kernels_env = kernels::select(kernel)?
+        .iter()
+        .map(|k| k.short)
+        .collect::<Vec<_>>()
+        .join(",");
     eprintln!("test: unit and host tests");
     let (p1, f1, ok1) = cargo_test(
-        cargo(&["test", "--locked", "--workspace", "--exclude", "memcg-trace-ebpf", "--", "--skip", "vm_"])
-            .env("MEMCG_TRACE_BIN", &bin),
+        cargo(&[
+            "test",
+            "--locked",
+            "--workspace",
+            "--exclude",
+            "memcg-trace-ebpf",
+            "--",
+            "--skip",
+            "vm_",
+        ])
+        .env("MEMCG_TRACE_BIN", &bin),
     )?;
     eprintln!("test: VM matrix ({kernels_env}, {accel:?})");
     let (p2, f2, ok2) = cargo_test(
-        cargo(&["test", "--locked", "-p", "memcg-trace-tests", "--test", "vm", "--", "--test-threads=2"])
-            .env("MEMCG_TRACE_BIN", &bin)
-            .env("MEMCG_TRACE_KERNELS", &kernels_env)
-            .env("MEMCG_TRACE_ACCEL", format!("{accel:?}").to_lowercase()),
+        cargo(&[
+            "test",
+            "--locked",
+            "-p",
+            "memcg-trace-tests",
+            "--test",
+            "vm",
+            "--",
+            "--test-threads=2",
+        ])
+        .env("MEMCG_TRACE_BIN", &bin)
+        .env("MEMCG_TRACE_KERNELS", &kernels_env)
+        .env("MEMCG_TRACE_ACCEL", format!("{accel:?}").to_lowercase()),
     )?;
     println!("test: finished in {:.0}s", start.elapsed().as_secs_f64());
     println!("vm: {p2} passed, {f2} failed");

@@ -103,8 +103,18 @@ pub fn setup() -> Result<()> {
         run(Command::new("cargo")
             .env("PATH", llvm_path())
             .env("LLVM_PREFIX", format!("/usr/lib/llvm-{LLVM_MAJOR}"))
-            .args(["install", "--locked", "bpf-linker", "--version", BPF_LINKER_VERSION])
-            .args(["--no-default-features", "--features", &format!("llvm-{LLVM_MAJOR}")]))
+            .args([
+                "install",
+                "--locked",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{LLVM_MAJOR}"),
+            ]))
     })?;
     eprintln!("setup: done");
     Ok(())
@@ -114,4 +124,3 @@ fn llvm_path_with_cargo() -> String {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     format!("{home}/.cargo/bin:{}", llvm_path())
 }
-

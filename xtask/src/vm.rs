@@ -124,7 +124,9 @@ fn copy_into(root: &Path, src: &Path, dst_rel: &Path) -> Result<()> {
 fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
     let root = work.join("root");
     let _ = fs::remove_dir_all(&root);
-    for d in ["bin", "sbin", "proc", "sys", "dev", "tmp", "boot", "out", "lib64", "etc"] {
+    for d in [
+        "bin", "sbin", "proc", "sys", "dev", "tmp", "boot", "out", "lib64", "etc",
+    ] {
         fs::create_dir_all(root.join(d))?;
     }
     let busybox = Path::new("/bin/busybox");
@@ -134,14 +136,20 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
     copy_into(&root, busybox, Path::new("bin/busybox"))?;
     let mut libs = BTreeSet::new();
     for bin in &spec.bins {
-        let name = bin.file_name().ok_or_else(|| anyhow!("{}: not a file", bin.display()))?;
+        let name = bin
+            .file_name()
+            .ok_or_else(|| anyhow!("{}: not a file", bin.display()))?;
         copy_into(&root, bin, &Path::new("bin").join(name))?;
         libs.extend(libraries(bin)?);
     }
     for lib in libs {
         copy_into(&root, &lib, lib.strip_prefix("/").expect("absolute"))?;
     }
-    fs::copy(&kernel.config, root.join("boot").join(format!("config-{}", kernel.spec.release)))?;
+    fs::copy(
+        &kernel.config,
+        root.join("boot")
+            .join(format!("config-{}", kernel.spec.release)),
+    )?;
     fs::write(root.join("init"), INIT)?;
     fs::set_permissions(root.join("init"), fs::Permissions::from_mode(0o755))?;
     fs::write(root.join("guest.sh"), &spec.script)?;
@@ -154,7 +162,11 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
         .stdout(fs::File::create(&cpio)?)
         .spawn()
         .context("run cpio (apt package cpio; `cargo xtask setup` installs it)")?;
-    child.stdin.take().expect("piped").write_all(list.as_bytes())?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(list.as_bytes())?;
     if !child.wait()?.success() {
         bail!("cpio failed building the initramfs");
     }
@@ -168,7 +180,9 @@ fn unpack_data(data: &Path, out: &Path) -> Result<()> {
         bail!("the guest sent no /out archive");
     };
     let body = &text[start + DATA_BEGIN.len()..];
-    let end = body.find(DATA_END).ok_or_else(|| anyhow!("the /out archive from the guest is truncated"))?;
+    let end = body
+        .find(DATA_END)
+        .ok_or_else(|| anyhow!("the /out archive from the guest is truncated"))?;
     let b64: String = body[..end].chars().filter(|c| !c.is_whitespace()).collect();
     let tar = base64::engine::general_purpose::STANDARD
         .decode(b64)
@@ -205,20 +219,34 @@ pub fn run(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
         Accel::Tcg => cmd.args(["-accel", "tcg,thread=single", "-cpu", "max"]),
         Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host"]),
     };
-    cmd.args(["-m", "1024", "-smp", "2", "-display", "none", "-no-reboot", "-nodefaults"])
-        .args(["-serial", "stdio", "-serial"])
-        .arg(format!("file:{}", data.display()))
-        .arg("-kernel")
-        .arg(&kernel.vmlinuz)
-        .arg("-initrd")
-        .arg(&cpio)
-        .arg("-append")
-        .arg(format!("console=ttyS0 rdinit=/init panic=-1 quiet {}", kernel.spec.cmdline))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "-m",
+        "1024",
+        "-smp",
+        "2",
+        "-display",
+        "none",
+        "-no-reboot",
+        "-nodefaults",
+    ])
+    .args(["-serial", "stdio", "-serial"])
+    .arg(format!("file:{}", data.display()))
+    .arg("-kernel")
+    .arg(&kernel.vmlinuz)
+    .arg("-initrd")
+    .arg(&cpio)
+    .arg("-append")
+    .arg(format!(
+        "console=ttyS0 rdinit=/init panic=-1 quiet {}",
+        kernel.spec.cmdline
+    ))
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     let start = Instant::now();
-    let mut child = cmd.spawn().with_context(|| format!("cannot start {qemu}"))?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {qemu}"))?;
     let (tx, rx) = mpsc::channel::<String>();
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");

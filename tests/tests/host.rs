@@ -1,0 +1,365 @@
+//! Host tests, as root, on this machine's kernel: the tracepoint backend attached for real
+//! during a workload in a memcg, the in-kernel code under BPF_PROG_TEST_RUN, bad input, signals.
+
+mod common;
+
+use std::{
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+/// Host tests create and look for memcgs; they run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Root and BTF, or a visible skip. Holds the serial lock for the caller's test.
+fn host_ready(name: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        skip(name, "needs root (CAP_BPF, CAP_PERFMON, cgroup writes)");
+        return None;
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        skip(name, "kernel has no BTF");
+        return None;
+    }
+    Some(guard)
+}
+
+fn hackbench() -> Option<String> {
+    ["/usr/bin/hackbench", "/usr/local/bin/hackbench"]
+        .iter()
+        .find(|p| Path::new(p).exists())
+        .map(|s| s.to_string())
+}
+
+#[test]
+fn host_selftest_in_kernel_bucketing_and_context() {
+    let Some(_serial) = host_ready("host_selftest_in_kernel_bucketing_and_context") else {
+        return;
+    };
+    let out = run(&["selftest"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "selftest failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" 0 mismatches"), "{stdout}");
+    assert!(
+        stdout.lines().filter(|l| l.ends_with(" ok")).count() >= 17,
+        "{stdout}"
+    );
+}
+
+#[test]
+fn host_record_tracepoint_with_hackbench_in_a_memcg() {
+    let name = "host_record_tracepoint_with_hackbench_in_a_memcg";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let Some(hb) = hackbench() else {
+        skip(
+            name,
+            "hackbench missing (apt package rt-tests; cargo xtask setup installs it)",
+        );
+        return;
+    };
+    let dir = scratch(name);
+    let json = dir.join("tp.json");
+    let out = run(&[
+        "record",
+        "--attach",
+        "tracepoint",
+        "-o",
+        json.to_str().unwrap(),
+        "--",
+        &hb,
+        "-g",
+        "2",
+        "-l",
+        "100",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "record failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = load_recording(&json);
+    check_invariants(&doc, &stdout);
+    let stat = probe(&doc, "stat");
+    assert_eq!(stat.backend.to_string(), "tracepoint");
+    assert!(
+        ctx_count(stat, "task") > 0,
+        "no task-context stat updates seen: {stat:?}"
+    );
+    assert!(
+        stat.contexts.iter().all(|c| c.latency.is_none()),
+        "tracepoints carry no latency"
+    );
+    let w = doc.meta.workload.as_ref().expect("workload recorded");
+    assert_eq!(w.exit_status, Some(0));
+    assert!(
+        leftover_memcgs().is_empty(),
+        "memcgs left behind: {:?}",
+        leftover_memcgs()
+    );
+    // Functions the tracepoint backend cannot trace are reported with the reason.
+    let charge = doc
+        .not_attached
+        .iter()
+        .find(|n| n.name == "charge")
+        .expect("charge reported as not attached");
+    assert!(
+        charge.reasons.iter().any(|r| r.contains("no tracepoint")),
+        "{charge:?}"
+    );
+}
+
+#[test]
+fn host_record_sees_softirq_charging() {
+    let name = "host_record_sees_softirq_charging";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let dir = scratch(name);
+    let json = dir.join("softirq.json");
+    // Files created and unlinked in the memcg: their dentries and inodes are freed from RCU
+    // callbacks, in softirq, and uncharged there.
+    let work = dir.join("files");
+    let script = format!(
+        "mkdir -p {w}; for r in 1 2 3; do i=0; while [ $i -lt 3000 ]; do : > {w}/f$i; i=$((i+1)); done; rm -rf {w}; mkdir -p {w}; done; sleep 1",
+        w = work.display()
+    );
+    let out = run(&[
+        "record",
+        "--attach",
+        "tracepoint",
+        "-o",
+        json.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "record failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = load_recording(&json);
+    check_invariants(&doc, &stdout);
+    let stat = probe(&doc, "stat");
+    assert!(ctx_count(stat, "task") > 0, "{stat:?}");
+    assert!(
+        ctx_count(stat, "softirq") > 0,
+        "no softirq-context stat updates: {stat:?}"
+    );
+}
+
+#[test]
+fn host_workload_exit_status_passes_through() {
+    let name = "host_workload_exit_status_passes_through";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let dir = scratch(name);
+    let json = dir.join("fail.json");
+    let out = run(&[
+        "record",
+        "-q",
+        "-o",
+        json.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "echo from-workload; exit 3",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("from-workload\n"),
+        "workload stdout passes through first"
+    );
+    let doc = load_recording(&json);
+    assert_eq!(doc.meta.workload.as_ref().unwrap().exit_status, Some(3));
+    assert!(leftover_memcgs().is_empty());
+}
+
+/// One line on stderr, `memcg-trace: error: ...` containing `want`, a non-zero exit, no panic.
+fn assert_clean_error(args: &[&str], want: &str) {
+    let out = run(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("memcg-trace: error:"))
+        .collect();
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    assert_eq!(
+        lines.len(),
+        1,
+        "{args:?}: expected one error line, got:\n{err}"
+    );
+    assert!(
+        lines[0].contains(want),
+        "{args:?}: {:?} lacks {want:?}",
+        lines[0]
+    );
+}
+
+#[test]
+fn host_bad_input_gives_one_clear_line() {
+    let name = "host_bad_input_gives_one_clear_line";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let dir = scratch(name);
+    assert_clean_error(
+        &["record", "--probe", "nonsense", "-d", "1s"],
+        "unknown probe \"nonsense\"; valid probes: charge, stat, rstat",
+    );
+    assert_clean_error(
+        &["record", "--func", "no_such_function_xyz", "-d", "1s"],
+        "unknown function \"no_such_function_xyz\"",
+    );
+    let unwritable = "/proc/memcg-trace-test/out.json";
+    assert_clean_error(
+        &["record", "-d", "1s", "-o", unwritable],
+        "cannot write /proc/memcg-trace-test/out.json",
+    );
+    assert_clean_error(
+        &["report", dir.join("missing.json").to_str().unwrap()],
+        "cannot read",
+    );
+    let not_json = dir.join("bad.json");
+    fs::write(&not_json, "{ truncated").unwrap();
+    assert_clean_error(&["report", not_json.to_str().unwrap()], "invalid JSON");
+    let other = dir.join("other.json");
+    fs::write(&other, r#"{"schema":"memcg-trace/0"}"#).unwrap();
+    assert_clean_error(
+        &["report", other.to_str().unwrap()],
+        "schema memcg-trace/0 is not supported",
+    );
+    assert_clean_error(
+        &["record", "--cgroup", "/nonexistent/cg", "--", "true"],
+        "no such cgroup directory",
+    );
+    assert_clean_error(
+        &["record", "-q", "--", "/nonexistent/command"],
+        "cannot run \"/nonexistent/command\"",
+    );
+    assert!(
+        leftover_memcgs().is_empty(),
+        "bad input left memcgs: {:?}",
+        leftover_memcgs()
+    );
+    // clap's own errors (malformed duration) are one usage error with exit 2.
+    let out = run(&["record", "--duration", "ten"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid duration \"ten\""));
+}
+
+fn wait_for_workload(timeout: Duration) -> std::path::PathBuf {
+    let start = Instant::now();
+    loop {
+        if let Some(cg) = leftover_memcgs().into_iter().find(|p| {
+            fs::read_to_string(p.join("cgroup.procs"))
+                .map(|s| !s.trim().is_empty())
+                .unwrap_or(false)
+        }) {
+            return cg;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "workload never appeared in a memcg"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn host_sigterm_writes_json_and_removes_memcg() {
+    let name = "host_sigterm_writes_json_and_removes_memcg";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let dir = scratch(name);
+    let json = dir.join("term.json");
+    let child = Command::new(bin())
+        .args([
+            "record",
+            "-q",
+            "-o",
+            json.to_str().unwrap(),
+            "--",
+            "sleep",
+            "60",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_workload(Duration::from_secs(60));
+    // SAFETY: kill(2) of our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = load_recording(&json);
+    assert!(doc.meta.workload.is_some());
+    assert!(
+        leftover_memcgs().is_empty(),
+        "memcg left after SIGTERM: {:?}",
+        leftover_memcgs()
+    );
+}
+
+#[test]
+fn host_sigkill_leaves_a_stale_memcg_that_the_next_run_removes() {
+    let name = "host_sigkill_leaves_a_stale_memcg_that_the_next_run_removes";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let mut child = Command::new(bin())
+        .args(["record", "-q", "--", "sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stale = wait_for_workload(Duration::from_secs(60));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        stale.exists(),
+        "the memcg survives a SIGKILL of memcg-trace"
+    );
+    let out = run(&["record", "-q", "--", "true"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("removed stale memcg"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stale.exists(), "{} still exists", stale.display());
+    assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
+}

@@ -1,0 +1,148 @@
+//! The VM kernel matrix: the real binary inside Debian's stock kernels under qemu, recording
+//! the default probes with fentry and with kprobe while hackbench runs in a fresh memcg.
+//! Each test boots one kernel; `MEMCG_TRACE_KERNELS` (default 6.1,6.12,6.18) picks which run
+//! and the others print a skip.
+
+mod common;
+
+use std::{fs, time::Duration};
+
+use common::*;
+use xtask::{
+    kernels,
+    vm::{self, Accel, VmSpec},
+};
+
+const DEFAULT_PROBES: [&str; 3] = ["charge", "stat", "rstat"];
+
+fn vm_matrix(short: &str) {
+    let name = format!("vm_{}", short.replace('.', "_"));
+    let vm_name = name.as_str();
+    let wanted = std::env::var("MEMCG_TRACE_KERNELS").unwrap_or_else(|_| kernels::MATRIX.join(","));
+    if !wanted.split(',').any(|k| k.trim() == short) {
+        skip(
+            &name,
+            &format!("kernel {short} not in MEMCG_TRACE_KERNELS={wanted}"),
+        );
+        return;
+    }
+    if !is_root() {
+        skip(&name, "needs root (apt-get download of the kernel)");
+        return;
+    }
+    let accel = match std::env::var("MEMCG_TRACE_ACCEL").as_deref() {
+        Ok("kvm") => Accel::Kvm,
+        _ => Accel::Tcg,
+    };
+    let spec = kernels::select(short).expect("known kernel")[0];
+    let kernel = kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}"));
+    let r = vm::run(
+        &kernel,
+        &VmSpec {
+            name: format!("{short}-test"),
+            script: xtask::record_script("fentry kprobe", "-g 2 -l 100"),
+            bins: vec![bin(), "/usr/bin/hackbench".into()],
+            accel,
+            timeout: Duration::from_secs(900),
+            echo: false,
+        },
+    )
+    .expect("start the VM");
+    assert!(
+        r.success,
+        "{short}: {}\n--- last console lines ({}) ---\n{}",
+        r.failure.as_deref().unwrap_or(""),
+        r.log.display(),
+        r.tail(60)
+    );
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "{name}: booted and ran in {:.1}s\n",
+            r.elapsed.as_secs_f64()
+        )
+        .as_bytes(),
+    );
+    for backend in ["fentry", "kprobe"] {
+        let doc = load_recording(&r.out_dir.join(format!("{backend}.json")));
+        let summary =
+            fs::read_to_string(r.out_dir.join(format!("{backend}.txt"))).expect("summary");
+        check_invariants(&doc, &summary);
+        assert_eq!(doc.meta.kernel_release, spec.release);
+        let w = doc.meta.workload.as_ref().expect("workload");
+        assert_eq!(
+            w.exit_status,
+            Some(0),
+            "hackbench failed under --attach {backend}"
+        );
+        assert!(
+            w.cgroup.starts_with("/sys/fs/cgroup/memcg-trace."),
+            "cgroup v2 memcg expected: {}",
+            w.cgroup
+        );
+        for name in DEFAULT_PROBES {
+            let p = probe(&doc, name);
+            assert_eq!(
+                p.backend.to_string(),
+                backend,
+                "{name} attached with {} under --attach {backend}",
+                p.backend
+            );
+            assert!(
+                p.count > 0,
+                "{short} {backend}: {name} ({}) counted no calls",
+                p.target
+            );
+            let task = p
+                .contexts
+                .iter()
+                .find(|c| c.context == "task")
+                .expect("task context");
+            let l = task
+                .latency
+                .as_ref()
+                .expect("latency with function tracing");
+            assert!(
+                task.count > 0 && !l.percentiles.is_empty(),
+                "{short} {backend} {name}: no task-context latency"
+            );
+            let _ = std::io::Write::write_all(
+                &mut std::io::stderr(),
+                format!(
+                    "{name_t}: {backend} {name} -> {}: {} calls, p50 {} ns, p99 {} ns, {} dropped, {} misses, {:.0} ns/run exit prog\n",
+                    p.target,
+                    p.count,
+                    l.percentiles[0].ns,
+                    l.percentiles[2].ns,
+                    p.dropped,
+                    p.recursion_misses,
+                    p.programs.last().and_then(|x| x.ns_per_run).unwrap_or(0.0),
+                    name_t = vm_name,
+                )
+                .as_bytes(),
+            );
+        }
+    }
+    let leftover = fs::read_to_string(r.out_dir.join("leftover-memcgs")).unwrap_or_default();
+    assert_eq!(leftover.trim(), "0", "memcgs left behind in the guest");
+}
+
+#[test]
+fn vm_6_1() {
+    vm_matrix("6.1");
+}
+
+#[test]
+fn vm_6_12() {
+    vm_matrix("6.12");
+}
+
+#[test]
+fn vm_6_18() {
+    vm_matrix("6.18");
+}
+
+#[test]
+fn vm_7_3() {
+    vm_matrix("7.3");
+}

@@ -49,6 +49,10 @@ pub const fn slot_index(probe: u32, ctx: u32) -> u32 {
 /// Entries in the per-CPU histogram and counter arrays.
 pub const NUM_SLOTS: u32 = (MAX_PROBES * NUM_CTX) as u32;
 
+/// Entries in the per-CPU workload histogram array: one per probe, task context only (calls made
+/// by a task of the workload's cgroup).
+pub const WORKLOAD_SLOTS: u32 = MAX_PROBES as u32;
+
 /// Floor of log2 for `v > 0`, written without loops or `leading_zeros` so that it compiles to a
 /// few shifts the BPF verifier accepts on every kernel.
 #[inline(always)]

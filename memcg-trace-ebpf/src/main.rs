@@ -10,8 +10,8 @@
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
     maps::PerCpuArray,
@@ -23,7 +23,7 @@ use aya_ebpf::{
 };
 use memcg_trace_common::{
     bucket_index, classify, slot_index, Counters, Hist, KernelLayout, Start, CTX_TASK, NUM_BUCKETS,
-    NUM_SLOTS,
+    NUM_SLOTS, WORKLOAD_SLOTS,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -42,8 +42,16 @@ static LAYOUT: KernelLayout = KernelLayout {
     valid: 0,
 };
 
+/// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks are
+/// also counted in WORKLOAD_HIST.
+#[no_mangle]
+static WORKLOAD_CGROUP: u64 = 0;
+
 #[map]
 static HIST: PerCpuArray<Hist> = PerCpuArray::with_max_entries(NUM_SLOTS, 0);
+
+#[map]
+static WORKLOAD_HIST: PerCpuArray<Hist> = PerCpuArray::with_max_entries(WORKLOAD_SLOTS, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(NUM_SLOTS, 0);
@@ -110,6 +118,14 @@ fn switches(l: &KernelLayout) -> u64 {
         let iv: u64 = bpf_probe_read_kernel((task + l.task_nivcsw) as *const u64).unwrap_or(0);
         v.wrapping_add(iv)
     }
+}
+
+/// Whether the current task belongs to the workload's cgroup.
+#[inline(always)]
+fn in_workload() -> bool {
+    // SAFETY: read-only global patched before load.
+    let w = unsafe { core::ptr::read_volatile(&WORKLOAD_CGROUP) };
+    w != 0 && unsafe { bpf_get_current_cgroup_id() } == w
 }
 
 #[inline(always)]
@@ -182,13 +198,17 @@ fn on_exit(probe: u32) -> u32 {
             return 0;
         }
     }
-    record(slot, now - ts);
+    let ns = now - ts;
+    record(&HIST, slot, ns);
+    if ctx == CTX_TASK && in_workload() {
+        record(&WORKLOAD_HIST, probe, ns);
+    }
     0
 }
 
 #[inline(always)]
-fn record(slot: u32, ns: u64) {
-    let Some(h) = HIST.get_ptr_mut(slot) else {
+fn record(map: &PerCpuArray<Hist>, slot: u32, ns: u64) {
+    let Some(h) = map.get_ptr_mut(slot) else {
         return;
     };
     // SAFETY: pointer from a successful map lookup.
@@ -219,6 +239,12 @@ fn on_hit(probe: u32) -> u32 {
             if let Some(h) = HIST.get_ptr_mut(slot) {
                 // SAFETY: pointer from a successful map lookup.
                 unsafe { (*h).count += 1 };
+            }
+            if ctx == CTX_TASK && in_workload() {
+                if let Some(h) = WORKLOAD_HIST.get_ptr_mut(probe) {
+                    // SAFETY: pointer from a successful map lookup.
+                    unsafe { (*h).count += 1 };
+                }
             }
         }
         None => {
@@ -280,7 +306,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
     let l = layout();
     let ctx = context(&l).map(|c| c as i32).unwrap_or(-1);
     if slot < NUM_SLOTS as u64 {
-        record(slot as u32, ns);
+        record(&HIST, slot as u32, ns);
     }
     ctx
 }

@@ -76,6 +76,10 @@ pub struct RecordArgs {
     /// Print no progress lines.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// A named workload instead of a command: `hackbench` or `hackbench:ARGS`
+    /// (default ARGS: "-g 2 -l 200").
+    #[arg(long, conflicts_with = "command")]
+    pub workload: Option<String>,
     /// Workload to run in a fresh memcg; tracing ends when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,

@@ -7,6 +7,7 @@ use std::{
     fs,
     io::Write as _,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use anyhow::{anyhow, Context as _, Result};
@@ -17,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     probes::Backend,
-    snapshot::{rate, ratio, Snapshot},
+    snapshot::{rate, ratio, HistData, Snapshot},
 };
 
 /// The schema identifier of this document version.
@@ -179,6 +180,22 @@ pub struct ProbeOut {
     pub programs: Vec<ProgramOut>,
     /// Per context.
     pub contexts: Vec<ContextOut>,
+    /// The workload's share, when memcg-trace ran one: task-context calls made by tasks of the
+    /// workload's cgroup.
+    pub workload: Option<WorkloadOut>,
+}
+
+/// Task-context calls made by tasks of the workload's cgroup.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkloadOut {
+    /// Calls.
+    pub count: u64,
+    /// Calls per second of the recording.
+    pub rate_per_s: Option<f64>,
+    /// Fraction of all task-context calls of this probe.
+    pub share_of_task_calls: Option<f64>,
+    /// Latency figures; absent for counts-only backends.
+    pub latency: Option<Latency>,
 }
 
 /// A probe that could not be attached.
@@ -188,6 +205,55 @@ pub struct NotAttachedOut {
     pub name: String,
     /// One line per candidate or backend tried.
     pub reasons: Vec<String>,
+}
+
+/// Latency figures of one histogram over a recording of length `secs`.
+fn latency_out(h: &HistData, secs: Duration) -> Latency {
+    let hdr = h.to_hdr();
+    let mut buf = Vec::new();
+    V2Serializer::new()
+        .serialize(&hdr, &mut buf)
+        .expect("serialize hdr");
+    Latency {
+        sum_ns: h.sum_ns,
+        cpu_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
+        min_ns: h.min_ns,
+        max_ns: h.max_ns,
+        mean_ns: h.mean_ns(),
+        stddev_ns: (h.timed() > 0).then(|| hdr.stdev()),
+        percentiles: if h.timed() > 0 {
+            QUANTILES
+                .iter()
+                .map(|&q| Quantile {
+                    q,
+                    // HDR reports a bucket's highest equivalent value, which can lie above the
+                    // true maximum.
+                    ns: if q >= 1.0 {
+                        h.max_ns
+                    } else {
+                        hdr.value_at_quantile(q).min(h.max_ns)
+                    },
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        buckets: h
+            .buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, &count)| {
+                let (min_ns, max_ns) = bucket_bounds(i);
+                Bucket {
+                    min_ns,
+                    max_ns,
+                    count,
+                }
+            })
+            .collect(),
+        hdr_v2: base64::engine::general_purpose::STANDARD.encode(&buf),
+    }
 }
 
 /// Builds the per-probe part of the document from a snapshot. `notes` gives each probe's
@@ -204,6 +270,12 @@ pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<P
             dropped: p.dropped(),
             recursion_misses: p.recursion_misses(),
             notes: notes(&p.name),
+            workload: p.workload.as_ref().map(|w| WorkloadOut {
+                count: w.count,
+                rate_per_s: rate(w.count, secs),
+                share_of_task_calls: ratio(w.count as f64, p.contexts[0].hist.count as f64),
+                latency: p.backend.has_latency().then(|| latency_out(w, secs)),
+            }),
             programs: p
                 .programs
                 .iter()
@@ -221,53 +293,7 @@ pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<P
                 .enumerate()
                 .map(|(i, c)| {
                     let h = &c.hist;
-                    let latency = (p.backend.has_latency()).then(|| {
-                        let hdr = h.to_hdr();
-                        let mut buf = Vec::new();
-                        V2Serializer::new()
-                            .serialize(&hdr, &mut buf)
-                            .expect("serialize hdr");
-                        Latency {
-                            sum_ns: h.sum_ns,
-                            cpu_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
-                            min_ns: h.min_ns,
-                            max_ns: h.max_ns,
-                            mean_ns: h.mean_ns(),
-                            stddev_ns: (h.timed() > 0).then(|| hdr.stdev()),
-                            percentiles: if h.timed() > 0 {
-                                QUANTILES
-                                    .iter()
-                                    .map(|&q| Quantile {
-                                        q,
-                                        // HDR reports a bucket's highest equivalent value,
-                                        // which can lie above the true maximum.
-                                        ns: if q >= 1.0 {
-                                            h.max_ns
-                                        } else {
-                                            hdr.value_at_quantile(q).min(h.max_ns)
-                                        },
-                                    })
-                                    .collect()
-                            } else {
-                                Vec::new()
-                            },
-                            buckets: h
-                                .buckets
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, n)| **n > 0)
-                                .map(|(i, &count)| {
-                                    let (min_ns, max_ns) = bucket_bounds(i);
-                                    Bucket {
-                                        min_ns,
-                                        max_ns,
-                                        count,
-                                    }
-                                })
-                                .collect(),
-                            hdr_v2: base64::engine::general_purpose::STANDARD.encode(&buf),
-                        }
-                    });
+                    let latency = p.backend.has_latency().then(|| latency_out(h, secs));
                     ContextOut {
                         context: CTX_NAMES[i].to_string(),
                         count: h.count,

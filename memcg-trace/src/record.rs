@@ -100,13 +100,17 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
 
 /// Resolves and attaches every request; fails only if nothing could be attached, or an
 /// explicitly requested function could not be.
-fn attach_all(sel: &ProbeSel, quiet: bool) -> Result<(Tracer, HashMap<String, Vec<String>>)> {
+fn attach_all(
+    sel: &ProbeSel,
+    quiet: bool,
+    workload_cgroup: u64,
+) -> Result<(Tracer, HashMap<String, Vec<String>>)> {
     check_privileges()?;
     let btf = kernel::open_btf()?;
     let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
     let syms = Symbols::load(&btf)?;
     let reqs = requests(sel, &syms)?;
-    let mut tracer = Tracer::load(&layout)?;
+    let mut tracer = Tracer::load(&layout, workload_cgroup)?;
     let mut notes = HashMap::new();
     for req in &reqs {
         let res = resolve(req, sel.attach.order(), &syms);
@@ -153,7 +157,7 @@ pub fn probes(sel: ProbeSel) -> Result<()> {
         all: sel.all || (sel.probe.is_empty() && sel.func.is_empty()),
         ..sel
     };
-    let (tracer, _) = attach_all(&sel, true)?;
+    let (tracer, _) = attach_all(&sel, true, 0)?;
     println!("kernel {}", kernel::release());
     for a in &tracer.attached {
         println!(
@@ -188,8 +192,36 @@ enum End {
     Exited(Option<i32>),
 }
 
+/// The command line of a named workload (`--workload hackbench[:ARGS]`).
+pub fn named_workload(spec: &str) -> Result<Vec<String>> {
+    let (name, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    match name {
+        "hackbench" => {
+            let found = std::env::var("PATH")
+                .unwrap_or_default()
+                .split(':')
+                .chain(["/usr/bin", "/usr/local/bin"])
+                .map(|d| std::path::Path::new(d).join("hackbench"))
+                .find(|p| p.is_file())
+                .ok_or_else(|| anyhow!("hackbench not found: install it with `apt-get install rt-tests` (cargo xtask setup does)"))?;
+            let args = if rest.trim().is_empty() {
+                "-g 2 -l 200"
+            } else {
+                rest
+            };
+            Ok(std::iter::once(found.display().to_string())
+                .chain(args.split_whitespace().map(str::to_string))
+                .collect())
+        }
+        other => bail!("unknown workload {other:?}; known: hackbench[:ARGS]"),
+    }
+}
+
 /// `memcg-trace record`.
-pub fn record(args: RecordArgs) -> Result<i32> {
+pub fn record(mut args: RecordArgs) -> Result<i32> {
+    if let Some(w) = &args.workload {
+        args.command = named_workload(w)?;
+    }
     if let Some(o) = &args.output {
         export::check_writable(o)?;
     }
@@ -211,7 +243,11 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         };
         memcg = Some(m);
     }
-    let (tracer, notes) = attach_all(&args.sel, args.quiet)?;
+    let cgid = memcg.as_ref().map(|m| m.cgroup_id).unwrap_or(0);
+    if memcg.is_some() && cgid == 0 && !args.quiet {
+        eprintln!("memcg-trace: the workload's calls cannot be told apart (no cgroup v2 id); only system-wide figures");
+    }
+    let (tracer, notes) = attach_all(&args.sel, args.quiet, cgid)?;
     let start = SystemTime::now();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -290,7 +326,7 @@ async fn run(
     let mut sighup = signal(SignalKind::hangup())?;
     let mut child = match memcg {
         Some(m) => {
-            let procs = m.procs_cstring();
+            let procs = m.procs_cstrings();
             let mut cmd = tokio::process::Command::new(&args.command[0]);
             cmd.args(&args.command[1..]);
             // SAFETY: join_in_child only makes async-signal-safe calls.

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::export::{Document, Quantile};
+use crate::export::{Document, Latency, Quantile};
 
 /// Human units for nanoseconds: `850ns`, `1.25us`, `3.40ms`, `2.10s`.
 pub fn fmt_ns(ns: f64) -> String {
@@ -38,8 +38,52 @@ fn pct(qs: &[Quantile], q: f64) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// The summary table: one row per (probe, context) with calls, then footnotes for dropped
-/// calls, self-cost and probes that could not be attached.
+/// One table row.
+fn row(
+    probe: &str,
+    ctx: &str,
+    label: &str,
+    count: u64,
+    rate: Option<f64>,
+    lat: Option<&Latency>,
+) -> String {
+    let dash = |s: String| if s.is_empty() { "-".to_string() } else { s };
+    let (p50, p90, p99, p999, max, mean, total, share) = match lat {
+        Some(l) if !l.percentiles.is_empty() => (
+            pct(&l.percentiles, 0.5),
+            pct(&l.percentiles, 0.9),
+            pct(&l.percentiles, 0.99),
+            pct(&l.percentiles, 0.999),
+            fmt_ns(l.max_ns as f64),
+            l.mean_ns.map(fmt_ns).unwrap_or_default(),
+            fmt_ns(l.sum_ns as f64),
+            l.cpu_share
+                .map(|s| format!("{:.2}", s * 100.0))
+                .unwrap_or_default(),
+        ),
+        _ => Default::default(),
+    };
+    format!(
+        "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
+        probe,
+        ctx,
+        label,
+        fmt_count(count as f64),
+        rate.map(fmt_count).unwrap_or_else(|| "-".into()),
+        dash(p50),
+        dash(p90),
+        dash(p99),
+        dash(p999),
+        dash(max),
+        dash(mean),
+        dash(total),
+        dash(share)
+    )
+}
+
+/// The summary table: one row per (probe, context) with calls, then the workload's rows (its
+/// tasks' task-context calls, backend column "workload"), then footnotes for dropped calls,
+/// self-cost and probes that could not be attached.
 pub fn summary(doc: &Document) -> String {
     let mut out = String::new();
     let m = &doc.meta;
@@ -82,44 +126,39 @@ pub fn summary(doc: &Document) -> String {
         "%cpu"
     );
     for p in &doc.probes {
+        let backend = p.backend.to_string();
         for c in p
             .contexts
             .iter()
             .filter(|c| c.count > 0 || c.context == "task")
         {
-            let rate = c.rate_per_s.map(fmt_count).unwrap_or_else(|| "-".into());
-            let (p50, p90, p99, p999, max, mean, total, share) = match &c.latency {
-                Some(l) if !l.percentiles.is_empty() => (
-                    pct(&l.percentiles, 0.5),
-                    pct(&l.percentiles, 0.9),
-                    pct(&l.percentiles, 0.99),
-                    pct(&l.percentiles, 0.999),
-                    fmt_ns(l.max_ns as f64),
-                    l.mean_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
-                    fmt_ns(l.sum_ns as f64),
-                    l.cpu_share
-                        .map(|s| format!("{:.2}", s * 100.0))
-                        .unwrap_or_else(|| "-".into()),
-                ),
-                _ => Default::default(),
-            };
-            let dash = |s: String| if s.is_empty() { "-".to_string() } else { s };
             let _ = writeln!(
                 out,
-                "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
-                p.name,
-                c.context,
-                p.backend.to_string(),
-                fmt_count(c.count as f64),
-                rate,
-                dash(p50),
-                dash(p90),
-                dash(p99),
-                dash(p999),
-                dash(max),
-                dash(mean),
-                dash(total),
-                dash(share)
+                "{}",
+                row(
+                    &p.name,
+                    &c.context,
+                    &backend,
+                    c.count,
+                    c.rate_per_s,
+                    c.latency.as_ref()
+                )
+            );
+        }
+    }
+    for p in &doc.probes {
+        if let Some(w) = &p.workload {
+            let _ = writeln!(
+                out,
+                "{}",
+                row(
+                    &p.name,
+                    "task",
+                    "workload",
+                    w.count,
+                    w.rate_per_s,
+                    w.latency.as_ref()
+                )
             );
         }
     }

@@ -159,6 +159,8 @@ pub struct ProbeStats {
     pub contexts: [CtxStats; NUM_CTX],
     /// The programs' own cost.
     pub programs: Vec<ProgCost>,
+    /// Task-context calls made by tasks of the workload's cgroup, when a workload runs.
+    pub workload: Option<HistData>,
 }
 
 impl ProbeStats {

@@ -16,7 +16,7 @@ use memcg_trace_common::{slot_index, Counters, Hist, KernelLayout, MAX_PROBES, N
 
 use crate::{
     probes::{Backend, Plan, Request, Resolution},
-    snapshot::{CtxStats, ProbeStats, ProgCost, Snapshot},
+    snapshot::{CtxStats, HistData, ProbeStats, ProgCost, Snapshot},
 };
 
 /// The eBPF object built by build.rs from memcg-trace-ebpf.
@@ -72,6 +72,8 @@ pub struct Tracer {
     /// Probes that failed.
     pub failed: Vec<NotAttached>,
     started: Instant,
+    /// Whether task-context calls of a workload cgroup are counted apart.
+    workload: bool,
     /// Duplicates of the attached programs' fds: they keep the kernel's run statistics readable
     /// after the links are gone, so the final figures cover every run.
     prog_fds: HashMap<String, OwnedFd>,
@@ -79,8 +81,9 @@ pub struct Tracer {
 }
 
 impl Tracer {
-    /// Parses the object and creates the maps, with the kernel layout patched in.
-    pub fn load(layout: &KernelLayout) -> Result<Self> {
+    /// Parses the object and creates the maps, with the kernel layout and the workload's cgroup
+    /// v2 id (0: none) patched in.
+    pub fn load(layout: &KernelLayout, workload_cgroup: u64) -> Result<Self> {
         if EBPF_OBJECT.is_empty() {
             bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
         }
@@ -88,6 +91,7 @@ impl Tracer {
         let ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global("LAYOUT", layout, true)
+            .override_global("WORKLOAD_CGROUP", &workload_cgroup, true)
             .load(EBPF_OBJECT)
             .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))?;
         // bpf stats on while we trace; the kernel turns them back off when this fd closes.
@@ -98,6 +102,7 @@ impl Tracer {
             attached: Vec::new(),
             failed: Vec::new(),
             started: Instant::now(),
+            workload: workload_cgroup != 0,
             prog_fds: HashMap::new(),
             _stats: stats,
         })
@@ -270,6 +275,11 @@ impl Tracer {
             PerCpuArray::try_from(self.ebpf.map("HIST").context("HIST map")?)?;
         let counters: PerCpuArray<_, Counters> =
             PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
+        let workload: PerCpuArray<_, Hist> = PerCpuArray::try_from(
+            self.ebpf
+                .map("WORKLOAD_HIST")
+                .context("WORKLOAD_HIST map")?,
+        )?;
         let mut probes = Vec::with_capacity(self.attached.len());
         for a in &self.attached {
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
@@ -287,7 +297,21 @@ impl Tracer {
                     s.no_context += c.no_context;
                 }
             }
+            let workload = if self.workload {
+                let mut w = HistData::default();
+                for h in workload
+                    .get(&a.slot, 0)
+                    .context("read WORKLOAD_HIST")?
+                    .iter()
+                {
+                    w.add_cpu(h);
+                }
+                Some(w)
+            } else {
+                None
+            };
             probes.push(ProbeStats {
+                workload,
                 name: a.name.clone(),
                 target: a.target.clone(),
                 backend: a.backend,

@@ -25,6 +25,25 @@ pub struct Hierarchy {
     pub v2: bool,
 }
 
+/// The cgroup v2 mount, with or without controllers: the hierarchy whose ids
+/// `bpf_get_current_cgroup_id()` returns.
+pub fn cgroup2_mount() -> Option<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        if post.split_whitespace().next() != Some("cgroup2") {
+            return None;
+        }
+        pre.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
+/// The cgroup id of a cgroup v2 directory (its kernfs inode number).
+pub fn cgroup_id(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::metadata(dir).ok().map(|m| m.ino())
+}
+
 /// Finds the hierarchy to use from /proc/self/mountinfo: v2 when its root offers the memory
 /// controller, else the v1 memory hierarchy.
 pub fn find_hierarchy() -> Result<Hierarchy> {
@@ -62,6 +81,11 @@ pub fn find_hierarchy() -> Result<Hierarchy> {
 pub struct Memcg {
     /// Its directory.
     pub path: PathBuf,
+    /// The cgroup v2 id that identifies the workload's tasks in the eBPF programs (0: none).
+    /// On a v1 memcg it is that of a companion v2 cgroup the workload also joins.
+    pub cgroup_id: u64,
+    /// The companion v2 cgroup on v1 systems.
+    companion: Option<PathBuf>,
     /// Whether we created it (and so remove it).
     owned: bool,
     v2: bool,
@@ -118,24 +142,30 @@ fn kill_and_remove(dir: &Path, v2: bool, timeout: Duration) -> Result<()> {
 /// Removes cgroups left by memcg-trace runs that no longer exist (after a SIGKILL), and only
 /// those: names are `memcg-trace.<pid>` and the pid must be gone. Returns what was removed.
 pub fn remove_stale(h: &Hierarchy) -> Vec<PathBuf> {
+    let mut roots = vec![(h.root.clone(), h.v2)];
+    if !h.v2 {
+        roots.extend(cgroup2_mount().map(|m| (m, true)));
+    }
     let mut removed = Vec::new();
-    let Ok(rd) = fs::read_dir(&h.root) else {
-        return removed;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(PREFIX))
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
+    for (root, v2) in roots {
+        let Ok(rd) = fs::read_dir(&root) else {
             continue;
         };
-        if pid == std::process::id() as i32 || alive(pid) {
-            continue;
-        }
-        if kill_and_remove(&e.path(), h.v2, Duration::from_secs(5)).is_ok() {
-            removed.push(e.path());
+        for e in rd.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(PREFIX))
+                .and_then(|p| p.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if pid == std::process::id() as i32 || alive(pid) {
+                continue;
+            }
+            if kill_and_remove(&e.path(), v2, Duration::from_secs(5)).is_ok() {
+                removed.push(e.path());
+            }
         }
     }
     removed
@@ -157,14 +187,29 @@ impl Memcg {
                 })?;
             }
         }
-        let path = h.root.join(format!("{PREFIX}{}", std::process::id()));
+        let name = format!("{PREFIX}{}", std::process::id());
+        let path = h.root.join(&name);
         fs::create_dir(&path)
             .map_err(|e| anyhow!("cannot create memcg {}: {e}", path.display()))?;
-        Ok(Memcg {
+        let mut m = Memcg {
             path,
+            cgroup_id: 0,
+            companion: None,
             owned: true,
             v2: h.v2,
-        })
+        };
+        if h.v2 {
+            m.cgroup_id = cgroup_id(&m.path).unwrap_or(0);
+        } else if let Some(root) = cgroup2_mount() {
+            // v1 memcg: the eBPF side identifies tasks by their v2 cgroup, so the workload also
+            // joins a controller-less v2 cgroup of the same name.
+            let c = root.join(&name);
+            if fs::create_dir(&c).is_ok() {
+                m.cgroup_id = cgroup_id(&c).unwrap_or(0);
+                m.companion = Some(c);
+            }
+        }
+        Ok(m)
     }
 
     /// Uses an existing cgroup, which must be a memcg.
@@ -179,18 +224,26 @@ impl Memcg {
                 path.display()
             );
         }
+        let cgroup_id = if v2 { cgroup_id(path).unwrap_or(0) } else { 0 };
         Ok(Memcg {
             path: path.to_path_buf(),
+            cgroup_id,
+            companion: None,
             owned: false,
             v2,
         })
     }
 
-    /// The `cgroup.procs` path as a C string, prepared before fork so the child only calls
-    /// async-signal-safe functions.
-    pub fn procs_cstring(&self) -> CString {
-        CString::new(self.path.join("cgroup.procs").as_os_str().as_bytes())
-            .expect("no NUL in cgroup path")
+    /// The `cgroup.procs` paths the workload joins, as C strings prepared before fork so the
+    /// child only calls async-signal-safe functions.
+    pub fn procs_cstrings(&self) -> Vec<CString> {
+        std::iter::once(&self.path)
+            .chain(self.companion.as_ref())
+            .map(|d| {
+                CString::new(d.join("cgroup.procs").as_os_str().as_bytes())
+                    .expect("no NUL in cgroup path")
+            })
+            .collect()
     }
 
     /// Removes the memcg if we created it, killing what is left in it.
@@ -199,7 +252,11 @@ impl Memcg {
             return Ok(());
         }
         self.owned = false;
-        kill_and_remove(&self.path, self.v2, Duration::from_secs(10))
+        let r = kill_and_remove(&self.path, self.v2, Duration::from_secs(10));
+        if let Some(c) = self.companion.take() {
+            kill_and_remove(&c, true, Duration::from_secs(10))?;
+        }
+        r
     }
 }
 
@@ -209,9 +266,16 @@ impl Drop for Memcg {
     }
 }
 
-/// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`. Meant for
+/// Moves the calling process into the cgroups whose `cgroup.procs` files are `procs`. Meant for
 /// `pre_exec`: between fork and exec, so the command's first instruction already runs there.
-pub fn join_in_child(procs: &CString) -> std::io::Result<()> {
+pub fn join_in_child(procs: &[CString]) -> std::io::Result<()> {
+    for p in procs {
+        join_one(p)?;
+    }
+    Ok(())
+}
+
+fn join_one(procs: &CString) -> std::io::Result<()> {
     // SAFETY: open/write/close are async-signal-safe; the buffer is static.
     unsafe {
         let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);

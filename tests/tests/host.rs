@@ -105,6 +105,19 @@ fn host_record_tracepoint_with_hackbench_in_a_memcg() {
     );
     let w = doc.meta.workload.as_ref().expect("workload recorded");
     assert_eq!(w.exit_status, Some(0));
+    // Attribution: the workload's own task-context calls, a non-empty part of the system's.
+    let own = stat.workload.as_ref().expect("workload figures").count;
+    assert!(
+        own > 0 && own <= ctx_count(stat, "task"),
+        "workload {own} vs system task {}",
+        ctx_count(stat, "task")
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("stat") && l.contains(" workload ")),
+        "{stdout}"
+    );
     assert!(
         leftover_memcgs().is_empty(),
         "memcgs left behind: {:?}",

@@ -93,6 +93,12 @@ fn vm_matrix(short: &str) {
                 "{short} {backend}: {name} ({}) counted no calls",
                 p.target
             );
+            let own = p.workload.as_ref().expect("workload figures").count;
+            let task_calls = ctx_count(p, "task");
+            assert!(
+                own > 0 && own <= task_calls,
+                "{short} {backend} {name}: workload {own} vs system task {task_calls}"
+            );
             let task = p
                 .contexts
                 .iter()
@@ -109,9 +115,10 @@ fn vm_matrix(short: &str) {
             let _ = std::io::Write::write_all(
                 &mut std::io::stderr(),
                 format!(
-                    "{name_t}: {backend} {name} -> {}: {} calls, p50 {} ns, p99 {} ns, {} dropped, {} misses, {:.0} ns/run exit prog\n",
+                    "{name_t}: {backend} {name} -> {}: {} calls ({} by the workload), p50 {} ns, p99 {} ns, {} dropped, {} misses, {:.0} ns/run exit prog\n",
                     p.target,
                     p.count,
+                    own,
                     l.percentiles[0].ns,
                     l.percentiles[2].ns,
                     p.dropped,

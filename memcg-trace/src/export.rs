@@ -63,8 +63,27 @@ pub struct Meta {
     pub duration_ns: u64,
     /// Whether kernel bpf stats were on (self-cost figures need them).
     pub bpf_stats: bool,
+    /// What memcg-trace itself cost.
+    pub tracer: TracerCost,
     /// The workload, when memcg-trace ran one.
     pub workload: Option<Workload>,
+}
+
+/// The daemon's own cost (the programs' cost is per probe, from bpf stats).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TracerCost {
+    /// From the start of `record` until every probe was attached, ns.
+    pub startup_ns: u64,
+    /// Detaching every program at the end, ns.
+    pub detach_ns: u64,
+    /// User + system CPU time of the daemon while tracing, ns.
+    pub cpu_ns: u64,
+    /// That as a share of one CPU over the recording.
+    pub cpu_share: Option<f64>,
+    /// Peak resident set size, KiB.
+    pub peak_rss_kib: u64,
+    /// Poll interval, ns.
+    pub tick_ns: u64,
 }
 
 /// A workload run under the tracer.

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use btf_rs::{Btf, BtfType, Type};
+use btf_rs::{Backend, Btf, BtfType, Type};
 use fallible_iterator::FallibleIterator as _;
 use memcg_trace_common::{KernelLayout, PREEMPT_MASKS};
 
@@ -35,21 +35,27 @@ pub struct Symbols {
 }
 
 impl Symbols {
-    /// Reads BTF, kallsyms and the ftrace function list of the running kernel.
-    pub fn load(btf: &Btf) -> Result<Self> {
+    /// Reads BTF, kallsyms and the ftrace function list of the running kernel, keeping only the
+    /// names in `interest` (function names; tracepoint names as they follow `btf_trace_`):
+    /// the full tables are over a hundred thousand names each.
+    pub fn load(btf: &Btf, interest: &HashSet<String>) -> Result<Self> {
         let mut s = Symbols::default();
         let mut types = btf.type_iter();
         while let Ok(Some(t)) = types.next() {
             match &t {
                 Type::Func(f) => {
                     if let Ok(n) = btf.resolve_name(f) {
-                        s.btf_funcs.insert(n);
+                        if interest.contains(&n) {
+                            s.btf_funcs.insert(n);
+                        }
                     }
                 }
                 Type::Typedef(td) => {
                     if let Ok(n) = btf.resolve_name(td) {
                         if let Some(tp) = n.strip_prefix("btf_trace_") {
-                            s.btf_tracepoints.insert(tp.to_string());
+                            if interest.contains(tp) {
+                                s.btf_tracepoints.insert(tp.to_string());
+                            }
                         }
                     }
                 }
@@ -57,12 +63,13 @@ impl Symbols {
             }
         }
         let kallsyms = fs::read_to_string("/proc/kallsyms").context("read /proc/kallsyms")?;
-        s.add_kallsyms(&kallsyms);
+        s.add_kallsyms(&kallsyms, Some(interest));
         for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
             if let Ok(list) = fs::read_to_string(format!("{dir}/available_filter_functions")) {
                 s.traceable = Some(
                     list.lines()
                         .filter_map(|l| l.split_whitespace().next())
+                        .filter(|n| interest.contains(*n))
                         .map(str::to_string)
                         .collect(),
                 );
@@ -73,8 +80,10 @@ impl Symbols {
         Ok(s)
     }
 
-    /// Adds the text symbols of a /proc/kallsyms listing.
-    pub fn add_kallsyms(&mut self, kallsyms: &str) {
+    /// Adds the text symbols of a /proc/kallsyms listing (those in `interest`, if given, and
+    /// their compiler clones).
+    pub fn add_kallsyms(&mut self, kallsyms: &str, interest: Option<&HashSet<String>>) {
+        let wanted = |n: &str| interest.map(|i| i.contains(n)).unwrap_or(true);
         for line in kallsyms.lines() {
             let mut it = line.split_whitespace();
             let (Some(_addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
@@ -84,6 +93,8 @@ impl Symbols {
                 continue;
             }
             match name.split_once('.') {
+                Some((base, _)) if !wanted(base) => {}
+                None if !wanted(name) => {}
                 Some((base, _)) => self
                     .clones
                     .entry(base.to_string())
@@ -109,7 +120,24 @@ pub fn open_btf() -> Result<Btf> {
     if !Path::new(VMLINUX_BTF).exists() {
         bail!("{VMLINUX_BTF} is missing: this kernel was built without CONFIG_DEBUG_INFO_BTF, which memcg-trace needs");
     }
-    Btf::from_file(VMLINUX_BTF).map_err(|e| anyhow!("cannot parse {VMLINUX_BTF}: {e}"))
+    // The mmap backend parses lazily: a fraction of the memory of the caching one (tens of MiB
+    // for vmlinux). Kernels before 6.16 cannot mmap the sysfs file, so it is copied into a
+    // memfd first.
+    if let Ok(btf) = Btf::from_file_with_backend(VMLINUX_BTF, Backend::Mmap) {
+        return Ok(btf);
+    }
+    let data = fs::read(VMLINUX_BTF).map_err(|e| anyhow!("cannot read {VMLINUX_BTF}: {e}"))?;
+    // SAFETY: memfd_create with a valid C string; the fd is owned by the File below.
+    let fd = unsafe { libc::memfd_create(c"memcg-trace-btf".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Btf::from_bytes(&data).map_err(|e| anyhow!("cannot parse {VMLINUX_BTF}: {e}"));
+    }
+    // SAFETY: fd was just created and is owned by nobody else.
+    let mut f = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    std::io::Write::write_all(&mut f, &data)?;
+    drop(data);
+    Btf::from_file_with_backend(format!("/proc/self/fd/{fd}"), Backend::Mmap)
+        .map_err(|e| anyhow!("cannot parse {VMLINUX_BTF}: {e}"))
 }
 
 fn named_struct(btf: &Btf, name: &str) -> Result<btf_rs::Struct> {
@@ -365,7 +393,8 @@ mod tests {
     #[test]
     fn kallsyms_separates_clones() {
         let mut s = Symbols::default();
-        s.add_kallsyms("ffffffff81000000 T obj_cgroup_charge\nffffffff81000010 t mod_memcg_state.constprop.0\nffffffff82000000 D some_data\n");
+        let text = "ffffffff81000000 T obj_cgroup_charge\nffffffff81000010 t mod_memcg_state.constprop.0\nffffffff82000000 D some_data\nffffffff81000020 T other\n";
+        s.add_kallsyms(text, None);
         assert!(s.kallsyms.contains("obj_cgroup_charge"));
         assert!(!s.kallsyms.contains("some_data"));
         assert_eq!(

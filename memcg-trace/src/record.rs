@@ -13,7 +13,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     cli::{ProbeSel, RecordArgs},
-    export::{self, Document, Meta, NotAttachedOut, Workload},
+    export::{self, Document, Meta, NotAttachedOut, TracerCost, Workload},
     kernel::{self, Symbols},
     probes::{self, probe_def, resolve, Request, PROBES},
     report,
@@ -45,6 +45,20 @@ pub fn check_privileges() -> Result<()> {
         "memcg-trace needs root, or CAP_BPF and CAP_PERFMON (missing: {}); run it with sudo",
         missing.join(", ")
     )
+}
+
+/// Every kernel name resolution may ask about: all probes' candidates, their layout markers and
+/// tracepoints, and the `--func` names.
+fn interest(sel: &ProbeSel) -> std::collections::HashSet<String> {
+    let mut out: std::collections::HashSet<String> = sel.func.iter().cloned().collect();
+    for p in PROBES {
+        for c in p.candidates {
+            out.insert(c.symbol.to_string());
+            out.extend(c.requires.map(str::to_string));
+        }
+        out.extend(p.tracepoint.map(str::to_string));
+    }
+    out
 }
 
 /// Turns `--probe`/`--func` into requests, with one clear error for unknown names.
@@ -108,8 +122,10 @@ fn attach_all(
     check_privileges()?;
     let btf = kernel::open_btf()?;
     let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
-    let syms = Symbols::load(&btf)?;
+    let syms = Symbols::load(&btf, &interest(sel))?;
     let reqs = requests(sel, &syms)?;
+    // The aya loader parses BTF again; the two parses need not be alive at once.
+    drop(btf);
     let mut tracer = Tracer::load(&layout, workload_cgroup)?;
     let mut notes = HashMap::new();
     for req in &reqs {
@@ -140,6 +156,7 @@ fn attach_all(
             }
         }
     }
+    tracer.done_attaching();
     if tracer.attached.is_empty() {
         let why: Vec<String> = tracer
             .failed
@@ -185,6 +202,27 @@ fn unix_ns(t: SystemTime) -> u128 {
         .unwrap_or(0)
 }
 
+fn rusage() -> libc::rusage {
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    }
+}
+
+/// User + system CPU time of this process so far (the workload, a child, is not included).
+fn cpu_time() -> Duration {
+    let u = rusage();
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Peak resident set size of this process, KiB.
+fn peak_rss_kib() -> u64 {
+    rusage().ru_maxrss as u64
+}
+
 /// How the recording ended.
 enum End {
     Deadline,
@@ -219,6 +257,7 @@ pub fn named_workload(spec: &str) -> Result<Vec<String>> {
 
 /// `memcg-trace record`.
 pub fn record(mut args: RecordArgs) -> Result<i32> {
+    let t0 = std::time::Instant::now();
     if let Some(w) = &args.workload {
         args.command = named_workload(w)?;
     }
@@ -248,13 +287,18 @@ pub fn record(mut args: RecordArgs) -> Result<i32> {
         eprintln!("memcg-trace: the workload's calls cannot be told apart (no cgroup v2 id); only system-wide figures");
     }
     let (tracer, notes) = attach_all(&args.sel, args.quiet, cgid)?;
+    let startup = t0.elapsed();
+    let cpu0 = cpu_time();
     let start = SystemTime::now();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let (end, argv) = rt.block_on(run(&args, memcg.as_ref(), &tracer))?;
+    let cpu = cpu_time().saturating_sub(cpu0);
     let failed = tracer.failed.clone();
+    let t_detach = std::time::Instant::now();
     let snap = tracer.finish()?;
+    let detach = t_detach.elapsed();
     let end_t = SystemTime::now();
     let cgroup_path = memcg.as_ref().map(|m| m.path.display().to_string());
     if let Some(mut m) = memcg.take() {
@@ -285,6 +329,14 @@ pub fn record(mut args: RecordArgs) -> Result<i32> {
                 .probes
                 .iter()
                 .any(|p| p.programs.iter().any(|c| c.run_cnt > 0)),
+            tracer: TracerCost {
+                startup_ns: startup.as_nanos() as u64,
+                detach_ns: detach.as_nanos() as u64,
+                cpu_ns: cpu.as_nanos() as u64,
+                cpu_share: crate::snapshot::ratio(cpu.as_secs_f64(), snap.elapsed.as_secs_f64()),
+                peak_rss_kib: peak_rss_kib(),
+                tick_ns: args.tick.as_nanos() as u64,
+            },
             workload: cgroup_path.map(|cgroup| Workload {
                 argv,
                 exit_status,

@@ -184,6 +184,16 @@ pub fn summary(doc: &Document) -> String {
             runs
         );
     }
+    let t = &m.tracer;
+    let _ = writeln!(
+        out,
+        "daemon: attached in {}, detached in {}, {:.3}% of a CPU at a {} tick, peak RSS {:.1} MiB",
+        fmt_ns(t.startup_ns as f64),
+        fmt_ns(t.detach_ns as f64),
+        t.cpu_share.unwrap_or(0.0) * 100.0,
+        fmt_ns(t.tick_ns as f64),
+        t.peak_rss_kib as f64 / 1024.0
+    );
     if !m.bpf_stats {
         let _ = writeln!(
             out,

@@ -66,7 +66,8 @@ pub struct NotAttached {
 /// The loaded programs and their links.
 pub struct Tracer {
     ebpf: Ebpf,
-    btf: Btf,
+    /// Kernel BTF while probes are being attached; released afterwards (it is large).
+    btf: Option<Btf>,
     /// Attached probes, by slot.
     pub attached: Vec<Attached>,
     /// Probes that failed.
@@ -87,18 +88,19 @@ impl Tracer {
         if EBPF_OBJECT.is_empty() {
             bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
         }
-        let btf = Btf::from_sys_fs().context("load kernel BTF")?;
+        // EbpfLoader::new() parses the kernel's BTF for itself; ours is parsed after the loader
+        // is gone so that the two (tens of MiB each) are never alive together.
         let ebpf = EbpfLoader::new()
-            .btf(Some(&btf))
             .override_global("LAYOUT", layout, true)
             .override_global("WORKLOAD_CGROUP", &workload_cgroup, true)
             .load(EBPF_OBJECT)
             .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))?;
+        let btf = Btf::from_sys_fs().context("load kernel BTF")?;
         // bpf stats on while we trace; the kernel turns them back off when this fd closes.
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         Ok(Tracer {
             ebpf,
-            btf,
+            btf: Some(btf),
             attached: Vec::new(),
             failed: Vec::new(),
             started: Instant::now(),
@@ -173,8 +175,13 @@ impl Tracer {
         Ok(names)
     }
 
+    /// Frees the kernel BTF once every probe is attached; later attaches fail.
+    pub fn done_attaching(&mut self) {
+        self.btf = None;
+    }
+
     fn attach_one(&mut self, prog: &str, plan: &Plan) -> std::result::Result<(), String> {
-        let btf = &self.btf;
+        let btf = self.btf.as_ref().ok_or("attaching is over (BTF released)")?;
         let p = self
             .ebpf
             .program_mut(prog)

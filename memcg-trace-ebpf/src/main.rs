@@ -295,6 +295,81 @@ probe_slot!(9, fentry_9, fexit_9, kprobe_9, kretprobe_9, tp_9);
 probe_slot!(10, fentry_10, fexit_10, kprobe_10, kretprobe_10, tp_10);
 probe_slot!(11, fentry_11, fexit_11, kprobe_11, kretprobe_11, tp_11);
 
+// Floors for `cargo xtask bench`, attached next to the real programs on the same function:
+// (a) empty programs of the same type; (b) the least any latency tracer must do, a clock read
+// at entry into a per-CPU slot and a clock read at exit added to a per-CPU sum.
+
+#[map]
+static FLOOR_START: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static FLOOR_SUM: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn floor_entry() -> u32 {
+    if let Some(p) = FLOOR_START.get_ptr_mut(0) {
+        // SAFETY: pointer from a successful map lookup.
+        unsafe { *p = bpf_ktime_get_ns() };
+    }
+    0
+}
+
+#[inline(always)]
+fn floor_exit() -> u32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let (Some(start), Some(sum)) = (FLOOR_START.get_ptr(0), FLOOR_SUM.get_ptr_mut(0)) {
+        // SAFETY: pointers from successful map lookups.
+        unsafe { *sum += now.wrapping_sub(*start) };
+    }
+    0
+}
+
+#[fentry]
+pub fn floor_empty_fentry(_ctx: FEntryContext) -> u32 {
+    0
+}
+#[fexit]
+pub fn floor_empty_fexit(_ctx: FExitContext) -> u32 {
+    0
+}
+#[fentry]
+pub fn floor_clock_fentry(_ctx: FEntryContext) -> u32 {
+    floor_entry()
+}
+#[fexit]
+pub fn floor_clock_fexit(_ctx: FExitContext) -> u32 {
+    floor_exit()
+}
+#[kprobe]
+pub fn floor_empty_kprobe(_ctx: ProbeContext) -> u32 {
+    0
+}
+#[kretprobe]
+pub fn floor_empty_kretprobe(_ctx: RetProbeContext) -> u32 {
+    0
+}
+#[kprobe]
+pub fn floor_clock_kprobe(_ctx: ProbeContext) -> u32 {
+    floor_entry()
+}
+#[kretprobe]
+pub fn floor_clock_kretprobe(_ctx: RetProbeContext) -> u32 {
+    floor_exit()
+}
+#[btf_tracepoint]
+pub fn floor_empty_tp(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+/// Tracepoint floor (b): the least a counting tracer does, one per-CPU increment.
+#[btf_tracepoint]
+pub fn floor_clock_tp(_ctx: BtfTracePointContext) -> i32 {
+    if let Some(sum) = FLOOR_SUM.get_ptr_mut(0) {
+        // SAFETY: pointer from a successful map lookup.
+        unsafe { *sum += 1 };
+    }
+    0
+}
+
 /// Test entry for BPF_PROG_TEST_RUN: runs the real bucketing on a duration passed in the
 /// raw-tracepoint context (args[0] = slot, args[1] = ns) and the real context classification
 /// (the caller runs in task context).

@@ -37,10 +37,13 @@ enum Command {
     /// compare with the userspace bucket layout.
     #[command(hide = true)]
     Selftest,
+    /// What tracing costs on this kernel, side by side (driven by `cargo xtask bench`).
+    #[command(hide = true)]
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Which probes and how to attach them.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, Default)]
 pub struct ProbeSel {
     /// Logical probes to trace (comma-separated or repeated); `memcg-trace probes --all` lists them.
     #[arg(long, short = 'p', value_delimiter = ',')]
@@ -123,6 +126,7 @@ pub fn main() -> i32 {
         Command::Record(a) => crate::record::record(a),
         Command::Probes(s) => crate::record::probes(s).map(|_| 0),
         Command::Selftest => crate::record::selftest(),
+        Command::Bench(a) => crate::bench::bench(a),
         Command::Report { file } => crate::export::read(&file).map(|d| {
             print!("{}", crate::report::summary(&d));
             0

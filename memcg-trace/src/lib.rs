@@ -4,6 +4,7 @@
 //! keyed by (probe, context) -> [`tracer::Tracer::snapshot`] -> [`snapshot::Snapshot`] ->
 //! outputs ([`report`] table, [`export`] JSON). The outputs never read BPF maps themselves.
 
+pub mod bench;
 pub mod cli;
 pub mod export;
 pub mod kernel;

@@ -37,9 +37,10 @@ impl fmt::Display for Backend {
 }
 
 /// The `--attach` choice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum AttachMode {
     /// Per probe: fentry, else kprobe, else tracepoint.
+    #[default]
     Auto,
     /// fentry/fexit only.
     Fentry,

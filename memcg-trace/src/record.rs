@@ -114,7 +114,7 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
 
 /// Resolves and attaches every request; fails only if nothing could be attached, or an
 /// explicitly requested function could not be.
-fn attach_all(
+pub(crate) fn attach_all(
     sel: &ProbeSel,
     quiet: bool,
     workload_cgroup: u64,
@@ -156,7 +156,6 @@ fn attach_all(
             }
         }
     }
-    tracer.done_attaching();
     if tracer.attached.is_empty() {
         let why: Vec<String> = tracer
             .failed
@@ -286,7 +285,8 @@ pub fn record(mut args: RecordArgs) -> Result<i32> {
     if memcg.is_some() && cgid == 0 && !args.quiet {
         eprintln!("memcg-trace: the workload's calls cannot be told apart (no cgroup v2 id); only system-wide figures");
     }
-    let (tracer, notes) = attach_all(&args.sel, args.quiet, cgid)?;
+    let (mut tracer, notes) = attach_all(&args.sel, args.quiet, cgid)?;
+    tracer.done_attaching();
     let startup = t0.elapsed();
     let cpu0 = cpu_time();
     let start = SystemTime::now();

@@ -181,7 +181,10 @@ impl Tracer {
     }
 
     fn attach_one(&mut self, prog: &str, plan: &Plan) -> std::result::Result<(), String> {
-        let btf = self.btf.as_ref().ok_or("attaching is over (BTF released)")?;
+        let btf = self
+            .btf
+            .as_ref()
+            .ok_or("attaching is over (BTF released)")?;
         let p = self
             .ebpf
             .program_mut(prog)
@@ -219,14 +222,29 @@ impl Tracer {
 
     /// Detaches and unloads every program (also done on drop).
     pub fn detach_all(&mut self) {
-        let progs: Vec<String> = self
-            .attached
-            .iter()
-            .flat_map(|a| a.programs.clone())
-            .collect();
+        let mut progs: Vec<String> = self.prog_fds.keys().cloned().collect();
+        progs.extend(self.attached.iter().flat_map(|a| a.programs.clone()));
         for p in progs {
             self.unload(&p);
         }
+    }
+
+    /// Attaches extra programs of the object (the bench floors) to `plan`'s target, exit
+    /// programs first; their costs are then available from [`Tracer::program_cost`].
+    pub fn attach_extra(&mut self, progs: &[&str], plan: &Plan) -> Result<()> {
+        for prog in progs.iter().rev() {
+            self.attach_one(prog, plan)
+                .map_err(|e| anyhow!("{prog} on {}: {e}", plan.target))?;
+            if let Some(fd) = self.dup_fd(prog) {
+                self.prog_fds.insert(prog.to_string(), fd);
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel's run statistics of one program of the object.
+    pub fn program_cost(&self, prog: &str) -> ProgCost {
+        self.cost(prog)
     }
 
     fn dup_fd(&self, prog: &str) -> Option<OwnedFd> {
@@ -268,7 +286,7 @@ impl Tracer {
 
     /// Detaches every program, then takes the final snapshot: no run is left uncounted between
     /// the read of the maps and the read of the run statistics.
-    pub fn finish(mut self) -> Result<Snapshot> {
+    pub fn finish(&mut self) -> Result<Snapshot> {
         let elapsed = self.started.elapsed();
         self.detach_all();
         let mut snap = self.snapshot()?;

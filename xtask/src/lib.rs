@@ -1,6 +1,7 @@
 //! memcg-trace's build, setup and VM tooling, as a library so that the integration tests in
 //! `tests/` can boot stock kernels the same way `cargo xtask vm` does.
 
+pub mod bench;
 pub mod kernels;
 pub mod setup;
 pub mod vm;

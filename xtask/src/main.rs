@@ -61,6 +61,19 @@ enum Cmd {
         #[arg(long, default_value = "-g 2 -l 200")]
         hackbench: String,
     },
+    /// What tracing costs: per-call cost against two floors, hackbench slowdown, daemon CPU,
+    /// RSS, start-up and detach; host and VM; writes target/bench/report.{json,md}.
+    Bench {
+        /// Kernel for the VM part.
+        #[arg(long, default_value = "6.12")]
+        kernel: String,
+        /// tcg or kvm.
+        #[arg(long, value_enum, default_value = "tcg")]
+        accel: Accel,
+        /// One pair and tiny workloads: proves the bench runs, measures nothing.
+        #[arg(long)]
+        smoke: bool,
+    },
     /// Everything CI runs: setup, fmt, clippy, unit tests, host root tests, the VM matrix.
     Test {
         /// Kernels for the VM matrix.
@@ -90,6 +103,21 @@ fn main() {
             hackbench,
         } => demo(host, &kernel, accel, &hackbench),
         Cmd::Test { kernel, accel } => test(&kernel, accel),
+        Cmd::Bench {
+            kernel,
+            accel,
+            smoke,
+        } => setup::setup().and_then(|_| {
+            let bin = build_release()?;
+            let size = if smoke {
+                xtask::bench::SMOKE
+            } else {
+                xtask::bench::FULL
+            };
+            let report = xtask::bench::bench(&bin, size, &kernel, accel)?;
+            eprintln!("bench: report in {}", report.display());
+            Ok(())
+        }),
     };
     if let Err(e) = r {
         eprintln!("xtask: error: {}", format!("{e:#}").replace('\n', " "));
@@ -318,6 +346,15 @@ fn test(kernel: &str, accel: Accel) -> Result<()> {
         .env("MEMCG_TRACE_KERNELS", &kernels_env)
         .env("MEMCG_TRACE_ACCEL", format!("{accel:?}").to_lowercase()),
     )?;
+    // The bench is separate from the tests; its smoke run (one pair) keeps it from rotting.
+    eprintln!("test: bench smoke run");
+    let bench_ok = xtask::bench::bench(&bin, xtask::bench::SMOKE, "6.12", accel)
+        .map_err(|e| eprintln!("test: bench smoke run failed: {e:#}"))
+        .is_ok();
+    println!(
+        "bench-smoke: {} passed, {} failed",
+        bench_ok as u32, !bench_ok as u32
+    );
     // The README's main command, short: it must not rot.
     eprintln!("test: demo (short), in a VM and on the host");
     let demo_ok = demo(false, "6.12", accel, "-g 1 -l 20")

@@ -160,6 +160,17 @@ pub struct Start {
     pub switches: u64,
 }
 
+/// The pairing state of one (probe, context) slot on one CPU: the pending entry and the counters,
+/// in one map value so each program run needs one lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Slot {
+    /// The entry waiting for its exit.
+    pub start: Start,
+    /// Pairing counters.
+    pub counters: Counters,
+}
+
 /// Offsets and masks the eBPF programs need, read from the running kernel's BTF by userspace and
 /// written into the programs' read-only globals before load (Rust eBPF has no CO-RE).
 #[repr(C)]
@@ -188,6 +199,10 @@ pub struct KernelLayout {
     pub softirq_offset: u32,
     /// Non-zero once userspace filled this in.
     pub valid: u32,
+    /// Non-zero when `nivcsw` directly follows `nvcsw` (one read fetches both).
+    pub switches_adjacent: u32,
+    /// Keeps the struct free of implicit padding.
+    pub _pad: u32,
 }
 
 /// The preempt_count masks of every kernel so far (include/linux/preempt.h, non-RT).
@@ -213,5 +228,6 @@ mod pod {
     unsafe impl aya::Pod for super::Hist {}
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::Start {}
+    unsafe impl aya::Pod for super::Slot {}
     unsafe impl aya::Pod for super::KernelLayout {}
 }

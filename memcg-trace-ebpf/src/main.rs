@@ -22,8 +22,8 @@ use aya_ebpf::{
     EbpfContext as _,
 };
 use memcg_trace_common::{
-    bucket_index, classify, slot_index, Counters, Hist, KernelLayout, Start, CTX_TASK, NUM_BUCKETS,
-    NUM_SLOTS, WORKLOAD_SLOTS,
+    bucket_index, classify, slot_index, Hist, KernelLayout, Slot, CTX_TASK, NUM_BUCKETS, NUM_SLOTS,
+    WORKLOAD_SLOTS,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -40,6 +40,8 @@ static LAYOUT: KernelLayout = KernelLayout {
     hardirq_mask: 0,
     softirq_offset: 0,
     valid: 0,
+    switches_adjacent: 0,
+    _pad: 0,
 };
 
 /// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks are
@@ -54,10 +56,7 @@ static HIST: PerCpuArray<Hist> = PerCpuArray::with_max_entries(NUM_SLOTS, 0);
 static WORKLOAD_HIST: PerCpuArray<Hist> = PerCpuArray::with_max_entries(WORKLOAD_SLOTS, 0);
 
 #[map]
-static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(NUM_SLOTS, 0);
-
-#[map]
-static STARTS: PerCpuArray<Start> = PerCpuArray::with_max_entries(NUM_SLOTS, 0);
+static SLOTS: PerCpuArray<Slot> = PerCpuArray::with_max_entries(NUM_SLOTS, 0);
 
 /// This CPU's address of the preempt count, found once per CPU and verified (see `preempt_addr`).
 #[map]
@@ -114,6 +113,12 @@ fn switches(l: &KernelLayout) -> u64 {
     // SAFETY: reads of kernel memory through bpf_probe_read_kernel.
     unsafe {
         let task = bpf_get_current_task();
+        if l.switches_adjacent != 0 {
+            // One helper call instead of two: nivcsw follows nvcsw in every kernel so far.
+            let [v, iv]: [u64; 2] =
+                bpf_probe_read_kernel((task + l.task_nvcsw) as *const [u64; 2]).unwrap_or([0, 0]);
+            return v.wrapping_add(iv);
+        }
         let v: u64 = bpf_probe_read_kernel((task + l.task_nvcsw) as *const u64).unwrap_or(0);
         let iv: u64 = bpf_probe_read_kernel((task + l.task_nivcsw) as *const u64).unwrap_or(0);
         v.wrapping_add(iv)
@@ -128,11 +133,12 @@ fn in_workload() -> bool {
     w != 0 && unsafe { bpf_get_current_cgroup_id() } == w
 }
 
+/// The pairing state of a (probe, context) slot on this CPU: one map lookup per program run.
 #[inline(always)]
-fn counters(slot: u32) -> Option<&'static mut Counters> {
-    // SAFETY: per-CPU value; programs on one CPU only nest across different contexts, which
-    // use different slots.
-    COUNTERS.get_ptr_mut(slot).map(|p| unsafe { &mut *p })
+fn slot_state(slot: u32) -> Option<&'static mut Slot> {
+    // SAFETY: per-CPU value; on one CPU, programs nest only across contexts, which use
+    // different slots, and a program never nests within itself (recursion protection).
+    SLOTS.get_ptr_mut(slot).map(|p| unsafe { &mut *p })
 }
 
 /// Entry half: remember when this call started.
@@ -143,20 +149,16 @@ fn on_entry(probe: u32) -> u32 {
     let Some(ctx) = context(&l) else {
         return 0;
     };
-    let slot = slot_index(probe, ctx);
-    if let Some(c) = counters(slot) {
-        c.entries += 1;
-    }
-    let Some(start) = STARTS.get_ptr_mut(slot) else {
+    let Some(s) = slot_state(slot_index(probe, ctx)) else {
         return 0;
     };
-    // SAFETY: pointer from a successful map lookup.
-    let start = unsafe { &mut *start };
+    s.counters.entries += 1;
     if ctx == CTX_TASK {
-        start.tid = bpf_get_current_pid_tgid() & 0xffff_ffff;
-        start.switches = switches(&l);
+        s.start.tid = bpf_get_current_pid_tgid() & 0xffff_ffff;
+        s.start.switches = switches(&l);
     }
-    start.ts = unsafe { bpf_ktime_get_ns() };
+    // Written last: a slot is only valid once its timestamp is.
+    s.start.ts = unsafe { bpf_ktime_get_ns() };
     0
 }
 
@@ -166,35 +168,30 @@ fn on_exit(probe: u32) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let l = layout();
     let Some(ctx) = context(&l) else {
-        if let Some(c) = counters(slot_index(probe, CTX_TASK)) {
-            c.exits += 1;
-            c.no_context += 1;
+        if let Some(s) = slot_state(slot_index(probe, CTX_TASK)) {
+            s.counters.exits += 1;
+            s.counters.no_context += 1;
         }
         return 0;
     };
     let slot = slot_index(probe, ctx);
-    let Some(c) = counters(slot) else {
+    let Some(s) = slot_state(slot) else {
         return 0;
     };
-    c.exits += 1;
-    let Some(start) = STARTS.get_ptr_mut(slot) else {
-        return 0;
-    };
-    // SAFETY: pointer from a successful map lookup.
-    let start = unsafe { &mut *start };
-    let ts = start.ts;
-    start.ts = 0;
+    s.counters.exits += 1;
+    let ts = s.start.ts;
+    s.start.ts = 0;
     if ts == 0 || ts > now {
-        c.unmatched += 1;
+        s.counters.unmatched += 1;
         return 0;
     }
     if ctx == CTX_TASK {
-        if start.tid != bpf_get_current_pid_tgid() & 0xffff_ffff {
-            c.unmatched += 1;
+        if s.start.tid != bpf_get_current_pid_tgid() & 0xffff_ffff {
+            s.counters.unmatched += 1;
             return 0;
         }
-        if start.switches != switches(&l) {
-            c.switched += 1;
+        if s.start.switches != switches(&l) {
+            s.counters.switched += 1;
             return 0;
         }
     }
@@ -225,18 +222,14 @@ fn record(map: &PerCpuArray<Hist>, slot: u32, ns: u64) {
     h.buckets[i] += 1;
 }
 
-/// Tracepoint half: counts and context, no latency.
+/// Tracepoint half: counts and context, no latency. Only the histogram's count is kept (entries
+/// and exits equal it; userspace fills them in), and calls without a context in the task slot.
 #[inline(always)]
 fn on_hit(probe: u32) -> u32 {
     let l = layout();
     match context(&l) {
         Some(ctx) => {
-            let slot = slot_index(probe, ctx);
-            if let Some(c) = counters(slot) {
-                c.entries += 1;
-                c.exits += 1;
-            }
-            if let Some(h) = HIST.get_ptr_mut(slot) {
+            if let Some(h) = HIST.get_ptr_mut(slot_index(probe, ctx)) {
                 // SAFETY: pointer from a successful map lookup.
                 unsafe { (*h).count += 1 };
             }
@@ -248,9 +241,8 @@ fn on_hit(probe: u32) -> u32 {
             }
         }
         None => {
-            if let Some(c) = counters(slot_index(probe, CTX_TASK)) {
-                c.exits += 1;
-                c.no_context += 1;
+            if let Some(s) = slot_state(slot_index(probe, CTX_TASK)) {
+                s.counters.no_context += 1;
             }
         }
     }

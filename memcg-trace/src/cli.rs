@@ -13,11 +13,23 @@ use crate::probes::AttachMode;
 #[command(name = "memcg-trace", version, about, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The live dashboard (the default): charging functions per context, their latency
+    /// histogram and rate, while a workload runs or system-wide.
+    ///
+    /// Example: memcg-trace top -- hackbench -g 2 -l 1000
+    Top(crate::tui::TopArgs),
+    /// The dashboard on a recording, read-only.
+    ///
+    /// Example: memcg-trace view run.json
+    View {
+        /// A JSON file written by `record` or saved from the dashboard.
+        file: PathBuf,
+    },
     /// Trace the whole system (and a workload, if given), print a summary table, write JSON.
     ///
     /// Example: memcg-trace record -o run.json -- hackbench -g 2 -l 100
@@ -122,7 +134,17 @@ pub fn main() -> i32 {
             return code;
         }
     };
-    let r = match cli.command {
+    // No subcommand: the dashboard with its own defaults.
+    let command = match cli.command {
+        Some(c) => c,
+        None => match Cli::parse_from(["memcg-trace", "top"]).command {
+            Some(c) => c,
+            None => unreachable!("top parses"),
+        },
+    };
+    let r = match command {
+        Command::Top(a) => crate::tui::top(a),
+        Command::View { file } => crate::tui::view(&file),
         Command::Record(a) => crate::record::record(a),
         Command::Probes(s) => crate::record::probes(s).map(|_| 0),
         Command::Selftest => crate::record::selftest(),

@@ -403,3 +403,67 @@ pub fn read(path: &Path) -> Result<Document> {
     serde_json::from_value(v)
         .map_err(|e| anyhow!("{}: malformed {SCHEMA} document: {e}", path.display()))
 }
+
+/// The `Snapshot` a recording describes, so that the dashboard shows recordings exactly as it
+/// shows live data (`memcg-trace view`).
+pub fn to_snapshot(doc: &Document) -> crate::snapshot::Snapshot {
+    use crate::snapshot::{CtxStats, HistData, ProbeStats, ProgCost, Snapshot};
+    use memcg_trace_common::{bucket_index, Counters};
+    let hist = |count: u64, l: Option<&Latency>| {
+        let mut h = HistData {
+            count,
+            ..Default::default()
+        };
+        if let Some(l) = l {
+            h.sum_ns = l.sum_ns;
+            h.min_ns = l.min_ns;
+            h.max_ns = l.max_ns;
+            for b in &l.buckets {
+                h.buckets[bucket_index(b.min_ns)] += b.count;
+            }
+        }
+        h
+    };
+    Snapshot {
+        elapsed: Duration::from_nanos(doc.meta.duration_ns),
+        probes: doc
+            .probes
+            .iter()
+            .map(|p| {
+                let mut contexts: [CtxStats; memcg_trace_common::NUM_CTX] = Default::default();
+                for (i, c) in p.contexts.iter().enumerate().take(contexts.len()) {
+                    contexts[i] = CtxStats {
+                        hist: hist(c.count, c.latency.as_ref()),
+                        counters: Counters {
+                            entries: c.entries,
+                            exits: c.exits,
+                            unmatched: c.unmatched,
+                            switched: c.switched,
+                            no_context: c.no_context,
+                        },
+                    };
+                }
+                ProbeStats {
+                    name: p.name.clone(),
+                    target: p.target.clone(),
+                    backend: p.backend,
+                    contexts,
+                    programs: p
+                        .programs
+                        .iter()
+                        .map(|x| ProgCost {
+                            name: x.name.clone(),
+                            run_cnt: x.run_cnt,
+                            run_time_ns: x.run_time_ns,
+                            recursion_misses: x.recursion_misses,
+                        })
+                        .collect(),
+                    workload: p
+                        .workload
+                        .as_ref()
+                        .map(|w| hist(w.count, w.latency.as_ref())),
+                }
+            })
+            .collect(),
+    }
+}

@@ -250,15 +250,19 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         .get("runqueues")
         .ok_or_else(|| anyhow!("per-CPU variable runqueues not in BTF"))?;
     let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
+    let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
+    let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
     Ok(KernelLayout {
+        switches_adjacent: (task_nivcsw == task_nvcsw + 8) as u32,
+        _pad: 0,
         preempt_count,
         runqueues,
         task_se_cfs_rq: field_path_offset(btf, "task_struct", &["se", "cfs_rq"])
             .context("task_struct.se.cfs_rq (needs CONFIG_FAIR_GROUP_SCHED)")?,
         cfs_rq_rq: field_path_offset(btf, "cfs_rq", &["rq"])?,
         rq_cpu: field_path_offset(btf, "rq", &["cpu"])?,
-        task_nvcsw: field_path_offset(btf, "task_struct", &["nvcsw"])?,
-        task_nivcsw: field_path_offset(btf, "task_struct", &["nivcsw"])?,
+        task_nvcsw,
+        task_nivcsw,
         nmi_mask,
         hardirq_mask,
         softirq_offset,

@@ -13,4 +13,5 @@ pub mod record;
 pub mod report;
 pub mod snapshot;
 pub mod tracer;
+pub mod tui;
 pub mod workload;

@@ -195,6 +195,55 @@ pub fn probes(sel: ProbeSel) -> Result<()> {
     Ok(())
 }
 
+/// What a recording knows besides the snapshot.
+pub(crate) struct Run {
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub tracer: TracerCost,
+    pub workload: Option<Workload>,
+}
+
+/// The JSON document for a snapshot: the one place a recording is assembled (`record`, and the
+/// dashboard's save key).
+pub(crate) fn make_document(
+    snap: &crate::snapshot::Snapshot,
+    run: Run,
+    notes: &HashMap<String, Vec<String>>,
+    failed: &[crate::tracer::NotAttached],
+) -> Document {
+    let release = kernel::release();
+    let config = kernel::config(&release);
+    let (cpu_model, cpus) = kernel::cpu_info();
+    Document {
+        schema: export::SCHEMA.into(),
+        meta: Meta {
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+            preemption_model: kernel::preemption_model(config.as_ref()),
+            kernel_release: release,
+            kernel_config: config.unwrap_or_default(),
+            cpu_model,
+            cpus,
+            start_unix_ns: unix_ns(run.start),
+            end_unix_ns: unix_ns(run.end),
+            duration_ns: snap.elapsed.as_nanos() as u64,
+            bpf_stats: snap
+                .probes
+                .iter()
+                .any(|p| p.programs.iter().any(|c| c.run_cnt > 0)),
+            tracer: run.tracer,
+            workload: run.workload,
+        },
+        probes: export::probes_out(snap, &|n| notes.get(n).cloned().unwrap_or_default()),
+        not_attached: failed
+            .iter()
+            .map(|f| NotAttachedOut {
+                name: f.name.clone(),
+                reasons: f.reasons.clone(),
+            })
+            .collect(),
+    }
+}
+
 fn unix_ns(t: SystemTime) -> u128 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -211,14 +260,14 @@ fn rusage() -> libc::rusage {
 }
 
 /// User + system CPU time of this process so far (the workload, a child, is not included).
-fn cpu_time() -> Duration {
+pub(crate) fn cpu_time() -> Duration {
     let u = rusage();
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// Peak resident set size of this process, KiB.
-fn peak_rss_kib() -> u64 {
+pub(crate) fn peak_rss_kib() -> u64 {
     rusage().ru_maxrss as u64
 }
 
@@ -306,29 +355,15 @@ pub fn record(mut args: RecordArgs) -> Result<i32> {
             eprintln!("memcg-trace: warning: {e:#}");
         }
     }
-    let release = kernel::release();
-    let config = kernel::config(&release);
-    let (cpu_model, cpus) = kernel::cpu_info();
     let exit_status = match end {
         End::Exited(s) => s,
         _ => None,
     };
-    let doc = Document {
-        schema: export::SCHEMA.into(),
-        meta: Meta {
-            tool_version: env!("CARGO_PKG_VERSION").into(),
-            preemption_model: kernel::preemption_model(config.as_ref()),
-            kernel_release: release,
-            kernel_config: config.unwrap_or_default(),
-            cpu_model,
-            cpus,
-            start_unix_ns: unix_ns(start),
-            end_unix_ns: unix_ns(end_t),
-            duration_ns: snap.elapsed.as_nanos() as u64,
-            bpf_stats: snap
-                .probes
-                .iter()
-                .any(|p| p.programs.iter().any(|c| c.run_cnt > 0)),
+    let doc = make_document(
+        &snap,
+        Run {
+            start,
+            end: end_t,
             tracer: TracerCost {
                 startup_ns: startup.as_nanos() as u64,
                 detach_ns: detach.as_nanos() as u64,
@@ -343,15 +378,9 @@ pub fn record(mut args: RecordArgs) -> Result<i32> {
                 cgroup,
             }),
         },
-        probes: export::probes_out(&snap, &|n| notes.get(n).cloned().unwrap_or_default()),
-        not_attached: failed
-            .into_iter()
-            .map(|f| NotAttachedOut {
-                name: f.name,
-                reasons: f.reasons,
-            })
-            .collect(),
-    };
+        &notes,
+        &failed,
+    );
     print!("{}", report::summary(&doc));
     if let Some(o) = &args.output {
         export::write_atomic(o, &doc)?;

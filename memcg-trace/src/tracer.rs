@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{maps::PerCpuArray, programs::Program, Btf, Ebpf, EbpfLoader};
-use memcg_trace_common::{slot_index, Counters, Hist, KernelLayout, MAX_PROBES, NUM_CTX};
+use memcg_trace_common::{slot_index, Hist, KernelLayout, Slot, MAX_PROBES, NUM_CTX};
 
 use crate::{
     probes::{Backend, Plan, Request, Resolution},
@@ -298,8 +298,8 @@ impl Tracer {
     pub fn snapshot(&self) -> Result<Snapshot> {
         let hist: PerCpuArray<_, Hist> =
             PerCpuArray::try_from(self.ebpf.map("HIST").context("HIST map")?)?;
-        let counters: PerCpuArray<_, Counters> =
-            PerCpuArray::try_from(self.ebpf.map("COUNTERS").context("COUNTERS map")?)?;
+        let slots: PerCpuArray<_, Slot> =
+            PerCpuArray::try_from(self.ebpf.map("SLOTS").context("SLOTS map")?)?;
         let workload: PerCpuArray<_, Hist> = PerCpuArray::try_from(
             self.ebpf
                 .map("WORKLOAD_HIST")
@@ -313,13 +313,25 @@ impl Tracer {
                 for h in hist.get(&idx, 0).context("read HIST")?.iter() {
                     stats.hist.add_cpu(h);
                 }
-                for c in counters.get(&idx, 0).context("read COUNTERS")?.iter() {
+                for c in slots
+                    .get(&idx, 0)
+                    .context("read SLOTS")?
+                    .iter()
+                    .map(|s| &s.counters)
+                {
                     let s = &mut stats.counters;
                     s.entries += c.entries;
                     s.exits += c.exits;
                     s.unmatched += c.unmatched;
                     s.switched += c.switched;
                     s.no_context += c.no_context;
+                }
+                if a.backend == Backend::Tracepoint {
+                    // The tracepoint program keeps only the count (one map update per hit);
+                    // every hit is an entry and an exit.
+                    let s = &mut stats.counters;
+                    s.entries = stats.hist.count;
+                    s.exits = stats.hist.count + s.no_context;
                 }
             }
             let workload = if self.workload {

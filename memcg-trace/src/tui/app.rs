@@ -1,0 +1,436 @@
+//! Dashboard state: what is selected, paused, shown; derived rows from the latest `Snapshot`s.
+//! No terminal here, so every key and every figure is unit-tested.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    time::Duration,
+};
+
+use memcg_trace_common::CTX_NAMES;
+
+use crate::{
+    probes::Backend,
+    snapshot::{rate, ratio, HistData, Snapshot},
+};
+
+/// Interval (last tick) or cumulative (since start or the last reset) figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Figures of the last tick.
+    Interval,
+    /// Figures since start or reset.
+    Cumulative,
+}
+
+/// What a key asks the event loop to do beyond changing state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing more.
+    None,
+    /// Leave the dashboard.
+    Quit,
+    /// Write a JSON snapshot.
+    Save,
+    /// The tick changed; tell the collector.
+    Tick(Duration),
+}
+
+/// Keys the dashboard understands, independent of the terminal library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Key {
+    /// Up arrow or k.
+    Up,
+    /// Down arrow or j.
+    Down,
+    /// Tab.
+    Tab,
+    /// Any character.
+    Char(char),
+    /// Esc.
+    Esc,
+    /// Ctrl-C.
+    CtrlC,
+}
+
+/// Static facts shown in the header.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Header {
+    /// `uname -r`.
+    pub kernel: String,
+    /// Preemption model.
+    pub preemption: String,
+    /// A recording being viewed (read-only), with its file name.
+    pub recording: Option<String>,
+}
+
+/// One row of the main table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// Probe name.
+    pub probe: String,
+    /// Context name, or "workload" for the workload's own task-context calls.
+    pub context: &'static str,
+    /// Backend.
+    pub backend: Backend,
+    /// Calls per second.
+    pub rate: Option<f64>,
+    /// Percentiles p50, p99, p99.9, ns (None for counts-only backends or no calls).
+    pub p50: Option<u64>,
+    /// p99.
+    pub p99: Option<u64>,
+    /// p99.9.
+    pub p999: Option<u64>,
+    /// Longest, ns.
+    pub max: Option<u64>,
+    /// Mean, ns.
+    pub mean: Option<f64>,
+    /// Share of one CPU spent inside the function.
+    pub cpu: Option<f64>,
+    /// The histogram behind the row.
+    pub hist: HistData,
+}
+
+/// Rate history kept per row: one value per tick, this many ticks.
+pub const HISTORY: usize = 600;
+
+/// The dashboard's state.
+#[derive(Debug)]
+pub struct App {
+    /// Header facts.
+    pub header: Header,
+    /// The latest snapshot received.
+    pub current: Option<Snapshot>,
+    /// The one before it (interval figures are the difference).
+    pub previous: Option<Snapshot>,
+    /// Cumulative figures start here (set by reset).
+    pub base: Option<Snapshot>,
+    /// Selected row.
+    pub selected: usize,
+    /// Interval or cumulative.
+    pub mode: Mode,
+    /// Paused: snapshots are not taken in.
+    pub paused: bool,
+    /// Help overlay shown.
+    pub help: bool,
+    /// Poll interval.
+    pub tick: Duration,
+    /// A one-line message (saved file, read-only, ...).
+    pub message: Option<String>,
+    /// Workload status line, when one runs.
+    pub workload: Option<String>,
+    /// Rates per row key over the last ticks.
+    pub history: HashMap<(String, &'static str), VecDeque<u64>>,
+    /// Something changed since the last draw.
+    pub dirty: bool,
+}
+
+fn key_of(r: &Row) -> (String, &'static str) {
+    (r.probe.clone(), r.context)
+}
+
+impl App {
+    /// A dashboard with nothing received yet.
+    pub fn new(header: Header, tick: Duration) -> Self {
+        App {
+            header,
+            current: None,
+            previous: None,
+            base: None,
+            selected: 0,
+            mode: Mode::Interval,
+            paused: false,
+            help: false,
+            tick,
+            message: None,
+            workload: None,
+            history: HashMap::new(),
+            dirty: true,
+        }
+    }
+
+    /// Takes in a snapshot from the collector (ignored while paused).
+    pub fn on_snapshot(&mut self, snap: Snapshot) {
+        if self.paused {
+            return;
+        }
+        self.previous = self.current.take();
+        self.current = Some(snap);
+        if self.previous.is_some() {
+            for r in self.rows_in(Mode::Interval) {
+                let h = self.history.entry(key_of(&r)).or_default();
+                h.push_back(r.rate.unwrap_or(0.0).round() as u64);
+                while h.len() > HISTORY {
+                    h.pop_front();
+                }
+            }
+        }
+        let n = self.rows().len();
+        if n > 0 && self.selected >= n {
+            self.selected = n - 1;
+        }
+        self.dirty = true;
+    }
+
+    /// Applies a key.
+    pub fn on_key(&mut self, key: Key) -> Action {
+        self.dirty = true;
+        let n = self.rows().len();
+        match key {
+            Key::Char('q') | Key::Esc | Key::CtrlC => return Action::Quit,
+            Key::Up | Key::Char('k') => self.selected = self.selected.saturating_sub(1),
+            Key::Down | Key::Char('j') => {
+                if self.selected + 1 < n {
+                    self.selected += 1;
+                }
+            }
+            Key::Tab => {
+                self.mode = match self.mode {
+                    Mode::Interval => Mode::Cumulative,
+                    Mode::Cumulative => Mode::Interval,
+                }
+            }
+            Key::Char('p') => self.paused = !self.paused,
+            Key::Char('r') => {
+                self.base = self.current.clone();
+                self.history.clear();
+                self.message = Some("cumulative figures reset".into());
+            }
+            Key::Char('s') => {
+                if self.header.recording.is_some() {
+                    self.message = Some("read-only: this is a recording".into());
+                } else {
+                    return Action::Save;
+                }
+            }
+            Key::Char('+') => return self.set_tick(self.tick * 2),
+            Key::Char('-') => return self.set_tick(self.tick / 2),
+            Key::Char('?') => self.help = !self.help,
+            _ => self.dirty = false,
+        }
+        Action::None
+    }
+
+    fn set_tick(&mut self, t: Duration) -> Action {
+        if self.header.recording.is_some() {
+            return Action::None;
+        }
+        self.tick = t.clamp(Duration::from_millis(100), Duration::from_secs(60));
+        Action::Tick(self.tick)
+    }
+
+    /// Rows in the current mode.
+    pub fn rows(&self) -> Vec<Row> {
+        self.rows_in(self.mode)
+    }
+
+    fn rows_in(&self, mode: Mode) -> Vec<Row> {
+        let Some(cur) = &self.current else {
+            return Vec::new();
+        };
+        let earlier = match mode {
+            Mode::Interval => self.previous.as_ref(),
+            Mode::Cumulative => self.base.as_ref(),
+        };
+        let elapsed = cur
+            .elapsed
+            .saturating_sub(earlier.map(|e| e.elapsed).unwrap_or_default());
+        let mut out = Vec::new();
+        for p in &cur.probes {
+            let before = earlier.and_then(|e| e.probes.iter().find(|q| q.name == p.name));
+            for (i, c) in p.contexts.iter().enumerate() {
+                let h = match before {
+                    Some(b) => c.hist.since(&b.contexts[i].hist),
+                    None => c.hist.clone(),
+                };
+                if c.hist.count == 0 && i != 0 {
+                    continue;
+                }
+                out.push(row(&p.name, CTX_NAMES[i], p.backend, h, elapsed));
+            }
+            if let Some(w) = &p.workload {
+                let h = match before.and_then(|b| b.workload.as_ref()) {
+                    Some(b) => w.since(b),
+                    None => w.clone(),
+                };
+                out.push(row(&p.name, "workload", p.backend, h, elapsed));
+            }
+        }
+        out
+    }
+
+    /// Tracer self-cost over the whole run: mean ns per call of the program pairs, share of a
+    /// CPU, dropped calls and recursion misses.
+    pub fn self_cost(&self) -> (Option<f64>, Option<f64>, u64, u64) {
+        let Some(cur) = &self.current else {
+            return (None, None, 0, 0);
+        };
+        let time: u64 = cur
+            .probes
+            .iter()
+            .flat_map(|p| &p.programs)
+            .map(|c| c.run_time_ns)
+            .sum();
+        let calls: u64 = cur.probes.iter().map(|p| p.calls()).sum();
+        let dropped = cur.probes.iter().map(|p| p.dropped()).sum();
+        let misses = cur.probes.iter().map(|p| p.recursion_misses()).sum();
+        (
+            ratio(time as f64, calls as f64),
+            ratio(time as f64, cur.elapsed.as_nanos() as f64),
+            dropped,
+            misses,
+        )
+    }
+}
+
+fn row(
+    probe: &str,
+    context: &'static str,
+    backend: Backend,
+    h: HistData,
+    elapsed: Duration,
+) -> Row {
+    let timed = backend.has_latency() && h.timed() > 0;
+    let hdr = timed.then(|| h.to_hdr());
+    let q = |q: f64| hdr.as_ref().map(|x| x.value_at_quantile(q).min(h.max_ns));
+    Row {
+        probe: probe.to_string(),
+        context,
+        backend,
+        rate: rate(h.count, elapsed),
+        p50: q(0.5),
+        p99: q(0.99),
+        p999: q(0.999),
+        max: timed.then_some(h.max_ns),
+        mean: if timed { h.mean_ns() } else { None },
+        cpu: if timed {
+            ratio(h.sum_ns as f64, elapsed.as_nanos() as f64)
+        } else {
+            None
+        },
+        hist: h,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::snapshot::{CtxStats, ProbeStats};
+    use memcg_trace_common::bucket_index;
+
+    /// A snapshot with one fentry probe whose task context saw `calls` calls of `ns` each and
+    /// whose softirq context saw `soft` calls, at `secs` seconds.
+    pub(crate) fn snap(secs: u64, calls: u64, ns: u64, soft: u64) -> Snapshot {
+        let mut task = CtxStats::default();
+        task.hist.count = calls;
+        task.hist.sum_ns = calls * ns;
+        task.hist.min_ns = if calls > 0 { ns } else { 0 };
+        task.hist.max_ns = if calls > 0 { ns } else { 0 };
+        task.hist.buckets[bucket_index(ns)] = calls;
+        let mut softirq = CtxStats::default();
+        softirq.hist.count = soft;
+        softirq.hist.sum_ns = soft * 2 * ns;
+        softirq.hist.min_ns = 2 * ns;
+        softirq.hist.max_ns = 2 * ns;
+        softirq.hist.buckets[bucket_index(2 * ns)] = soft;
+        Snapshot {
+            elapsed: Duration::from_secs(secs),
+            probes: vec![ProbeStats {
+                name: "charge".into(),
+                target: "obj_cgroup_charge".into(),
+                backend: Backend::Fentry,
+                contexts: [task, softirq, CtxStats::default(), CtxStats::default()],
+                programs: vec![],
+                workload: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn interval_and_cumulative_rates() {
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        app.on_snapshot(snap(1, 100, 500, 0));
+        app.on_snapshot(snap(2, 400, 500, 10));
+        let rows = app.rows();
+        assert_eq!(rows.len(), 2, "task and the softirq row that saw calls");
+        assert_eq!(
+            rows[0].rate,
+            Some(300.0),
+            "interval: 300 calls in the last second"
+        );
+        assert_eq!(app.on_key(Key::Tab), Action::None);
+        assert_eq!(
+            app.rows()[0].rate,
+            Some(200.0),
+            "cumulative: 400 calls in 2 s"
+        );
+        assert!(rows[0].p50.unwrap().abs_diff(500) <= 8);
+    }
+
+    #[test]
+    fn selection_stays_in_range() {
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        app.on_snapshot(snap(1, 10, 500, 5));
+        app.on_key(Key::Up);
+        assert_eq!(app.selected, 0);
+        app.on_key(Key::Down);
+        app.on_key(Key::Char('j'));
+        assert_eq!(app.selected, 1, "two rows: task, softirq");
+        app.on_key(Key::Char('k'));
+        assert_eq!(app.selected, 0);
+    }
+
+    #[test]
+    fn pause_ignores_snapshots_and_reset_rebases_cumulative() {
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        app.on_snapshot(snap(1, 100, 500, 0));
+        app.on_key(Key::Char('p'));
+        app.on_snapshot(snap(2, 300, 500, 0));
+        assert_eq!(
+            app.current.as_ref().unwrap().elapsed,
+            Duration::from_secs(1)
+        );
+        app.on_key(Key::Char('p'));
+        app.on_snapshot(snap(2, 300, 500, 0));
+        app.on_key(Key::Char('r'));
+        app.on_snapshot(snap(4, 500, 500, 0));
+        app.on_key(Key::Tab);
+        assert_eq!(
+            app.rows()[0].rate,
+            Some(100.0),
+            "200 calls in the 2 s since reset"
+        );
+    }
+
+    #[test]
+    fn keys_that_leave_save_or_retick() {
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        assert_eq!(app.on_key(Key::Char('q')), Action::Quit);
+        assert_eq!(app.on_key(Key::Esc), Action::Quit);
+        assert_eq!(app.on_key(Key::CtrlC), Action::Quit);
+        assert_eq!(app.on_key(Key::Char('s')), Action::Save);
+        assert_eq!(
+            app.on_key(Key::Char('-')),
+            Action::Tick(Duration::from_millis(500))
+        );
+        for _ in 0..10 {
+            app.on_key(Key::Char('-'));
+        }
+        assert_eq!(app.tick, Duration::from_millis(100), "tick floor");
+        app.header.recording = Some("x.json".into());
+        assert_eq!(app.on_key(Key::Char('s')), Action::None);
+        assert!(app.message.as_deref().unwrap().contains("read-only"));
+    }
+
+    #[test]
+    fn history_records_interval_rates() {
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        for i in 1..=5 {
+            app.on_snapshot(snap(i, i * 100, 500, 0));
+        }
+        let h = &app.history[&("charge".to_string(), "task")];
+        assert_eq!(
+            h.iter().copied().collect::<Vec<_>>(),
+            vec![100, 100, 100, 100]
+        );
+    }
+}

@@ -1,0 +1,365 @@
+//! Drawing the dashboard from an `App`: header, table, the selected row's histogram and rate
+//! sparkline, and the key line. Generic over the ratatui backend, so tests render into a
+//! `TestBackend`.
+
+use ratatui::{
+    layout::{Constraint, Layout, Rect},
+    style::{Color, Modifier, Style},
+    text::{Line, Span},
+    widgets::{
+        Bar, BarChart, BarGroup, Block, Cell, Clear, Paragraph, Row as TRow, Sparkline, Table,
+        TableState, Wrap,
+    },
+    Frame,
+};
+
+use super::app::{App, Mode, Row};
+use crate::report::{fmt_count, fmt_ns};
+
+const KEYS: &str =
+    "↑↓/jk select  Tab interval/total  p pause  r reset  s save  +/- tick  ? help  q";
+
+fn opt_ns(v: Option<u64>) -> String {
+    v.map(|n| fmt_ns(n as f64)).unwrap_or_else(|| "-".into())
+}
+
+/// Draws the whole dashboard.
+pub fn draw(f: &mut Frame, app: &App) {
+    let area = f.area();
+    if area.width < 20 || area.height < 4 {
+        f.render_widget(Paragraph::new("memcg-trace: terminal too small"), area);
+        return;
+    }
+    let rows = app.rows();
+    let detail = area.height >= 18;
+    let [header, table, bottom, keys] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Min(3),
+        Constraint::Length(if detail { 9 } else { 0 }),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    draw_header(f, app, header);
+    draw_table(f, app, &rows, table);
+    if detail {
+        if let Some(r) = rows.get(app.selected) {
+            let [hist, spark] =
+                Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)])
+                    .areas(bottom);
+            draw_histogram(f, r, hist);
+            draw_sparkline(f, app, r, spark);
+        }
+    }
+    let line = match &app.message {
+        Some(m) => Line::from(vec![
+            Span::styled(m.clone(), Style::new().fg(Color::Yellow)),
+            Span::raw("   "),
+            Span::raw(KEYS),
+        ]),
+        None => Line::from(KEYS),
+    };
+    f.render_widget(
+        Paragraph::new(line).style(Style::new().fg(Color::DarkGray)),
+        keys,
+    );
+    if app.help {
+        draw_help(f, area);
+    }
+}
+
+fn draw_header(f: &mut Frame, app: &App, area: Rect) {
+    let h = &app.header;
+    let elapsed = app
+        .current
+        .as_ref()
+        .map(|s| s.elapsed.as_secs_f64())
+        .unwrap_or(0.0);
+    let backends: Vec<String> = app
+        .current
+        .as_ref()
+        .map(|s| {
+            s.probes
+                .iter()
+                .map(|p| format!("{}:{}", p.name, p.backend))
+                .collect()
+        })
+        .unwrap_or_default();
+    let (per_call, cpu, dropped, misses) = app.self_cost();
+    let mode = match app.mode {
+        Mode::Interval => "interval",
+        Mode::Cumulative => "cumulative",
+    };
+    let state = if app.paused { " PAUSED" } else { "" };
+    let source = match &h.recording {
+        Some(f) => format!("recording {f}"),
+        None => format!("live, tick {}", fmt_ns(app.tick.as_nanos() as f64)),
+    };
+    let lines = vec![
+        Line::from(vec![
+            Span::styled("memcg-trace ", Style::new().add_modifier(Modifier::BOLD)),
+            Span::raw(format!(
+                "{} ({}) | {source} | {elapsed:.0}s | {mode}{state}",
+                h.kernel, h.preemption
+            )),
+        ]),
+        Line::from(format!(
+            "probes {} | tracer {} per call, {:.3}% CPU | dropped {dropped} | missed {misses}",
+            backends.join(" "),
+            per_call.map(fmt_ns).unwrap_or_else(|| "-".into()),
+            cpu.unwrap_or(0.0) * 100.0
+        )),
+        Line::from(
+            app.workload
+                .clone()
+                .unwrap_or_else(|| "workload: none (system-wide)".into()),
+        ),
+    ];
+    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), area);
+}
+
+fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
+    let wide = area.width >= 100;
+    let mut head = vec!["probe", "context", "calls/s", "p50", "p99"];
+    if wide {
+        head.extend(["p99.9", "max", "mean"]);
+    }
+    head.push("cpu%");
+    let body: Vec<TRow> = rows
+        .iter()
+        .map(|r| {
+            let mut cells = vec![
+                Cell::from(r.probe.clone()),
+                Cell::from(r.context),
+                Cell::from(r.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
+                Cell::from(opt_ns(r.p50)),
+                Cell::from(opt_ns(r.p99)),
+            ];
+            if wide {
+                cells.push(Cell::from(opt_ns(r.p999)));
+                cells.push(Cell::from(opt_ns(r.max)));
+                cells.push(Cell::from(r.mean.map(fmt_ns).unwrap_or_else(|| "-".into())));
+            }
+            cells.push(Cell::from(
+                r.cpu
+                    .map(|c| format!("{:.2}", c * 100.0))
+                    .unwrap_or_else(|| "-".into()),
+            ));
+            let style = if r.context == "workload" {
+                Style::new().fg(Color::Cyan)
+            } else {
+                Style::new()
+            };
+            TRow::new(cells).style(style)
+        })
+        .collect();
+    let mut widths = vec![
+        Constraint::Length(16),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(9),
+    ];
+    if wide {
+        widths.extend([
+            Constraint::Length(9),
+            Constraint::Length(9),
+            Constraint::Length(9),
+        ]);
+    }
+    widths.push(Constraint::Length(7));
+    let title = if rows.is_empty() {
+        " waiting for the first tick "
+    } else {
+        " charging path "
+    };
+    let table = Table::new(body, widths)
+        .header(TRow::new(head).style(Style::new().add_modifier(Modifier::BOLD)))
+        .block(Block::bordered().title(title))
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
+    let mut state = TableState::default().with_selected((!rows.is_empty()).then_some(app.selected));
+    f.render_stateful_widget(table, area, &mut state);
+}
+
+/// Buckets regrouped by power of two for display: (lower bound ns, calls).
+pub fn octaves(r: &Row) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (i, &n) in r.hist.buckets.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let lo = memcg_trace_common::bucket_bounds(i).0.max(1);
+        let oct = 1u64 << (63 - lo.leading_zeros());
+        match out.last_mut() {
+            Some((o, c)) if *o == oct => *c += n,
+            _ => out.push((oct, n)),
+        }
+    }
+    out
+}
+
+fn draw_histogram(f: &mut Frame, r: &Row, area: Rect) {
+    let block = Block::bordered().title(format!(
+        " {} {} latency (log-scaled counts) ",
+        r.probe, r.context
+    ));
+    let bins = octaves(r);
+    if bins.is_empty() || !r.backend.has_latency() {
+        let why = if r.backend.has_latency() {
+            "no calls timed"
+        } else {
+            "counts only: no latency with tracepoints"
+        };
+        f.render_widget(Paragraph::new(why).block(block), area);
+        return;
+    }
+    let max_bars = ((area.width.saturating_sub(2)) / 7).max(1) as usize;
+    let skip = bins.len().saturating_sub(max_bars);
+    let bars: Vec<Bar> = bins[skip..]
+        .iter()
+        .map(|(lo, n)| {
+            Bar::default()
+                .value(((*n as f64).ln_1p() * 100.0) as u64)
+                .text_value(fmt_count(*n as f64))
+                .label(Line::from(fmt_ns(*lo as f64)))
+        })
+        .collect();
+    let chart = BarChart::default()
+        .block(block)
+        .bar_width(6)
+        .bar_gap(1)
+        .data(BarGroup::default().bars(&bars));
+    f.render_widget(chart, area);
+}
+
+fn draw_sparkline(f: &mut Frame, app: &App, r: &Row, area: Rect) {
+    let data: Vec<u64> = app
+        .history
+        .get(&(r.probe.clone(), r.context))
+        .map(|h| {
+            let w = area.width.saturating_sub(2) as usize;
+            h.iter().skip(h.len().saturating_sub(w)).copied().collect()
+        })
+        .unwrap_or_default();
+    let peak = data.iter().max().copied().unwrap_or(0);
+    let spark = Sparkline::default()
+        .block(Block::bordered().title(format!(" calls/s, peak {} ", fmt_count(peak as f64))))
+        .data(&data)
+        .style(Style::new().fg(Color::Green));
+    f.render_widget(spark, area);
+}
+
+fn draw_help(f: &mut Frame, area: Rect) {
+    let text = vec![
+        Line::from("up/down, j/k   select a row"),
+        Line::from("Tab            interval (last tick) / cumulative"),
+        Line::from("p              pause / resume"),
+        Line::from("r              reset cumulative figures"),
+        Line::from("s              save a JSON snapshot"),
+        Line::from("+ / -          slower / faster tick"),
+        Line::from("?              this help"),
+        Line::from("q, Esc, Ctrl-C quit"),
+        Line::from("interval: the last tick; total: since start or reset"),
+        Line::from(""),
+        Line::from("rows: calls of each charging function per context"),
+        Line::from("(task, softirq, hardirq, nmi: the kernel's in_task() split);"),
+        Line::from("workload rows: task-context calls by the workload's tasks"),
+    ];
+    let w = area.width.min(64);
+    let h = area.height.min(text.len() as u16 + 2);
+    let r = Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    );
+    f.render_widget(Clear, r);
+    f.render_widget(
+        Paragraph::new(text).block(Block::bordered().title(" keys ")),
+        r,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ratatui::{backend::TestBackend, Terminal};
+
+    use super::*;
+    use crate::tui::app::{tests::snap, App, Header, Key};
+
+    fn render(app: &App, w: u16, h: u16) -> String {
+        let mut t = Terminal::new(TestBackend::new(w, h)).expect("test terminal");
+        t.draw(|f| draw(f, app)).expect("draw");
+        let buf = t.backend().buffer().clone();
+        let mut s = String::new();
+        for y in 0..buf.area.height {
+            for x in 0..buf.area.width {
+                s.push_str(buf[(x, y)].symbol());
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    fn app_with_data() -> App {
+        let mut app = App::new(
+            Header {
+                kernel: "6.12.117+deb12-amd64".into(),
+                preemption: "dynamic voluntary".into(),
+                recording: None,
+            },
+            Duration::from_secs(1),
+        );
+        app.workload = Some("workload: hackbench -g 2 -l 100, running".into());
+        for i in 1..=4 {
+            app.on_snapshot(snap(i, i * 45_000, 700, i * 30));
+        }
+        app
+    }
+
+    #[test]
+    fn empty_dashboard() {
+        let app = App::new(Header::default(), Duration::from_secs(1));
+        insta::assert_snapshot!(render(&app, 80, 24));
+    }
+
+    #[test]
+    fn one_probe_80x24() {
+        insta::assert_snapshot!(render(&app_with_data(), 80, 24));
+    }
+
+    #[test]
+    fn wide_with_help() {
+        let mut app = app_with_data();
+        app.on_key(Key::Char('?'));
+        insta::assert_snapshot!(render(&app, 120, 30));
+    }
+
+    #[test]
+    fn huge_numbers() {
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        app.on_snapshot(snap(1, 0, 1, 0));
+        app.on_snapshot(snap(2, 4_000_000_000, 2_000_000_000, 3_000_000_000));
+        insta::assert_snapshot!(render(&app, 120, 30));
+    }
+
+    #[test]
+    fn tiny_terminals_do_not_panic() {
+        let app = app_with_data();
+        for (w, h) in [(40, 10), (20, 5), (10, 3), (1, 1), (80, 17)] {
+            let s = render(&app, w, h);
+            assert_eq!(s.lines().count(), h as usize);
+        }
+        insta::assert_snapshot!(render(&app, 40, 10));
+    }
+
+    #[test]
+    fn octaves_group_buckets_by_power_of_two() {
+        let app = app_with_data();
+        let r = &app.rows()[0];
+        let o = octaves(r);
+        assert_eq!(o.len(), 1);
+        assert_eq!(o[0].0, 512, "700 ns lies in the 512..1024 octave");
+    }
+}

@@ -1,0 +1,219 @@
+//! The dashboard in a real terminal (tmux): live on this machine's kernel with a workload in a
+//! memcg, and on a recording from a VM; plus the errors it gives before touching the terminal.
+
+mod common;
+
+use std::{
+    path::Path,
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
+
+use common::*;
+
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux").args(args).output().expect("run tmux");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn tmux_ready(name: &str) -> bool {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        skip(name, "tmux missing (cargo xtask setup installs it)");
+        return false;
+    }
+    true
+}
+
+/// A tmux session running `cmd` in a shell that prints `EXIT=<status>` afterwards.
+struct Session(String);
+
+impl Session {
+    fn start(name: &str, cmd: &str) -> Session {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", name])
+            .output();
+        let shell = format!("{cmd}; echo EXIT=$?; sleep 60");
+        let ok = Command::new("tmux")
+            .args([
+                "new-session",
+                "-d",
+                "-s",
+                name,
+                "-x",
+                "120",
+                "-y",
+                "36",
+                "sh",
+                "-c",
+                &shell,
+            ])
+            .status()
+            .expect("tmux new-session");
+        assert!(ok.success());
+        Session(name.to_string())
+    }
+
+    fn screen(&self) -> String {
+        tmux(&["capture-pane", "-p", "-t", &self.0])
+    }
+
+    fn alternate(&self) -> bool {
+        tmux(&["display", "-p", "-t", &self.0, "#{alternate_on}"]).trim() == "1"
+    }
+
+    fn keys(&self, k: &str) {
+        tmux(&["send-keys", "-t", &self.0, k]);
+    }
+
+    /// Waits until `pred(screen)` holds; panics with the screen otherwise.
+    fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let s = self.screen();
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "timed out waiting for {what}; screen:\n{s}"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["kill-session", "-t", &self.0])
+            .output();
+    }
+}
+
+/// The calls/s figure of the first table row for `probe` in `context`.
+fn rate_of(screen: &str, probe: &str, context: &str) -> Option<String> {
+    screen.lines().find_map(|l| {
+        let cells: Vec<&str> = l.trim_matches('│').split_whitespace().collect();
+        (cells.len() >= 3 && cells[0] == probe && cells[1] == context).then(|| cells[2].to_string())
+    })
+}
+
+#[test]
+fn tui_live_dashboard_with_a_workload() {
+    let name = "tui_live_dashboard_with_a_workload";
+    if !is_root() {
+        skip(name, "needs root");
+        return;
+    }
+    if !tmux_ready(name) {
+        return;
+    }
+    let bin = bin();
+    let s = Session::start(
+        "memcg-trace-live",
+        &format!(
+            "{} top --tick 500ms -- sh -c 'while true; do hackbench -g 1 -l 100 >/dev/null; done'",
+            bin.display()
+        ),
+    );
+    let screen = s.wait_for(
+        "stat rows with a non-zero rate",
+        Duration::from_secs(60),
+        |sc| {
+            matches!(rate_of(sc, "stat", "task"), Some(r) if r != "0" && r != "-")
+                && matches!(rate_of(sc, "stat", "workload"), Some(r) if r != "0" && r != "-")
+        },
+    );
+    assert!(s.alternate(), "the dashboard runs on the alternate screen");
+    assert!(screen.contains("memcg-trace "), "{screen}");
+    s.keys("?");
+    s.wait_for("the help overlay", Duration::from_secs(10), |sc| {
+        sc.contains("this help")
+    });
+    s.keys("?");
+    s.keys("q");
+    let end = s.wait_for("the exit status", Duration::from_secs(30), |sc| {
+        sc.contains("EXIT=")
+    });
+    assert!(end.contains("EXIT=0"), "{end}");
+    assert!(!s.alternate(), "the terminal left the alternate screen");
+    assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
+    let _ = writeln_screen(name, &screen);
+}
+
+fn writeln_screen(name: &str, screen: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    writeln!(
+        std::io::stderr(),
+        "{name}: screen before quitting:\n{screen}"
+    )
+}
+
+#[test]
+fn tui_view_of_a_vm_recording() {
+    let name = "tui_view_of_a_vm_recording";
+    if !tmux_ready(name) {
+        return;
+    }
+    let fixture = xtask::workspace_root().join("tests/fixtures/6.12-fentry.json");
+    // The committed recording is real output and still matches the schema.
+    let doc = load_recording(&fixture);
+    let s = Session::start(
+        "memcg-trace-view",
+        &format!("{} view {}", bin().display(), fixture.display()),
+    );
+    let screen = s.wait_for("the recording's rows", Duration::from_secs(20), |sc| {
+        rate_of(sc, "charge", "task").is_some()
+    });
+    assert!(screen.contains(&doc.meta.kernel_release), "{screen}");
+    assert!(screen.contains("recording"), "{screen}");
+    assert!(
+        screen.contains("latency (log-scaled counts)"),
+        "histogram of the selected row: {screen}"
+    );
+    s.keys("s");
+    s.wait_for("the read-only notice", Duration::from_secs(10), |sc| {
+        sc.contains("read-only")
+    });
+    s.keys("q");
+    let end = s.wait_for("the exit status", Duration::from_secs(20), |sc| {
+        sc.contains("EXIT=")
+    });
+    assert!(end.contains("EXIT=0"), "{end}");
+    assert!(!s.alternate());
+}
+
+#[test]
+fn tui_errors_come_before_the_terminal_is_touched() {
+    let dir = scratch("tui_errors");
+    let check = |args: &[&str], want: &str| {
+        let out = Command::new(bin()).args(args).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("\x1b[?1049h"),
+            "{args:?} switched screens"
+        );
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    };
+    check(
+        &["view", dir.join("missing.json").to_str().unwrap()],
+        "cannot read",
+    );
+    let truncated = dir.join("truncated.json");
+    let full =
+        std::fs::read_to_string(xtask::workspace_root().join("tests/fixtures/6.12-fentry.json"))
+            .unwrap();
+    std::fs::write(&truncated, &full[..full.len() / 2]).unwrap();
+    check(&["view", truncated.to_str().unwrap()], "invalid JSON");
+    std::fs::write(dir.join("v0.json"), r#"{"schema":"memcg-trace/0"}"#).unwrap();
+    check(
+        &["view", dir.join("v0.json").to_str().unwrap()],
+        "not supported",
+    );
+    // Not a terminal: stdout is a pipe here.
+    check(&["top"], "use `memcg-trace record`");
+    assert!(Path::new(&dir).exists());
+}

@@ -34,7 +34,13 @@ pub fn chain(e: &dyn Error) -> String {
         }
         src = x.source();
     }
-    s.replace('\n', " ").trim().to_string()
+    let s = s.replace('\n', " ");
+    let s = s.trim();
+    // aya appends the verifier log, which is empty when the kernel refuses before verifying.
+    s.strip_suffix("Verifier output:")
+        .unwrap_or(s)
+        .trim_end()
+        .to_string()
 }
 
 /// A probe that is attached.

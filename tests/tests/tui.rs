@@ -12,13 +12,22 @@ use std::{
 
 use common::*;
 
+/// tmux with a terminal type set: CI runs without one.
+fn tmux_cmd() -> Command {
+    let mut c = Command::new("tmux");
+    if std::env::var_os("TERM").is_none_or(|t| t.is_empty() || t == "dumb") {
+        c.env("TERM", "xterm-256color");
+    }
+    c
+}
+
 fn tmux(args: &[&str]) -> String {
-    let out = Command::new("tmux").args(args).output().expect("run tmux");
+    let out = tmux_cmd().args(args).output().expect("run tmux");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn tmux_ready(name: &str) -> bool {
-    if Command::new("tmux").arg("-V").output().is_err() {
+    if tmux_cmd().arg("-V").output().is_err() {
         skip(name, "tmux missing (cargo xtask setup installs it)");
         return false;
     }

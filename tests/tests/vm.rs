@@ -132,6 +132,24 @@ fn vm_matrix(short: &str) {
     }
     let leftover = fs::read_to_string(r.out_dir.join("leftover-memcgs")).unwrap_or_default();
     assert_eq!(leftover.trim(), "0", "memcgs left behind in the guest");
+    // A failing workload's status passes through and its recording is still written.
+    let status = fs::read_to_string(r.out_dir.join("exit3.status")).unwrap_or_default();
+    assert_eq!(
+        status.trim(),
+        "3",
+        "exit status of `sh -c 'exit 3'` under memcg-trace"
+    );
+    let doc = load_recording(&r.out_dir.join("exit3.json"));
+    assert_eq!(
+        doc.meta.workload.as_ref().and_then(|w| w.exit_status),
+        Some(3)
+    );
+    // SIGTERM mid-run: 128+15, a valid recording, no memcg left.
+    let status = fs::read_to_string(r.out_dir.join("term.status")).unwrap_or_default();
+    assert_eq!(status.trim(), "143", "memcg-trace after SIGTERM");
+    load_recording(&r.out_dir.join("term.json"));
+    let leftover = fs::read_to_string(r.out_dir.join("leftover-after-term")).unwrap_or_default();
+    assert_eq!(leftover.trim(), "0", "memcg left behind after SIGTERM");
 }
 
 #[test]

@@ -10,3 +10,23 @@ for b in $BACKENDS; do
   cat "/out/$b.txt"
 done
 ls /sys/fs/cgroup | grep -c '^memcg-trace\.' >/out/leftover-memcgs || true
+# A failing workload: its exit status comes back, the JSON is still written.
+rc=0
+memcg-trace record -q -p stat -o /out/exit3.json -- sh -c 'exit 3' >/dev/null 2>/out/exit3.err || rc=$?
+echo $rc >/out/exit3.status
+# SIGTERM to memcg-trace mid-run: JSON written, memcg removed.
+memcg-trace record -q -p stat -o /out/term.json -- sleep 120 >/dev/null 2>/out/term.err &
+pid=$!
+i=0
+while [ $i -lt 600 ]; do
+  for d in /sys/fs/cgroup/memcg-trace.*; do
+    grep -q . "$d/cgroup.procs" 2>/dev/null && break 2
+  done
+  sleep 0.2
+  i=$((i + 1))
+done
+kill -TERM $pid
+rc=0
+wait $pid || rc=$?
+echo $rc >/out/term.status
+ls /sys/fs/cgroup | grep -c '^memcg-trace\.' >/out/leftover-after-term || true

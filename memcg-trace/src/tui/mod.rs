@@ -99,13 +99,16 @@ fn map_key(k: event::KeyEvent) -> Option<Key> {
     })
 }
 
+/// Writes a JSON snapshot of the dashboard's figures; returns where.
+type SaveFn = Box<dyn Fn(&Snapshot) -> Result<PathBuf>>;
+
 /// What the UI loop needs from a live session; None when viewing a recording.
 struct Live {
     snapshots: mpsc::Receiver<Snapshot>,
     tick_ms: Arc<AtomicU64>,
     child: Option<(Child, Vec<String>)>,
     exit_with_workload: bool,
-    save: Box<dyn Fn(&Snapshot) -> Result<PathBuf>>,
+    save: SaveFn,
 }
 
 /// Runs the UI loop until the user quits, a signal arrives, or (with --exit) the workload ends.

@@ -160,8 +160,8 @@ fn writeln_screen(name: &str, screen: &str) -> std::io::Result<()> {
 }
 
 #[test]
-fn tui_view_of_a_vm_recording() {
-    let name = "tui_view_of_a_vm_recording";
+fn tui_view_of_a_recording_made_in_a_vm() {
+    let name = "tui_view_of_a_recording_made_in_a_vm";
     if !tmux_ready(name) {
         return;
     }

@@ -16,7 +16,7 @@ use xtask::{
 const DEFAULT_PROBES: [&str; 3] = ["charge", "stat", "rstat"];
 
 fn vm_matrix(short: &str) {
-    let name = format!("vm_{}", short.replace('.', "_"));
+    let name = format!("vm_matrix_{}", short.replace('.', "_"));
     let vm_name = name.as_str();
     let wanted = std::env::var("MEMCG_TRACE_KERNELS").unwrap_or_else(|_| kernels::MATRIX.join(","));
     if !wanted.split(',').any(|k| k.trim() == short) {
@@ -153,21 +153,21 @@ fn vm_matrix(short: &str) {
 }
 
 #[test]
-fn vm_6_1() {
+fn vm_matrix_6_1() {
     vm_matrix("6.1");
 }
 
 #[test]
-fn vm_6_12() {
+fn vm_matrix_6_12() {
     vm_matrix("6.12");
 }
 
 #[test]
-fn vm_6_18() {
+fn vm_matrix_6_18() {
     vm_matrix("6.18");
 }
 
 #[test]
-fn vm_7_3() {
+fn vm_matrix_7_3() {
     vm_matrix("7.3");
 }

@@ -326,7 +326,7 @@ fn test(kernel: &str, accel: Accel) -> Result<()> {
             "memcg-trace-ebpf",
             "--",
             "--skip",
-            "vm_",
+            "vm_matrix_",
         ])
         .env("MEMCG_TRACE_BIN", &bin),
     )?;

@@ -63,10 +63,11 @@ static SLOTS: PerCpuArray<Slot> = PerCpuArray::with_max_entries(NUM_SLOTS, 0);
 static PREEMPT_ADDR: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]
-fn layout() -> KernelLayout {
-    // SAFETY: a read-only global that userspace patches before load; volatile keeps the compiler
-    // from folding the zero initialiser.
-    unsafe { core::ptr::read_volatile(&LAYOUT) }
+fn layout() -> &'static KernelLayout {
+    // SAFETY: a read-only global that userspace patches before load. Reading the pointer
+    // volatilely keeps the compiler from folding the zero initialiser while each field is
+    // still loaded only where it is used (a volatile copy of the whole struct cost 8 loads).
+    unsafe { &*core::ptr::read_volatile(&(&LAYOUT as *const KernelLayout)) }
 }
 
 /// The address of this CPU's preempt count. The per-CPU base is `this_rq - &runqueues`, with
@@ -146,7 +147,7 @@ fn slot_state(slot: u32) -> Option<&'static mut Slot> {
 fn on_entry(probe: u32) -> u32 {
     let l = layout();
     // Without a context there is no slot; the exit counts the call as dropped.
-    let Some(ctx) = context(&l) else {
+    let Some(ctx) = context(l) else {
         return 0;
     };
     let Some(s) = slot_state(slot_index(probe, ctx)) else {
@@ -155,7 +156,7 @@ fn on_entry(probe: u32) -> u32 {
     s.counters.entries += 1;
     if ctx == CTX_TASK {
         s.start.tid = bpf_get_current_pid_tgid() & 0xffff_ffff;
-        s.start.switches = switches(&l);
+        s.start.switches = switches(l);
     }
     // Written last: a slot is only valid once its timestamp is.
     s.start.ts = unsafe { bpf_ktime_get_ns() };
@@ -167,7 +168,7 @@ fn on_entry(probe: u32) -> u32 {
 fn on_exit(probe: u32) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let l = layout();
-    let Some(ctx) = context(&l) else {
+    let Some(ctx) = context(l) else {
         if let Some(s) = slot_state(slot_index(probe, CTX_TASK)) {
             s.counters.exits += 1;
             s.counters.no_context += 1;
@@ -190,7 +191,7 @@ fn on_exit(probe: u32) -> u32 {
             s.counters.unmatched += 1;
             return 0;
         }
-        if s.start.switches != switches(&l) {
+        if s.start.switches != switches(l) {
             s.counters.switched += 1;
             return 0;
         }
@@ -227,7 +228,7 @@ fn record(map: &PerCpuArray<Hist>, slot: u32, ns: u64) {
 #[inline(always)]
 fn on_hit(probe: u32) -> u32 {
     let l = layout();
-    match context(&l) {
+    match context(l) {
         Some(ctx) => {
             if let Some(h) = HIST.get_ptr_mut(slot_index(probe, ctx)) {
                 // SAFETY: pointer from a successful map lookup.
@@ -371,7 +372,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
     let args = ctx.as_ptr() as *const u64;
     let (slot, ns) = unsafe { (*args, *args.add(1)) };
     let l = layout();
-    let ctx = context(&l).map(|c| c as i32).unwrap_or(-1);
+    let ctx = context(l).map(|c| c as i32).unwrap_or(-1);
     if slot < NUM_SLOTS as u64 {
         record(&HIST, slot as u32, ns);
     }

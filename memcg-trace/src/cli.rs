@@ -45,6 +45,15 @@ enum Command {
         /// A JSON file written by `record`.
         file: PathBuf,
     },
+    /// Compare two recordings (A/B), per probe and context: calls/s, p50, p99, mean, change.
+    ///
+    /// Example: memcg-trace diff base.json patched.json
+    Diff {
+        /// The baseline recording.
+        a: PathBuf,
+        /// The recording to compare with it.
+        b: PathBuf,
+    },
     /// Run the in-kernel histogram and context code on fixed inputs (BPF_PROG_TEST_RUN) and
     /// compare with the userspace bucket layout.
     #[command(hide = true)]
@@ -148,6 +157,11 @@ pub fn main() -> i32 {
         Command::Record(a) => crate::record::record(a),
         Command::Probes(s) => crate::record::probes(s).map(|_| 0),
         Command::Selftest => crate::record::selftest(),
+        Command::Diff { a, b } => crate::export::read(&a).and_then(|a| {
+            let b = crate::export::read(&b)?;
+            print!("{}", crate::report::diff(&a, &b));
+            Ok(0)
+        }),
         Command::Bench(a) => crate::bench::bench(a),
         Command::Report { file } => crate::export::read(&file).map(|d| {
             print!("{}", crate::report::summary(&d));

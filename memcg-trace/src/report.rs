@@ -211,6 +211,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn changes() {
+        assert_eq!(pct_change(Some(100.0), Some(112.3)), "+12.3%");
+        assert_eq!(pct_change(Some(100.0), Some(50.0)), "-50.0%");
+        assert_eq!(pct_change(Some(0.0), Some(5.0)), "-");
+        assert_eq!(pct_change(None, Some(5.0)), "-");
+    }
+
+    #[test]
     fn units() {
         assert_eq!(fmt_ns(850.0), "850ns");
         assert_eq!(fmt_ns(1250.0), "1.25us");
@@ -220,4 +228,106 @@ mod tests {
         assert_eq!(fmt_count(12_345.0), "12.3k");
         assert_eq!(fmt_count(4_560_000.0), "4.56M");
     }
+}
+
+/// Relative change from `a` to `b`, as "+12.3%" (or "-" when undefined).
+pub fn pct_change(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if a != 0.0 => format!("{:+.1}%", (b - a) / a * 100.0),
+        _ => "-".into(),
+    }
+}
+
+/// The A/B comparison of two recordings: per probe and context present in either, calls/s,
+/// p50, p99 and mean in A and B with the change; probes matched by name.
+pub fn diff(a: &Document, b: &Document) -> String {
+    use crate::export::ContextOut;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "A: {} ({}), {:.2}s\nB: {} ({}), {:.2}s",
+        a.meta.kernel_release,
+        a.meta
+            .workload
+            .as_ref()
+            .map(|w| w.argv.join(" "))
+            .unwrap_or_else(|| "system-wide".into()),
+        a.meta.duration_ns as f64 / 1e9,
+        b.meta.kernel_release,
+        b.meta
+            .workload
+            .as_ref()
+            .map(|w| w.argv.join(" "))
+            .unwrap_or_else(|| "system-wide".into()),
+        b.meta.duration_ns as f64 / 1e9,
+    );
+    let _ = writeln!(
+        out,
+        "{:<16} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "probe",
+        "context",
+        "A calls/s",
+        "B calls/s",
+        "change",
+        "A p50",
+        "B p50",
+        "change",
+        "A p99",
+        "B p99",
+        "change",
+        "A mean",
+        "B mean"
+    );
+    let q = |c: Option<&ContextOut>, q: f64| {
+        c.and_then(|c| c.latency.as_ref())
+            .and_then(|l| l.percentiles.iter().find(|x| (x.q - q).abs() < 1e-9))
+            .map(|x| x.ns as f64)
+    };
+    let mean = |c: Option<&ContextOut>| c.and_then(|c| c.latency.as_ref()).and_then(|l| l.mean_ns);
+    let rate = |c: Option<&ContextOut>| c.and_then(|c| c.rate_per_s);
+    let ns = |v: Option<f64>| v.map(fmt_ns).unwrap_or_else(|| "-".into());
+    let mut names: Vec<&str> = a.probes.iter().map(|p| p.name.as_str()).collect();
+    for p in &b.probes {
+        if !names.contains(&p.name.as_str()) {
+            names.push(&p.name);
+        }
+    }
+    for name in names {
+        let pa = a.probes.iter().find(|p| p.name == name);
+        let pb = b.probes.iter().find(|p| p.name == name);
+        for ctx in memcg_trace_common::CTX_NAMES {
+            let ca = pa.and_then(|p| p.contexts.iter().find(|c| c.context == ctx));
+            let cb = pb.and_then(|p| p.contexts.iter().find(|c| c.context == ctx));
+            if ca.map(|c| c.count).unwrap_or(0) == 0 && cb.map(|c| c.count).unwrap_or(0) == 0 {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "{:<16} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                name,
+                ctx,
+                rate(ca).map(fmt_count).unwrap_or_else(|| "-".into()),
+                rate(cb).map(fmt_count).unwrap_or_else(|| "-".into()),
+                pct_change(rate(ca), rate(cb)),
+                ns(q(ca, 0.5)),
+                ns(q(cb, 0.5)),
+                pct_change(q(ca, 0.5), q(cb, 0.5)),
+                ns(q(ca, 0.99)),
+                ns(q(cb, 0.99)),
+                pct_change(q(ca, 0.99), q(cb, 0.99)),
+                ns(mean(ca)),
+                ns(mean(cb)),
+            );
+        }
+        if let (Some(x), Some(y)) = (pa, pb) {
+            if x.target != y.target || x.backend != y.backend {
+                let _ = writeln!(
+                    out,
+                    "{:<16} note: A traced {} via {}, B {} via {}",
+                    name, x.target, x.backend, y.target, y.backend
+                );
+            }
+        }
+    }
+    out
 }

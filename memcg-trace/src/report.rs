@@ -206,30 +206,6 @@ pub fn summary(doc: &Document) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn changes() {
-        assert_eq!(pct_change(Some(100.0), Some(112.3)), "+12.3%");
-        assert_eq!(pct_change(Some(100.0), Some(50.0)), "-50.0%");
-        assert_eq!(pct_change(Some(0.0), Some(5.0)), "-");
-        assert_eq!(pct_change(None, Some(5.0)), "-");
-    }
-
-    #[test]
-    fn units() {
-        assert_eq!(fmt_ns(850.0), "850ns");
-        assert_eq!(fmt_ns(1250.0), "1.25us");
-        assert_eq!(fmt_ns(3.4e6), "3.40ms");
-        assert_eq!(fmt_ns(2.1e9), "2.10s");
-        assert_eq!(fmt_count(950.0), "950");
-        assert_eq!(fmt_count(12_345.0), "12.3k");
-        assert_eq!(fmt_count(4_560_000.0), "4.56M");
-    }
-}
-
 /// Relative change from `a` to `b`, as "+12.3%" (or "-" when undefined).
 pub fn pct_change(a: Option<f64>, b: Option<f64>) -> String {
     match (a, b) {
@@ -330,4 +306,28 @@ pub fn diff(a: &Document, b: &Document) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes() {
+        assert_eq!(pct_change(Some(100.0), Some(112.3)), "+12.3%");
+        assert_eq!(pct_change(Some(100.0), Some(50.0)), "-50.0%");
+        assert_eq!(pct_change(Some(0.0), Some(5.0)), "-");
+        assert_eq!(pct_change(None, Some(5.0)), "-");
+    }
+
+    #[test]
+    fn units() {
+        assert_eq!(fmt_ns(850.0), "850ns");
+        assert_eq!(fmt_ns(1250.0), "1.25us");
+        assert_eq!(fmt_ns(3.4e6), "3.40ms");
+        assert_eq!(fmt_ns(2.1e9), "2.10s");
+        assert_eq!(fmt_count(950.0), "950");
+        assert_eq!(fmt_count(12_345.0), "12.3k");
+        assert_eq!(fmt_count(4_560_000.0), "4.56M");
+    }
 }

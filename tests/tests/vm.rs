@@ -68,7 +68,7 @@ fn vm_matrix(short: &str) {
         let summary =
             fs::read_to_string(r.out_dir.join(format!("{backend}.txt"))).expect("summary");
         check_invariants(&doc, &summary);
-        assert_eq!(doc.meta.kernel_release, spec.release);
+        assert_eq!(doc.meta.kernel_release, kernel.release);
         let w = doc.meta.workload.as_ref().expect("workload");
         assert_eq!(
             w.exit_status,

@@ -34,6 +34,9 @@ pub struct KernelSpec {
     pub suite: Suite,
     /// Extra kernel command line.
     pub cmdline: &'static str,
+    /// apt-cache search pattern (names only) for the same series, used when the mirror no
+    /// longer has the pinned package; the newest match stands in.
+    pub series: &'static str,
 }
 
 /// Every kernel the VM tests know.
@@ -42,6 +45,7 @@ pub const KERNELS: &[KernelSpec] = &[
         short: "6.1",
         release: "6.1.0-57-amd64",
         packages: &["linux-image-6.1.0-57-amd64"],
+        series: r"^linux-image-6\.1\.0-[0-9]+-amd64$",
         suite: Suite::Host,
         // Under emulation 6.1 marks the TSC unstable and falls back to HPET; a guest then hung
         // idle while probes were detached.
@@ -51,6 +55,7 @@ pub const KERNELS: &[KernelSpec] = &[
         short: "6.12",
         release: "6.12.117+deb12-amd64",
         packages: &["linux-image-6.12.117+deb12-amd64"],
+        series: r"^linux-image-6\.12\.[0-9]+\+deb12-amd64$",
         suite: Suite::Host,
         cmdline: "",
     },
@@ -58,6 +63,7 @@ pub const KERNELS: &[KernelSpec] = &[
         short: "6.18",
         release: "6.18.15+deb13-amd64",
         packages: &["linux-image-6.18.15+deb13-amd64"],
+        series: r"^linux-image-6\.18\.[0-9]+\+deb13-amd64$",
         suite: Suite::Trixie,
         cmdline: "",
     },
@@ -69,6 +75,7 @@ pub const KERNELS: &[KernelSpec] = &[
             "linux-binary-7.3.4+deb13-amd64",
             "linux-base-7.3.4+deb13-amd64",
         ],
+        series: r"^linux-binary-7\.3\.[0-9]+\+deb13-amd64$",
         suite: Suite::Trixie,
         cmdline: "",
     },
@@ -107,6 +114,9 @@ pub fn select(arg: &str) -> Result<Vec<&'static KernelSpec>> {
 pub struct Kernel {
     /// Its spec.
     pub spec: KernelSpec,
+    /// Its `uname -r`: the spec's, or that of the newest package of the series when the mirror
+    /// dropped the pinned one.
+    pub release: String,
     /// Compressed kernel image.
     pub vmlinuz: PathBuf,
     /// Build configuration.
@@ -170,36 +180,53 @@ fn find_file(root: &Path, prefix: &str) -> Option<PathBuf> {
     })
 }
 
-/// Returns the kernel, downloading and unpacking it into the cache on first use.
-pub fn fetch(spec: &KernelSpec) -> Result<Kernel> {
-    let dir = cache_dir().join("kernels").join(spec.release);
-    let vmlinuz = dir.join("vmlinuz");
-    let config = dir.join("config");
-    if vmlinuz.exists() && config.exists() {
-        return Ok(Kernel {
-            spec: *spec,
-            vmlinuz,
-            config,
-        });
-    }
-    eprintln!(
-        "xtask: fetching kernel {} ({})",
-        spec.short,
-        spec.packages.join(", ")
-    );
-    let work = dir.with_file_name(format!("{}.partial", spec.release));
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(work.join("debs"))?;
-    let opts = match spec.suite {
+fn apt_opts(spec: &KernelSpec) -> Result<Vec<String>> {
+    Ok(match spec.suite {
         Suite::Host => vec!["-oAPT::Sandbox::User=root".to_string()],
         Suite::Trixie => trixie_apt(&cache_dir().join("apt-trixie"))?,
+    })
+}
+
+/// The newest package of the spec's series the mirror offers (with its companion packages,
+/// for the split 6.19+ layout), when the pinned one is gone.
+fn newest_of_series(spec: &KernelSpec, opts: &[String]) -> Result<Vec<String>> {
+    let found = crate::output(Command::new("apt-cache").args(opts).args([
+        "search",
+        "--names-only",
+        spec.series,
+    ]))?;
+    let mut names: Vec<String> = found
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    // Names differ only in the version's digits: compare them numerically.
+    let key = |n: &str| -> Vec<u64> {
+        n.split(|c: char| !c.is_ascii_digit())
+            .filter_map(|x| x.parse().ok())
+            .collect()
     };
+    names.sort_by_key(|n| key(n));
+    let newest = names
+        .pop()
+        .ok_or_else(|| anyhow!("no package matches {} on the mirror", spec.series))?;
+    let mut pkgs = vec![newest.clone()];
+    if let Some(rest) = newest.strip_prefix("linux-binary-") {
+        pkgs.push(format!("linux-base-{rest}"));
+    }
+    Ok(pkgs)
+}
+
+/// Downloads and unpacks `pkgs` into `dir` (vmlinuz, config, release).
+fn unpack_into(dir: &Path, pkgs: &[String], opts: &[String]) -> Result<String> {
+    let work = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(work.join("debs"))?;
     run(Command::new("apt-get")
         .current_dir(work.join("debs"))
-        .args(&opts)
+        .args(opts)
         .arg("download")
-        .args(spec.packages))
-    .with_context(|| format!("apt-get download {} failed: the kernel is not cached and cannot be fetched (run `apt-get update`, check the mirror)", spec.packages.join(" ")))?;
+        .args(pkgs))?;
     for deb in fs::read_dir(work.join("debs"))?.flatten() {
         run(Command::new("dpkg")
             .arg("-x")
@@ -207,18 +234,126 @@ pub fn fetch(spec: &KernelSpec) -> Result<Kernel> {
             .arg(work.join("root")))?;
     }
     let root = work.join("root");
-    let z = find_file(&root, "vmlinuz")
-        .ok_or_else(|| anyhow!("no vmlinuz in {}", spec.packages.join(" ")))?;
+    let z =
+        find_file(&root, "vmlinuz").ok_or_else(|| anyhow!("no vmlinuz in {}", pkgs.join(" ")))?;
     let c = find_file(&root, "config")
-        .ok_or_else(|| anyhow!("no kernel config in {}", spec.packages.join(" ")))?;
-    fs::create_dir_all(&dir)?;
-    fs::copy(&c, &config)?;
+        .ok_or_else(|| anyhow!("no kernel config in {}", pkgs.join(" ")))?;
+    // boot/vmlinuz-<release> or usr/lib/modules/<release>/vmlinuz.
+    let release = match z.file_name().and_then(|n| n.to_str()) {
+        Some(n) if n.starts_with("vmlinuz-") => n["vmlinuz-".len()..].to_string(),
+        _ => z
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| anyhow!("cannot tell the release of {}", z.display()))?,
+    };
+    fs::create_dir_all(dir)?;
+    fs::copy(&c, dir.join("config"))?;
+    fs::write(dir.join("release"), &release)?;
     fs::copy(&z, dir.join("vmlinuz.tmp"))?;
-    fs::rename(dir.join("vmlinuz.tmp"), &vmlinuz)?;
+    fs::rename(dir.join("vmlinuz.tmp"), dir.join("vmlinuz"))?;
     let _ = fs::remove_dir_all(&work);
+    Ok(release)
+}
+
+/// Returns the kernel, downloading and unpacking it into the cache on first use. When the
+/// mirror no longer has the pinned package, the newest of the same series stands in (and says
+/// so); it is cached under the series name.
+pub fn fetch(spec: &KernelSpec) -> Result<Kernel> {
+    let kernels = cache_dir().join("kernels");
+    let pinned = kernels.join(spec.release);
+    let series = kernels.join(format!("series-{}", spec.short));
+    for dir in [&pinned, &series] {
+        let (vmlinuz, config) = (dir.join("vmlinuz"), dir.join("config"));
+        if vmlinuz.exists() && config.exists() {
+            let release = fs::read_to_string(dir.join("release"))
+                .map(|r| r.trim().to_string())
+                .unwrap_or_else(|_| spec.release.to_string());
+            return Ok(Kernel {
+                spec: *spec,
+                release,
+                vmlinuz,
+                config,
+            });
+        }
+    }
+    eprintln!(
+        "xtask: fetching kernel {} ({})",
+        spec.short,
+        spec.packages.join(", ")
+    );
+    let opts = apt_opts(spec)?;
+    let pkgs: Vec<String> = spec.packages.iter().map(|p| p.to_string()).collect();
+    let (dir, release) = match unpack_into(&pinned, &pkgs, &opts) {
+        Ok(r) => (pinned, r),
+        Err(e) => {
+            let newer = newest_of_series(spec, &opts).with_context(|| {
+                format!(
+                    "apt-get download {} failed ({e:#}) and no newer package of the series was found: the kernel is not cached and cannot be fetched (run `apt-get update`, check the mirror)",
+                    spec.packages.join(" ")
+                )
+            })?;
+            eprintln!(
+                "xtask: {} is gone from the mirror; using {} instead",
+                spec.packages.join(" "),
+                newer.join(" ")
+            );
+            let r = unpack_into(&series, &newer, &opts)?;
+            (series, r)
+        }
+    };
     Ok(Kernel {
         spec: *spec,
-        vmlinuz,
-        config,
+        release,
+        vmlinuz: dir.join("vmlinuz"),
+        config: dir.join("config"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selection_names_the_known_kernels() {
+        assert_eq!(select("all").unwrap().len(), MATRIX.len());
+        assert_eq!(select("6.1,7.3").unwrap()[1].short, "7.3");
+        let e = select("5.4").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown kernel \"5.4\"") && e.contains("6.12"),
+            "{e}"
+        );
+    }
+
+    /// The mirror drops old kernel packages: a pinned package that is gone makes the newest of
+    /// its series stand in, with its own release.
+    #[test]
+    fn a_vanished_pinned_kernel_falls_back_to_its_series() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), b"skipping a_vanished_pinned_kernel_falls_back_to_its_series: needs root (apt-get download)\n");
+            return;
+        }
+        let cache = crate::workspace_root().join("target/test-scratch/kernel-fallback");
+        let _ = fs::remove_dir_all(&cache);
+        std::env::set_var("MEMCG_TRACE_CACHE", &cache);
+        let spec = KernelSpec {
+            short: "6.1",
+            release: "6.1.0-1-amd64",
+            packages: &["linux-image-6.1.0-1-amd64"],
+            series: KERNELS[0].series,
+            suite: Suite::Host,
+            cmdline: "",
+        };
+        let k = fetch(&spec).expect("fallback to the newest 6.1 package");
+        std::env::remove_var("MEMCG_TRACE_CACHE");
+        assert!(
+            k.release.starts_with("6.1.0-") && k.release != "6.1.0-1-amd64",
+            "{}",
+            k.release
+        );
+        assert!(k.vmlinuz.exists() && k.config.exists());
+        assert!(k.vmlinuz.starts_with(cache.join("kernels/series-6.1")));
+        let _ = fs::remove_dir_all(&cache);
+    }
 }

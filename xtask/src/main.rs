@@ -217,7 +217,7 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
     let specs = kernels::select(kernel)?;
     for spec in specs {
         let k = kernels::fetch(spec)?;
-        eprintln!("demo: booting Debian's {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", spec.release);
+        eprintln!("demo: booting Debian's {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", k.release);
         let r = vm::run(
             &k,
             &VmSpec {
@@ -238,10 +238,7 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
         }
         for b in ["fentry", "kprobe"] {
             let txt = fs::read_to_string(r.out_dir.join(format!("{b}.txt")))?;
-            println!(
-                "== {} ({}), --attach {b} ==\n{txt}",
-                spec.short, spec.release
-            );
+            println!("== {} ({}), --attach {b} ==\n{txt}", spec.short, k.release);
             let dst = out.join(format!("{}-{b}.json", spec.short));
             fs::copy(r.out_dir.join(format!("{b}.json")), &dst)?;
             println!("demo: the recording is at {}", dst.display());

@@ -147,8 +147,7 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
     }
     fs::copy(
         &kernel.config,
-        root.join("boot")
-            .join(format!("config-{}", kernel.spec.release)),
+        root.join("boot").join(format!("config-{}", kernel.release)),
     )?;
     fs::write(root.join("init"), INIT)?;
     fs::set_permissions(root.join("init"), fs::Permissions::from_mode(0o755))?;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use memcg_trace_common::{bucket_bounds, Counters, Hist, CTX_NAMES, NUM_BUCKETS, NUM_CTX};
+use memcg_trace_common::{bucket_bounds, Counters, Hist, NUM_BUCKETS, NUM_CTX};
 
 use crate::probes::Backend;
 
@@ -187,13 +187,6 @@ pub struct Snapshot {
     pub elapsed: Duration,
     /// Attached probes.
     pub probes: Vec<ProbeStats>,
-}
-
-impl Snapshot {
-    /// Context name for an index.
-    pub fn ctx_name(i: usize) -> &'static str {
-        CTX_NAMES[i]
-    }
 }
 
 #[cfg(test)]

@@ -84,6 +84,7 @@ pub struct Tracer {
     /// Duplicates of the attached programs' fds: they keep the kernel's run statistics readable
     /// after the links are gone, so the final figures cover every run.
     prog_fds: HashMap<String, OwnedFd>,
+    /// Keeps kernel bpf stats on while it is open (BPF_ENABLE_STATS).
     _stats: Option<OwnedFd>,
 }
 
@@ -114,11 +115,6 @@ impl Tracer {
             prog_fds: HashMap::new(),
             _stats: stats,
         })
-    }
-
-    /// Whether kernel bpf stats could be enabled (self-cost figures need them).
-    pub fn stats_enabled(&self) -> bool {
-        self._stats.is_some()
     }
 
     /// Attaches `req` by the first plan that loads and attaches; records why others failed.

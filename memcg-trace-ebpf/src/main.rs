@@ -363,6 +363,62 @@ pub fn floor_clock_tp(_ctx: BtfTracePointContext) -> i32 {
     0
 }
 
+// Context check for `memcg-trace selftest`: programs on tracepoints whose context is known
+// (softirq_entry: serving a softirq; local_timer_entry / irq_handler_entry: hardirq;
+// sched_switch: task) count how the shared classification sees them, in CTX_CHECK[expected *
+// 5 + got] (got 4: context unreadable).
+
+#[map]
+static CTX_CHECK: PerCpuArray<u64> = PerCpuArray::with_max_entries(20, 0);
+
+/// Raw preempt_count bits seen per expected context: [or, and] pairs, for calibration reports.
+#[map]
+static CTX_BITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(8, 0);
+
+#[inline(always)]
+fn ctx_check(expected: u32) -> i32 {
+    let l = layout();
+    if let Some(addr) = preempt_addr(l) {
+        // SAFETY: address verified in preempt_addr.
+        if let Ok(pc) = unsafe { bpf_probe_read_kernel(addr as *const u32) } {
+            let pc = (pc & 0x7fff_ffff) as u64;
+            if let Some(o) = CTX_BITS.get_ptr_mut(expected * 2) {
+                // SAFETY: pointer from a successful map lookup.
+                unsafe { *o |= pc };
+            }
+            if let Some(a) = CTX_BITS.get_ptr_mut(expected * 2 + 1) {
+                // SAFETY: pointer from a successful map lookup; !0 marks "no sample yet".
+                unsafe {
+                    *a = if *a == 0 {
+                        pc | (1 << 40)
+                    } else {
+                        *a & (pc | (1 << 40))
+                    }
+                };
+            }
+        }
+    }
+    let got = context(l).unwrap_or(4);
+    if let Some(c) = CTX_CHECK.get_ptr_mut(expected * 5 + got) {
+        // SAFETY: pointer from a successful map lookup.
+        unsafe { *c += 1 };
+    }
+    0
+}
+
+#[btf_tracepoint]
+pub fn ctx_check_task(_ctx: BtfTracePointContext) -> i32 {
+    ctx_check(CTX_TASK)
+}
+#[btf_tracepoint]
+pub fn ctx_check_softirq(_ctx: BtfTracePointContext) -> i32 {
+    ctx_check(memcg_trace_common::CTX_SOFTIRQ)
+}
+#[btf_tracepoint]
+pub fn ctx_check_hardirq(_ctx: BtfTracePointContext) -> i32 {
+    ctx_check(memcg_trace_common::CTX_HARDIRQ)
+}
+
 /// Test entry for BPF_PROG_TEST_RUN: runs the real bucketing on a duration passed in the
 /// raw-tracepoint context (args[0] = slot, args[1] = ns) and the real context classification
 /// (the caller runs in task context).

@@ -65,6 +65,8 @@ pub struct Meta {
     pub bpf_stats: bool,
     /// What memcg-trace itself cost.
     pub tracer: TracerCost,
+    /// The preempt_count masks the context split used.
+    pub context_masks: Option<crate::kernel::ContextMasks>,
     /// The workload, when memcg-trace ran one.
     pub workload: Option<Workload>,
 }

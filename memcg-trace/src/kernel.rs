@@ -407,3 +407,85 @@ mod tests {
         );
     }
 }
+
+/// preempt_count masks as `in_task()` uses them, and where they came from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ContextMasks {
+    /// NMI_MASK.
+    pub nmi_mask: u32,
+    /// HARDIRQ_MASK.
+    pub hardirq_mask: u32,
+    /// SOFTIRQ_OFFSET.
+    pub softirq_offset: u32,
+    /// "calibrated" (read from this kernel's preempt_count in known contexts) or "default"
+    /// (the classic layout, when calibration saw too little).
+    pub source: String,
+}
+
+impl ContextMasks {
+    /// The classic layout: softirq bits 8-15, hardirq 16-19, NMI 20-23.
+    pub fn classic(source: &str) -> Self {
+        let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
+        ContextMasks {
+            nmi_mask,
+            hardirq_mask,
+            softirq_offset,
+            source: source.into(),
+        }
+    }
+}
+
+/// Derives the masks from preempt_count values seen in known contexts: `softirq_all` and
+/// `hardirq_all` are the bits set in every softirq_entry and every timer-interrupt hit. The
+/// serving-softirq bit is the lowest one above the preemption byte; the hardirq field is the
+/// 4 bits from the lowest hardirq bit above the softirq byte; every other bit above the softirq
+/// byte (but the x86 need-resched bit 31) counts as NMI. Debian 7.3 moved the hardirq count to
+/// bit 24 (observed: timer interrupts carry 0x1000000, not 0x10000).
+pub fn derive_masks(softirq_all: u32, hardirq_all: u32) -> Option<ContextMasks> {
+    let soft = softirq_all & 0xff00;
+    let hard = hardirq_all & 0x7fff_0000;
+    if soft == 0 || hard == 0 {
+        return None;
+    }
+    let softirq_offset = 1u32 << soft.trailing_zeros();
+    let shift = hard.trailing_zeros();
+    let hardirq_mask = (0xfu32 << shift) & 0x7fff_0000;
+    Some(ContextMasks {
+        nmi_mask: 0x7fff_0000 & !hardirq_mask,
+        hardirq_mask,
+        softirq_offset,
+        source: "calibrated".into(),
+    })
+}
+
+#[cfg(test)]
+mod mask_tests {
+    use super::*;
+    use memcg_trace_common::{classify, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK};
+
+    #[test]
+    fn classic_and_moved_layouts_are_derived_from_observed_bits() {
+        // Observed in the VMs: 6.18 softirq_entry 0x102, timer 0x10000; 7.3 0x101, 0x1000001.
+        let m618 = derive_masks(0x102, 0x10000).unwrap();
+        assert_eq!((m618.softirq_offset, m618.hardirq_mask), (0x100, 0xf0000));
+        assert_eq!(
+            m618.nmi_mask & 0x00f0_0000,
+            0x00f0_0000,
+            "classic NMI bits covered"
+        );
+        let m73 = derive_masks(0x101, 0x100_0001).unwrap();
+        assert_eq!((m73.softirq_offset, m73.hardirq_mask), (0x100, 0xf00_0000));
+        let c = |pc, m: &ContextMasks| classify(pc, m.nmi_mask, m.hardirq_mask, m.softirq_offset);
+        assert_eq!(c(0x100_0001, &m73), CTX_HARDIRQ);
+        assert_eq!(c(0x101, &m73), CTX_SOFTIRQ);
+        assert_eq!(
+            c(0x201, &m73),
+            CTX_TASK,
+            "bottom halves disabled is still task"
+        );
+        assert_eq!(c(0x10_0000 | 0x100_0000, &m73), CTX_NMI);
+        assert_eq!(c(0x8000_0002, &m73), CTX_TASK, "need-resched bit ignored");
+        assert!(derive_masks(0x2, 0x10000).is_none(), "no softirq bit seen");
+        assert!(derive_masks(0x102, 0x3).is_none(), "no hardirq bit seen");
+    }
+}

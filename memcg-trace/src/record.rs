@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use memcg_trace_common::MAX_PROBES;
+use memcg_trace_common::{KernelLayout, MAX_PROBES};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
@@ -20,6 +20,33 @@ use crate::{
     tracer::Tracer,
     workload::{self, Memcg},
 };
+
+/// The preempt_count masks of this kernel, read from preempt_count in contexts known from
+/// tracepoints (timer interrupt, softirq entry); the classic layout if that saw too little.
+/// Kernels disagree: Debian 7.3 counts hardirqs from bit 24, earlier ones from bit 16.
+pub(crate) fn calibrate(mut layout: KernelLayout) -> (KernelLayout, kernel::ContextMasks) {
+    let masks = match crate::tracer::context_check(&layout, Duration::from_secs(1), true) {
+        Ok(check) => {
+            let all = |ctx: &str| {
+                check
+                    .iter()
+                    .find(|c| c.0 == ctx)
+                    .map(|c| c.3 .1 as u32)
+                    .unwrap_or(0)
+            };
+            kernel::derive_masks(all("softirq"), all("hardirq")).unwrap_or_else(|| {
+                kernel::ContextMasks::classic(
+                    "default (calibration saw no softirq or timer interrupt)",
+                )
+            })
+        }
+        Err(e) => kernel::ContextMasks::classic(&format!("default (calibration failed: {e:#})")),
+    };
+    layout.nmi_mask = masks.nmi_mask;
+    layout.hardirq_mask = masks.hardirq_mask;
+    layout.softirq_offset = masks.softirq_offset;
+    (layout, masks)
+}
 
 /// Checks the capabilities tracing needs, naming the missing ones.
 pub fn check_privileges() -> Result<()> {
@@ -122,11 +149,13 @@ pub(crate) fn attach_all(
     check_privileges()?;
     let btf = kernel::open_btf()?;
     let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
+    let (layout, masks) = calibrate(layout);
     let syms = Symbols::load(&btf, &interest(sel))?;
     let reqs = requests(sel, &syms)?;
     // The aya loader parses BTF again; the two parses need not be alive at once.
     drop(btf);
     let mut tracer = Tracer::load(&layout, workload_cgroup)?;
+    tracer.masks = Some(masks);
     let mut notes = HashMap::new();
     for req in &reqs {
         let res = resolve(req, sel.attach.order(), &syms);
@@ -197,6 +226,7 @@ pub fn probes(sel: ProbeSel) -> Result<()> {
 
 /// What a recording knows besides the snapshot.
 pub(crate) struct Run {
+    pub masks: Option<kernel::ContextMasks>,
     pub start: SystemTime,
     pub end: SystemTime,
     pub tracer: TracerCost,
@@ -231,6 +261,7 @@ pub(crate) fn make_document(
                 .iter()
                 .any(|p| p.programs.iter().any(|c| c.run_cnt > 0)),
             tracer: run.tracer,
+            context_masks: run.masks,
             workload: run.workload,
         },
         probes: export::probes_out(snap, &|n| notes.get(n).cloned().unwrap_or_default()),
@@ -345,6 +376,7 @@ pub fn record(mut args: RecordArgs) -> Result<i32> {
     let (end, argv) = rt.block_on(run(&args, memcg.as_ref(), &tracer))?;
     let cpu = cpu_time().saturating_sub(cpu0);
     let failed = tracer.failed.clone();
+    let masks = tracer.masks.clone();
     let t_detach = std::time::Instant::now();
     let snap = tracer.finish()?;
     let detach = t_detach.elapsed();
@@ -362,6 +394,7 @@ pub fn record(mut args: RecordArgs) -> Result<i32> {
     let doc = make_document(
         &snap,
         Run {
+            masks,
             start,
             end: end_t,
             tracer: TracerCost {
@@ -476,7 +509,12 @@ pub fn selftest() -> Result<i32> {
     use memcg_trace_common::{bucket_index, CTX_NAMES};
     check_privileges()?;
     let btf = kernel::open_btf()?;
-    let layout = kernel::layout(&btf)?;
+    let (layout, masks) = calibrate(kernel::layout(&btf)?);
+    drop(btf);
+    println!(
+        "selftest: masks nmi {:#x} hardirq {:#x} softirq {:#x} ({})",
+        masks.nmi_mask, masks.hardirq_mask, masks.softirq_offset, masks.source
+    );
     let values = [
         0u64,
         1,
@@ -515,5 +553,21 @@ pub fn selftest() -> Result<i32> {
         );
     }
     println!("selftest: {} values, {bad} mismatches", results.len());
+    // Live: tracepoints of known context, classified by the same code the probes use.
+    let check = crate::tracer::context_check(&layout, Duration::from_secs(1), false)?;
+    for (expected, tp, counts, (or, and)) in &check {
+        let right = counts[CTX_NAMES.iter().position(|c| c == expected).unwrap_or(4)];
+        let total: u64 = counts.iter().sum();
+        let wrong = total - right;
+        if right == 0 || wrong > 0 {
+            bad += 1;
+        }
+        println!(
+            "selftest: {tp} ({expected}): {total} hits, {right} classified {expected}, {wrong} otherwise {:?}, preempt_count bits any {or:#x} all {and:#x} {}",
+            counts,
+            if right > 0 && wrong == 0 { "ok" } else { "MISMATCH" }
+        );
+    }
+    println!("selftest: {bad} failures");
     Ok(if bad == 0 { 0 } else { 1 })
 }

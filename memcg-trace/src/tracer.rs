@@ -78,6 +78,8 @@ pub struct Tracer {
     pub attached: Vec<Attached>,
     /// Probes that failed.
     pub failed: Vec<NotAttached>,
+    /// The preempt_count masks the programs were loaded with.
+    pub masks: Option<crate::kernel::ContextMasks>,
     started: Instant,
     /// Whether task-context calls of a workload cgroup are counted apart.
     workload: bool,
@@ -110,6 +112,7 @@ impl Tracer {
             btf: Some(btf),
             attached: Vec::new(),
             failed: Vec::new(),
+            masks: None,
             started: Instant::now(),
             workload: workload_cgroup != 0,
             prog_fds: HashMap::new(),
@@ -409,6 +412,111 @@ pub fn selftest(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Optio
             })
             .next();
         out.push((v, bucket, r.return_value as i32));
+    }
+    Ok(out)
+}
+
+/// How the shared context classification saw tracepoints of known context:
+/// `(expected, tracepoint, counts by classified context [task, softirq, hardirq, nmi, unknown])`.
+/// and the raw preempt_count bits seen (OR over the hits, AND over the hits).
+pub type ContextCheck = Vec<(&'static str, String, [u64; 5], (u64, u64))>;
+
+/// Attaches the context-check programs to tracepoints of known context (sched_switch: task;
+/// softirq_entry: softirq; local_timer_entry or irq_handler_entry: hardirq) for `window` and
+/// returns how each was classified.
+/// With `early`, returns as soon as softirq and hardirq have 3 hits each.
+pub fn context_check(
+    layout: &KernelLayout,
+    window: std::time::Duration,
+    early: bool,
+) -> Result<ContextCheck> {
+    use aya::programs::BtfTracePoint;
+    let mut ebpf = EbpfLoader::new()
+        .override_global("LAYOUT", layout, true)
+        .load(EBPF_OBJECT)
+        .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))?;
+    let btf = Btf::from_sys_fs().context("load kernel BTF")?;
+    let plan: [(&str, &str, &[&str]); 3] = [
+        ("task", "ctx_check_task", &["sched_switch"]),
+        ("softirq", "ctx_check_softirq", &["softirq_entry"]),
+        (
+            "hardirq",
+            "ctx_check_hardirq",
+            &["local_timer_entry", "irq_handler_entry"],
+        ),
+    ];
+    let mut used = Vec::new();
+    for (expected, prog, tps) in plan {
+        let p: &mut BtfTracePoint = ebpf
+            .program_mut(prog)
+            .context("context-check program")?
+            .try_into()?;
+        let mut last = String::new();
+        let mut ok = None;
+        for tp in tps {
+            match p.load(tp, &btf).and_then(|_| p.attach().map(drop)) {
+                Ok(()) => {
+                    ok = Some(tp.to_string());
+                    break;
+                }
+                Err(e) => {
+                    last = format!("{tp}: {}", chain(&e));
+                    let _ = p.unload();
+                }
+            }
+        }
+        let tp =
+            ok.ok_or_else(|| anyhow!("cannot attach the {expected} context check ({last})"))?;
+        used.push((expected, tp));
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < window {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        if early {
+            let counts: PerCpuArray<_, u64> =
+                PerCpuArray::try_from(ebpf.map("CTX_CHECK").context("CTX_CHECK map")?)?;
+            let hits = |row: u32| -> Result<u64> {
+                let mut n = 0;
+                for got in 0..5 {
+                    n += counts.get(&(row * 5 + got), 0)?.iter().sum::<u64>();
+                }
+                Ok(n)
+            };
+            if hits(1)? >= 3 && hits(2)? >= 3 {
+                break;
+            }
+        }
+    }
+    for (_, prog, _) in plan {
+        let p: &mut BtfTracePoint = ebpf
+            .program_mut(prog)
+            .context("context-check program")?
+            .try_into()?;
+        let _ = p.unload();
+    }
+    let counts: PerCpuArray<_, u64> =
+        PerCpuArray::try_from(ebpf.map("CTX_CHECK").context("CTX_CHECK map")?)?;
+    let bits: PerCpuArray<_, u64> =
+        PerCpuArray::try_from(ebpf.map("CTX_BITS").context("CTX_BITS map")?)?;
+    let mut out = Vec::new();
+    // `used` is in context order (task, softirq, hardirq), as the programs index their counts.
+    for (i, (expected, tp)) in used.into_iter().enumerate() {
+        let mut row = [0u64; 5];
+        for (got, slot) in row.iter_mut().enumerate() {
+            *slot = counts.get(&((i * 5 + got) as u32), 0)?.iter().sum();
+        }
+        let or = bits.get(&((i * 2) as u32), 0)?.iter().fold(0, |a, b| a | b);
+        let and = bits
+            .get(&((i * 2 + 1) as u32), 0)?
+            .iter()
+            .filter(|v| **v != 0)
+            .fold(u64::MAX, |a, b| a & b);
+        let and = if and == u64::MAX {
+            0
+        } else {
+            and & 0xffff_ffff
+        };
+        out.push((expected, tp, row, (or, and)));
     }
     Ok(out)
 }

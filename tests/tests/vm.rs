@@ -63,6 +63,7 @@ fn vm_matrix(short: &str) {
         )
         .as_bytes(),
     );
+    check_selftest(&fs::read_to_string(r.out_dir.join("selftest.txt")).expect("selftest output"));
     for backend in ["fentry", "kprobe"] {
         let doc = load_recording(&r.out_dir.join(format!("{backend}.json")));
         let summary =

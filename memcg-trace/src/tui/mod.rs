@@ -241,6 +241,7 @@ pub fn top(mut args: TopArgs) -> Result<i32> {
     tracer.done_attaching();
     let startup = t0.elapsed();
     let failed = tracer.failed.clone();
+    let masks = tracer.masks.clone();
     install_signal_handlers();
     let release = kernel::release();
     let config = kernel::config(&release);
@@ -306,6 +307,7 @@ pub fn top(mut args: TopArgs) -> Result<i32> {
         let doc = record::make_document(
             snap,
             record::Run {
+                masks: masks.clone(),
                 start,
                 end: SystemTime::now(),
                 tracer: TracerCost {

@@ -182,3 +182,26 @@ pub fn leftover_memcgs() -> Vec<PathBuf> {
     }
     out
 }
+
+/// `memcg-trace selftest` output: the kernel's bucketing agrees with userspace for every value,
+/// and tracepoints of known context (task, softirq, hardirq) were each hit and all classified
+/// as that context.
+pub fn check_selftest(stdout: &str) {
+    assert!(stdout.contains(" 0 mismatches"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("selftest: ns=") && l.ends_with(" ok"))
+            .count()
+            >= 17,
+        "{stdout}"
+    );
+    for ctx in ["(task)", "(softirq)", "(hardirq)"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(ctx))
+            .unwrap_or_else(|| panic!("no {ctx} check:\n{stdout}"));
+        assert!(line.ends_with(" ok"), "{line}");
+    }
+    assert!(stdout.contains("selftest: 0 failures"), "{stdout}");
+}

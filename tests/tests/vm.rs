@@ -81,6 +81,16 @@ fn vm_matrix(short: &str) {
             "cgroup v2 memcg expected: {}",
             w.cgroup
         );
+        // The context split works on real probes, not only in the selftest: hackbench's
+        // charging path is also entered from interrupts (rstat from the tick, stat from RCU).
+        let irq: u64 = DEFAULT_PROBES
+            .iter()
+            .map(|n| ctx_count(probe(&doc, n), "softirq") + ctx_count(probe(&doc, n), "hardirq"))
+            .sum();
+        assert!(
+            irq > 0,
+            "{short} {backend}: no interrupt-context calls in any default probe"
+        );
         for name in DEFAULT_PROBES {
             let p = probe(&doc, name);
             assert_eq!(

@@ -7,11 +7,7 @@
 //!    once during one workload run; costs from the kernel's bpf stats.
 //! 2. Workload slowdown: the workload untraced and traced (default probes), interleaved.
 
-use std::{
-    path::PathBuf,
-    process::{Command, Stdio},
-    time::Instant,
-};
+use std::{path::PathBuf, process::Stdio, time::Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use serde::{Deserialize, Serialize};
@@ -112,20 +108,12 @@ fn pair_cost(tracer: &Tracer, progs: &[String]) -> PairCost {
 /// Runs `cmd` to completion in a fresh memcg; returns the run time in seconds (hackbench's own
 /// `Time:` line when it prints one, else wall time).
 fn run_in_memcg(cmd: &[String]) -> Result<f64> {
-    use std::os::unix::process::CommandExt as _;
-    let h = workload::find_hierarchy()?;
-    let mut m = Memcg::create(&h)?;
-    let procs = m.procs_cstrings();
-    let mut c = Command::new(&cmd[0]);
-    c.args(&cmd[1..])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    // SAFETY: join_in_child only makes async-signal-safe calls.
-    unsafe {
-        c.pre_exec(move || workload::join_in_child(&procs));
-    }
+    let mut m = Memcg::create(&workload::find_hierarchy()?)?;
     let t = Instant::now();
-    let out = c
+    let out = m
+        .command(cmd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
         .output()
         .map_err(|e| anyhow!("cannot run {:?}: {e}", cmd[0]))?;
     let wall = t.elapsed().as_secs_f64();

@@ -346,19 +346,7 @@ pub fn record(mut args: RecordArgs) -> Result<i32> {
     let mut memcg = None;
     if !args.command.is_empty() {
         check_privileges()?;
-        let m = match &args.cgroup {
-            Some(p) => Memcg::existing(p)?,
-            None => {
-                let h = workload::find_hierarchy()?;
-                for stale in workload::remove_stale(&h) {
-                    eprintln!(
-                        "memcg-trace: removed stale memcg {} of an earlier run",
-                        stale.display()
-                    );
-                }
-                Memcg::create(&h)?
-            }
-        };
+        let m = workload::prepare(args.cgroup.as_deref(), false)?;
         memcg = Some(m);
     }
     let cgid = memcg.as_ref().map(|m| m.cgroup_id).unwrap_or(0);
@@ -440,13 +428,7 @@ async fn run(
     let mut sighup = signal(SignalKind::hangup())?;
     let mut child = match memcg {
         Some(m) => {
-            let procs = m.procs_cstrings();
-            let mut cmd = tokio::process::Command::new(&args.command[0]);
-            cmd.args(&args.command[1..]);
-            // SAFETY: join_in_child only makes async-signal-safe calls.
-            unsafe {
-                cmd.pre_exec(move || workload::join_in_child(&procs));
-            }
+            let mut cmd = tokio::process::Command::from(m.command(&args.command));
             Some(
                 cmd.spawn()
                     .map_err(|e| anyhow!("cannot run {:?}: {e}", args.command[0]))?,

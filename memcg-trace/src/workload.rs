@@ -266,6 +266,40 @@ impl Drop for Memcg {
     }
 }
 
+/// The memcg a workload runs in: `--cgroup PATH` if given, else a fresh one, after removing the
+/// stale memcgs of earlier runs (each named on stderr unless `quiet`).
+pub fn prepare(cgroup: Option<&Path>, quiet: bool) -> Result<Memcg> {
+    if let Some(p) = cgroup {
+        return Memcg::existing(p);
+    }
+    let h = find_hierarchy()?;
+    for stale in remove_stale(&h) {
+        if !quiet {
+            eprintln!(
+                "memcg-trace: removed stale memcg {} of an earlier run",
+                stale.display()
+            );
+        }
+    }
+    Memcg::create(&h)
+}
+
+impl Memcg {
+    /// `argv` as a command whose process joins this memcg between fork and exec, so the
+    /// command's first instruction already runs (and its first allocation is charged) there.
+    pub fn command(&self, argv: &[String]) -> std::process::Command {
+        use std::os::unix::process::CommandExt as _;
+        let procs = self.procs_cstrings();
+        let mut c = std::process::Command::new(&argv[0]);
+        c.args(&argv[1..]);
+        // SAFETY: join_in_child only makes async-signal-safe calls.
+        unsafe {
+            c.pre_exec(move || join_in_child(&procs));
+        }
+        c
+    }
+}
+
 /// Moves the calling process into the cgroups whose `cgroup.procs` files are `procs`. Meant for
 /// `pre_exec`: between fork and exec, so the command's first instruction already runs there.
 pub fn join_in_child(procs: &[CString]) -> std::io::Result<()> {

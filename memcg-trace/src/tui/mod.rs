@@ -9,7 +9,7 @@ pub mod ui;
 use std::{
     io::IsTerminal as _,
     path::{Path, PathBuf},
-    process::{Child, Command},
+    process::Child,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc, Arc,
@@ -28,7 +28,7 @@ use crate::{
     kernel,
     record::{self, attach_all, check_privileges},
     snapshot::Snapshot,
-    workload::{self, Memcg},
+    workload,
 };
 
 /// `top` options.
@@ -226,14 +226,7 @@ pub fn top(mut args: TopArgs) -> Result<i32> {
     check_privileges()?;
     let mut memcg = None;
     if !args.command.is_empty() {
-        memcg = Some(match &args.cgroup {
-            Some(p) => Memcg::existing(p)?,
-            None => {
-                let h = workload::find_hierarchy()?;
-                workload::remove_stale(&h);
-                Memcg::create(&h)?
-            }
-        });
+        memcg = Some(workload::prepare(args.cgroup.as_deref(), true)?);
     }
     let t0 = Instant::now();
     let cgid = memcg.as_ref().map(|m| m.cgroup_id).unwrap_or(0);
@@ -276,18 +269,11 @@ pub fn top(mut args: TopArgs) -> Result<i32> {
     };
     let child = match &memcg {
         Some(m) => {
-            use std::os::unix::process::CommandExt as _;
-            let procs = m.procs_cstrings();
-            let mut c = Command::new(&args.command[0]);
-            c.args(&args.command[1..])
+            let child = m
+                .command(&args.command)
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null());
-            // SAFETY: join_in_child only makes async-signal-safe calls.
-            unsafe {
-                c.pre_exec(move || workload::join_in_child(&procs));
-            }
-            let child = c
+                .stderr(std::process::Stdio::null())
                 .spawn()
                 .map_err(|e| anyhow!("cannot run {:?}: {e}", args.command[0]))?;
             app.workload = Some(format!(

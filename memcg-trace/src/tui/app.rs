@@ -156,7 +156,8 @@ impl App {
         self.previous = self.current.take();
         self.current = Some(snap);
         if self.previous.is_some() {
-            for r in self.rows_in(Mode::Interval) {
+            // Rates only: the percentiles are computed once, when the frame is drawn.
+            for r in self.rows_in(Mode::Interval, false) {
                 let h = self.history.entry(key_of(&r)).or_default();
                 h.push_back(r.rate.unwrap_or(0.0).round() as u64);
                 while h.len() > HISTORY {
@@ -220,10 +221,10 @@ impl App {
 
     /// Rows in the current mode.
     pub fn rows(&self) -> Vec<Row> {
-        self.rows_in(self.mode)
+        self.rows_in(self.mode, true)
     }
 
-    fn rows_in(&self, mode: Mode) -> Vec<Row> {
+    fn rows_in(&self, mode: Mode, latency: bool) -> Vec<Row> {
         let Some(cur) = &self.current else {
             return Vec::new();
         };
@@ -245,14 +246,14 @@ impl App {
                 if c.hist.count == 0 && i != 0 {
                     continue;
                 }
-                out.push(row(&p.name, CTX_NAMES[i], p.backend, h, elapsed));
+                out.push(row(&p.name, CTX_NAMES[i], p.backend, h, elapsed, latency));
             }
             if let Some(w) = &p.workload {
                 let h = match before.and_then(|b| b.workload.as_ref()) {
                     Some(b) => w.since(b),
                     None => w.clone(),
                 };
-                out.push(row(&p.name, "workload", p.backend, h, elapsed));
+                out.push(row(&p.name, "workload", p.backend, h, elapsed, latency));
             }
         }
         out
@@ -288,8 +289,9 @@ fn row(
     backend: Backend,
     h: HistData,
     elapsed: Duration,
+    latency: bool,
 ) -> Row {
-    let timed = backend.has_latency() && h.timed() > 0;
+    let timed = latency && backend.has_latency() && h.timed() > 0;
     let hdr = timed.then(|| h.to_hdr());
     let q = |q: f64| hdr.as_ref().map(|x| x.value_at_quantile(q).min(h.max_ns));
     Row {

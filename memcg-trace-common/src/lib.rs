@@ -112,6 +112,110 @@ pub const fn bucket_bounds(i: usize) -> (u64, u64) {
     (lo, lo + width)
 }
 
+/// Names of the programs and maps in the eBPF object: the one list both sides use. The eBPF crate
+/// defines its programs with these names (`probe_slot!`, `floor_pair!`); userspace finds them
+/// by these names, and a test checks the built object holds exactly these.
+pub mod names {
+    use super::MAX_PROBES;
+
+    /// Builds a per-slot name table from one prefix: `fentry_0`, `fentry_1`, ...
+    macro_rules! per_slot {
+        ($p:literal) => {
+            [
+                concat!($p, "_0"),
+                concat!($p, "_1"),
+                concat!($p, "_2"),
+                concat!($p, "_3"),
+                concat!($p, "_4"),
+                concat!($p, "_5"),
+                concat!($p, "_6"),
+                concat!($p, "_7"),
+                concat!($p, "_8"),
+                concat!($p, "_9"),
+                concat!($p, "_10"),
+                concat!($p, "_11"),
+            ]
+        };
+    }
+
+    /// fentry programs, by probe slot.
+    pub const FENTRY: [&str; MAX_PROBES] = per_slot!("fentry");
+    /// fexit programs, by probe slot.
+    pub const FEXIT: [&str; MAX_PROBES] = per_slot!("fexit");
+    /// kprobe programs, by probe slot.
+    pub const KPROBE: [&str; MAX_PROBES] = per_slot!("kprobe");
+    /// kretprobe programs, by probe slot.
+    pub const KRETPROBE: [&str; MAX_PROBES] = per_slot!("kretprobe");
+    /// tp_btf programs (counts-only backend), by probe slot.
+    pub const TP: [&str; MAX_PROBES] = per_slot!("tp");
+
+    /// Bench floors: (a) empty programs and (b) clock at entry and exit, per program type, in
+    /// (entry, exit) order; tracepoints have one program each.
+    pub const FLOOR_EMPTY_FENTRY: [&str; 2] = ["floor_empty_fentry", "floor_empty_fexit"];
+    /// Floor (b), fentry/fexit.
+    pub const FLOOR_CLOCK_FENTRY: [&str; 2] = ["floor_clock_fentry", "floor_clock_fexit"];
+    /// Floor (a), kprobe/kretprobe.
+    pub const FLOOR_EMPTY_KPROBE: [&str; 2] = ["floor_empty_kprobe", "floor_empty_kretprobe"];
+    /// Floor (b), kprobe/kretprobe.
+    pub const FLOOR_CLOCK_KPROBE: [&str; 2] = ["floor_clock_kprobe", "floor_clock_kretprobe"];
+    /// Floor (a), tracepoint.
+    pub const FLOOR_EMPTY_TP: [&str; 1] = ["floor_empty_tp"];
+    /// Floor (b), tracepoint: one per-CPU increment.
+    pub const FLOOR_CLOCK_TP: [&str; 1] = ["floor_clock_tp"];
+
+    /// Context-check programs, indexed by the context they expect (task, softirq, hardirq).
+    pub const CTX_CHECK: [&str; 3] = ["ctx_check_task", "ctx_check_softirq", "ctx_check_hardirq"];
+    /// The BPF_PROG_TEST_RUN entry of `memcg-trace selftest`.
+    pub const SELFTEST: &str = "selftest";
+
+    /// Per-CPU histograms by (probe, context).
+    pub const MAP_HIST: &str = "HIST";
+    /// Per-CPU histograms of the workload's calls, by probe.
+    pub const MAP_WORKLOAD_HIST: &str = "WORKLOAD_HIST";
+    /// Per-CPU pairing state by (probe, context).
+    pub const MAP_SLOTS: &str = "SLOTS";
+    /// Context-check counts, see [`super::ctx_check_index`].
+    pub const MAP_CTX_CHECK: &str = "CTX_CHECK";
+    /// Raw preempt_count bits seen per expected context.
+    pub const MAP_CTX_BITS: &str = "CTX_BITS";
+    /// Read-only global: the kernel layout.
+    pub const GLOBAL_LAYOUT: &str = "LAYOUT";
+    /// Read-only global: the workload's cgroup v2 id.
+    pub const GLOBAL_WORKLOAD_CGROUP: &str = "WORKLOAD_CGROUP";
+
+    /// Every program the object must hold.
+    pub fn all_programs() -> impl Iterator<Item = &'static str> {
+        FENTRY
+            .into_iter()
+            .chain(FEXIT)
+            .chain(KPROBE)
+            .chain(KRETPROBE)
+            .chain(TP)
+            .chain(FLOOR_EMPTY_FENTRY)
+            .chain(FLOOR_CLOCK_FENTRY)
+            .chain(FLOOR_EMPTY_KPROBE)
+            .chain(FLOOR_CLOCK_KPROBE)
+            .chain(FLOOR_EMPTY_TP)
+            .chain(FLOOR_CLOCK_TP)
+            .chain(CTX_CHECK)
+            .chain([SELFTEST])
+    }
+}
+
+/// Context-check column for "context unreadable".
+pub const CTX_UNKNOWN: u32 = NUM_CTX as u32;
+/// Columns of the context-check grid: the four contexts and "unknown".
+pub const CTX_CHECK_COLS: u32 = NUM_CTX as u32 + 1;
+/// Rows of the context-check grid: task, softirq, hardirq.
+pub const CTX_CHECK_ROWS: u32 = 3;
+
+/// Cell of the context-check grid counting hits expected in `expected` and classified as `got`
+/// ([`CTX_UNKNOWN`] when the context could not be read).
+#[inline(always)]
+pub const fn ctx_check_index(expected: u32, got: u32) -> u32 {
+    expected * CTX_CHECK_COLS + got
+}
+
 /// One latency histogram for a (probe, context) pair on one CPU.
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -19,10 +19,12 @@ use aya_ebpf::{
         BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RawTracePointContext,
         RetProbeContext,
     },
-    EbpfContext as _,
+    EbpfContext,
 };
+use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
-    bucket_index, classify, slot_index, Hist, KernelLayout, Slot, CTX_TASK, NUM_BUCKETS, NUM_SLOTS,
+    bucket_index, classify, ctx_check_index, slot_index, Hist, KernelLayout, Slot, CTX_CHECK_COLS,
+    CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, NUM_BUCKETS, NUM_SLOTS,
     WORKLOAD_SLOTS,
 };
 
@@ -74,7 +76,7 @@ fn layout() -> &'static KernelLayout {
 /// this_rq reached through `current->se.cfs_rq->rq` and proven right by `rq->cpu` matching the
 /// CPU we run on; the result is cached per CPU. (aya cannot emit `__ksym` per-CPU references.)
 #[inline(always)]
-fn preempt_addr(l: &KernelLayout) -> Option<u64> {
+fn preempt_addr<C: EbpfContext>(c: &C, l: &KernelLayout) -> Option<u64> {
     let cached = PREEMPT_ADDR.get_ptr_mut(0)?;
     // SAFETY: pointer from a successful map lookup.
     let addr = unsafe { *cached };
@@ -90,19 +92,31 @@ fn preempt_addr(l: &KernelLayout) -> Option<u64> {
         let cfs_rq: u64 = bpf_probe_read_kernel((task + l.task_se_cfs_rq) as *const u64).ok()?;
         let rq: u64 = bpf_probe_read_kernel((cfs_rq + l.cfs_rq_rq) as *const u64).ok()?;
         let cpu: u32 = bpf_probe_read_kernel((rq + l.rq_cpu) as *const u32).ok()?;
-        if cpu != bpf_get_smp_processor_id() {
+        let this_cpu = bpf_get_smp_processor_id();
+        if cpu != this_cpu {
+            warn!(
+                c,
+                "per-CPU base not found: rq->cpu {} on CPU {}", cpu, this_cpu
+            );
             return None;
         }
         let addr = rq - l.runqueues + l.preempt_count;
         *cached = addr;
+        info!(
+            c,
+            "CPU {}: per-CPU base {:x}, preempt_count at {:x}",
+            this_cpu,
+            rq - l.runqueues,
+            addr
+        );
         Some(addr)
     }
 }
 
 /// The kernel's `in_task()` split: task, softirq, hardirq or NMI.
 #[inline(always)]
-fn context(l: &KernelLayout) -> Option<u32> {
-    let addr = preempt_addr(l)?;
+fn context<C: EbpfContext>(c: &C, l: &KernelLayout) -> Option<u32> {
+    let addr = preempt_addr(c, l)?;
     // SAFETY: address verified in preempt_addr.
     let pc: u32 = unsafe { bpf_probe_read_kernel(addr as *const u32) }.ok()?;
     Some(classify(pc, l.nmi_mask, l.hardirq_mask, l.softirq_offset))
@@ -144,10 +158,10 @@ fn slot_state(slot: u32) -> Option<&'static mut Slot> {
 
 /// Entry half: remember when this call started.
 #[inline(always)]
-fn on_entry(probe: u32) -> u32 {
+fn on_entry<C: EbpfContext>(c: &C, probe: u32) -> u32 {
     let l = layout();
     // Without a context there is no slot; the exit counts the call as dropped.
-    let Some(ctx) = context(l) else {
+    let Some(ctx) = context(c, l) else {
         return 0;
     };
     let Some(s) = slot_state(slot_index(probe, ctx)) else {
@@ -165,10 +179,10 @@ fn on_entry(probe: u32) -> u32 {
 
 /// Exit half: pair with the entry, drop what cannot be paired, count the rest.
 #[inline(always)]
-fn on_exit(probe: u32) -> u32 {
+fn on_exit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let l = layout();
-    let Some(ctx) = context(l) else {
+    let Some(ctx) = context(c, l) else {
         if let Some(s) = slot_state(slot_index(probe, CTX_TASK)) {
             s.counters.exits += 1;
             s.counters.no_context += 1;
@@ -184,6 +198,10 @@ fn on_exit(probe: u32) -> u32 {
     s.start.ts = 0;
     if ts == 0 || ts > now {
         s.counters.unmatched += 1;
+        warn!(
+            c,
+            "probe {}: exit without its entry (context {})", probe, ctx
+        );
         return 0;
     }
     if ctx == CTX_TASK {
@@ -226,9 +244,9 @@ fn record(map: &PerCpuArray<Hist>, slot: u32, ns: u64) {
 /// Tracepoint half: counts and context, no latency. Only the histogram's count is kept (entries
 /// and exits equal it; userspace fills them in), and calls without a context in the task slot.
 #[inline(always)]
-fn on_hit(probe: u32) -> u32 {
+fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
     let l = layout();
-    match context(l) {
+    match context(c, l) {
         Some(ctx) => {
             if let Some(h) = HIST.get_ptr_mut(slot_index(probe, ctx)) {
                 // SAFETY: pointer from a successful map lookup.
@@ -253,24 +271,24 @@ fn on_hit(probe: u32) -> u32 {
 macro_rules! probe_slot {
     ($n:expr, $fentry:ident, $fexit:ident, $kprobe:ident, $kretprobe:ident, $tp:ident) => {
         #[fentry]
-        pub fn $fentry(_ctx: FEntryContext) -> u32 {
-            on_entry($n)
+        pub fn $fentry(ctx: FEntryContext) -> u32 {
+            on_entry(&ctx, $n)
         }
         #[fexit]
-        pub fn $fexit(_ctx: FExitContext) -> u32 {
-            on_exit($n)
+        pub fn $fexit(ctx: FExitContext) -> u32 {
+            on_exit(&ctx, $n)
         }
         #[kprobe]
-        pub fn $kprobe(_ctx: ProbeContext) -> u32 {
-            on_entry($n)
+        pub fn $kprobe(ctx: ProbeContext) -> u32 {
+            on_entry(&ctx, $n)
         }
         #[kretprobe]
-        pub fn $kretprobe(_ctx: RetProbeContext) -> u32 {
-            on_exit($n)
+        pub fn $kretprobe(ctx: RetProbeContext) -> u32 {
+            on_exit(&ctx, $n)
         }
         #[btf_tracepoint]
-        pub fn $tp(_ctx: BtfTracePointContext) -> i32 {
-            on_hit($n) as i32
+        pub fn $tp(ctx: BtfTracePointContext) -> i32 {
+            on_hit(&ctx, $n) as i32
         }
     };
 }
@@ -317,38 +335,51 @@ fn floor_exit() -> u32 {
     0
 }
 
-#[fentry]
-pub fn floor_empty_fentry(_ctx: FEntryContext) -> u32 {
-    0
+/// Floor programs of one entry/exit program type: (a) empty, (b) clock at entry and exit. The
+/// names are those of `memcg_trace_common::names::FLOOR_*`.
+macro_rules! floor_pair {
+    ($entry:ident, $exit:ident, $entry_ctx:ty, $exit_ctx:ty,
+     $empty_entry:ident, $empty_exit:ident, $clock_entry:ident, $clock_exit:ident) => {
+        #[$entry]
+        pub fn $empty_entry(_ctx: $entry_ctx) -> u32 {
+            0
+        }
+        #[$exit]
+        pub fn $empty_exit(_ctx: $exit_ctx) -> u32 {
+            0
+        }
+        #[$entry]
+        pub fn $clock_entry(_ctx: $entry_ctx) -> u32 {
+            floor_entry()
+        }
+        #[$exit]
+        pub fn $clock_exit(_ctx: $exit_ctx) -> u32 {
+            floor_exit()
+        }
+    };
 }
-#[fexit]
-pub fn floor_empty_fexit(_ctx: FExitContext) -> u32 {
-    0
-}
-#[fentry]
-pub fn floor_clock_fentry(_ctx: FEntryContext) -> u32 {
-    floor_entry()
-}
-#[fexit]
-pub fn floor_clock_fexit(_ctx: FExitContext) -> u32 {
-    floor_exit()
-}
-#[kprobe]
-pub fn floor_empty_kprobe(_ctx: ProbeContext) -> u32 {
-    0
-}
-#[kretprobe]
-pub fn floor_empty_kretprobe(_ctx: RetProbeContext) -> u32 {
-    0
-}
-#[kprobe]
-pub fn floor_clock_kprobe(_ctx: ProbeContext) -> u32 {
-    floor_entry()
-}
-#[kretprobe]
-pub fn floor_clock_kretprobe(_ctx: RetProbeContext) -> u32 {
-    floor_exit()
-}
+
+floor_pair!(
+    fentry,
+    fexit,
+    FEntryContext,
+    FExitContext,
+    floor_empty_fentry,
+    floor_empty_fexit,
+    floor_clock_fentry,
+    floor_clock_fexit
+);
+floor_pair!(
+    kprobe,
+    kretprobe,
+    ProbeContext,
+    RetProbeContext,
+    floor_empty_kprobe,
+    floor_empty_kretprobe,
+    floor_clock_kprobe,
+    floor_clock_kretprobe
+);
+
 #[btf_tracepoint]
 pub fn floor_empty_tp(_ctx: BtfTracePointContext) -> i32 {
     0
@@ -363,22 +394,23 @@ pub fn floor_clock_tp(_ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-// Context check for `memcg-trace selftest`: programs on tracepoints whose context is known
-// (softirq_entry: serving a softirq; local_timer_entry / irq_handler_entry: hardirq;
-// sched_switch: task) count how the shared classification sees them, in CTX_CHECK[expected *
-// 5 + got] (got 4: context unreadable).
+// Context check for `memcg-trace selftest` and the mask calibration: programs on tracepoints
+// whose context is known (softirq_entry: serving a softirq; local_timer_entry /
+// irq_handler_entry: hardirq; sched_switch: task) count how the shared classification sees
+// them, in CTX_CHECK[ctx_check_index(expected, got)].
 
 #[map]
-static CTX_CHECK: PerCpuArray<u64> = PerCpuArray::with_max_entries(20, 0);
+static CTX_CHECK: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(CTX_CHECK_ROWS * CTX_CHECK_COLS, 0);
 
 /// Raw preempt_count bits seen per expected context: [or, and] pairs, for calibration reports.
 #[map]
-static CTX_BITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(8, 0);
+static CTX_BITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(CTX_CHECK_ROWS * 2, 0);
 
 #[inline(always)]
-fn ctx_check(expected: u32) -> i32 {
+fn ctx_check<C: EbpfContext>(c: &C, expected: u32) -> i32 {
     let l = layout();
-    if let Some(addr) = preempt_addr(l) {
+    if let Some(addr) = preempt_addr(c, l) {
         // SAFETY: address verified in preempt_addr.
         if let Ok(pc) = unsafe { bpf_probe_read_kernel(addr as *const u32) } {
             let pc = (pc & 0x7fff_ffff) as u64;
@@ -398,25 +430,25 @@ fn ctx_check(expected: u32) -> i32 {
             }
         }
     }
-    let got = context(l).unwrap_or(4);
-    if let Some(c) = CTX_CHECK.get_ptr_mut(expected * 5 + got) {
+    let got = context(c, l).unwrap_or(CTX_UNKNOWN);
+    if let Some(n) = CTX_CHECK.get_ptr_mut(ctx_check_index(expected, got)) {
         // SAFETY: pointer from a successful map lookup.
-        unsafe { *c += 1 };
+        unsafe { *n += 1 };
     }
     0
 }
 
 #[btf_tracepoint]
-pub fn ctx_check_task(_ctx: BtfTracePointContext) -> i32 {
-    ctx_check(CTX_TASK)
+pub fn ctx_check_task(ctx: BtfTracePointContext) -> i32 {
+    ctx_check(&ctx, CTX_TASK)
 }
 #[btf_tracepoint]
-pub fn ctx_check_softirq(_ctx: BtfTracePointContext) -> i32 {
-    ctx_check(memcg_trace_common::CTX_SOFTIRQ)
+pub fn ctx_check_softirq(ctx: BtfTracePointContext) -> i32 {
+    ctx_check(&ctx, CTX_SOFTIRQ)
 }
 #[btf_tracepoint]
-pub fn ctx_check_hardirq(_ctx: BtfTracePointContext) -> i32 {
-    ctx_check(memcg_trace_common::CTX_HARDIRQ)
+pub fn ctx_check_hardirq(ctx: BtfTracePointContext) -> i32 {
+    ctx_check(&ctx, CTX_HARDIRQ)
 }
 
 /// Test entry for BPF_PROG_TEST_RUN: runs the real bucketing on a duration passed in the
@@ -428,11 +460,11 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
     let args = ctx.as_ptr() as *const u64;
     let (slot, ns) = unsafe { (*args, *args.add(1)) };
     let l = layout();
-    let ctx = context(l).map(|c| c as i32).unwrap_or(-1);
+    let got = context(&ctx, l).map(|c| c as i32).unwrap_or(-1);
     if slot < NUM_SLOTS as u64 {
         record(&HIST, slot as u32, ns);
     }
-    ctx
+    got
 }
 
 #[cfg(not(test))]

@@ -1,13 +1,14 @@
-//! The JSON document (`"schema": "memcg-trace/1"`), built from a `Snapshot` and written
-//! atomically. `schema/memcg-trace-1.schema.json` is its specification; tests validate real
-//! output against it and parse it back into these types.
+//! The JSON document (`"schema": "memcg-trace/1"`): assembled here from a `Snapshot`, its
+//! figures and what the session knows about the run, written atomically, and read back.
+//! `schema/memcg-trace-1.schema.json` is its specification; tests validate real output against
+//! it and parse it back into these types.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     fs,
     io::Write as _,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{anyhow, Context as _, Result};
@@ -17,15 +18,15 @@ use memcg_trace_common::{bucket_bounds, CTX_NAMES};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    figures::{self, rate, ratio, QUANTILES},
+    kernel,
     probes::Backend,
-    snapshot::{rate, ratio, HistData, Snapshot},
+    snapshot::{HistData, Snapshot},
+    tracer::NotAttached,
 };
 
 /// The schema identifier of this document version.
 pub const SCHEMA: &str = "memcg-trace/1";
-
-/// Percentiles reported everywhere.
-pub const QUANTILES: [f64; 6] = [0.5, 0.9, 0.99, 0.999, 0.9999, 1.0];
 
 /// A recording.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -64,7 +65,7 @@ pub struct Meta {
     /// Whether kernel bpf stats were on (self-cost figures need them).
     pub bpf_stats: bool,
     /// What memcg-trace itself cost.
-    pub tracer: TracerCost,
+    pub tracer: DaemonCost,
     /// The preempt_count masks the context split used.
     pub context_masks: Option<crate::kernel::ContextMasks>,
     /// The workload, when memcg-trace ran one.
@@ -73,7 +74,7 @@ pub struct Meta {
 
 /// The daemon's own cost (the programs' cost is per probe, from bpf stats).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct TracerCost {
+pub struct DaemonCost {
     /// From the start of `record` until every probe was attached, ns.
     pub startup_ns: u64,
     /// Detaching every program at the end, ns.
@@ -228,37 +229,29 @@ pub struct NotAttachedOut {
     pub reasons: Vec<String>,
 }
 
-/// Latency figures of one histogram over a recording of length `secs`.
+/// Latency figures of one histogram over a recording of length `secs`; None when nothing was
+/// timed there.
 fn latency_out(h: &HistData, secs: Duration) -> Latency {
-    let hdr = h.to_hdr();
     let mut buf = Vec::new();
     V2Serializer::new()
-        .serialize(&hdr, &mut buf)
+        .serialize(&figures::hdr(h), &mut buf)
         .expect("serialize hdr");
+    let l = figures::latency(h, secs, &QUANTILES);
     Latency {
         sum_ns: h.sum_ns,
         cpu_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
         min_ns: h.min_ns,
         max_ns: h.max_ns,
-        mean_ns: h.mean_ns(),
-        stddev_ns: (h.timed() > 0).then(|| hdr.stdev()),
-        percentiles: if h.timed() > 0 {
-            QUANTILES
-                .iter()
-                .map(|&q| Quantile {
-                    q,
-                    // HDR reports a bucket's highest equivalent value, which can lie above the
-                    // true maximum.
-                    ns: if q >= 1.0 {
-                        h.max_ns
-                    } else {
-                        hdr.value_at_quantile(q).min(h.max_ns)
-                    },
-                })
-                .collect()
-        } else {
-            Vec::new()
-        },
+        mean_ns: l.as_ref().map(|l| l.mean_ns),
+        stddev_ns: l.as_ref().map(|l| l.stddev_ns),
+        percentiles: l
+            .map(|l| {
+                l.percentiles
+                    .into_iter()
+                    .map(|(q, ns)| Quantile { q, ns })
+                    .collect()
+            })
+            .unwrap_or_default(),
         buckets: h
             .buckets
             .iter()
@@ -277,9 +270,71 @@ fn latency_out(h: &HistData, secs: Duration) -> Latency {
     }
 }
 
-/// Builds the per-probe part of the document from a snapshot. `notes` gives each probe's
-/// resolution notes by name.
-pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<ProbeOut> {
+/// What a recording says about the run besides the figures: assembled by the live session.
+#[derive(Debug, Clone)]
+pub struct RunMeta {
+    /// When tracing started.
+    pub start: SystemTime,
+    /// When it ended (or the moment of a dashboard save).
+    pub end: SystemTime,
+    /// The preempt_count masks the context split used.
+    pub masks: Option<kernel::ContextMasks>,
+    /// The daemon's own cost.
+    pub daemon: DaemonCost,
+    /// The workload, when the session ran one.
+    pub workload: Option<Workload>,
+    /// Resolution notes per attached probe, by name.
+    pub notes: HashMap<String, Vec<String>>,
+    /// Probes that could not be attached.
+    pub not_attached: Vec<NotAttached>,
+}
+
+fn unix_ns(t: SystemTime) -> u128 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// The recording of a snapshot: the one place a document is assembled (`record`, the
+/// dashboard's save key).
+pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
+    let release = kernel::release();
+    let config = kernel::config(&release);
+    let (cpu_model, cpus) = kernel::cpu_info();
+    Document {
+        schema: SCHEMA.into(),
+        meta: Meta {
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+            preemption_model: kernel::preemption_model(config.as_ref()),
+            kernel_release: release,
+            kernel_config: config.unwrap_or_default(),
+            cpu_model,
+            cpus,
+            start_unix_ns: unix_ns(run.start),
+            end_unix_ns: unix_ns(run.end),
+            duration_ns: snap.elapsed.as_nanos() as u64,
+            bpf_stats: snap
+                .probes
+                .iter()
+                .any(|p| p.programs.iter().any(|c| c.run_cnt > 0)),
+            tracer: run.daemon.clone(),
+            context_masks: run.masks.clone(),
+            workload: run.workload.clone(),
+        },
+        probes: probes_out(snap, &run.notes),
+        not_attached: run
+            .not_attached
+            .iter()
+            .map(|f| NotAttachedOut {
+                name: f.name.clone(),
+                reasons: f.reasons.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// The per-probe part of the document.
+fn probes_out(snap: &Snapshot, notes: &HashMap<String, Vec<String>>) -> Vec<ProbeOut> {
     let secs = snap.elapsed;
     snap.probes
         .iter()
@@ -290,7 +345,7 @@ pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<P
             count: p.calls(),
             dropped: p.dropped(),
             recursion_misses: p.recursion_misses(),
-            notes: notes(&p.name),
+            notes: notes.get(&p.name).cloned().unwrap_or_default(),
             workload: p.workload.as_ref().map(|w| WorkloadOut {
                 count: w.count,
                 rate_per_s: rate(w.count, secs),
@@ -304,7 +359,7 @@ pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<P
                     name: c.name.clone(),
                     run_cnt: c.run_cnt,
                     run_time_ns: c.run_time_ns,
-                    ns_per_run: c.ns_per_run(),
+                    ns_per_run: ratio(c.run_time_ns as f64, c.run_cnt as f64),
                     recursion_misses: c.recursion_misses,
                 })
                 .collect(),
@@ -314,7 +369,6 @@ pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<P
                 .enumerate()
                 .map(|(i, c)| {
                     let h = &c.hist;
-                    let latency = p.backend.has_latency().then(|| latency_out(h, secs));
                     ContextOut {
                         context: CTX_NAMES[i].to_string(),
                         count: h.count,
@@ -324,7 +378,7 @@ pub fn probes_out(snap: &Snapshot, notes: &dyn Fn(&str) -> Vec<String>) -> Vec<P
                         unmatched: c.counters.unmatched,
                         switched: c.counters.switched,
                         no_context: c.counters.no_context,
-                        latency,
+                        latency: p.backend.has_latency().then(|| latency_out(h, secs)),
                     }
                 })
                 .collect(),
@@ -467,5 +521,6 @@ pub fn to_snapshot(doc: &Document) -> crate::snapshot::Snapshot {
                 }
             })
             .collect(),
+        extra: Vec::new(),
     }
 }

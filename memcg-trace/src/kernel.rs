@@ -380,34 +380,6 @@ pub fn online_cpus() -> usize {
     aya::util::online_cpus().map(|c| c.len()).unwrap_or(1)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_parsing_keeps_options_of_interest() {
-        let c = parse_config("CONFIG_PREEMPT_VOLUNTARY=y\n# CONFIG_DEBUG_PREEMPT is not set\nCONFIG_HZ=250\nCONFIG_FOO=y\n");
-        assert_eq!(c.get("CONFIG_PREEMPT_VOLUNTARY").unwrap(), "y");
-        assert_eq!(c.get("CONFIG_DEBUG_PREEMPT").unwrap(), "n");
-        assert_eq!(c.get("CONFIG_HZ").unwrap(), "250");
-        assert!(!c.contains_key("CONFIG_FOO"));
-        assert_eq!(preemption_model(Some(&c)), "voluntary");
-    }
-
-    #[test]
-    fn kallsyms_separates_clones() {
-        let mut s = Symbols::default();
-        let text = "ffffffff81000000 T obj_cgroup_charge\nffffffff81000010 t mod_memcg_state.constprop.0\nffffffff82000000 D some_data\nffffffff81000020 T other\n";
-        s.add_kallsyms(text, None);
-        assert!(s.kallsyms.contains("obj_cgroup_charge"));
-        assert!(!s.kallsyms.contains("some_data"));
-        assert_eq!(
-            s.clones["mod_memcg_state"],
-            vec!["mod_memcg_state.constprop.0"]
-        );
-    }
-}
-
 /// preempt_count masks as `in_task()` uses them, and where they came from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ContextMasks {
@@ -459,7 +431,7 @@ pub fn derive_masks(softirq_all: u32, hardirq_all: u32) -> Option<ContextMasks> 
 }
 
 #[cfg(test)]
-mod mask_tests {
+mod tests {
     use super::*;
     use memcg_trace_common::{classify, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK};
 
@@ -487,5 +459,28 @@ mod mask_tests {
         assert_eq!(c(0x8000_0002, &m73), CTX_TASK, "need-resched bit ignored");
         assert!(derive_masks(0x2, 0x10000).is_none(), "no softirq bit seen");
         assert!(derive_masks(0x102, 0x3).is_none(), "no hardirq bit seen");
+    }
+
+    #[test]
+    fn config_parsing_keeps_options_of_interest() {
+        let c = parse_config("CONFIG_PREEMPT_VOLUNTARY=y\n# CONFIG_DEBUG_PREEMPT is not set\nCONFIG_HZ=250\nCONFIG_FOO=y\n");
+        assert_eq!(c.get("CONFIG_PREEMPT_VOLUNTARY").unwrap(), "y");
+        assert_eq!(c.get("CONFIG_DEBUG_PREEMPT").unwrap(), "n");
+        assert_eq!(c.get("CONFIG_HZ").unwrap(), "250");
+        assert!(!c.contains_key("CONFIG_FOO"));
+        assert_eq!(preemption_model(Some(&c)), "voluntary");
+    }
+
+    #[test]
+    fn kallsyms_separates_clones() {
+        let mut s = Symbols::default();
+        let text = "ffffffff81000000 T obj_cgroup_charge\nffffffff81000010 t mod_memcg_state.constprop.0\nffffffff82000000 D some_data\nffffffff81000020 T other\n";
+        s.add_kallsyms(text, None);
+        assert!(s.kallsyms.contains("obj_cgroup_charge"));
+        assert!(!s.kallsyms.contains("some_data"));
+        assert_eq!(
+            s.clones["mod_memcg_state"],
+            vec!["mod_memcg_state.constprop.0"]
+        );
     }
 }

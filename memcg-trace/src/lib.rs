@@ -1,17 +1,38 @@
 //! memcg-trace: a live eBPF tracer of the memory-cgroup charging hot paths.
 //!
-//! Data path: kernel function -> eBPF entry/exit pair (memcg-trace-ebpf) -> per-CPU histograms
-//! keyed by (probe, context) -> [`tracer::Tracer::snapshot`] -> [`snapshot::Snapshot`] ->
-//! outputs ([`report`] table, [`export`] JSON). The outputs never read BPF maps themselves.
+//! The data path, one module a step:
+//!
+//! ```text
+//! kernel function -> eBPF entry/exit pair (memcg-trace-ebpf) -> per-CPU maps
+//!   -> tracer (reads the maps)  -> collector (one tokio task, one Snapshot a tick)
+//!   -> snapshot (plain data)    -> figures (percentiles, rates, costs; computed once)
+//!   -> table | export (JSON) | tui (dashboard)
+//! ```
+//!
+//! `session` is one live trace around it (signals, privileges, calibration, probe resolution,
+//! attach, the workload's memcg and process, clean-up); the commands in `cmd` are thin
+//! consumers of a session or of recordings, and `cli` only dispatches to them.
+//!
+//! ```
+//! use memcg_trace::{figures, snapshot::HistData};
+//! let h = HistData::of(&[800, 900, 1000, 25_000]);
+//! let l = figures::latency(&h, std::time::Duration::from_secs(1), &figures::QUANTILES).unwrap();
+//! assert!(l.at(0.5).unwrap().abs_diff(900) <= 15);
+//! assert_eq!(l.at(1.0), Some(25_000));
+//! ```
 
-pub mod bench;
+pub mod calibrate;
 pub mod cli;
+pub mod cmd;
+pub mod collector;
 pub mod export;
+pub mod figures;
 pub mod kernel;
 pub mod probes;
-pub mod record;
-pub mod report;
+pub mod session;
 pub mod snapshot;
+pub mod table;
 pub mod tracer;
 pub mod tui;
+pub mod units;
 pub mod workload;

@@ -351,7 +351,7 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
 mod tests {
     use super::*;
 
-    /// Symbol facts as recorded from the stock kernels (see KERNEL-NOTES.md).
+    /// Symbol facts as recorded from the stock kernels in the VM tests (`memcg-trace probes --all`).
     fn kernel(funcs: &[&str], tracepoints: &[&str]) -> Symbols {
         let mut s = Symbols {
             kprobes: true,

@@ -1,10 +1,9 @@
-//! The `Snapshot`: plain data the poller produces each tick and the only thing the outputs (table,
-//! JSON, dashboard) consume. Derived figures are small pure functions here.
+//! The `Snapshot`: plain data the collector produces each tick and the only thing the outputs
+//! (table, JSON, dashboard) consume. Derived numbers are in `figures`.
 
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
-use memcg_trace_common::{bucket_bounds, Counters, Hist, NUM_BUCKETS, NUM_CTX};
+use memcg_trace_common::{Counters, Hist, NUM_BUCKETS, NUM_CTX};
 
 use crate::probes::Backend;
 
@@ -59,6 +58,19 @@ impl HistData {
         self.buckets.iter().sum()
     }
 
+    /// A histogram of exact values, as the kernel would count them (tests and examples).
+    pub fn of(values: &[u64]) -> HistData {
+        let mut h = HistData::default();
+        for &v in values {
+            h.count += 1;
+            h.sum_ns += v;
+            h.max_ns = h.max_ns.max(v);
+            h.min_ns = if h.min_ns == 0 { v } else { h.min_ns.min(v) };
+            h.buckets[memcg_trace_common::bucket_index(v)] += 1;
+        }
+        h
+    }
+
     /// `self - earlier`, for per-tick figures. Min and max are those of the whole run.
     pub fn since(&self, earlier: &HistData) -> HistData {
         HistData {
@@ -74,39 +86,6 @@ impl HistData {
                 .collect(),
         }
     }
-
-    /// Mean duration, ns.
-    pub fn mean_ns(&self) -> Option<f64> {
-        ratio(self.sum_ns as f64, self.timed() as f64)
-    }
-
-    /// The histogram as an HdrHistogram: each bucket's calls recorded at the bucket midpoint
-    /// (clamped to the observed min and max), so percentiles are within half a bucket (1.6%).
-    pub fn to_hdr(&self) -> Histogram<u64> {
-        let mut h = Histogram::<u64>::new_with_bounds(1, 1 << 40, 3).expect("valid hdr bounds");
-        for (i, &n) in self.buckets.iter().enumerate() {
-            if n == 0 {
-                continue;
-            }
-            let (lo, hi) = bucket_bounds(i);
-            let mut v = lo + (hi - 1 - lo) / 2;
-            if self.max_ns > 0 {
-                v = v.clamp(self.min_ns.max(1), self.max_ns.max(1));
-            }
-            h.record_n(v.max(1), n).expect("value within hdr bounds");
-        }
-        h
-    }
-}
-
-/// `a / b`, or None when b is zero.
-pub fn ratio(a: f64, b: f64) -> Option<f64> {
-    (b != 0.0).then(|| a / b)
-}
-
-/// Per-second rate of `n` events over `d`.
-pub fn rate(n: u64, d: Duration) -> Option<f64> {
-    ratio(n as f64, d.as_secs_f64())
 }
 
 /// Cost of one eBPF program, from the kernel's bpf stats.
@@ -120,13 +99,6 @@ pub struct ProgCost {
     pub run_time_ns: u64,
     /// Runs skipped because the program was already running on that CPU.
     pub recursion_misses: u64,
-}
-
-impl ProgCost {
-    /// Mean run time per call, ns.
-    pub fn ns_per_run(&self) -> Option<f64> {
-        ratio(self.run_time_ns as f64, self.run_cnt as f64)
-    }
 }
 
 /// One (probe, context) pair.
@@ -187,6 +159,8 @@ pub struct Snapshot {
     pub elapsed: Duration,
     /// Attached probes.
     pub probes: Vec<ProbeStats>,
+    /// Programs attached besides the probes' (the bench floors), with their cost.
+    pub extra: Vec<ProgCost>,
 }
 
 #[cfg(test)]
@@ -194,59 +168,10 @@ mod tests {
     use super::*;
     use memcg_trace_common::bucket_index;
 
-    fn hist_of(values: &[u64]) -> HistData {
-        let mut h = HistData::default();
-        for &v in values {
-            h.count += 1;
-            h.sum_ns += v;
-            h.max_ns = h.max_ns.max(v);
-            h.min_ns = if h.min_ns == 0 { v } else { h.min_ns.min(v) };
-            h.buckets[bucket_index(v)] += 1;
-        }
-        h
-    }
-
-    #[test]
-    fn percentiles_stay_within_three_percent() {
-        // A spread of values over six decades, each percentile checked against the exact one.
-        let mut values: Vec<u64> = (0..20_000u64)
-            .map(|i| 20 + (i * i * 37) % 5_000_000)
-            .collect();
-        values.sort_unstable();
-        let hdr = hist_of(&values).to_hdr();
-        for q in [0.5, 0.9, 0.99, 0.999] {
-            let exact =
-                values[((q * values.len() as f64).ceil() as usize).saturating_sub(1)] as f64;
-            let got = hdr.value_at_quantile(q) as f64;
-            let err = (got - exact).abs() / exact;
-            assert!(
-                err <= 0.03,
-                "q={q}: got {got}, exact {exact}, error {err:.4}"
-            );
-        }
-        assert_eq!(hdr.len(), values.len() as u64);
-    }
-
-    #[test]
-    fn single_value_is_reported_exactly_through_min_max_clamp() {
-        let hdr = hist_of(&[1234, 1234, 1234]).to_hdr();
-        assert!((hdr.value_at_quantile(0.5) as i64 - 1234).abs() <= 2);
-    }
-
-    #[test]
-    fn derived_figures_guard_division_by_zero() {
-        assert_eq!(rate(10, Duration::ZERO), None);
-        assert_eq!(rate(10, Duration::from_secs(2)), Some(5.0));
-        assert_eq!(HistData::default().mean_ns(), None);
-        assert_eq!(ProgCost::default().ns_per_run(), None);
-        let h = hist_of(&[100, 300]);
-        assert_eq!(h.mean_ns(), Some(200.0));
-    }
-
     #[test]
     fn interval_is_the_difference_of_cumulatives() {
-        let a = hist_of(&[100, 200]);
-        let b = hist_of(&[100, 200, 5000]);
+        let a = HistData::of(&[100, 200]);
+        let b = HistData::of(&[100, 200, 5000]);
         let d = b.since(&a);
         assert_eq!(d.count, 1);
         assert_eq!(d.sum_ns, 5000);

@@ -1,6 +1,7 @@
-//! Loads the eBPF object, attaches one program pair per probe with the requested backend
-//! (falling back in `auto` mode, with the reason), and reads the per-CPU maps into a `Snapshot`.
-//! Dropping the `Tracer` detaches every link.
+//! The kernel side, seen from userspace: loads the eBPF object (one loader set-up for every
+//! use), attaches one program pair per probe with the requested backend (falling back in `auto`
+//! mode, with the reason), and reads the per-CPU maps into a `Snapshot`. Dropping the `Tracer`
+//! detaches every link.
 
 use std::{
     collections::HashMap,
@@ -11,8 +12,16 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use aya::{maps::PerCpuArray, programs::Program, Btf, Ebpf, EbpfLoader};
-use memcg_trace_common::{slot_index, Hist, KernelLayout, Slot, MAX_PROBES, NUM_CTX};
+use aya::{
+    maps::{MapData, PerCpuArray},
+    programs::Program,
+    Btf, Ebpf, EbpfLoader,
+};
+use aya_log::EbpfLogger;
+use memcg_trace_common::{
+    ctx_check_index, names, slot_index, Hist, KernelLayout, Slot, CTX_CHECK_COLS, CTX_CHECK_ROWS,
+    CTX_NAMES, MAX_PROBES, NUM_CTX, NUM_SLOTS,
+};
 
 use crate::{
     probes::{Backend, Plan, Request, Resolution},
@@ -43,6 +52,106 @@ pub fn chain(e: &dyn Error) -> String {
         .to_string()
 }
 
+/// The one way the object is loaded: kernel layout, workload cgroup and log level patched into
+/// the programs' read-only globals. With the log level 0 the verifier removes every log
+/// statement, so diagnostics cost nothing when off.
+fn load_object(layout: &KernelLayout, workload_cgroup: u64, ebpf_log: bool) -> Result<Ebpf> {
+    if EBPF_OBJECT.is_empty() {
+        bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
+    }
+    let level: u8 = if ebpf_log { 0xff } else { 0 };
+    EbpfLoader::new()
+        .override_global(names::GLOBAL_LAYOUT, layout, true)
+        .override_global(names::GLOBAL_WORKLOAD_CGROUP, &workload_cgroup, true)
+        .override_global(aya_log::LEVEL, &level, true)
+        .load(EBPF_OBJECT)
+        .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
+}
+
+/// A per-CPU array of the object, by name.
+fn per_cpu<'a, V: aya::Pod>(ebpf: &'a Ebpf, name: &str) -> Result<PerCpuArray<&'a MapData, V>> {
+    let map = ebpf
+        .map(name)
+        .ok_or_else(|| anyhow!("map {name} missing from the object"))?;
+    PerCpuArray::try_from(map).with_context(|| format!("map {name}"))
+}
+
+/// Sum over CPUs of one entry of a per-CPU counter array.
+fn sum_u64(map: &PerCpuArray<&MapData, u64>, index: u32) -> Result<u64> {
+    Ok(map.get(&index, 0)?.iter().sum())
+}
+
+/// Loads `prog` for `target` (a function or tracepoint; ignored by program types that take
+/// their target at attach time) and attaches it there.
+fn load_and_attach(p: &mut Program, target: &str, btf: &Btf) -> Result<(), String> {
+    let r = match p {
+        Program::FEntry(p) => p.load(target, btf).and_then(|_| p.attach().map(drop)),
+        Program::FExit(p) => p.load(target, btf).and_then(|_| p.attach().map(drop)),
+        Program::KProbe(p) => p.load().and_then(|_| p.attach(target, 0).map(drop)),
+        Program::BtfTracePoint(p) => p.load(target, btf).and_then(|_| p.attach().map(drop)),
+        _ => return Err("unexpected program type".into()),
+    };
+    r.map_err(|e| {
+        let s = chain(&e);
+        if s.contains("Operation not permitted") || s.contains("EPERM") {
+            format!(
+                "{s} (the kernel refused it: lockdown, a sandbox or missing CAP_BPF/CAP_PERFMON)"
+            )
+        } else {
+            s
+        }
+    })
+}
+
+/// Detaches and unloads a program of any of the types used here.
+fn unload(p: &mut Program) {
+    let _ = match p {
+        Program::FEntry(p) => p.unload(),
+        Program::FExit(p) => p.unload(),
+        Program::KProbe(p) => p.unload(),
+        Program::BtfTracePoint(p) => p.unload(),
+        Program::RawTracePoint(p) => p.unload(),
+        _ => Ok(()),
+    };
+}
+
+/// A duplicate of a loaded program's fd.
+fn dup_fd(p: &Program) -> Option<OwnedFd> {
+    let fd = match p {
+        Program::FEntry(p) => p.fd(),
+        Program::FExit(p) => p.fd(),
+        Program::KProbe(p) => p.fd(),
+        Program::BtfTracePoint(p) => p.fd(),
+        _ => return None,
+    };
+    fd.ok()?.as_fd().try_clone_to_owned().ok()
+}
+
+/// The programs of one probe slot for a backend, entry first.
+pub fn slot_programs(backend: Backend, slot: u32) -> Vec<&'static str> {
+    let s = slot as usize;
+    match backend {
+        Backend::Fentry => vec![names::FENTRY[s], names::FEXIT[s]],
+        Backend::Kprobe => vec![names::KPROBE[s], names::KRETPROBE[s]],
+        Backend::Tracepoint => vec![names::TP[s]],
+    }
+}
+
+/// A log sink for the programs' diagnostics: one line each on stderr.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record) {
+        eprintln!("memcg-trace: ebpf {}: {}", record.level(), record.args());
+    }
+
+    fn flush(&self) {}
+}
+
 /// A probe that is attached.
 #[derive(Debug, Clone)]
 pub struct Attached {
@@ -56,8 +165,8 @@ pub struct Attached {
     pub backend: Backend,
     /// Why earlier backends were not used, and other resolution notes.
     pub notes: Vec<String>,
-    /// Names of the programs in the object.
-    pub programs: Vec<String>,
+    /// Names of the programs in the object, entry first.
+    pub programs: Vec<&'static str>,
 }
 
 /// A probe that could not be attached, and why.
@@ -80,30 +189,35 @@ pub struct Tracer {
     pub failed: Vec<NotAttached>,
     /// The preempt_count masks the programs were loaded with.
     pub masks: Option<crate::kernel::ContextMasks>,
+    /// Programs attached besides the probes (the bench floors).
+    extra: Vec<&'static str>,
     started: Instant,
     /// Whether task-context calls of a workload cgroup are counted apart.
     workload: bool,
     /// Duplicates of the attached programs' fds: they keep the kernel's run statistics readable
     /// after the links are gone, so the final figures cover every run.
-    prog_fds: HashMap<String, OwnedFd>,
+    prog_fds: HashMap<&'static str, OwnedFd>,
+    /// The programs' diagnostics, when `--ebpf-log` asked for them.
+    logger: Option<EbpfLogger<StderrLog>>,
     /// Keeps kernel bpf stats on while it is open (BPF_ENABLE_STATS).
     _stats: Option<OwnedFd>,
 }
 
 impl Tracer {
-    /// Parses the object and creates the maps, with the kernel layout and the workload's cgroup
-    /// v2 id (0: none) patched in.
-    pub fn load(layout: &KernelLayout, workload_cgroup: u64) -> Result<Self> {
-        if EBPF_OBJECT.is_empty() {
-            bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
-        }
-        // EbpfLoader::new() parses the kernel's BTF for itself; ours is parsed after the loader
-        // is gone so that the two (tens of MiB each) are never alive together.
-        let ebpf = EbpfLoader::new()
-            .override_global("LAYOUT", layout, true)
-            .override_global("WORKLOAD_CGROUP", &workload_cgroup, true)
-            .load(EBPF_OBJECT)
-            .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))?;
+    /// Loads the object with the kernel layout, the workload's cgroup v2 id (0: none) and the
+    /// diagnostics switch.
+    pub fn load(layout: &KernelLayout, workload_cgroup: u64, ebpf_log: bool) -> Result<Self> {
+        // EbpfLoader parses the kernel's BTF for itself; ours is parsed after the loader is gone
+        // so that the two (tens of MiB each) are never alive together.
+        let mut ebpf = load_object(layout, workload_cgroup, ebpf_log)?;
+        let logger = if ebpf_log {
+            Some(
+                EbpfLogger::init_with_logger(&mut ebpf, StderrLog)
+                    .map_err(|e| anyhow!("eBPF log: {e}"))?,
+            )
+        } else {
+            None
+        };
         let btf = Btf::from_sys_fs().context("load kernel BTF")?;
         // bpf stats on while we trace; the kernel turns them back off when this fd closes.
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
@@ -113,9 +227,11 @@ impl Tracer {
             attached: Vec::new(),
             failed: Vec::new(),
             masks: None,
+            extra: Vec::new(),
             started: Instant::now(),
             workload: workload_cgroup != 0,
             prog_fds: HashMap::new(),
+            logger,
             _stats: stats,
         })
     }
@@ -131,13 +247,9 @@ impl Tracer {
             return false;
         }
         for plan in &res.plans {
-            match self.attach_plan(slot, plan) {
-                Ok(programs) => {
-                    for p in &programs {
-                        if let Some(fd) = self.dup_fd(p) {
-                            self.prog_fds.insert(p.clone(), fd);
-                        }
-                    }
+            let programs = slot_programs(plan.backend, slot);
+            match self.attach_programs(&programs, &plan.target) {
+                Ok(()) => {
                     self.attached.push(Attached {
                         slot,
                         name,
@@ -161,23 +273,42 @@ impl Tracer {
         false
     }
 
-    fn attach_plan(&mut self, slot: u32, plan: &Plan) -> std::result::Result<Vec<String>, String> {
-        let names: Vec<String> = match plan.backend {
-            Backend::Fentry => vec![format!("fentry_{slot}"), format!("fexit_{slot}")],
-            Backend::Kprobe => vec![format!("kprobe_{slot}"), format!("kretprobe_{slot}")],
-            Backend::Tracepoint => vec![format!("tp_{slot}")],
-        };
-        // Exit first: an entry without its exit would only leave stale start slots.
-        for (i, prog) in names.iter().enumerate().rev() {
-            if let Err(e) = self.attach_one(prog, plan) {
-                for done in &names[i + 1..] {
-                    self.unload(done);
+    /// Attaches `programs` (entry first) to `target`, exit first: an entry without its exit
+    /// would only leave stale start slots. All or none.
+    fn attach_programs(&mut self, programs: &[&'static str], target: &str) -> Result<(), String> {
+        let btf = self
+            .btf
+            .as_ref()
+            .ok_or("attaching is over (BTF released)")?;
+        for (i, &name) in programs.iter().enumerate().rev() {
+            let p = self
+                .ebpf
+                .program_mut(name)
+                .ok_or_else(|| format!("program {name} missing from the object"))?;
+            if let Err(e) = load_and_attach(p, target, btf) {
+                unload(p);
+                for &done in &programs[i + 1..] {
+                    if let Some(p) = self.ebpf.program_mut(done) {
+                        unload(p);
+                    }
+                    self.prog_fds.remove(done);
                 }
-                self.unload(prog);
                 return Err(e);
             }
+            if let Some(fd) = dup_fd(p) {
+                self.prog_fds.insert(name, fd);
+            }
         }
-        Ok(names)
+        Ok(())
+    }
+
+    /// Attaches further programs of the object (the bench floors) to `plan`'s target, exit
+    /// programs first; their costs are reported in [`Snapshot::extra`].
+    pub fn attach_extra(&mut self, programs: &[&'static str], plan: &Plan) -> Result<()> {
+        self.attach_programs(programs, &plan.target)
+            .map_err(|e| anyhow!("{} on {}: {e}", programs.join("+"), plan.target))?;
+        self.extra.extend_from_slice(programs);
+        Ok(())
     }
 
     /// Frees the kernel BTF once every probe is attached; later attaches fail.
@@ -185,82 +316,14 @@ impl Tracer {
         self.btf = None;
     }
 
-    fn attach_one(&mut self, prog: &str, plan: &Plan) -> std::result::Result<(), String> {
-        let btf = self
-            .btf
-            .as_ref()
-            .ok_or("attaching is over (BTF released)")?;
-        let p = self
-            .ebpf
-            .program_mut(prog)
-            .ok_or_else(|| format!("program {prog} missing from the object"))?;
-        let r = match p {
-            Program::FEntry(p) => p.load(&plan.target, btf).and_then(|_| p.attach().map(drop)),
-            Program::FExit(p) => p.load(&plan.target, btf).and_then(|_| p.attach().map(drop)),
-            Program::KProbe(p) => p.load().and_then(|_| p.attach(&plan.target, 0).map(drop)),
-            Program::BtfTracePoint(p) => {
-                p.load(&plan.target, btf).and_then(|_| p.attach().map(drop))
-            }
-            _ => return Err(format!("{prog} has an unexpected program type")),
-        };
-        r.map_err(|e| {
-            let s = chain(&e);
-            if s.contains("Operation not permitted") || s.contains("EPERM") {
-                format!("{s} (the kernel refused it: lockdown, a sandbox or missing CAP_BPF/CAP_PERFMON)")
-            } else {
-                s
-            }
-        })
-    }
-
-    fn unload(&mut self, prog: &str) {
-        if let Some(p) = self.ebpf.program_mut(prog) {
-            let _ = match p {
-                Program::FEntry(p) => p.unload(),
-                Program::FExit(p) => p.unload(),
-                Program::KProbe(p) => p.unload(),
-                Program::BtfTracePoint(p) => p.unload(),
-                _ => Ok(()),
-            };
-        }
-    }
-
     /// Detaches and unloads every program (also done on drop).
     pub fn detach_all(&mut self) {
-        let mut progs: Vec<String> = self.prog_fds.keys().cloned().collect();
-        progs.extend(self.attached.iter().flat_map(|a| a.programs.clone()));
-        for p in progs {
-            self.unload(&p);
-        }
-    }
-
-    /// Attaches extra programs of the object (the bench floors) to `plan`'s target, exit
-    /// programs first; their costs are then available from [`Tracer::program_cost`].
-    pub fn attach_extra(&mut self, progs: &[&str], plan: &Plan) -> Result<()> {
-        for prog in progs.iter().rev() {
-            self.attach_one(prog, plan)
-                .map_err(|e| anyhow!("{prog} on {}: {e}", plan.target))?;
-            if let Some(fd) = self.dup_fd(prog) {
-                self.prog_fds.insert(prog.to_string(), fd);
+        let progs: Vec<&'static str> = self.prog_fds.keys().copied().collect();
+        for name in progs {
+            if let Some(p) = self.ebpf.program_mut(name) {
+                unload(p);
             }
         }
-        Ok(())
-    }
-
-    /// The kernel's run statistics of one program of the object.
-    pub fn program_cost(&self, prog: &str) -> ProgCost {
-        self.cost(prog)
-    }
-
-    fn dup_fd(&self, prog: &str) -> Option<OwnedFd> {
-        let fd = match self.ebpf.program(prog)? {
-            Program::FEntry(p) => p.fd(),
-            Program::FExit(p) => p.fd(),
-            Program::KProbe(p) => p.fd(),
-            Program::BtfTracePoint(p) => p.fd(),
-            _ => return None,
-        };
-        fd.ok()?.as_fd().try_clone_to_owned().ok()
     }
 
     /// The kernel's run count, run time and recursion misses for one program.
@@ -289,11 +352,19 @@ impl Tracer {
         c
     }
 
+    /// Forwards the programs' diagnostics, if they are on.
+    pub fn flush_log(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+
     /// Detaches every program, then takes the final snapshot: no run is left uncounted between
     /// the read of the maps and the read of the run statistics.
     pub fn finish(&mut self) -> Result<Snapshot> {
         let elapsed = self.started.elapsed();
         self.detach_all();
+        self.flush_log();
         let mut snap = self.snapshot()?;
         snap.elapsed = elapsed;
         Ok(snap)
@@ -301,15 +372,9 @@ impl Tracer {
 
     /// Reads every attached probe's per-CPU histograms and counters, summed over CPUs.
     pub fn snapshot(&self) -> Result<Snapshot> {
-        let hist: PerCpuArray<_, Hist> =
-            PerCpuArray::try_from(self.ebpf.map("HIST").context("HIST map")?)?;
-        let slots: PerCpuArray<_, Slot> =
-            PerCpuArray::try_from(self.ebpf.map("SLOTS").context("SLOTS map")?)?;
-        let workload: PerCpuArray<_, Hist> = PerCpuArray::try_from(
-            self.ebpf
-                .map("WORKLOAD_HIST")
-                .context("WORKLOAD_HIST map")?,
-        )?;
+        let hist: PerCpuArray<_, Hist> = per_cpu(&self.ebpf, names::MAP_HIST)?;
+        let slots: PerCpuArray<_, Slot> = per_cpu(&self.ebpf, names::MAP_SLOTS)?;
+        let workload: PerCpuArray<_, Hist> = per_cpu(&self.ebpf, names::MAP_WORKLOAD_HIST)?;
         let mut probes = Vec::with_capacity(self.attached.len());
         for a in &self.attached {
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
@@ -364,7 +429,14 @@ impl Tracer {
         Ok(Snapshot {
             elapsed: self.started.elapsed(),
             probes,
+            extra: self.extra.iter().map(|p| self.cost(p)).collect(),
         })
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        self.detach_all();
     }
 }
 
@@ -373,20 +445,14 @@ impl Tracer {
 /// bucket the kernel counted it in (None if none) and the context the program saw (-1: unknown).
 pub fn selftest(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Option<usize>, i32)>> {
     use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun as _};
-    if EBPF_OBJECT.is_empty() {
-        bail!("this binary carries no eBPF programs (built with AYA_BUILD_SKIP)");
+    if values.len() > NUM_SLOTS as usize {
+        bail!("at most {NUM_SLOTS} selftest values");
     }
-    if values.len() > memcg_trace_common::NUM_SLOTS as usize {
-        bail!("at most {} selftest values", memcg_trace_common::NUM_SLOTS);
-    }
-    let mut ebpf = EbpfLoader::new()
-        .override_global("LAYOUT", layout, true)
-        .load(EBPF_OBJECT)
-        .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))?;
+    let mut ebpf = load_object(layout, 0, false)?;
     let hist: PerCpuArray<_, Hist> =
-        PerCpuArray::try_from(ebpf.take_map("HIST").context("HIST map")?)?;
+        PerCpuArray::try_from(ebpf.take_map(names::MAP_HIST).context("HIST map")?)?;
     let prog: &mut RawTracePoint = ebpf
-        .program_mut("selftest")
+        .program_mut(names::SELFTEST)
         .context("selftest program")?
         .try_into()?;
     prog.load()
@@ -402,127 +468,140 @@ pub fn selftest(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Optio
         let bucket = hist
             .get(&(slot as u32), 0)?
             .iter()
-            .flat_map(|h| {
-                h.buckets
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, n)| **n > 0)
-                    .map(|(b, _)| b)
-                    .collect::<Vec<_>>()
-            })
-            .next();
+            .find_map(|h| h.buckets.iter().position(|n| *n > 0));
         out.push((v, bucket, r.return_value as i32));
     }
     Ok(out)
 }
 
-/// How the shared context classification saw tracepoints of known context:
-/// `(expected, tracepoint, counts by classified context [task, softirq, hardirq, nmi, unknown])`.
-/// and the raw preempt_count bits seen (OR over the hits, AND over the hits).
-pub type ContextCheck = Vec<(&'static str, String, [u64; 5], (u64, u64))>;
+/// How the shared context classification saw a tracepoint of known context.
+#[derive(Clone, Debug)]
+pub struct ContextCheck {
+    /// The context the tracepoint runs in: task, softirq or hardirq.
+    pub expected: &'static str,
+    /// The tracepoint used.
+    pub tracepoint: String,
+    /// Hits by classified context: task, softirq, hardirq, nmi, unknown.
+    pub counts: [u64; CTX_CHECK_COLS as usize],
+    /// preempt_count bits set in any hit.
+    pub bits_any: u64,
+    /// preempt_count bits set in every hit.
+    pub bits_all: u64,
+}
 
 /// Attaches the context-check programs to tracepoints of known context (sched_switch: task;
 /// softirq_entry: softirq; local_timer_entry or irq_handler_entry: hardirq) for `window` and
-/// returns how each was classified.
-/// With `early`, returns as soon as softirq and hardirq have 3 hits each.
+/// returns how each was classified. With `early`, returns as soon as softirq and hardirq have
+/// 3 hits each.
 pub fn context_check(
     layout: &KernelLayout,
     window: std::time::Duration,
     early: bool,
-) -> Result<ContextCheck> {
-    use aya::programs::BtfTracePoint;
-    let mut ebpf = EbpfLoader::new()
-        .override_global("LAYOUT", layout, true)
-        .load(EBPF_OBJECT)
-        .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))?;
+) -> Result<Vec<ContextCheck>> {
+    let mut ebpf = load_object(layout, 0, false)?;
     let btf = Btf::from_sys_fs().context("load kernel BTF")?;
-    let plan: [(&str, &str, &[&str]); 3] = [
-        ("task", "ctx_check_task", &["sched_switch"]),
-        ("softirq", "ctx_check_softirq", &["softirq_entry"]),
-        (
-            "hardirq",
-            "ctx_check_hardirq",
-            &["local_timer_entry", "irq_handler_entry"],
-        ),
+    let tracepoints: [&[&str]; CTX_CHECK_ROWS as usize] = [
+        &["sched_switch"],
+        &["softirq_entry"],
+        &["local_timer_entry", "irq_handler_entry"],
     ];
     let mut used = Vec::new();
-    for (expected, prog, tps) in plan {
-        let p: &mut BtfTracePoint = ebpf
+    for (row, tps) in tracepoints.iter().enumerate() {
+        let prog = names::CTX_CHECK[row];
+        let p = ebpf
             .program_mut(prog)
-            .context("context-check program")?
-            .try_into()?;
+            .ok_or_else(|| anyhow!("program {prog} missing from the object"))?;
         let mut last = String::new();
         let mut ok = None;
-        for tp in tps {
-            match p.load(tp, &btf).and_then(|_| p.attach().map(drop)) {
+        for tp in *tps {
+            match load_and_attach(p, tp, &btf) {
                 Ok(()) => {
                     ok = Some(tp.to_string());
                     break;
                 }
                 Err(e) => {
-                    last = format!("{tp}: {}", chain(&e));
-                    let _ = p.unload();
+                    last = format!("{tp}: {e}");
+                    unload(p);
                 }
             }
         }
-        let tp =
-            ok.ok_or_else(|| anyhow!("cannot attach the {expected} context check ({last})"))?;
-        used.push((expected, tp));
+        let tp = ok.ok_or_else(|| {
+            anyhow!(
+                "cannot attach the {} context check ({last})",
+                CTX_NAMES[row]
+            )
+        })?;
+        used.push(tp);
     }
-    let start = std::time::Instant::now();
+    let hits = |ebpf: &Ebpf, row: u32| -> Result<u64> {
+        let counts: PerCpuArray<_, u64> = per_cpu(ebpf, names::MAP_CTX_CHECK)?;
+        let mut n = 0;
+        for got in 0..CTX_CHECK_COLS {
+            n += sum_u64(&counts, ctx_check_index(row, got))?;
+        }
+        Ok(n)
+    };
+    let start = Instant::now();
     while start.elapsed() < window {
         std::thread::sleep(std::time::Duration::from_millis(20));
-        if early {
-            let counts: PerCpuArray<_, u64> =
-                PerCpuArray::try_from(ebpf.map("CTX_CHECK").context("CTX_CHECK map")?)?;
-            let hits = |row: u32| -> Result<u64> {
-                let mut n = 0;
-                for got in 0..5 {
-                    n += counts.get(&(row * 5 + got), 0)?.iter().sum::<u64>();
-                }
-                Ok(n)
-            };
-            if hits(1)? >= 3 && hits(2)? >= 3 {
-                break;
-            }
+        if early && hits(&ebpf, 1)? >= 3 && hits(&ebpf, 2)? >= 3 {
+            break;
         }
     }
-    for (_, prog, _) in plan {
-        let p: &mut BtfTracePoint = ebpf
-            .program_mut(prog)
-            .context("context-check program")?
-            .try_into()?;
-        let _ = p.unload();
+    for prog in names::CTX_CHECK {
+        if let Some(p) = ebpf.program_mut(prog) {
+            unload(p);
+        }
     }
-    let counts: PerCpuArray<_, u64> =
-        PerCpuArray::try_from(ebpf.map("CTX_CHECK").context("CTX_CHECK map")?)?;
-    let bits: PerCpuArray<_, u64> =
-        PerCpuArray::try_from(ebpf.map("CTX_BITS").context("CTX_BITS map")?)?;
+    let counts: PerCpuArray<_, u64> = per_cpu(&ebpf, names::MAP_CTX_CHECK)?;
+    let bits: PerCpuArray<_, u64> = per_cpu(&ebpf, names::MAP_CTX_BITS)?;
     let mut out = Vec::new();
-    // `used` is in context order (task, softirq, hardirq), as the programs index their counts.
-    for (i, (expected, tp)) in used.into_iter().enumerate() {
-        let mut row = [0u64; 5];
-        for (got, slot) in row.iter_mut().enumerate() {
-            *slot = counts.get(&((i * 5 + got) as u32), 0)?.iter().sum();
+    for (row, tracepoint) in used.into_iter().enumerate() {
+        let row32 = row as u32;
+        let mut c = [0u64; CTX_CHECK_COLS as usize];
+        for (got, slot) in c.iter_mut().enumerate() {
+            *slot = sum_u64(&counts, ctx_check_index(row32, got as u32))?;
         }
-        let or = bits.get(&((i * 2) as u32), 0)?.iter().fold(0, |a, b| a | b);
-        let and = bits
-            .get(&((i * 2 + 1) as u32), 0)?
+        let any = bits.get(&(row32 * 2), 0)?.iter().fold(0, |a, b| a | b);
+        let all = bits
+            .get(&(row32 * 2 + 1), 0)?
             .iter()
             .filter(|v| **v != 0)
             .fold(u64::MAX, |a, b| a & b);
-        let and = if and == u64::MAX {
-            0
-        } else {
-            and & 0xffff_ffff
-        };
-        out.push((expected, tp, row, (or, and)));
+        out.push(ContextCheck {
+            expected: CTX_NAMES[row],
+            tracepoint,
+            counts: c,
+            bits_any: any,
+            bits_all: if all == u64::MAX {
+                0
+            } else {
+                all & 0xffff_ffff
+            },
+        });
     }
     Ok(out)
 }
 
-impl Drop for Tracer {
-    fn drop(&mut self) {
-        self.detach_all();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The object holds exactly the programs `memcg_trace_common::names` lists, so the two sides
+    /// cannot drift apart.
+    #[test]
+    fn object_holds_the_programs_the_contract_names() {
+        if EBPF_OBJECT.is_empty() {
+            eprintln!(
+                "skipping object_holds_the_programs_the_contract_names: built with AYA_BUILD_SKIP"
+            );
+            return;
+        }
+        let obj = aya_obj::Object::parse(EBPF_OBJECT).expect("parse the eBPF object");
+        let mut have: Vec<&str> = obj.programs.keys().map(String::as_str).collect();
+        let mut want: Vec<&str> = names::all_programs().collect();
+        have.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(have, want);
     }
 }

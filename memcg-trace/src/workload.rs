@@ -1,6 +1,7 @@
-//! A fresh memory cgroup for the workload (cgroup v2 where the memory controller is enabled,
-//! else v1), the child started inside it before it runs an instruction of its own, and the
-//! cgroup removed afterwards, also after a crash of an earlier run.
+//! The workload: its command line (named workloads such as hackbench), a fresh memory cgroup
+//! for it (cgroup v2 where the memory controller is enabled, else v1), the child started inside
+//! it before it runs an instruction of its own, and the cgroup removed afterwards, also after a
+//! crash of an earlier run.
 
 use std::{
     ffi::CString,
@@ -246,6 +247,20 @@ impl Memcg {
             .collect()
     }
 
+    /// `argv` as a command whose process joins this memcg between fork and exec, so the
+    /// command's first instruction already runs (and its first allocation is charged) there.
+    pub fn command(&self, argv: &[String]) -> std::process::Command {
+        use std::os::unix::process::CommandExt as _;
+        let procs = self.procs_cstrings();
+        let mut c = std::process::Command::new(&argv[0]);
+        c.args(&argv[1..]);
+        // SAFETY: join_in_child only makes async-signal-safe calls.
+        unsafe {
+            c.pre_exec(move || join_in_child(&procs));
+        }
+        c
+    }
+
     /// Removes the memcg if we created it, killing what is left in it.
     pub fn remove(&mut self) -> Result<()> {
         if !self.owned {
@@ -284,22 +299,6 @@ pub fn prepare(cgroup: Option<&Path>, quiet: bool) -> Result<Memcg> {
     Memcg::create(&h)
 }
 
-impl Memcg {
-    /// `argv` as a command whose process joins this memcg between fork and exec, so the
-    /// command's first instruction already runs (and its first allocation is charged) there.
-    pub fn command(&self, argv: &[String]) -> std::process::Command {
-        use std::os::unix::process::CommandExt as _;
-        let procs = self.procs_cstrings();
-        let mut c = std::process::Command::new(&argv[0]);
-        c.args(&argv[1..]);
-        // SAFETY: join_in_child only makes async-signal-safe calls.
-        unsafe {
-            c.pre_exec(move || join_in_child(&procs));
-        }
-        c
-    }
-}
-
 /// Moves the calling process into the cgroups whose `cgroup.procs` files are `procs`. Meant for
 /// `pre_exec`: between fork and exec, so the command's first instruction already runs there.
 pub fn join_in_child(procs: &[CString]) -> std::io::Result<()> {
@@ -324,4 +323,67 @@ fn join_one(procs: &CString) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where hackbench (Debian package rt-tests) is installed: the one lookup memcg-trace and its
+/// tests use.
+pub fn hackbench() -> Result<PathBuf> {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/bin", "/usr/local/bin"])
+        .map(|d| Path::new(d).join("hackbench"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            anyhow!("hackbench not found: install it with `apt-get install rt-tests` (cargo xtask setup does)")
+        })
+}
+
+/// The command line of a named workload (`--workload hackbench[:ARGS]`).
+pub fn named(spec: &str) -> Result<Vec<String>> {
+    let (name, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    match name {
+        "hackbench" => {
+            let args = if rest.trim().is_empty() {
+                "-g 2 -l 200"
+            } else {
+                rest
+            };
+            Ok(std::iter::once(hackbench()?.display().to_string())
+                .chain(args.split_whitespace().map(str::to_string))
+                .collect())
+        }
+        other => bail!("unknown workload {other:?}; known: hackbench[:ARGS]"),
+    }
+}
+
+/// The error for a command that could not be started.
+pub fn cannot_run(argv: &[String], e: std::io::Error) -> anyhow::Error {
+    anyhow!(
+        "cannot run {:?}: {e}",
+        argv.first().map(String::as_str).unwrap_or("")
+    )
+}
+
+/// Runs `cmd` to completion in a fresh memcg; returns its run time in seconds (hackbench's own
+/// `Time:` line when it prints one, else wall time).
+pub fn timed_run(cmd: &[String]) -> Result<f64> {
+    let mut m = Memcg::create(&find_hierarchy()?)?;
+    let t = Instant::now();
+    let out = m
+        .command(cmd)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| cannot_run(cmd, e))?;
+    let wall = t.elapsed().as_secs_f64();
+    m.remove()?;
+    if !out.status.success() {
+        bail!("{:?} failed: {}", cmd, out.status);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix("Time:").and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(wall))
 }

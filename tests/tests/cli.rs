@@ -1,9 +1,7 @@
 //! Black-box tests of the commands that work on recordings, on a committed VM recording: they
 //! need neither root nor a kernel feature.
 
-mod common;
-
-use common::*;
+use memcg_trace_tests::*;
 
 fn fixture() -> std::path::PathBuf {
     xtask::workspace_root().join("tests/fixtures/6.12-fentry.json")

@@ -1,8 +1,6 @@
 //! Host tests, as root, on this machine's kernel: the tracepoint backend attached for real
 //! during a workload in a memcg, the in-kernel code under BPF_PROG_TEST_RUN, bad input, signals.
 
-mod common;
-
 use std::{
     fs,
     path::Path,
@@ -11,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
+use memcg_trace_tests::*;
 
 /// Host tests create and look for memcgs; they run one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -28,13 +26,6 @@ fn host_ready(name: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
         return None;
     }
     Some(guard)
-}
-
-fn hackbench() -> Option<String> {
-    ["/usr/bin/hackbench", "/usr/local/bin/hackbench"]
-        .iter()
-        .find(|p| Path::new(p).exists())
-        .map(|s| s.to_string())
 }
 
 #[test]
@@ -84,11 +75,7 @@ fn host_record_tracepoint_with_hackbench_in_a_memcg() {
     let Some(_serial) = host_ready(name) else {
         return;
     };
-    let Some(hb) = hackbench() else {
-        skip(
-            name,
-            "hackbench missing (apt package rt-tests; cargo xtask setup installs it)",
-        );
+    let Some(hb) = hackbench_or_skip(name) else {
         return;
     };
     let (doc, stdout) = record_tracepoint(name, &[&hb, "-g", "2", "-l", "100"]);
@@ -405,4 +392,48 @@ fn host_sigkill_leaves_a_stale_memcg_that_the_next_run_removes() {
     );
     assert!(!stale.exists(), "{} still exists", stale.display());
     assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
+}
+
+#[test]
+fn host_ebpf_log_is_off_by_default_and_on_with_the_flag() {
+    let name = "host_ebpf_log_is_off_by_default_and_on_with_the_flag";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    // The programs log once per CPU when they find its per-CPU base; a workload makes sure
+    // every probe runs.
+    let with = run(&[
+        "record",
+        "--ebpf-log",
+        "-q",
+        "--attach",
+        "tracepoint",
+        "--",
+        "sh",
+        "-c",
+        "ls / >/dev/null",
+    ]);
+    let err = String::from_utf8_lossy(&with.stderr);
+    assert!(with.status.success(), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("memcg-trace: ebpf INFO: CPU") && l.contains("per-CPU base")),
+        "no eBPF diagnostics with --ebpf-log:\n{err}"
+    );
+    let without = run(&[
+        "record",
+        "-q",
+        "--attach",
+        "tracepoint",
+        "--",
+        "sh",
+        "-c",
+        "ls / >/dev/null",
+    ]);
+    let err = String::from_utf8_lossy(&without.stderr);
+    assert!(without.status.success(), "{err}");
+    assert!(
+        !err.contains("memcg-trace: ebpf"),
+        "eBPF diagnostics without the flag:\n{err}"
+    );
 }

@@ -1,8 +1,6 @@
 //! The dashboard in a real terminal (tmux): live on this machine's kernel with a workload in a
 //! memcg, and on a recording from a VM; plus the errors it gives before touching the terminal.
 
-mod common;
-
 use std::{
     path::Path,
     process::Command,
@@ -10,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
+use memcg_trace_tests::*;
 
 /// tmux with a terminal type set: CI runs without one.
 fn tmux_cmd() -> Command {

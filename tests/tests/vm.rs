@@ -1,13 +1,11 @@
 //! The VM kernel matrix: the real binary inside Debian's stock kernels under qemu, recording
 //! the default probes with fentry and with kprobe while hackbench runs in a fresh memcg.
-//! Each test boots one kernel; `MEMCG_TRACE_KERNELS` (default 6.1,6.12,6.18) picks which run
+//! Each test boots one kernel; `MEMCG_TRACE_KERNELS` (default: the whole matrix) picks which run
 //! and the others print a skip.
-
-mod common;
 
 use std::{fs, time::Duration};
 
-use common::*;
+use memcg_trace_tests::*;
 use xtask::{
     kernels,
     vm::{self, Accel, VmSpec},
@@ -41,7 +39,10 @@ fn vm_matrix(short: &str) {
         &VmSpec {
             name: format!("{short}-test"),
             script: xtask::record_script("fentry kprobe", "-g 2 -l 100"),
-            bins: vec![bin(), "/usr/bin/hackbench".into()],
+            bins: vec![
+                bin(),
+                memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
+            ],
             accel,
             timeout: Duration::from_secs(900),
             echo: false,

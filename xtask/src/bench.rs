@@ -44,7 +44,7 @@ pub const SMOKE: Size = Size {
 };
 
 fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
-    let hb = "/usr/bin/hackbench";
+    let hb = crate::hackbench()?;
     let status = Command::new(bin)
         .args([
             "bench",
@@ -56,7 +56,7 @@ fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
         ])
         .arg(out.join("bench-tracepoint.json"))
         .arg("--")
-        .arg(hb)
+        .arg(&hb)
         .args(size.host_hackbench.split_whitespace())
         .status()?;
     if !status.success() {
@@ -66,7 +66,8 @@ fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
         let status = Command::new(bin)
             .args(["record", "-q", "--tick", tick, "-o"])
             .arg(out.join(format!("daemon-{tick}.json")))
-            .args(["--", hb])
+            .arg("--")
+            .arg(&hb)
             .args(size.host_hackbench.split_whitespace())
             .stdout(std::process::Stdio::null())
             .status()?;
@@ -92,7 +93,7 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
         &VmSpec {
             name: format!("{}-bench", spec.short),
             script,
-            bins: vec![bin.to_path_buf(), "/usr/bin/hackbench".into()],
+            bins: vec![bin.to_path_buf(), crate::hackbench()?],
             accel,
             timeout: Duration::from_secs(1800),
             echo: true,

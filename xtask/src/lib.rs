@@ -79,6 +79,33 @@ pub fn build_release() -> Result<PathBuf> {
     Ok(root.join("target/release/memcg-trace"))
 }
 
+/// A program on PATH (or in /usr/bin, /usr/sbin), with the apt package to install when missing.
+pub fn which(name: &str) -> Result<PathBuf> {
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/bin", "/usr/sbin"])
+    {
+        let p = PathBuf::from(dir).join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "{name} not found: run `cargo xtask setup` ({name} comes with apt package {})",
+        if name == "hackbench" {
+            "rt-tests"
+        } else {
+            name
+        }
+    )
+}
+
+/// hackbench (Debian package rt-tests), the workload of the demo, the VM tests and the bench.
+pub fn hackbench() -> Result<PathBuf> {
+    which("hackbench")
+}
+
 /// The guest script of the VM tests and the demo: `memcg-trace record` with each backend in
 /// `backends` while `hackbench <args>` runs in a fresh memcg. Leaves `<backend>.json`,
 /// `<backend>.txt` (the summary), `<backend>.err` and `leftover-memcgs` in /out.

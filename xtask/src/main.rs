@@ -132,7 +132,7 @@ fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> 
         None => record_script("fentry kprobe", "-g 2 -l 100"),
     };
     let bin = build_release()?;
-    let hackbench = which("hackbench")?;
+    let hackbench = xtask::hackbench()?;
     let (mut passed, mut failed) = (0, 0);
     for spec in specs {
         let k = kernels::fetch(spec)?;
@@ -173,34 +173,13 @@ fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> 
     Ok(())
 }
 
-fn which(name: &str) -> Result<PathBuf> {
-    for dir in std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/bin", "/usr/sbin"])
-    {
-        let p = PathBuf::from(dir).join(name);
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    bail!(
-        "{name} not found: run `cargo xtask setup` ({name} comes with apt package {})",
-        if name == "hackbench" {
-            "rt-tests"
-        } else {
-            name
-        }
-    )
-}
-
 fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
     let bin = build_release()?;
     let out = workspace_root().join("target/demo");
     fs::create_dir_all(&out)?;
     if host {
         let json = out.join("host.json");
-        let hb = which("hackbench")?;
+        let hb = xtask::hackbench()?;
         let status = Command::new(&bin)
             .args(["record", "-o"])
             .arg(&json)
@@ -223,7 +202,7 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
             &VmSpec {
                 name: format!("{}-demo", spec.short),
                 script: record_script("fentry kprobe", hackbench),
-                bins: vec![bin.clone(), which("hackbench")?],
+                bins: vec![bin.clone(), xtask::hackbench()?],
                 accel,
                 timeout: Duration::from_secs(900),
                 echo: false,

@@ -9,8 +9,9 @@ use std::{
 use memcg_trace_common::CTX_NAMES;
 
 use crate::{
+    figures::{self, rate},
     probes::Backend,
-    snapshot::{rate, ratio, HistData, Snapshot},
+    snapshot::{HistData, Snapshot},
 };
 
 /// Interval (last tick) or cumulative (since start or the last reset) figures.
@@ -50,6 +51,8 @@ pub enum Key {
     Esc,
     /// Ctrl-C.
     CtrlC,
+    /// The terminal changed size: draw again.
+    Redraw,
 }
 
 /// Static facts shown in the header.
@@ -206,6 +209,7 @@ impl App {
             Key::Char('+') => return self.set_tick(self.tick * 2),
             Key::Char('-') => return self.set_tick(self.tick / 2),
             Key::Char('?') => self.help = !self.help,
+            Key::Redraw => {}
             _ => self.dirty = false,
         }
         Action::None
@@ -259,27 +263,15 @@ impl App {
         out
     }
 
-    /// Tracer self-cost over the whole run: mean ns per call of the program pairs, share of a
-    /// CPU, dropped calls and recursion misses.
-    pub fn self_cost(&self) -> (Option<f64>, Option<f64>, u64, u64) {
-        let Some(cur) = &self.current else {
-            return (None, None, 0, 0);
-        };
-        let time: u64 = cur
-            .probes
-            .iter()
-            .flat_map(|p| &p.programs)
-            .map(|c| c.run_time_ns)
-            .sum();
-        let calls: u64 = cur.probes.iter().map(|p| p.calls()).sum();
-        let dropped = cur.probes.iter().map(|p| p.dropped()).sum();
-        let misses = cur.probes.iter().map(|p| p.recursion_misses()).sum();
-        (
-            ratio(time as f64, calls as f64),
-            ratio(time as f64, cur.elapsed.as_nanos() as f64),
-            dropped,
-            misses,
-        )
+    /// Tracer self-cost over the whole run, and the calls dropped and runs missed.
+    pub fn self_cost(&self) -> (figures::TracerCost, u64, u64) {
+        match &self.current {
+            Some(cur) => {
+                let (dropped, misses) = figures::losses(cur);
+                (figures::tracer_cost(cur), dropped, misses)
+            }
+            None => Default::default(),
+        }
     }
 }
 
@@ -291,24 +283,20 @@ fn row(
     elapsed: Duration,
     latency: bool,
 ) -> Row {
-    let timed = latency && backend.has_latency() && h.timed() > 0;
-    let hdr = timed.then(|| h.to_hdr());
-    let q = |q: f64| hdr.as_ref().map(|x| x.value_at_quantile(q).min(h.max_ns));
+    let l = (latency && backend.has_latency())
+        .then(|| figures::latency(&h, elapsed, &[0.5, 0.99, 0.999]))
+        .flatten();
     Row {
         probe: probe.to_string(),
         context,
         backend,
         rate: rate(h.count, elapsed),
-        p50: q(0.5),
-        p99: q(0.99),
-        p999: q(0.999),
-        max: timed.then_some(h.max_ns),
-        mean: if timed { h.mean_ns() } else { None },
-        cpu: if timed {
-            ratio(h.sum_ns as f64, elapsed.as_nanos() as f64)
-        } else {
-            None
-        },
+        p50: l.as_ref().and_then(|l| l.at(0.5)),
+        p99: l.as_ref().and_then(|l| l.at(0.99)),
+        p999: l.as_ref().and_then(|l| l.at(0.999)),
+        max: l.as_ref().map(|l| l.max_ns),
+        mean: l.as_ref().map(|l| l.mean_ns),
+        cpu: l.as_ref().and_then(|l| l.cpu_share),
         hist: h,
     }
 }
@@ -344,6 +332,7 @@ pub(crate) mod tests {
                 programs: vec![],
                 workload: None,
             }],
+            extra: vec![],
         }
     }
 

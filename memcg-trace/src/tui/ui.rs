@@ -14,7 +14,7 @@ use ratatui::{
 };
 
 use super::app::{App, Mode, Row};
-use crate::report::{fmt_count, fmt_ns};
+use crate::units::{fmt_count, fmt_ns};
 
 const KEYS: &str =
     "↑↓/jk select  Tab interval/total  p pause  r reset  s save  +/- tick  ? help  q";
@@ -84,7 +84,7 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
                 .collect()
         })
         .unwrap_or_default();
-    let (per_call, cpu, dropped, misses) = app.self_cost();
+    let (cost, dropped, misses) = app.self_cost();
     let mode = match app.mode {
         Mode::Interval => "interval",
         Mode::Cumulative => "cumulative",
@@ -105,8 +105,8 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         Line::from(format!(
             "probes {} | tracer {} per call, {:.3}% CPU | dropped {dropped} | missed {misses}",
             backends.join(" "),
-            per_call.map(fmt_ns).unwrap_or_else(|| "-".into()),
-            cpu.unwrap_or(0.0) * 100.0
+            cost.per_call_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
+            cost.cpu_share.unwrap_or(0.0) * 100.0
         )),
         Line::from(
             app.workload

@@ -1,35 +1,14 @@
-//! The text summary table printed by `record` and `report`, built from the JSON document types
-//! so that a recording and a live run print the same thing.
+//! The text tables: the summary printed by `record` and `report`, and the A/B comparison of
+//! `diff`. Built from the JSON document types, so that a recording and a live run print the same
+//! thing.
 
 use std::fmt::Write as _;
 
-use crate::export::{Document, Latency, Quantile};
-
-/// Human units for nanoseconds: `850ns`, `1.25us`, `3.40ms`, `2.10s`.
-pub fn fmt_ns(ns: f64) -> String {
-    if ns < 1_000.0 {
-        format!("{ns:.0}ns")
-    } else if ns < 1_000_000.0 {
-        format!("{:.2}us", ns / 1e3)
-    } else if ns < 1e9 {
-        format!("{:.2}ms", ns / 1e6)
-    } else {
-        format!("{:.2}s", ns / 1e9)
-    }
-}
-
-/// Compact counts: `950`, `12.3k`, `4.56M`.
-pub fn fmt_count(n: f64) -> String {
-    if n < 10_000.0 {
-        format!("{n:.0}")
-    } else if n < 1e6 {
-        format!("{:.1}k", n / 1e3)
-    } else if n < 1e9 {
-        format!("{:.2}M", n / 1e6)
-    } else {
-        format!("{:.2}G", n / 1e9)
-    }
-}
+use crate::{
+    export::{Document, Latency, Quantile},
+    figures,
+    units::{fmt_count, fmt_ns, pct_change},
+};
 
 fn pct(qs: &[Quantile], q: f64) -> String {
     qs.iter()
@@ -166,11 +145,11 @@ pub fn summary(doc: &Document) -> String {
     for p in &doc.probes {
         let runs: u64 = p.programs.iter().map(|x| x.run_cnt).sum();
         let time: u64 = p.programs.iter().map(|x| x.run_time_ns).sum();
-        let per_call = if p.count > 0 && m.bpf_stats {
-            fmt_ns(time as f64 / p.count.max(1) as f64)
-        } else {
-            "-".into()
-        };
+        let window = std::time::Duration::from_nanos(m.duration_ns);
+        let per_call = figures::cost(time, runs, p.count, window)
+            .per_call_ns
+            .map(fmt_ns)
+            .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
             "{:<16} {} via {}: {} calls, {} dropped, {} recursion misses; tracer cost {} per call ({} program runs)",
@@ -206,37 +185,24 @@ pub fn summary(doc: &Document) -> String {
     out
 }
 
-/// Relative change from `a` to `b`, as "+12.3%" (or "-" when undefined).
-pub fn pct_change(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if a != 0.0 => format!("{:+.1}%", (b - a) / a * 100.0),
-        _ => "-".into(),
-    }
-}
-
 /// The A/B comparison of two recordings: per probe and context present in either, calls/s,
 /// p50, p99 and mean in A and B with the change; probes matched by name.
 pub fn diff(a: &Document, b: &Document) -> String {
     use crate::export::ContextOut;
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "A: {} ({}), {:.2}s\nB: {} ({}), {:.2}s",
-        a.meta.kernel_release,
-        a.meta
-            .workload
-            .as_ref()
-            .map(|w| w.argv.join(" "))
-            .unwrap_or_else(|| "system-wide".into()),
-        a.meta.duration_ns as f64 / 1e9,
-        b.meta.kernel_release,
-        b.meta
-            .workload
-            .as_ref()
-            .map(|w| w.argv.join(" "))
-            .unwrap_or_else(|| "system-wide".into()),
-        b.meta.duration_ns as f64 / 1e9,
-    );
+    for (side, d) in [("A", a), ("B", b)] {
+        let _ = writeln!(
+            out,
+            "{side}: {} ({}), {:.2}s",
+            d.meta.kernel_release,
+            d.meta
+                .workload
+                .as_ref()
+                .map(|w| w.argv.join(" "))
+                .unwrap_or_else(|| "system-wide".into()),
+            d.meta.duration_ns as f64 / 1e9,
+        );
+    }
     let _ = writeln!(
         out,
         "{:<16} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
@@ -306,28 +272,4 @@ pub fn diff(a: &Document, b: &Document) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn changes() {
-        assert_eq!(pct_change(Some(100.0), Some(112.3)), "+12.3%");
-        assert_eq!(pct_change(Some(100.0), Some(50.0)), "-50.0%");
-        assert_eq!(pct_change(Some(0.0), Some(5.0)), "-");
-        assert_eq!(pct_change(None, Some(5.0)), "-");
-    }
-
-    #[test]
-    fn units() {
-        assert_eq!(fmt_ns(850.0), "850ns");
-        assert_eq!(fmt_ns(1250.0), "1.25us");
-        assert_eq!(fmt_ns(3.4e6), "3.40ms");
-        assert_eq!(fmt_ns(2.1e9), "2.10s");
-        assert_eq!(fmt_count(950.0), "950");
-        assert_eq!(fmt_count(12_345.0), "12.3k");
-        assert_eq!(fmt_count(4_560_000.0), "4.56M");
-    }
 }

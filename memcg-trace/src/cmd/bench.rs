@@ -7,18 +7,18 @@
 //!    once during one workload run; costs from the kernel's bpf stats.
 //! 2. Workload slowdown: the workload untraced and traced (default probes), interleaved.
 
-use std::{path::PathBuf, process::Stdio, time::Instant};
+use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Context as _, Result};
+use anyhow::{anyhow, Context as _, Result};
+use memcg_trace_common::names;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    cli::ProbeSel,
+    figures::ratio,
     probes::{AttachMode, Backend, Plan},
-    record::{attach_all, check_privileges, named_workload},
-    snapshot::ratio,
-    tracer::Tracer,
-    workload::{self, Memcg},
+    session::{self, check_privileges, Event, LiveArgs, Options, ProbeSel, Session, Verbosity},
+    snapshot::ProgCost,
+    workload,
 };
 
 /// `bench` options.
@@ -94,38 +94,21 @@ pub struct BenchOut {
     pub slowdown: Slowdown,
 }
 
-fn pair_cost(tracer: &Tracer, progs: &[String]) -> PairCost {
-    let costs: Vec<_> = progs.iter().map(|p| tracer.program_cost(p)).collect();
+fn pair_cost(costs: &[ProgCost], progs: &[&str]) -> PairCost {
+    let costs: Vec<&ProgCost> = progs
+        .iter()
+        .filter_map(|p| costs.iter().find(|c| c.name == *p))
+        .collect();
     let calls = costs.last().map(|c| c.run_cnt).unwrap_or(0);
-    let ns = costs.iter().map(|c| c.ns_per_run()).sum::<Option<f64>>();
+    let ns = costs
+        .iter()
+        .map(|c| ratio(c.run_time_ns as f64, c.run_cnt as f64))
+        .sum::<Option<f64>>();
     PairCost {
-        programs: progs.to_vec(),
+        programs: progs.iter().map(|p| p.to_string()).collect(),
         calls,
         ns_per_call: ns,
     }
-}
-
-/// Runs `cmd` to completion in a fresh memcg; returns the run time in seconds (hackbench's own
-/// `Time:` line when it prints one, else wall time).
-fn run_in_memcg(cmd: &[String]) -> Result<f64> {
-    let mut m = Memcg::create(&workload::find_hierarchy()?)?;
-    let t = Instant::now();
-    let out = m
-        .command(cmd)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| anyhow!("cannot run {:?}: {e}", cmd[0]))?;
-    let wall = t.elapsed().as_secs_f64();
-    m.remove()?;
-    if !out.status.success() {
-        bail!("{:?} failed: {}", cmd, out.status);
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    Ok(text
-        .lines()
-        .find_map(|l| l.strip_prefix("Time:").and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(wall))
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -146,11 +129,20 @@ fn mode(b: Backend) -> AttachMode {
     }
 }
 
+/// The floor programs of a backend: (clock floor (b), empty floor (a)).
+fn floors(b: Backend) -> (&'static [&'static str], &'static [&'static str]) {
+    match b {
+        Backend::Fentry => (&names::FLOOR_CLOCK_FENTRY, &names::FLOOR_EMPTY_FENTRY),
+        Backend::Kprobe => (&names::FLOOR_CLOCK_KPROBE, &names::FLOOR_EMPTY_KPROBE),
+        Backend::Tracepoint => (&names::FLOOR_CLOCK_TP, &names::FLOOR_EMPTY_TP),
+    }
+}
+
 /// `memcg-trace bench`.
-pub fn bench(args: BenchArgs) -> Result<i32> {
+pub async fn run(args: BenchArgs) -> Result<i32> {
     check_privileges()?;
     let cmd = if args.command.is_empty() {
-        named_workload("hackbench")?
+        workload::named("hackbench")?
     } else {
         args.command.clone()
     };
@@ -168,51 +160,59 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         attach: mode(args.attach),
         all: false,
     };
-    // 1. Per-call cost, side by side on one function during one run.
-    let (mut tracer, _) = attach_all(
-        &ProbeSel {
+    // 1. Per-call cost, side by side on one function during one run of the workload.
+    let (clock, empty) = floors(args.attach);
+    let live = LiveArgs {
+        sel: ProbeSel {
             probe: vec![probe.clone()],
             ..sel.clone()
         },
-        true,
-        0,
-    )?;
-    let ours = tracer
-        .attached
-        .first()
-        .cloned()
-        .ok_or_else(|| anyhow!("probe {probe} could not be attached with {}", args.attach))?;
-    let plan = Plan {
-        backend: args.attach,
-        target: ours.target.clone(),
+        command: cmd.clone(),
+        ..LiveArgs::default()
     };
-    let floors: (Vec<String>, Vec<String>) = match args.attach {
-        Backend::Fentry => (
-            vec!["floor_clock_fentry".into(), "floor_clock_fexit".into()],
-            vec!["floor_empty_fentry".into(), "floor_empty_fexit".into()],
-        ),
-        Backend::Kprobe => (
-            vec!["floor_clock_kprobe".into(), "floor_clock_kretprobe".into()],
-            vec!["floor_empty_kprobe".into(), "floor_empty_kretprobe".into()],
-        ),
-        Backend::Tracepoint => (vec!["floor_clock_tp".into()], vec!["floor_empty_tp".into()]),
+    let opts = Options {
+        verbosity: Verbosity::Quiet,
+        dashboard: true,
     };
-    let all: Vec<&str> = floors
-        .0
+    let mut target = None;
+    let mut s = Session::start(&live, opts, |tracer| {
+        let ours = tracer
+            .attached
+            .first()
+            .ok_or_else(|| anyhow!("probe {probe} could not be attached with {}", args.attach))?;
+        let plan = Plan {
+            backend: args.attach,
+            target: ours.target.clone(),
+        };
+        target = Some((ours.target.clone(), ours.programs.clone()));
+        let all: Vec<&'static str> = clock.iter().chain(empty).copied().collect();
+        tracer
+            .attach_extra(&all, &plan)
+            .context("attach the floor programs")
+    })
+    .await?;
+    let end = loop {
+        match s.next().await? {
+            Event::Tick(_) => {}
+            Event::WorkloadExited(code) => break session::End::Exited(code),
+            Event::Signal(sig) => break session::End::Signal(sig),
+        }
+    };
+    let fin = s.finish(end).await?;
+    if fin.exit_code != 0 {
+        anyhow::bail!("{:?} failed under the bench (exit {})", cmd, fin.exit_code);
+    }
+    let (target, ours_programs) = target.expect("set when attached");
+    let costs: Vec<ProgCost> = fin
+        .snapshot
+        .probes
         .iter()
-        .chain(&floors.1)
-        .map(String::as_str)
+        .flat_map(|p| p.programs.iter().cloned())
+        .chain(fin.snapshot.extra.iter().cloned())
         .collect();
-    tracer
-        .attach_extra(&all, &plan)
-        .context("attach the floor programs")?;
-    tracer.done_attaching();
-    run_in_memcg(&cmd)?;
-    tracer.finish()?;
-    let ours_cost = pair_cost(&tracer, &ours.programs);
-    let floor_clock = pair_cost(&tracer, &floors.0);
-    let floor_empty = pair_cost(&tracer, &floors.1);
-    drop(tracer);
+    let ours_cost = pair_cost(&costs, &ours_programs);
+    let floor_clock = pair_cost(&costs, clock);
+    let floor_empty = pair_cost(&costs, empty);
     // 2. Slowdown, interleaved: untraced, traced, untraced, traced, ...
     let mut slow = Slowdown {
         untraced_s: Vec::new(),
@@ -222,10 +222,10 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         min_ratio: None,
     };
     for _ in 0..args.pairs {
-        slow.untraced_s.push(run_in_memcg(&cmd)?);
-        let (mut t, _) = attach_all(&sel, true, 0)?;
+        slow.untraced_s.push(workload::timed_run(&cmd)?);
+        let mut t = session::attach(&sel, Verbosity::Quiet, 0, false)?.tracer;
         t.done_attaching();
-        slow.traced_s.push(run_in_memcg(&cmd)?);
+        slow.traced_s.push(workload::timed_run(&cmd)?);
         t.finish()?;
     }
     slow.pair_ratios = slow
@@ -240,7 +240,7 @@ pub fn bench(args: BenchArgs) -> Result<i32> {
         kernel_release: crate::kernel::release(),
         backend: args.attach,
         probe,
-        target: ours.target,
+        target,
         workload: cmd,
         ratio_to_clock: ours_cost
             .ns_per_call

@@ -1,0 +1,9 @@
+//! The commands. Each owns its arguments and is a thin consumer of the shared modules (the live
+//! `session`, `export`, `table`, the dashboard); no command imports another.
+
+pub mod bench;
+pub mod probes;
+pub mod record;
+pub mod report;
+pub mod selftest;
+pub mod top;

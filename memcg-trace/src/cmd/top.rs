@@ -1,0 +1,95 @@
+//! `memcg-trace top` (the default command) and `memcg-trace view`: the dashboard, on a live
+//! session or on a recording.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::{
+    export, kernel,
+    session::{self, LiveArgs, Options, Session, Verbosity},
+    tui::{
+        self,
+        app::{App, Header, Mode},
+    },
+};
+
+/// `top` options.
+#[derive(clap::Args, Debug, Default)]
+pub struct TopArgs {
+    #[command(flatten)]
+    pub live: LiveArgs,
+    /// Leave the dashboard when the workload exits (default: stay on its final figures).
+    #[arg(long)]
+    pub exit: bool,
+}
+
+/// `view` options.
+#[derive(clap::Args, Debug)]
+pub struct ViewArgs {
+    /// A JSON file written by `record` or saved from the dashboard.
+    pub file: PathBuf,
+}
+
+/// `memcg-trace` / `memcg-trace top`: the live dashboard.
+pub async fn top(args: TopArgs) -> Result<i32> {
+    tui::require_tty()?;
+    let opts = Options {
+        verbosity: Verbosity::Quiet,
+        dashboard: true,
+    };
+    let mut s = match Session::start(&args.live, opts, |_| Ok(())).await {
+        Ok(s) => s,
+        Err(e) => {
+            return match session::interrupted_exit_code(&e) {
+                Some(code) => Ok(code),
+                None => Err(e),
+            }
+        }
+    };
+    let release = kernel::release();
+    let config = kernel::config(&release);
+    let mut app = App::new(
+        Header {
+            preemption: kernel::preemption_model(config.as_ref()),
+            kernel: release,
+            recording: None,
+        },
+        args.live.tick,
+    );
+    let end = tui::live(&mut app, &mut s, args.exit).await;
+    // The session ends (programs detached, memcg removed) whatever the dashboard returned.
+    let fin = s
+        .finish(end.as_ref().copied().unwrap_or(session::End::Quit))
+        .await?;
+    end?;
+    Ok(fin.exit_code)
+}
+
+/// `memcg-trace view FILE.json`: the dashboard on a recording, read-only.
+pub async fn view(args: ViewArgs) -> Result<i32> {
+    let doc = export::read(&args.file)?;
+    tui::require_tty()?;
+    let mut app = App::new(
+        Header {
+            kernel: doc.meta.kernel_release.clone(),
+            preemption: doc.meta.preemption_model.clone(),
+            recording: Some(args.file.display().to_string()),
+        },
+        std::time::Duration::from_nanos(doc.meta.tracer.tick_ns.max(1)),
+    );
+    app.mode = Mode::Cumulative;
+    app.workload = doc.meta.workload.as_ref().map(|w| {
+        format!(
+            "workload: {} exited {} in {}",
+            w.argv.join(" "),
+            w.exit_status
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "?".into()),
+            w.cgroup
+        )
+    });
+    app.on_snapshot(export::to_snapshot(&doc));
+    tui::view(&mut app).await?;
+    Ok(0)
+}

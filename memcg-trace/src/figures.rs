@@ -1,0 +1,256 @@
+//! Figures derived from a `Snapshot`: percentiles, mean, spread, rates, share of a CPU and what
+//! the tracer itself costs. Computed here once; the table, the JSON and the dashboard all take
+//! them from this module. Small pure functions, guarded against division by zero.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use memcg_trace_common::bucket_bounds;
+
+use crate::snapshot::{HistData, ProbeStats, ProgCost, Snapshot};
+
+/// Percentiles reported everywhere.
+pub const QUANTILES: [f64; 6] = [0.5, 0.9, 0.99, 0.999, 0.9999, 1.0];
+
+/// `a / b`, or None when b is zero.
+pub fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b != 0.0).then(|| a / b)
+}
+
+/// Per-second rate of `n` events over `d`.
+pub fn rate(n: u64, d: Duration) -> Option<f64> {
+    ratio(n as f64, d.as_secs_f64())
+}
+
+/// The histogram as an HdrHistogram: each bucket's calls recorded at the bucket midpoint
+/// (clamped to the observed min and max), so percentiles are within half a bucket (1.6%).
+pub fn hdr(h: &HistData) -> Histogram<u64> {
+    let mut out = Histogram::<u64>::new_with_bounds(1, 1 << 40, 3).expect("valid hdr bounds");
+    for (i, &n) in h.buckets.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let (lo, hi) = bucket_bounds(i);
+        let mut v = lo + (hi - 1 - lo) / 2;
+        if h.max_ns > 0 {
+            v = v.clamp(h.min_ns.max(1), h.max_ns.max(1));
+        }
+        out.record_n(v.max(1), n).expect("value within hdr bounds");
+    }
+    out
+}
+
+/// Latency figures of one histogram.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Latency {
+    /// Calls timed (the bucket total).
+    pub timed: u64,
+    /// Sum of latencies, ns.
+    pub sum_ns: u64,
+    /// Shortest, ns.
+    pub min_ns: u64,
+    /// Longest, ns.
+    pub max_ns: u64,
+    /// Mean, ns.
+    pub mean_ns: f64,
+    /// Standard deviation, ns (from the histogram).
+    pub stddev_ns: f64,
+    /// Sum of latencies as a share of one CPU over the window (1.0 = one CPU).
+    pub cpu_share: Option<f64>,
+    /// `(quantile, ns)`, each within `[min_ns, max_ns]`; the quantile 1.0 is the maximum.
+    pub percentiles: Vec<(f64, u64)>,
+}
+
+impl Latency {
+    /// The latency at quantile `q`, if it was asked for.
+    pub fn at(&self, q: f64) -> Option<u64> {
+        self.percentiles
+            .iter()
+            .find(|(x, _)| (x - q).abs() < 1e-9)
+            .map(|(_, ns)| *ns)
+    }
+}
+
+/// Latency figures of `h` over a window of `window`, at `quantiles`; None when no call was
+/// timed (counts-only backends, or no calls).
+pub fn latency(h: &HistData, window: Duration, quantiles: &[f64]) -> Option<Latency> {
+    let timed = h.timed();
+    if timed == 0 {
+        return None;
+    }
+    let hdr = hdr(h);
+    let (lo, hi) = (h.min_ns, h.max_ns.max(h.min_ns));
+    Some(Latency {
+        timed,
+        sum_ns: h.sum_ns,
+        min_ns: h.min_ns,
+        max_ns: h.max_ns,
+        mean_ns: h.sum_ns as f64 / timed as f64,
+        stddev_ns: hdr.stdev(),
+        cpu_share: ratio(h.sum_ns as f64, window.as_nanos() as f64),
+        percentiles: quantiles
+            .iter()
+            .map(|&q| {
+                // HDR reports a bucket's highest equivalent value, which can lie outside the
+                // observed range.
+                let ns = if q >= 1.0 {
+                    h.max_ns
+                } else {
+                    hdr.value_at_quantile(q).clamp(lo, hi)
+                };
+                (q, ns)
+            })
+            .collect(),
+    })
+}
+
+/// What the tracer costs, from the kernel's bpf stats of its programs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TracerCost {
+    /// Program run time per traced call, ns (None without bpf stats or calls).
+    pub per_call_ns: Option<f64>,
+    /// Program run time as a share of one CPU over the window.
+    pub cpu_share: Option<f64>,
+    /// Program runs.
+    pub runs: u64,
+}
+
+/// The tracer's cost from its programs' total run time and runs, for `calls` traced calls over
+/// `window`. Without bpf stats (run time 0) there is no figure.
+pub fn cost(time: u64, runs: u64, calls: u64, window: Duration) -> TracerCost {
+    let measured = time > 0;
+    TracerCost {
+        per_call_ns: if measured {
+            ratio(time as f64, calls as f64)
+        } else {
+            None
+        },
+        cpu_share: if measured {
+            ratio(time as f64, window.as_nanos() as f64)
+        } else {
+            None
+        },
+        runs,
+    }
+}
+
+fn cost_of<'a>(
+    programs: impl Iterator<Item = &'a ProgCost>,
+    calls: u64,
+    window: Duration,
+) -> TracerCost {
+    let (mut time, mut runs) = (0u64, 0u64);
+    for p in programs {
+        time += p.run_time_ns;
+        runs += p.run_cnt;
+    }
+    cost(time, runs, calls, window)
+}
+
+/// The tracer's cost for one probe.
+pub fn probe_cost(p: &ProbeStats, window: Duration) -> TracerCost {
+    cost_of(p.programs.iter(), p.calls(), window)
+}
+
+/// The tracer's cost over all probes of a snapshot.
+pub fn tracer_cost(s: &Snapshot) -> TracerCost {
+    let calls = s.probes.iter().map(ProbeStats::calls).sum();
+    cost_of(s.probes.iter().flat_map(|p| &p.programs), calls, s.elapsed)
+}
+
+/// Calls dropped and runs missed over all probes of a snapshot.
+pub fn losses(s: &Snapshot) -> (u64, u64) {
+    (
+        s.probes.iter().map(ProbeStats::dropped).sum(),
+        s.probes.iter().map(ProbeStats::recursion_misses).sum(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_stay_within_three_percent() {
+        // A spread of values over six decades, each percentile checked against the exact one.
+        let mut values: Vec<u64> = (0..20_000u64)
+            .map(|i| 20 + (i * i * 37) % 5_000_000)
+            .collect();
+        values.sort_unstable();
+        let h = HistData::of(&values);
+        let l = latency(&h, Duration::from_secs(1), &QUANTILES).unwrap();
+        for q in [0.5, 0.9, 0.99, 0.999] {
+            let exact =
+                values[((q * values.len() as f64).ceil() as usize).saturating_sub(1)] as f64;
+            let got = l.at(q).unwrap() as f64;
+            let err = (got - exact).abs() / exact;
+            assert!(
+                err <= 0.03,
+                "q={q}: got {got}, exact {exact}, error {err:.4}"
+            );
+        }
+        assert_eq!(hdr(&h).len(), values.len() as u64);
+        assert_eq!(l.at(1.0), Some(*values.last().unwrap()));
+    }
+
+    #[test]
+    fn single_value_is_reported_exactly_through_min_max_clamp() {
+        let l = latency(
+            &HistData::of(&[1234, 1234, 1234]),
+            Duration::from_secs(1),
+            &QUANTILES,
+        )
+        .unwrap();
+        for (_, ns) in &l.percentiles {
+            assert_eq!(*ns, 1234);
+        }
+    }
+
+    #[test]
+    fn percentiles_are_clamped_to_the_observed_range() {
+        // 3000 and 3050 share a bucket whose midpoint and top lie above 3050.
+        let l = latency(
+            &HistData::of(&[3000, 3050]),
+            Duration::from_secs(1),
+            &QUANTILES,
+        )
+        .unwrap();
+        for (q, ns) in &l.percentiles {
+            assert!((3000..=3050).contains(ns), "q={q}: {ns}");
+        }
+    }
+
+    #[test]
+    fn derived_figures_guard_division_by_zero() {
+        assert_eq!(rate(10, Duration::ZERO), None);
+        assert_eq!(rate(10, Duration::from_secs(2)), Some(5.0));
+        assert!(latency(&HistData::default(), Duration::from_secs(1), &QUANTILES).is_none());
+        let l = latency(&HistData::of(&[100, 300]), Duration::ZERO, &QUANTILES).unwrap();
+        assert_eq!(l.mean_ns, 200.0);
+        assert_eq!(l.cpu_share, None);
+        let c = cost_of([ProgCost::default()].iter(), 0, Duration::ZERO);
+        assert_eq!((c.per_call_ns, c.cpu_share), (None, None));
+    }
+
+    #[test]
+    fn tracer_cost_is_run_time_per_call() {
+        let progs = [
+            ProgCost {
+                name: "fentry_0".into(),
+                run_cnt: 10,
+                run_time_ns: 300,
+                recursion_misses: 0,
+            },
+            ProgCost {
+                name: "fexit_0".into(),
+                run_cnt: 10,
+                run_time_ns: 500,
+                recursion_misses: 0,
+            },
+        ];
+        let c = cost_of(progs.iter(), 10, Duration::from_micros(8));
+        assert_eq!(c.per_call_ns, Some(80.0));
+        assert_eq!(c.cpu_share, Some(0.1));
+        assert_eq!(c.runs, 20);
+    }
+}

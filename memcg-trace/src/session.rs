@@ -1,0 +1,584 @@
+//! One live trace, from the first moment to the last: signal handlers, privileges, the
+//! workload's memcg, calibration, probe resolution and attach (with the reason for every probe
+//! that could not be attached), the collector, the workload's process; and on the way out the
+//! final figures, detach, memcg removal and the exit status. `record`, `top`, `bench` (and every
+//! live command to come) are thin consumers of a `Session`; none reaches into another command.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    path::PathBuf,
+    process::Stdio,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use futures_util::FutureExt as _;
+use memcg_trace_common::MAX_PROBES;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+use crate::{
+    calibrate,
+    collector::{Collector, Final},
+    export::{DaemonCost, RunMeta, Workload},
+    figures::ratio,
+    kernel::{self, Symbols},
+    probes::{self, AttachMode, Backend, Request},
+    snapshot::Snapshot,
+    tracer::{NotAttached, Tracer},
+    units::parse_duration,
+    workload::{self, Memcg},
+};
+
+/// Which probes and how to attach them.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ProbeSel {
+    /// Logical probes to trace (comma-separated or repeated); `memcg-trace probes --all` lists them.
+    #[arg(long, short = 'p', value_delimiter = ',')]
+    pub probe: Vec<String>,
+    /// Any other traceable kernel function, traced the same way (repeatable).
+    #[arg(long = "func", short = 'f')]
+    pub func: Vec<String>,
+    /// How to attach: auto tries fentry, then kprobe, then tracepoint, per probe.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub attach: AttachMode,
+    /// Include the optional probes (probes command: list every probe).
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// The options every live command shares (`record`, `top`, `bench`, ...).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LiveArgs {
+    #[command(flatten)]
+    pub sel: ProbeSel,
+    /// Poll interval (e.g. 1s, 250ms).
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub tick: Duration,
+    /// Run the workload in this existing memcg instead of a fresh one.
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
+    /// A named workload instead of a command: `hackbench` or `hackbench:ARGS`
+    /// (default ARGS: "-g 2 -l 200").
+    #[arg(long, conflicts_with = "command")]
+    pub workload: Option<String>,
+    /// Diagnostics from inside the eBPF programs (per-CPU base resolution, context reads,
+    /// pairing anomalies) on stderr; off by default and free when off.
+    #[arg(long)]
+    pub ebpf_log: bool,
+    /// Workload to run in a fresh memcg; tracing ends when it exits.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+impl Default for LiveArgs {
+    fn default() -> Self {
+        LiveArgs {
+            sel: ProbeSel::default(),
+            tick: Duration::from_secs(1),
+            cgroup: None,
+            workload: None,
+            ebpf_log: false,
+            command: Vec::new(),
+        }
+    }
+}
+
+impl LiveArgs {
+    /// The workload's command line: the command, or the named workload's.
+    pub fn argv(&self) -> Result<Vec<String>> {
+        match &self.workload {
+            Some(w) => workload::named(w),
+            None => Ok(self.command.clone()),
+        }
+    }
+}
+
+/// Checks the capabilities tracing needs, naming the missing ones.
+pub fn check_privileges() -> Result<()> {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let has = |c: u32| cap_eff & (1 << c) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .iter()
+        .filter(|(c, _)| !has(*c))
+        .map(|(_, n)| *n)
+        .collect();
+    bail!(
+        "memcg-trace needs root, or CAP_BPF and CAP_PERFMON (missing: {}); run it with sudo",
+        missing.join(", ")
+    )
+}
+
+/// How chatty attaching is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verbosity {
+    /// Nothing on stderr.
+    Quiet,
+    /// One line per probe, and the reasons a preferred backend was refused.
+    Normal,
+}
+
+/// A tracer with its probes attached, and what attaching found out.
+pub struct Attached {
+    /// The tracer, programs attached.
+    pub tracer: Tracer,
+    /// Resolution notes per attached probe, by name.
+    pub notes: HashMap<String, Vec<String>>,
+}
+
+/// Every kernel name resolution may ask about: all probes' candidates, their layout markers and
+/// tracepoints, and the `--func` names.
+fn interest(sel: &ProbeSel) -> HashSet<String> {
+    let mut out: HashSet<String> = sel.func.iter().cloned().collect();
+    for p in probes::PROBES {
+        for c in p.candidates {
+            out.insert(c.symbol.to_string());
+            out.extend(c.requires.map(str::to_string));
+        }
+        out.extend(p.tracepoint.map(str::to_string));
+    }
+    out
+}
+
+/// Turns `--probe`/`--func` into requests, with one clear error for unknown names.
+pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
+    let mut out = Vec::new();
+    let names: Vec<String> = if sel.probe.is_empty() && sel.func.is_empty() {
+        if sel.all {
+            probes::PROBES.iter().map(|p| p.name.to_string()).collect()
+        } else {
+            probes::default_probes()
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        }
+    } else {
+        sel.probe.clone()
+    };
+    for n in names.iter().filter(|n| !n.is_empty()) {
+        let p = probes::probe_def(n).ok_or_else(|| {
+            anyhow!(
+                "unknown probe {n:?}; valid probes: {}",
+                probes::PROBES
+                    .iter()
+                    .map(|p| p.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+        if !out.contains(&Request::Probe(p)) {
+            out.push(Request::Probe(p));
+        }
+    }
+    for f in &sel.func {
+        if !syms.btf_funcs.contains(f) && !syms.kallsyms.contains(f) {
+            let hint = syms
+                .clones
+                .get(f)
+                .map(|c| {
+                    format!(
+                        " (only compiler clones exist: {}; it is inlined)",
+                        c.join(", ")
+                    )
+                })
+                .unwrap_or_default();
+            bail!("unknown function {f:?}: not in this kernel's BTF or kallsyms{hint}");
+        }
+        out.push(Request::Func(f.clone()));
+    }
+    if out.len() > MAX_PROBES {
+        bail!(
+            "{} probes requested; at most {MAX_PROBES} can be traced at once",
+            out.len()
+        );
+    }
+    Ok(out)
+}
+
+/// Resolves and attaches every request of `sel`: calibrates the context masks, loads the
+/// programs and attaches each probe with the first backend that works. Fails when nothing
+/// could be attached or an explicitly requested function could not be.
+pub fn attach(
+    sel: &ProbeSel,
+    verbosity: Verbosity,
+    workload_cgroup: u64,
+    ebpf_log: bool,
+) -> Result<Attached> {
+    check_privileges()?;
+    let btf = kernel::open_btf()?;
+    let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
+    let (layout, masks) = calibrate::masks(layout);
+    let syms = Symbols::load(&btf, &interest(sel))?;
+    let reqs = requests(sel, &syms)?;
+    // The aya loader parses BTF again; the two parses need not be alive at once.
+    drop(btf);
+    let mut tracer = Tracer::load(&layout, workload_cgroup, ebpf_log)?;
+    tracer.masks = Some(masks);
+    let mut notes = HashMap::new();
+    for req in &reqs {
+        let res = probes::resolve(req, sel.attach.order(), &syms);
+        if tracer.attach(req, &res) {
+            let a = tracer.attached.last().expect("just attached");
+            if verbosity == Verbosity::Normal {
+                eprintln!("memcg-trace: {} -> {} via {}", a.name, a.target, a.backend);
+                for n in a.notes.iter().filter(|n| {
+                    n.starts_with(&format!("{}:", Backend::Fentry)) || n.contains(": Operation")
+                }) {
+                    eprintln!("memcg-trace:   ({n})");
+                }
+            }
+            notes.insert(a.name.clone(), a.notes.clone());
+        } else {
+            let f = tracer.failed.last().expect("just failed");
+            if matches!(req, Request::Func(_)) {
+                bail!("cannot trace {}: {}", f.name, f.reasons.join("; "));
+            }
+            if verbosity == Verbosity::Normal {
+                eprintln!(
+                    "memcg-trace: {} not attached: {}",
+                    f.name,
+                    f.reasons.join("; ")
+                );
+            }
+        }
+    }
+    if tracer.attached.is_empty() {
+        let why: Vec<String> = tracer
+            .failed
+            .iter()
+            .map(|f| format!("{}: {}", f.name, f.reasons.join("; ")))
+            .collect();
+        bail!("no probe could be attached ({})", why.join(" | "));
+    }
+    Ok(Attached { tracer, notes })
+}
+
+/// How a live trace ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The requested duration passed.
+    Deadline,
+    /// SIGINT, SIGTERM or SIGHUP (or Ctrl-C in the dashboard).
+    Signal(i32),
+    /// The workload exited with this status (128+N when killed by signal N).
+    Exited(Option<i32>),
+    /// The user left the dashboard.
+    Quit,
+}
+
+/// What a session reports while it runs.
+#[derive(Debug)]
+pub enum Event {
+    /// A new snapshot.
+    Tick(Arc<Snapshot>),
+    /// The workload exited with this status (128+N when killed by signal N).
+    WorkloadExited(Option<i32>),
+    /// A stop signal arrived.
+    Signal(i32),
+}
+
+/// How a session starts.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// What attaching prints.
+    pub verbosity: Verbosity,
+    /// The dashboard owns the terminal: the workload's output is discarded and start-up notices
+    /// are not printed (otherwise the workload inherits stdout and stderr).
+    pub dashboard: bool,
+}
+
+/// SIGINT, SIGTERM and SIGHUP, listened to from the first moment of a session.
+struct Signals(Signal, Signal, Signal);
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        Ok(Signals(
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
+        ))
+    }
+
+    async fn recv(&mut self) -> i32 {
+        tokio::select! {
+            _ = self.0.recv() => libc::SIGINT,
+            _ = self.1.recv() => libc::SIGTERM,
+            _ = self.2.recv() => libc::SIGHUP,
+        }
+    }
+
+    /// A signal that already arrived, without waiting.
+    fn pending(&mut self) -> Option<i32> {
+        self.recv().now_or_never()
+    }
+}
+
+/// The error a session start ends with when a stop signal arrives before tracing began.
+#[derive(Debug)]
+pub struct Interrupted(pub i32);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stopped by signal {} before tracing began", self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// A live trace.
+pub struct Session {
+    signals: Signals,
+    /// Taken when the session finishes.
+    collector: Option<Collector>,
+    snapshots: tokio::sync::watch::Receiver<Arc<Snapshot>>,
+    memcg: Option<Memcg>,
+    child: Option<tokio::process::Child>,
+    argv: Vec<String>,
+    exit_status: Option<i32>,
+    notes: HashMap<String, Vec<String>>,
+    failed: Vec<NotAttached>,
+    masks: Option<kernel::ContextMasks>,
+    started: SystemTime,
+    startup: Duration,
+    cpu0: Duration,
+    tick: Duration,
+}
+
+/// What a finished session leaves: the final figures and what a recording says about the run.
+pub struct Finished {
+    /// Final figures, read after every program was detached.
+    pub snapshot: Snapshot,
+    /// Everything else a recording holds.
+    pub meta: RunMeta,
+    /// The process exit status to return.
+    pub exit_code: i32,
+}
+
+impl Session {
+    /// Starts a live trace: signal handlers first, then the workload's memcg, calibration and
+    /// attach (`extra` may attach more programs before collection starts), the collector, and
+    /// last the workload itself, so that its first call is already traced. A stop signal during
+    /// start-up ends it with [`Interrupted`], leaving nothing behind.
+    pub async fn start(
+        args: &LiveArgs,
+        opts: Options,
+        extra: impl FnOnce(&mut Tracer) -> Result<()>,
+    ) -> Result<Session> {
+        let t0 = Instant::now();
+        let mut signals = Signals::install()?;
+        check_privileges()?;
+        let argv = args.argv()?;
+        let memcg = if argv.is_empty() {
+            None
+        } else {
+            Some(workload::prepare(args.cgroup.as_deref(), opts.dashboard)?)
+        };
+        let cgid = memcg.as_ref().map(|m| m.cgroup_id).unwrap_or(0);
+        if memcg.is_some() && cgid == 0 && opts.verbosity == Verbosity::Normal {
+            eprintln!("memcg-trace: the workload's calls cannot be told apart (no cgroup v2 id); only system-wide figures");
+        }
+        if let Some(s) = signals.pending() {
+            return Err(Interrupted(s).into());
+        }
+        let Attached { mut tracer, notes } =
+            attach(&args.sel, opts.verbosity, cgid, args.ebpf_log)?;
+        extra(&mut tracer)?;
+        tracer.done_attaching();
+        if let Some(s) = signals.pending() {
+            return Err(Interrupted(s).into());
+        }
+        let failed = tracer.failed.clone();
+        let masks = tracer.masks.clone();
+        let startup = t0.elapsed();
+        let cpu0 = cpu_time();
+        let started = SystemTime::now();
+        let collector = Collector::spawn(tracer, args.tick)?;
+        let snapshots = collector.subscribe();
+        let child = match &memcg {
+            Some(m) => {
+                let mut cmd = m.command(&argv);
+                if opts.dashboard {
+                    cmd.stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null());
+                }
+                Some(
+                    tokio::process::Command::from(cmd)
+                        .spawn()
+                        .map_err(|e| workload::cannot_run(&argv, e))?,
+                )
+            }
+            None => None,
+        };
+        Ok(Session {
+            signals,
+            collector: Some(collector),
+            snapshots,
+            memcg,
+            child,
+            argv,
+            exit_status: None,
+            notes,
+            failed,
+            masks,
+            started,
+            startup,
+            cpu0,
+            tick: args.tick,
+        })
+    }
+
+    /// Waits for the next thing that happens: a snapshot, the workload's exit, a signal.
+    pub async fn next(&mut self) -> Result<Event> {
+        tokio::select! {
+            r = self.snapshots.changed() => {
+                r.map_err(|_| anyhow!("the collector stopped"))?;
+                Ok(Event::Tick(self.snapshots.borrow_and_update().clone()))
+            }
+            st = async { self.child.as_mut().expect("guarded").wait().await }, if self.child.is_some() => {
+                use std::os::unix::process::ExitStatusExt as _;
+                let st = st?;
+                let code = st.code().or_else(|| st.signal().map(|s| 128 + s));
+                self.child = None;
+                self.exit_status = code;
+                Ok(Event::WorkloadExited(code))
+            }
+            s = self.signals.recv() => Ok(Event::Signal(s)),
+        }
+    }
+
+    /// The latest snapshot.
+    pub fn latest(&self) -> Arc<Snapshot> {
+        self.snapshots.borrow().clone()
+    }
+
+    /// Changes the collector's tick.
+    pub fn set_tick(&mut self, tick: Duration) {
+        self.tick = tick;
+        if let Some(c) = &self.collector {
+            c.set_tick(tick);
+        }
+    }
+
+    /// The workload's command line (empty without one).
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+
+    /// The memcg the workload runs in.
+    pub fn cgroup(&self) -> Option<PathBuf> {
+        self.memcg.as_ref().map(|m| m.path.clone())
+    }
+
+    /// What a recording made now would say about the run (the dashboard's save key).
+    pub fn meta_now(&self) -> RunMeta {
+        let cpu = cpu_time().saturating_sub(self.cpu0);
+        self.meta(SystemTime::now(), Duration::ZERO, cpu, None)
+    }
+
+    fn meta(
+        &self,
+        end: SystemTime,
+        detach: Duration,
+        cpu: Duration,
+        elapsed: Option<Duration>,
+    ) -> RunMeta {
+        RunMeta {
+            start: self.started,
+            end,
+            masks: self.masks.clone(),
+            daemon: DaemonCost {
+                startup_ns: self.startup.as_nanos() as u64,
+                detach_ns: detach.as_nanos() as u64,
+                cpu_ns: cpu.as_nanos() as u64,
+                cpu_share: elapsed.and_then(|e| ratio(cpu.as_secs_f64(), e.as_secs_f64())),
+                peak_rss_kib: peak_rss_kib(),
+                tick_ns: self.tick.as_nanos() as u64,
+            },
+            workload: self.memcg.as_ref().map(|m| Workload {
+                argv: self.argv.clone(),
+                exit_status: self.exit_status,
+                cgroup: m.path.display().to_string(),
+            }),
+            notes: self.notes.clone(),
+            not_attached: self.failed.clone(),
+        }
+    }
+
+    /// Ends the trace: stops a workload that is still running (SIGTERM, then the memcg's
+    /// removal kills what is left), detaches every program and takes the final figures, removes
+    /// the memcg, and works out the exit status.
+    pub async fn finish(mut self, end: End) -> Result<Finished> {
+        if let Some(c) = self.child.as_mut() {
+            if let Some(pid) = c.id() {
+                // SAFETY: plain kill(2) of our own child.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(2), c.wait()).await;
+        }
+        // The daemon's own CPU while tracing; detaching is reported apart.
+        let cpu = cpu_time().saturating_sub(self.cpu0);
+        let collector = self.collector.take().expect("a session finishes once");
+        let Final { snapshot, detach } = collector.finish().await?;
+        let end_time = SystemTime::now();
+        if let Some(m) = self.memcg.as_mut() {
+            if let Err(e) = m.remove() {
+                eprintln!("memcg-trace: warning: {e:#}");
+            }
+        }
+        let meta = self.meta(end_time, detach, cpu, Some(snapshot.elapsed));
+        let workload = !self.argv.is_empty();
+        let exit_code = match end {
+            End::Exited(Some(s)) => s,
+            End::Exited(None) => 1,
+            // A workload cut short by a signal is reported like a shell would; a system-wide
+            // recording ended by Ctrl-C is a normal end.
+            End::Signal(sig) if workload => 128 + sig,
+            End::Signal(_) | End::Deadline | End::Quit => self.exit_status.unwrap_or(0),
+        };
+        Ok(Finished {
+            snapshot,
+            meta,
+            exit_code,
+        })
+    }
+}
+
+/// The exit status a command returns when start-up was interrupted by a signal, if that was
+/// the error.
+pub fn interrupted_exit_code(e: &anyhow::Error) -> Option<i32> {
+    e.downcast_ref::<Interrupted>().map(|i| 128 + i.0)
+}
+
+fn rusage() -> libc::rusage {
+    // SAFETY: getrusage fills the struct it is given.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut u);
+        u
+    }
+}
+
+/// User + system CPU time of this process so far (the workload, a child, is not included).
+pub fn cpu_time() -> Duration {
+    let u = rusage();
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Peak resident set size of this process, KiB.
+pub fn peak_rss_kib() -> u64 {
+    rusage().ru_maxrss as u64
+}

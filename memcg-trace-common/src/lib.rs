@@ -40,19 +40,6 @@ pub const CTX_NMI: u32 = 3;
 /// Context names in index order, as the kernel spells them.
 pub const CTX_NAMES: [&str; NUM_CTX] = ["task", "softirq", "hardirq", "nmi"];
 
-/// The index of a (probe, context) pair in the per-CPU histogram and counter arrays.
-#[inline(always)]
-pub const fn slot_index(probe: u32, ctx: u32) -> u32 {
-    probe * NUM_CTX as u32 + ctx
-}
-
-/// Entries in the per-CPU histogram and counter arrays.
-pub const NUM_SLOTS: u32 = (MAX_PROBES * NUM_CTX) as u32;
-
-/// Entries in the per-CPU workload histogram array: one per probe, task context only (calls made
-/// by a task of the workload's cgroup).
-pub const WORKLOAD_SLOTS: u32 = MAX_PROBES as u32;
-
 /// Floor of log2 for `v > 0`, written without loops or `leading_zeros` so that it compiles to a
 /// few shifts the BPF verifier accepts on every kernel.
 #[inline(always)]
@@ -163,25 +150,52 @@ pub mod names {
     /// Floor (b), tracepoint: one per-CPU increment.
     pub const FLOOR_CLOCK_TP: [&str; 1] = ["floor_clock_tp"];
 
-    /// Context-check programs, indexed by the context they expect (task, softirq, hardirq).
-    pub const CTX_CHECK: [&str; 3] = ["ctx_check_task", "ctx_check_softirq", "ctx_check_hardirq"];
-    /// The BPF_PROG_TEST_RUN entry of `memcg-trace selftest`.
+    /// Context-check programs, one per row of [`super::CTX_SOURCES`].
+    pub const CTX_CHECK: [&str; super::CTX_CHECK_ROWS as usize] = [
+        "ctx_check_0",
+        "ctx_check_1",
+        "ctx_check_2",
+        "ctx_check_3",
+        "ctx_check_4",
+        "ctx_check_5",
+        "ctx_check_6",
+    ];
+    /// The BPF_PROG_TEST_RUN entry of `memcg-trace selftest` (see [`super::test_op`]).
     pub const SELFTEST: &str = "selftest";
+    /// BPF iterator over the kernel's programs: (id, address of the per-CPU stats) of each.
+    pub const PROG_ITER: &str = "prog_stats";
 
-    /// Per-CPU histograms by (probe, context).
+    /// Histograms by (CPU, probe, context): a shared array userspace maps into memory.
     pub const MAP_HIST: &str = "HIST";
-    /// Per-CPU histograms of the workload's calls, by probe.
+    /// Histograms of the workload's calls by (CPU, probe), shared the same way.
     pub const MAP_WORKLOAD_HIST: &str = "WORKLOAD_HIST";
-    /// Per-CPU pairing state by (probe, context).
-    pub const MAP_SLOTS: &str = "SLOTS";
+    /// Counters by (CPU, probe, context), shared the same way.
+    pub const MAP_COUNTERS: &str = "COUNTERS";
+    /// Calls waiting for their exit, per CPU and probe.
+    pub const MAP_PENDING: &str = "PENDING";
+    /// Ring buffer of deferred calls (see [`super::Deferred`]).
+    pub const MAP_DEFERRED: &str = "DEFERRED";
+    /// Per-CPU state of the programs.
+    pub const MAP_CPU_STATE: &str = "CPU_STATE";
+    /// Per probe slot: the per-CPU address of the fentry program's recursion-miss counter.
+    pub const MAP_PROG_MISSES: &str = "PROG_MISSES";
+    /// Per probe slot: the tracing window ([`super::WINDOW_OPEN`] while both programs are on).
+    pub const MAP_WINDOW: &str = "WINDOW";
     /// Context-check counts, see [`super::ctx_check_index`].
     pub const MAP_CTX_CHECK: &str = "CTX_CHECK";
-    /// Raw preempt_count bits seen per expected context.
+    /// Raw preempt_count bits seen per context-check row: (any, all) pairs.
     pub const MAP_CTX_BITS: &str = "CTX_BITS";
+    /// Floor (b) per-CPU state of the bench.
+    pub const MAP_FLOOR: &str = "FLOOR";
     /// Read-only global: the kernel layout.
     pub const GLOBAL_LAYOUT: &str = "LAYOUT";
-    /// Read-only global: the workload's cgroup v2 id.
-    pub const GLOBAL_WORKLOAD_CGROUP: &str = "WORKLOAD_CGROUP";
+    /// Read-only global: the settings ([`super::Config`]).
+    pub const GLOBAL_CONFIG: &str = "CONFIG";
+
+    /// Maps userspace reads through a shared mapping, never through the map syscalls: those
+    /// hold the CPU's BPF recursion guard while preemptible, and a kprobe firing on that CPU
+    /// meanwhile would be lost.
+    pub const SHARED_MAPS: [&str; 3] = [MAP_HIST, MAP_WORKLOAD_HIST, MAP_COUNTERS];
 
     /// Every program the object must hold.
     pub fn all_programs() -> impl Iterator<Item = &'static str> {
@@ -198,7 +212,7 @@ pub mod names {
             .chain(FLOOR_EMPTY_TP)
             .chain(FLOOR_CLOCK_TP)
             .chain(CTX_CHECK)
-            .chain([SELFTEST])
+            .chain([SELFTEST, PROG_ITER])
     }
 }
 
@@ -206,8 +220,42 @@ pub mod names {
 pub const CTX_UNKNOWN: u32 = NUM_CTX as u32;
 /// Columns of the context-check grid: the four contexts and "unknown".
 pub const CTX_CHECK_COLS: u32 = NUM_CTX as u32 + 1;
-/// Rows of the context-check grid: task, softirq, hardirq.
-pub const CTX_CHECK_ROWS: u32 = 3;
+/// Rows of the context-check grid, one per [`CTX_SOURCES`] entry.
+pub const CTX_CHECK_ROWS: u32 = 7;
+
+/// What a context-check row is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtxUse {
+    /// The mask calibration reads its preempt_count bits (and the self-test checks it).
+    Calibration,
+    /// Only the self-test checks it: a source independent of the calibration's.
+    Check,
+}
+
+/// Tracepoints whose context is known, per context-check row: the context they run in, what the
+/// row is for, and the tracepoints tried in order (the first that attaches is used).
+pub const CTX_SOURCES: [(u32, CtxUse, &[&str]); CTX_CHECK_ROWS as usize] = [
+    (CTX_TASK, CtxUse::Check, &["sched_switch"]),
+    (CTX_SOFTIRQ, CtxUse::Calibration, &["softirq_entry"]),
+    (
+        CTX_HARDIRQ,
+        CtxUse::Calibration,
+        &["local_timer_entry", "irq_handler_entry"],
+    ),
+    // Timer-wheel callbacks run in the TIMER softirq (the self-test arms some: a socket
+    // receive timeout is a timer-wheel timer).
+    (CTX_SOFTIRQ, CtxUse::Check, &["timer_expire_entry"]),
+    // IPIs: another hardirq source than the timer the calibration watches (the self-test sends
+    // some with membarrier).
+    (CTX_HARDIRQ, CtxUse::Check, &["call_function_entry"]),
+    (
+        CTX_HARDIRQ,
+        CtxUse::Check,
+        &["call_function_single_entry", "reschedule_entry"],
+    ),
+    // After each NMI handler, in NMI context; NMIs come from the PMU when perf can raise them.
+    (CTX_NMI, CtxUse::Calibration, &["nmi_handler"]),
+];
 
 /// Cell of the context-check grid counting hits expected in `expected` and classified as `got`
 /// ([`CTX_UNKNOWN`] when the context could not be read).
@@ -220,7 +268,7 @@ pub const fn ctx_check_index(expected: u32, got: u32) -> u32 {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Hist {
-    /// Calls whose entry and exit were paired (for tracepoints: hits).
+    /// Calls counted in this histogram.
     pub count: u64,
     /// Sum of their durations, ns.
     pub sum_ns: u64,
@@ -232,47 +280,235 @@ pub struct Hist {
     pub buckets: [u64; NUM_BUCKETS],
 }
 
-/// Pairing counters for a (probe, context) pair on one CPU.
+/// What happened to the calls of one (probe, context) on one CPU. Every entry and every exit
+/// program run lands in exactly one of these, so the totals account for every run:
+///
+/// - `entries == paired + ambiguous + deferred + deferred_lost + stale + evicted + (pending)`
+/// - `exits == paired + ambiguous + deferred + deferred_lost + orphans + outside`
+///
+/// (for the tracepoint backend, which has no exit, `entries` counts the hits).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct Counters {
-    /// Entry program runs.
+    /// Entry program runs in this context (each is recorded as a pending call).
     pub entries: u64,
-    /// Exit program runs.
+    /// Exit program runs attributed to this context (the pending call's, or the one read at
+    /// exit for an orphan).
     pub exits: u64,
-    /// Exits with no matching entry on this CPU (the entry was overwritten or never recorded).
-    pub unmatched: u64,
-    /// Task-context calls during which the task was switched out (slept, was preempted or
-    /// migrated): their duration includes time off the CPU and the entry may be on another CPU,
-    /// so they are dropped, never attributed.
+    /// Calls paired with their own entry and timed in the kernel's histogram.
+    pub paired: u64,
+    /// Calls paired, but whose pairing userspace must confirm against the kernel's recursion
+    /// counters (see `Deferred`); sent to the ring buffer.
+    pub deferred: u64,
+    /// Deferred calls lost because the ring buffer was full.
+    pub deferred_lost: u64,
+    /// Of the paired and deferred calls: task-context calls during which the task left the CPU
+    /// (slept, was preempted or migrated). They are timed wall-clock.
     pub switched: u64,
-    /// Exits (or tracepoint hits) whose context could not be read (the per-CPU base could not
-    /// be verified); counted in the task slot and dropped.
-    pub no_context: u64,
+    /// Of the switched calls: those whose exit ran on another CPU than their entry.
+    pub migrated: u64,
+    /// Exits that found no pending entry of their own (the entry was skipped or evicted).
+    pub orphans: u64,
+    /// Exits without an entry outside the tracing window: while the entry program was not
+    /// attached yet (the exit program is attached first) or no longer (it is detached first).
+    /// Those calls began or ended outside the window; they are not lost.
+    pub outside: u64,
+    /// Pending entries found stale and discarded: their exit can no longer come (a later call
+    /// at the same frame, or the interrupt that made them ended) - the exit was lost.
+    pub stale: u64,
+    /// Pending entries discarded to make room when every slot was taken.
+    pub evicted: u64,
+    /// Interrupt-context pairs of fentry not counted: the entry program missed a run on this
+    /// CPU while the call was in flight, so the pair may join a stale entry with another call's
+    /// exit.
+    pub ambiguous: u64,
+    /// Entry runs whose context could not be read (the per-CPU base could not be verified);
+    /// nothing is recorded. Counted in the task row.
+    pub no_context_entries: u64,
+    /// Exit runs that found no pending entry and whose context could not be read. Counted in
+    /// the task row.
+    pub no_context_exits: u64,
 }
 
-/// An entry timestamp waiting for its exit, per CPU and (probe, context).
+impl Counters {
+    /// Adds another CPU's counters.
+    pub fn add(&mut self, o: &Counters) {
+        self.entries += o.entries;
+        self.exits += o.exits;
+        self.paired += o.paired;
+        self.deferred += o.deferred;
+        self.deferred_lost += o.deferred_lost;
+        self.switched += o.switched;
+        self.migrated += o.migrated;
+        self.orphans += o.orphans;
+        self.outside += o.outside;
+        self.stale += o.stale;
+        self.evicted += o.evicted;
+        self.ambiguous += o.ambiguous;
+        self.no_context_entries += o.no_context_entries;
+        self.no_context_exits += o.no_context_exits;
+    }
+}
+
+/// The window of a probe slot is open: its entry and exit programs are both attached.
+pub const WINDOW_OPEN: u64 = 1;
+
+/// Slots per (CPU, probe) for task-context calls waiting for their exit: calls of one function
+/// that entered on one CPU and are still in flight there, preempted, sleeping or migrated.
+pub const TASK_SLOTS: usize = 16;
+const _: () = assert!(TASK_SLOTS.is_power_of_two());
+
+/// Where a task call with frame `key` starts looking for its slot: calls spread over the slots,
+/// and an exit usually finds its entry at the first look.
+#[inline(always)]
+pub const fn task_slot_hint(key: u64) -> usize {
+    ((key >> 4) ^ (key >> 12)) as usize & (TASK_SLOTS - 1)
+}
+
+/// Slots per (CPU, probe) in all: the task slots, then one per interrupt context. An interrupt
+/// context does not nest within itself on one CPU (a softirq never interrupts a softirq, nor a
+/// hardirq a hardirq, nor an NMI an NMI), so at most one call of a function is in flight there.
+pub const PENDING_SLOTS: usize = TASK_SLOTS + NUM_CTX - 1;
+
+/// The slot of an interrupt context (`CTX_SOFTIRQ`, `CTX_HARDIRQ` or `CTX_NMI`).
+#[inline(always)]
+pub const fn irq_slot(ctx: u32) -> usize {
+    TASK_SLOTS + ctx as usize - 1
+}
+
+/// One call waiting for its exit.
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct Start {
-    /// `bpf_ktime_get_ns()` at entry; 0 when the slot is free.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Pending {
+    /// The call's identity: the address of its frame (fentry: the trampoline's argument save
+    /// area, shared by the entry and exit programs of one call; kprobe: the stack pointer at
+    /// entry). Unique among the calls in flight; 0 marks a free slot.
+    pub key: u64,
+    /// `bpf_ktime_get_ns()` at the end of the entry program.
     pub ts: u64,
-    /// Task context only: the task's pid (thread id) at entry.
-    pub tid: u64,
-    /// Task context only: the task's `nvcsw + nivcsw` at entry. Unchanged at exit proves the task
-    /// never left this CPU in between.
+    /// Task context: the task (its `task_struct` address).
+    pub task: u64,
+    /// Task context: the task's `nvcsw + nivcsw` at entry. Unchanged at exit proves the task
+    /// never left the CPU in between. Interrupt contexts (fentry): the entry program's
+    /// recursion misses on this CPU at entry.
     pub switches: u64,
+    /// The context at entry (`CTX_*`).
+    pub ctx: u32,
+    /// `PENDING_*` flags.
+    pub flags: u32,
 }
 
-/// The pairing state of one (probe, context) slot on one CPU: the pending entry and the counters,
-/// in one map value so each program run needs one lookup.
+/// The call was made by a task of the workload's cgroup.
+pub const PENDING_WORKLOAD: u32 = 1;
+/// Interrupt context: `switches` holds the entry program's recursion misses on this CPU.
+pub const PENDING_MISSES_KNOWN: u32 = 2;
+
+/// The pending calls of one probe on one CPU.
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct Slot {
-    /// The entry waiting for its exit.
-    pub start: Start,
-    /// Pairing counters.
-    pub counters: Counters,
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct PendingSet {
+    /// Slots; free ones have key 0.
+    pub calls: [Pending; PENDING_SLOTS],
+}
+
+/// A paired call whose pairing userspace confirms before it counts: a task-context call that
+/// left the CPU on a kernel where other tasks can hold the entry program's recursion guard
+/// (preemptible), or an interrupt-context call traced with fentry (whose entry and exit
+/// programs have separate guards). Such a pair could be made of a stale entry and an exit whose
+/// own entry was skipped; that needs a recursion miss of the entry program in between, which
+/// the kernel counts. Userspace keeps the call only if the count did not move during it.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Deferred {
+    /// Entry timestamp, ns (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+    pub start: u64,
+    /// Exit timestamp, ns.
+    pub end: u64,
+    /// Probe slot.
+    pub probe: u32,
+    /// Context (`CTX_*`).
+    pub ctx: u8,
+    /// `DEFERRED_*` flags.
+    pub flags: u8,
+    /// Keeps the struct free of implicit padding.
+    pub _pad: u16,
+}
+
+/// The call was made by a task of the workload's cgroup.
+pub const DEFERRED_WORKLOAD: u8 = 1;
+/// The task left the CPU during the call.
+pub const DEFERRED_SWITCHED: u8 = 2;
+/// The exit ran on another CPU than the entry.
+pub const DEFERRED_MIGRATED: u8 = 4;
+
+/// Per-CPU state the programs keep for themselves.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct CpuState {
+    /// Address of this CPU's preempt count, once found and verified (0 before).
+    pub preempt_addr: u64,
+    /// This CPU's `__per_cpu_offset`: added to a dynamically allocated per-CPU pointer, it
+    /// gives this CPU's instance.
+    pub pcpu_offset: u64,
+    /// This CPU's number.
+    pub cpu: u32,
+    /// Keeps the struct free of implicit padding.
+    pub _pad: u32,
+}
+
+/// Settings userspace patches into the programs' read-only globals before load.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks
+    /// are also counted in the workload histograms.
+    pub workload_cgroup: u64,
+    /// Probe slots in use: the stride of the per-CPU regions of the shared arrays.
+    pub probes: u32,
+    /// Possible CPUs: the bound of the cross-CPU search for a migrated call.
+    pub cpus: u32,
+    /// Non-zero on preemptible kernels. There, another task can hold an entry program's
+    /// recursion guard while preempted, so task-context calls that left the CPU are deferred
+    /// (see [`Deferred`]); and fentry programs can interleave on one CPU, so they update
+    /// counters atomically.
+    pub preemptible: u32,
+    /// Keeps the struct free of implicit padding.
+    pub _pad: u32,
+}
+
+/// Entries per CPU of the shared (mmap-able) arrays: one per (probe, context).
+#[inline(always)]
+pub const fn cells_per_cpu(probes: u32) -> u32 {
+    probes * NUM_CTX as u32
+}
+
+/// The index of (cpu, probe, context) in the shared histogram and counter arrays, which hold
+/// one region of [`cells_per_cpu`] entries per CPU; each CPU writes only its own region.
+#[inline(always)]
+pub const fn cell(cpu: u32, probes: u32, probe: u32, ctx: u32) -> u32 {
+    cpu * cells_per_cpu(probes) + probe * NUM_CTX as u32 + ctx
+}
+
+/// The index of (cpu, probe) in the workload histogram array (task context only).
+#[inline(always)]
+pub const fn workload_cell(cpu: u32, probes: u32, probe: u32) -> u32 {
+    cpu * probes + probe
+}
+
+/// Operations of the pairing self-test program, run through BPF_PROG_TEST_RUN with the inputs a
+/// real program would read from the kernel (`args[1..]`: probe, key, ctx, task, switches, now,
+/// flags, entry-program misses on this CPU, whether those are known).
+pub mod test_op {
+    /// Record an entry.
+    pub const ENTRY: u64 = 1;
+    /// An exit as the fexit program handles it (interrupt-context pairs deferred).
+    pub const EXIT_FENTRY: u64 = 2;
+    /// An exit as the kretprobe program handles it.
+    pub const EXIT_KPROBE: u64 = 3;
+    /// Count `args[2]` ns in the histogram of (probe `args[1]`, task) with the real bucketing.
+    pub const BUCKET: u64 = 4;
+    /// Return the context the program runs in (`CTX_*`, or -1 when unreadable).
+    pub const CONTEXT: u64 = 5;
 }
 
 /// Offsets and masks the eBPF programs need, read from the running kernel's BTF by userspace and
@@ -295,6 +531,19 @@ pub struct KernelLayout {
     pub task_nvcsw: u64,
     /// `offsetof(struct task_struct, nivcsw)`.
     pub task_nivcsw: u64,
+    /// Per-CPU offset of x86's `this_cpu_off` (the CPU's `__per_cpu_offset`); 0 when absent.
+    /// Dynamically allocated per-CPU data (a program's stats) is at its pointer plus that; the
+    /// base the programs find from `runqueues` also holds `__per_cpu_start`, which is not zero
+    /// since the percpu section moved (6.15+).
+    pub this_cpu_off: u64,
+    /// `offsetof(struct bpf_prog, aux)`.
+    pub prog_aux: u64,
+    /// `offsetof(struct bpf_prog, stats)`.
+    pub prog_stats: u64,
+    /// `offsetof(struct bpf_prog_aux, id)`.
+    pub prog_aux_id: u64,
+    /// `offsetof(struct bpf_prog_stats, misses)`.
+    pub stats_misses: u64,
     /// preempt_count masks, as `in_task()` uses them.
     pub nmi_mask: u32,
     /// HARDIRQ_MASK.
@@ -328,10 +577,13 @@ pub const fn classify(pc: u32, nmi_mask: u32, hardirq_mask: u32, softirq_offset:
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: plain #[repr(C)] integer structs without padding.
+    // SAFETY: plain #[repr(C)] integer structs without implicit padding.
     unsafe impl aya::Pod for super::Hist {}
     unsafe impl aya::Pod for super::Counters {}
-    unsafe impl aya::Pod for super::Start {}
-    unsafe impl aya::Pod for super::Slot {}
+    unsafe impl aya::Pod for super::Pending {}
+    unsafe impl aya::Pod for super::PendingSet {}
+    unsafe impl aya::Pod for super::Deferred {}
+    unsafe impl aya::Pod for super::CpuState {}
+    unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::KernelLayout {}
 }

@@ -1,32 +1,49 @@
 //! What is measured on the running kernel at start-up rather than assumed: the preempt_count
-//! layout behind the context split.
+//! layout behind the context split, and the instrumentation floor of each backend in use.
 
 use std::time::Duration;
 
-use memcg_trace_common::KernelLayout;
+use memcg_trace_common::{CtxUse, KernelLayout, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ};
 
-use crate::{kernel, tracer};
+use crate::{
+    kernel,
+    tracer::checks::{self, ContextCheck},
+};
 
 /// The preempt_count masks of this kernel, read from preempt_count in contexts known from
-/// tracepoints (timer interrupt, softirq entry); the classic layout if that saw too little.
-/// Kernels disagree: Debian 7.3 counts hardirqs from bit 24, earlier ones from bit 16.
+/// tracepoints (timer interrupt, softirq entry, and an NMI where the PMU can raise one). When
+/// that sees too little, the classic layout is used and `source` says why: callers show it and
+/// `--strict` refuses to go on. Kernels disagree: Debian 7.3 counts hardirqs from bit 24,
+/// earlier ones from bit 16.
 pub fn masks(mut layout: KernelLayout) -> (KernelLayout, kernel::ContextMasks) {
-    let masks = match tracer::context_check(&layout, Duration::from_secs(1), true) {
-        Ok(check) => {
-            let all = |ctx: &str| {
-                check
-                    .iter()
-                    .find(|c| c.expected == ctx)
-                    .map(|c| c.bits_all as u32)
-                    .unwrap_or(0)
+    let check = checks::context_check(
+        &layout,
+        &[CtxUse::Calibration],
+        Duration::from_secs(1),
+        true,
+        || {
+            checks::raise_nmis(Duration::from_millis(50));
+        },
+    );
+    let masks = match check {
+        Ok(rows) => {
+            // Bits set in every hit of the rows of one context (0 when none was seen).
+            let all = |ctx: u32| -> u32 {
+                rows.iter()
+                    .filter(|r| r.expected == memcg_trace_common::CTX_NAMES[ctx as usize])
+                    .filter(|r| r.hits() > 0)
+                    .map(|r: &ContextCheck| r.bits_all as u32)
+                    .fold(0, |a, b| if a == 0 { b } else { a & b })
             };
-            kernel::derive_masks(all("softirq"), all("hardirq")).unwrap_or_else(|| {
-                kernel::ContextMasks::classic(
-                    "default (calibration saw no softirq or timer interrupt)",
-                )
-            })
+            kernel::derive_masks(all(CTX_SOFTIRQ), all(CTX_HARDIRQ), all(CTX_NMI)).unwrap_or_else(
+                || {
+                    kernel::ContextMasks::classic(
+                        "default: calibration saw no softirq or no timer interrupt",
+                    )
+                },
+            )
         }
-        Err(e) => kernel::ContextMasks::classic(&format!("default (calibration failed: {e:#})")),
+        Err(e) => kernel::ContextMasks::classic(&format!("default: calibration failed: {e:#}")),
     };
     layout.nmi_mask = masks.nmi_mask;
     layout.hardirq_mask = masks.hardirq_mask;

@@ -41,7 +41,7 @@ pub struct Collector {
 
 impl Collector {
     /// Starts collecting from `tracer` every `tick`; the first snapshot is taken at once.
-    pub fn spawn(tracer: Tracer, tick: Duration) -> Result<Collector> {
+    pub fn spawn(mut tracer: Tracer, tick: Duration) -> Result<Collector> {
         let first = tracer.snapshot()?;
         let (tx, latest) = watch::channel(Arc::new(first));
         let (control, rx) = mpsc::unbounded_channel();
@@ -93,6 +93,7 @@ async fn run(
     loop {
         tokio::select! {
             _ = ticks.tick() => {
+                tracer.flush_log();
                 // A reader that went away does not stop the collection.
                 let _ = tx.send(Arc::new(tracer.snapshot()?));
             }

@@ -1,7 +1,7 @@
-//! The JSON document (`"schema": "memcg-trace/1"`): assembled here from a `Snapshot`, its
-//! figures and what the session knows about the run, written atomically, and read back.
-//! `schema/memcg-trace-1.schema.json` is its specification; tests validate real output against
-//! it and parse it back into these types.
+//! The JSON document (`"schema": "memcg-trace/2"`): assembled here from a `Snapshot`, its
+//! figures and what the session knows about the run, written atomically, and read back
+//! (recordings of schema memcg-trace/1 too). `schema/memcg-trace-2.schema.json` is its
+//! specification; tests validate real output against it and parse it back into these types.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -14,19 +14,22 @@ use std::{
 use anyhow::{anyhow, Context as _, Result};
 use base64::Engine as _;
 use hdrhistogram::serialization::{Serializer as _, V2Serializer};
-use memcg_trace_common::{bucket_bounds, CTX_NAMES};
+use memcg_trace_common::{bucket_bounds, bucket_index, Counters, CTX_NAMES, NUM_CTX};
 use serde::{Deserialize, Serialize};
 
 use crate::{
     figures::{self, rate, ratio, QUANTILES},
     kernel,
     probes::Backend,
-    snapshot::{HistData, Snapshot},
-    tracer::NotAttached,
+    snapshot::{CtxStats, HistData, ProbeStats, ProgCost, Snapshot},
+    tracer::{checks::Floor, NotAttached},
 };
 
 /// The schema identifier of this document version.
-pub const SCHEMA: &str = "memcg-trace/1";
+pub const SCHEMA: &str = "memcg-trace/2";
+
+/// The previous version, still read.
+pub const SCHEMA_V1: &str = "memcg-trace/1";
 
 /// A recording.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -39,6 +42,33 @@ pub struct Document {
     pub probes: Vec<ProbeOut>,
     /// Probes that could not be attached, with reasons.
     pub not_attached: Vec<NotAttachedOut>,
+    /// The schema the document was read from when it was older (not written).
+    #[serde(skip)]
+    pub upgraded_from: Option<String>,
+}
+
+/// Nanoseconds since the Unix epoch exceed 2^53, beyond which JavaScript and older jq readers
+/// lose precision: they are written as decimal strings (numbers are still read).
+mod unix_ns {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u128, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&v.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u128, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            S(String),
+            // Nanoseconds since 1970 fit in a u64 until the year 2554.
+            N(u64),
+        }
+        match Either::deserialize(d)? {
+            Either::S(s) => s.parse().map_err(D::Error::custom),
+            Either::N(n) => Ok(n.into()),
+        }
+    }
 }
 
 /// Where and when the recording was made.
@@ -48,7 +78,7 @@ pub struct Meta {
     pub tool_version: String,
     /// `uname -r`.
     pub kernel_release: String,
-    /// Preemption model.
+    /// Preemption model, in the kernel's words.
     pub preemption_model: String,
     /// Relevant kernel build options (value "n" when not set); empty when unknown.
     pub kernel_config: BTreeMap<String, String>,
@@ -56,26 +86,41 @@ pub struct Meta {
     pub cpu_model: String,
     /// Online CPUs.
     pub cpus: usize,
-    /// Start of tracing, Unix time in ns.
+    /// Start of tracing, Unix time in ns (a decimal string).
+    #[serde(with = "unix_ns")]
     pub start_unix_ns: u128,
-    /// End of tracing, Unix time in ns.
+    /// End of tracing, Unix time in ns (a decimal string).
+    #[serde(with = "unix_ns")]
     pub end_unix_ns: u128,
-    /// Time traced, ns.
+    /// Time traced, ns: from the first probe attached to the last detached.
     pub duration_ns: u64,
-    /// Whether kernel bpf stats were on (self-cost figures need them).
+    /// Whether the kernel's bpf stats were on for the whole recording (program run times).
     pub bpf_stats: bool,
     /// What memcg-trace itself cost.
     pub tracer: DaemonCost,
     /// The preempt_count masks the context split used.
-    pub context_masks: Option<crate::kernel::ContextMasks>,
+    pub context_masks: Option<kernel::ContextMasks>,
+    /// What could not be calibrated, one line each (empty: everything was measured).
+    #[serde(default)]
+    pub calibration: Vec<String>,
+    /// The instrumentation floor per latency backend in use.
+    #[serde(default)]
+    pub floors: Vec<Floor>,
     /// The workload, when memcg-trace ran one.
     pub workload: Option<Workload>,
 }
 
-/// The daemon's own cost (the programs' cost is per probe, from bpf stats).
+impl Meta {
+    /// The floor of `backend`, if it was measured.
+    pub fn floor(&self, backend: Backend) -> Option<&Floor> {
+        self.floors.iter().find(|f| f.backend == backend)
+    }
+}
+
+/// The daemon's own cost (the programs' cost is per probe).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DaemonCost {
-    /// From the start of `record` until every probe was attached, ns.
+    /// From the start of the command until every probe was attached, ns.
     pub startup_ns: u64,
     /// Detaching every program at the end, ns.
     pub detach_ns: u64,
@@ -100,18 +145,18 @@ pub struct Workload {
     pub cgroup: String,
 }
 
-/// One program's cost.
+/// One program's statistics.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ProgramOut {
     /// Program name.
     pub name: String,
-    /// Runs while stats were on.
+    /// Runs while bpf stats were on.
     pub run_cnt: u64,
-    /// Total run time, ns.
+    /// Run time while bpf stats were on, ns.
     pub run_time_ns: u64,
     /// Mean ns per run.
     pub ns_per_run: Option<f64>,
-    /// Runs lost to recursion protection.
+    /// Runs the kernel skipped because the program was already running on that CPU.
     pub recursion_misses: u64,
 }
 
@@ -135,25 +180,69 @@ pub struct Bucket {
     pub count: u64,
 }
 
-/// One (probe, context) pair.
+/// One (probe, context) pair. The counters account for every program run: `entries` =
+/// `paired + ambiguous + deferred + deferred_lost + stale + evicted` (+ pending at the end),
+/// `exits` = `paired + ambiguous + deferred + deferred_lost + orphans + outside`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ContextOut {
     /// task, softirq, hardirq or nmi.
     pub context: String,
-    /// Calls counted (paired calls, or tracepoint hits).
+    /// Calls counted: timed calls, or tracepoint hits.
     pub count: u64,
     /// Calls per second of the recording.
     pub rate_per_s: Option<f64>,
-    /// Entry program runs.
+    /// Entry program runs (tracepoint: hits).
     pub entries: u64,
     /// Exit program runs.
     pub exits: u64,
-    /// Exits without a matching entry.
-    pub unmatched: u64,
-    /// Task-context calls that left the CPU, dropped.
+    /// Calls paired and timed in the kernel.
+    #[serde(default)]
+    pub paired: u64,
+    /// Calls paired whose pairing userspace confirmed against the kernel's recursion counters.
+    #[serde(default)]
+    pub deferred: u64,
+    /// Of the deferred calls: confirmed (and timed).
+    #[serde(default)]
+    pub confirmed: u64,
+    /// Of the deferred calls: rejected (the entry program missed a run while they were in
+    /// flight).
+    #[serde(default)]
+    pub rejected: u64,
+    /// Deferred calls lost because the ring buffer was full.
+    #[serde(default)]
+    pub deferred_lost: u64,
+    /// fentry interrupt pairs not counted: the entry program missed a run on that CPU while
+    /// the call was in flight.
+    #[serde(default)]
+    pub ambiguous: u64,
+    /// Task-context calls during which the task left the CPU (timed wall-clock).
     pub switched: u64,
-    /// Calls whose context could not be read.
-    pub no_context: u64,
+    /// Of those, calls whose exit ran on another CPU.
+    #[serde(default)]
+    pub migrated: u64,
+    /// Exits without their own entry.
+    #[serde(alias = "unmatched")]
+    pub orphans: u64,
+    /// Exits without an entry outside the tracing window (the entry program not attached yet
+    /// or any more): calls that began or ended outside it, not lost.
+    #[serde(default)]
+    pub outside: u64,
+    /// Entries whose exit was lost (found stale later).
+    #[serde(default)]
+    pub stale: u64,
+    /// Entries pushed out of a full set of pending calls.
+    #[serde(default)]
+    pub evicted: u64,
+    /// Entry runs whose context could not be read.
+    #[serde(default)]
+    pub no_context_entries: u64,
+    /// Exit runs whose context could not be read.
+    #[serde(alias = "no_context")]
+    pub no_context_exits: u64,
+    /// Calls seen but not timed: orphans + stale + evicted + deferred_lost + rejected +
+    /// ambiguous + no_context_entries + no_context_exits.
+    #[serde(default)]
+    pub lost: u64,
     /// Latency figures; absent for counts-only backends.
     pub latency: Option<Latency>,
 }
@@ -161,9 +250,10 @@ pub struct ContextOut {
 /// Latency of one (probe, context) pair.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Latency {
-    /// Sum of durations, ns: the CPU time spent inside the function.
+    /// Sum of latencies, ns: time between the entry program's clock read and the exit
+    /// program's, summed.
     pub sum_ns: u64,
-    /// Share of the wall time spent inside the function, summed over CPUs (1.0 = one CPU).
+    /// That as a share of the recording's wall time (1.0 = one CPU).
     pub cpu_share: Option<f64>,
     /// Shortest, ns.
     pub min_ns: u64,
@@ -175,9 +265,13 @@ pub struct Latency {
     pub stddev_ns: Option<f64>,
     /// Percentiles.
     pub percentiles: Vec<Quantile>,
+    /// Percentiles minus the backend's instrumentation floor (its median), clamped at 0:
+    /// what the function itself took, if the floor is the same in and out of it.
+    #[serde(default)]
+    pub percentiles_floor_corrected: Vec<Quantile>,
     /// Non-empty buckets.
     pub buckets: Vec<Bucket>,
-    /// HdrHistogram V2 encoding, base64 (readable by standard HdrHistogram tools).
+    /// HdrHistogram V2 encoding, base64.
     pub hdr_v2: String,
 }
 
@@ -190,15 +284,28 @@ pub struct ProbeOut {
     pub target: String,
     /// fentry, kprobe or tracepoint.
     pub backend: Backend,
-    /// Calls in all contexts.
+    /// Calls counted in all contexts.
     pub count: u64,
-    /// Dropped calls in all contexts.
-    pub dropped: u64,
-    /// Recursion misses of all its programs.
+    /// Calls seen but not timed, all contexts.
+    #[serde(alias = "dropped")]
+    pub lost: u64,
+    /// Runs its programs' recursion protection skipped.
     pub recursion_misses: u64,
+    /// Calls its kprobes missed (kprobe backend).
+    #[serde(default)]
+    pub kprobe_missed: u64,
+    /// Every way a call can be lost, added up (an upper bound: see the README).
+    #[serde(default)]
+    pub lost_upper: u64,
+    /// `lost_upper` as a share of the calls counted and lost.
+    #[serde(default)]
+    pub loss_share: Option<f64>,
+    /// Calls still pending when tracing stopped.
+    #[serde(default)]
+    pub pending_at_end: u64,
     /// Why other candidates or backends were not used.
     pub notes: Vec<String>,
-    /// The programs' own cost.
+    /// The programs, entry first, with the kernel's statistics.
     pub programs: Vec<ProgramOut>,
     /// Per context.
     pub contexts: Vec<ContextOut>,
@@ -229,14 +336,23 @@ pub struct NotAttachedOut {
     pub reasons: Vec<String>,
 }
 
-/// Latency figures of one histogram over a recording of length `secs`; None when nothing was
-/// timed there.
-fn latency_out(h: &HistData, secs: Duration) -> Latency {
+/// Latency figures of one histogram over a recording of length `secs`; `floor` is the
+/// backend's instrumentation floor (median), ns.
+fn latency_out(h: &HistData, secs: Duration, floor: Option<u64>) -> Latency {
     let mut buf = Vec::new();
     V2Serializer::new()
         .serialize(&figures::hdr(h), &mut buf)
         .expect("serialize hdr");
     let l = figures::latency(h, secs, &QUANTILES);
+    let percentiles: Vec<Quantile> = l
+        .as_ref()
+        .map(|l| {
+            l.percentiles
+                .iter()
+                .map(|&(q, ns)| Quantile { q, ns })
+                .collect()
+        })
+        .unwrap_or_default();
     Latency {
         sum_ns: h.sum_ns,
         cpu_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
@@ -244,14 +360,18 @@ fn latency_out(h: &HistData, secs: Duration) -> Latency {
         max_ns: h.max_ns,
         mean_ns: l.as_ref().map(|l| l.mean_ns),
         stddev_ns: l.as_ref().map(|l| l.stddev_ns),
-        percentiles: l
-            .map(|l| {
-                l.percentiles
-                    .into_iter()
-                    .map(|(q, ns)| Quantile { q, ns })
+        percentiles_floor_corrected: floor
+            .map(|f| {
+                percentiles
+                    .iter()
+                    .map(|p| Quantile {
+                        q: p.q,
+                        ns: p.ns.saturating_sub(f),
+                    })
                     .collect()
             })
             .unwrap_or_default(),
+        percentiles,
         buckets: h
             .buckets
             .iter()
@@ -275,8 +395,6 @@ fn latency_out(h: &HistData, secs: Duration) -> Latency {
 pub struct RunMeta {
     /// When tracing started.
     pub start: SystemTime,
-    /// When it ended (or the moment of a dashboard save).
-    pub end: SystemTime,
     /// The preempt_count masks the context split used.
     pub masks: Option<kernel::ContextMasks>,
     /// The daemon's own cost.
@@ -287,6 +405,10 @@ pub struct RunMeta {
     pub notes: HashMap<String, Vec<String>>,
     /// Probes that could not be attached.
     pub not_attached: Vec<NotAttached>,
+    /// The instrumentation floor per latency backend in use.
+    pub floors: Vec<Floor>,
+    /// What could not be calibrated, one line each.
+    pub calibration: Vec<String>,
 }
 
 fn unix_ns(t: SystemTime) -> u128 {
@@ -301,6 +423,8 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
     let release = kernel::release();
     let config = kernel::config(&release);
     let (cpu_model, cpus) = kernel::cpu_info();
+    // Start, end and duration describe one window: the end is the start plus the duration.
+    let start = unix_ns(run.start);
     Document {
         schema: SCHEMA.into(),
         meta: Meta {
@@ -310,18 +434,18 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
             kernel_config: config.unwrap_or_default(),
             cpu_model,
             cpus,
-            start_unix_ns: unix_ns(run.start),
-            end_unix_ns: unix_ns(run.end),
+            start_unix_ns: start,
+            end_unix_ns: start + snap.elapsed.as_nanos(),
             duration_ns: snap.elapsed.as_nanos() as u64,
-            bpf_stats: snap
-                .probes
-                .iter()
-                .any(|p| p.programs.iter().any(|c| c.run_cnt > 0)),
+            bpf_stats: snap.bpf_stats,
             tracer: run.daemon.clone(),
             context_masks: run.masks.clone(),
+            calibration: run.calibration.clone(),
+            floors: run.floors.clone(),
             workload: run.workload.clone(),
         },
-        probes: probes_out(snap, &run.notes),
+        probes: probes_out(snap, &run.notes, &run.floors),
+        upgraded_from: None,
         not_attached: run
             .not_attached
             .iter()
@@ -334,79 +458,134 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
 }
 
 /// The per-probe part of the document.
-fn probes_out(snap: &Snapshot, notes: &HashMap<String, Vec<String>>) -> Vec<ProbeOut> {
+fn probes_out(
+    snap: &Snapshot,
+    notes: &HashMap<String, Vec<String>>,
+    floors: &[Floor],
+) -> Vec<ProbeOut> {
     let secs = snap.elapsed;
     snap.probes
         .iter()
-        .map(|p| ProbeOut {
-            name: p.name.clone(),
-            target: p.target.clone(),
-            backend: p.backend,
-            count: p.calls(),
-            dropped: p.dropped(),
-            recursion_misses: p.recursion_misses(),
-            notes: notes.get(&p.name).cloned().unwrap_or_default(),
-            workload: p.workload.as_ref().map(|w| WorkloadOut {
-                count: w.count,
-                rate_per_s: rate(w.count, secs),
-                share_of_task_calls: ratio(w.count as f64, p.contexts[0].hist.count as f64),
-                latency: p.backend.has_latency().then(|| latency_out(w, secs)),
-            }),
-            programs: p
-                .programs
+        .enumerate()
+        .map(|(slot, p)| {
+            let floor = floors
                 .iter()
-                .map(|c| ProgramOut {
-                    name: c.name.clone(),
-                    run_cnt: c.run_cnt,
-                    run_time_ns: c.run_time_ns,
-                    ns_per_run: ratio(c.run_time_ns as f64, c.run_cnt as f64),
-                    recursion_misses: c.recursion_misses,
-                })
-                .collect(),
-            contexts: p
-                .contexts
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    let h = &c.hist;
-                    ContextOut {
-                        context: CTX_NAMES[i].to_string(),
-                        count: h.count,
-                        rate_per_s: rate(h.count, secs),
-                        entries: c.counters.entries,
-                        exits: c.counters.exits,
-                        unmatched: c.counters.unmatched,
-                        switched: c.counters.switched,
-                        no_context: c.counters.no_context,
-                        latency: p.backend.has_latency().then(|| latency_out(h, secs)),
-                    }
-                })
-                .collect(),
+                .find(|f| f.backend == p.backend)
+                .map(|f| f.p50_ns);
+            let timed = p.backend.has_latency();
+            ProbeOut {
+                name: p.name.clone(),
+                target: p.target.clone(),
+                backend: p.backend,
+                count: p.calls(),
+                lost: p.lost(),
+                recursion_misses: p.recursion_misses(),
+                kprobe_missed: p.kprobe_missed,
+                lost_upper: p.lost_upper(),
+                loss_share: p.loss_share(),
+                pending_at_end: snap.pending.get(slot).copied().unwrap_or(0),
+                notes: notes.get(&p.name).cloned().unwrap_or_default(),
+                workload: p.workload.as_ref().map(|w| WorkloadOut {
+                    count: w.count,
+                    rate_per_s: rate(w.count, secs),
+                    share_of_task_calls: ratio(w.count as f64, p.ctx_calls(0) as f64),
+                    latency: timed.then(|| latency_out(w, secs, floor)),
+                }),
+                programs: p
+                    .programs
+                    .iter()
+                    .map(|c| ProgramOut {
+                        name: c.name.clone(),
+                        run_cnt: c.run_cnt,
+                        run_time_ns: c.run_time_ns,
+                        ns_per_run: ratio(c.run_time_ns as f64, c.run_cnt as f64),
+                        recursion_misses: c.recursion_misses,
+                    })
+                    .collect(),
+                contexts: p
+                    .contexts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        let k = &c.counters;
+                        ContextOut {
+                            context: CTX_NAMES[i].to_string(),
+                            count: p.ctx_calls(i),
+                            rate_per_s: rate(p.ctx_calls(i), secs),
+                            entries: k.entries,
+                            exits: k.exits,
+                            paired: k.paired,
+                            deferred: k.deferred,
+                            confirmed: c.confirmed,
+                            rejected: c.rejected,
+                            deferred_lost: k.deferred_lost,
+                            ambiguous: k.ambiguous,
+                            switched: k.switched,
+                            migrated: k.migrated,
+                            orphans: k.orphans,
+                            outside: k.outside,
+                            stale: k.stale,
+                            evicted: k.evicted,
+                            no_context_entries: k.no_context_entries,
+                            no_context_exits: k.no_context_exits,
+                            lost: c.lost(),
+                            latency: timed.then(|| latency_out(&c.hist, secs, floor)),
+                        }
+                    })
+                    .collect(),
+            }
         })
         .collect()
 }
 
-/// Writes `doc` to `path` atomically: a temporary file in the same directory, fsync, rename.
-pub fn write_atomic(path: &Path, doc: &Document) -> Result<()> {
-    let json = serde_json::to_vec_pretty(doc).context("encode JSON")?;
-    let dir = match path.parent() {
+/// A file created for writing exactly where asked: never through a symlink planted at that
+/// name, never over an existing file (O_CREAT | O_EXCL | O_NOFOLLOW), mode 0644.
+fn create_new(path: &Path) -> std::io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .mode(0o644)
+        .open(path)
+}
+
+/// A temporary name next to `path` that nobody can guess.
+fn temp_name(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
+    let mut rnd = [0u8; 8];
+    // SAFETY: getrandom fills the buffer it is given; on failure the time stands in.
+    let n = unsafe { libc::getrandom(rnd.as_mut_ptr().cast(), rnd.len(), 0) };
+    let r = if n == rnd.len() as isize {
+        u64::from_ne_bytes(rnd)
+    } else {
+        unix_ns(SystemTime::now()) as u64 ^ std::process::id() as u64
+    };
+    dir.join(format!(".{}.{r:016x}.tmp", name.to_string_lossy()))
+}
+
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
-    };
+    }
+}
+
+/// Writes `bytes` to `path` atomically and safely as root: a new temporary file in the same
+/// directory (unguessable name, O_EXCL | O_NOFOLLOW), fsync, rename over `path`, fsync of the
+/// directory. A symlink planted anywhere on the way is not followed; the old file stays whole
+/// until the new one is complete.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = parent_dir(path);
     let name = path
         .file_name()
         .ok_or_else(|| anyhow!("{}: not a file path", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let tmp = temp_name(&dir, name);
     let write = || -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&json)?;
-        f.write_all(b"\n")?;
+        let mut f = create_new(&tmp)?;
+        f.write_all(bytes)?;
         f.sync_all()?;
-        fs::rename(&tmp, path)
+        fs::rename(&tmp, path)?;
+        fs::File::open(&dir)?.sync_all()
     };
     write().map_err(|e| {
         let _ = fs::remove_file(&tmp);
@@ -414,57 +593,76 @@ pub fn write_atomic(path: &Path, doc: &Document) -> Result<()> {
     })
 }
 
+/// Writes `doc` to `path` atomically (see [`write_file_atomic`]).
+pub fn write_atomic(path: &Path, doc: &Document) -> Result<()> {
+    let mut json = serde_json::to_vec_pretty(doc).context("encode JSON")?;
+    json.push(b'\n');
+    write_file_atomic(path, &json)
+}
+
 /// Checks up front that `path` can be written (so a long recording is not lost at the end).
 pub fn check_writable(path: &Path) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
     if path.is_dir() {
         return Err(anyhow!("{}: is a directory", path.display()));
     }
-    let probe = dir.join(format!(".memcg-trace-probe{}", std::process::id()));
-    fs::File::create(&probe)
+    let dir = parent_dir(path);
+    let probe = temp_name(&dir, std::ffi::OsStr::new("memcg-trace-probe"));
+    create_new(&probe)
         .map(|_| {
             let _ = fs::remove_file(&probe);
         })
         .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))
 }
 
-/// Reads a recording, with one clear error for each way a file can be wrong.
+/// Reads a recording (schema memcg-trace/2 or /1), with one clear error for each way a file can
+/// be wrong.
 pub fn read(path: &Path) -> Result<Document> {
     let text =
         fs::read_to_string(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-        anyhow!(
-            "{}: not a memcg-trace recording (invalid JSON: {e})",
-            path.display()
-        )
-    })?;
-    match v.get("schema").and_then(|s| s.as_str()) {
-        Some(SCHEMA) => {}
+    parse(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+/// Parses a recording from its text.
+pub fn parse(text: &str) -> Result<Document> {
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| anyhow!("not a memcg-trace recording (invalid JSON: {e})"))?;
+    let schema = match v.get("schema").and_then(|s| s.as_str()) {
+        Some(s @ (SCHEMA | SCHEMA_V1)) => s.to_string(),
         Some(other) => {
             return Err(anyhow!(
-                "{}: schema {other} is not supported (expected {SCHEMA})",
-                path.display()
+                "schema {other} is not supported (expected {SCHEMA} or {SCHEMA_V1})"
             ))
         }
-        None => {
-            return Err(anyhow!(
-                "{}: not a memcg-trace recording (no \"schema\")",
-                path.display()
-            ))
-        }
+        None => return Err(anyhow!("not a memcg-trace recording (no \"schema\")")),
+    };
+    let mut doc: Document =
+        serde_json::from_value(v).map_err(|e| anyhow!("malformed {schema} document: {e}"))?;
+    if schema == SCHEMA_V1 {
+        upgrade_v1(&mut doc);
     }
-    serde_json::from_value(v)
-        .map_err(|e| anyhow!("{}: malformed {SCHEMA} document: {e}", path.display()))
+    Ok(doc)
+}
+
+/// memcg-trace/1 dropped the task-context calls that left the CPU (its `switched`) and called
+/// exits without entry `unmatched`; in /2 terms those calls are lost, not timed.
+fn upgrade_v1(doc: &mut Document) {
+    for p in &mut doc.probes {
+        for c in &mut p.contexts {
+            c.rejected += c.switched;
+            c.switched = 0;
+            c.lost = c.orphans + c.no_context_exits + c.rejected;
+            c.exits = c.count + c.lost;
+            c.paired = c.count;
+        }
+        p.lost = p.contexts.iter().map(|c| c.lost).sum();
+    }
+    doc.schema = SCHEMA.into();
+    doc.upgraded_from = Some(SCHEMA_V1.into());
 }
 
 /// The `Snapshot` a recording describes, so that the dashboard shows recordings exactly as it
-/// shows live data (`memcg-trace view`).
-pub fn to_snapshot(doc: &Document) -> crate::snapshot::Snapshot {
-    use crate::snapshot::{CtxStats, HistData, ProbeStats, ProgCost, Snapshot};
-    use memcg_trace_common::{bucket_index, Counters};
+/// shows live data (`memcg-trace view`). Contexts are matched by name.
+pub fn to_snapshot(doc: &Document) -> Snapshot {
     let hist = |count: u64, l: Option<&Latency>| {
         let mut h = HistData {
             count,
@@ -486,17 +684,32 @@ pub fn to_snapshot(doc: &Document) -> crate::snapshot::Snapshot {
             .probes
             .iter()
             .map(|p| {
-                let mut contexts: [CtxStats; memcg_trace_common::NUM_CTX] = Default::default();
-                for (i, c) in p.contexts.iter().enumerate().take(contexts.len()) {
+                let mut contexts: [CtxStats; NUM_CTX] = Default::default();
+                for c in &p.contexts {
+                    let Some(i) = CTX_NAMES.iter().position(|n| *n == c.context) else {
+                        continue;
+                    };
+                    let timed = p.backend.has_latency();
                     contexts[i] = CtxStats {
-                        hist: hist(c.count, c.latency.as_ref()),
+                        hist: hist(if timed { c.count } else { 0 }, c.latency.as_ref()),
                         counters: Counters {
-                            entries: c.entries,
+                            entries: if timed { c.entries } else { c.count },
                             exits: c.exits,
-                            unmatched: c.unmatched,
+                            paired: c.paired,
+                            deferred: c.deferred,
+                            deferred_lost: c.deferred_lost,
                             switched: c.switched,
-                            no_context: c.no_context,
+                            migrated: c.migrated,
+                            orphans: c.orphans,
+                            outside: c.outside,
+                            stale: c.stale,
+                            evicted: c.evicted,
+                            ambiguous: c.ambiguous,
+                            no_context_entries: c.no_context_entries,
+                            no_context_exits: c.no_context_exits,
                         },
+                        confirmed: c.confirmed,
+                        rejected: c.rejected,
                     };
                 }
                 ProbeStats {
@@ -518,9 +731,13 @@ pub fn to_snapshot(doc: &Document) -> crate::snapshot::Snapshot {
                         .workload
                         .as_ref()
                         .map(|w| hist(w.count, w.latency.as_ref())),
+                    kprobe_missed: p.kprobe_missed,
                 }
             })
             .collect(),
         extra: Vec::new(),
+        waiting: 0,
+        pending: doc.probes.iter().map(|p| p.pending_at_end).collect(),
+        bpf_stats: doc.meta.bpf_stats,
     }
 }

@@ -158,11 +158,14 @@ pub fn tracer_cost(s: &Snapshot) -> TracerCost {
     cost_of(s.probes.iter().flat_map(|p| &p.programs), calls, s.elapsed)
 }
 
-/// Calls dropped and runs missed over all probes of a snapshot.
+/// Calls lost (seen but not timed) and runs missed over all probes of a snapshot.
 pub fn losses(s: &Snapshot) -> (u64, u64) {
     (
-        s.probes.iter().map(ProbeStats::dropped).sum(),
-        s.probes.iter().map(ProbeStats::recursion_misses).sum(),
+        s.probes.iter().map(ProbeStats::lost).sum(),
+        s.probes
+            .iter()
+            .map(|p| p.recursion_misses() + p.kprobe_missed)
+            .sum(),
     )
 }
 

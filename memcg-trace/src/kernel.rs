@@ -252,7 +252,22 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
     let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
     let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
+    // Where a BPF program keeps its per-CPU recursion-miss counter (0: not found; the fentry
+    // interrupt pairs are then confirmed in userspace instead).
+    let off = |s: &str, f: &str| field_path_offset(btf, s, &[f]).unwrap_or(0);
+    let this_cpu_off = match percpu.get("this_cpu_off") {
+        Some(o) => *o,
+        None => percpu
+            .get("pcpu_hot")
+            .and_then(|o| Some(o + field_path_offset(btf, "pcpu_hot", &["this_cpu_off"]).ok()?))
+            .unwrap_or(0),
+    };
     Ok(KernelLayout {
+        this_cpu_off,
+        prog_aux: off("bpf_prog", "aux"),
+        prog_stats: off("bpf_prog", "stats"),
+        prog_aux_id: off("bpf_prog_aux", "id"),
+        stats_misses: off("bpf_prog_stats", "misses"),
         switches_adjacent: (task_nivcsw == task_nvcsw + 8) as u32,
         _pad: 0,
         preempt_count,
@@ -326,8 +341,10 @@ pub fn parse_config(text: &str) -> BTreeMap<String, String> {
     out
 }
 
-/// The preemption model in the kernel's words, from /sys/kernel/debug/sched/preempt (dynamic
-/// preemption, current mode in parentheses) or else the build configuration.
+/// The preemption model in the kernel's words: `PREEMPT_DYNAMIC, running as lazy` (the mode
+/// /sys/kernel/debug/sched/preempt shows), `PREEMPT_DYNAMIC, booted as none` (the `preempt=`
+/// boot option, else the built default, when debugfs is not there), or the build option of a
+/// kernel without dynamic preemption (`PREEMPT_VOLUNTARY`, `PREEMPT (full)`, ...).
 pub fn preemption_model(config: Option<&BTreeMap<String, String>>) -> String {
     for p in [
         "/sys/kernel/debug/sched/preempt",
@@ -335,15 +352,24 @@ pub fn preemption_model(config: Option<&BTreeMap<String, String>>) -> String {
     ] {
         if let Ok(s) = fs::read_to_string(p) {
             if let Some(cur) = s.split_whitespace().find(|w| w.starts_with('(')) {
-                return format!("dynamic {}", cur.trim_matches(|c| c == '(' || c == ')'));
+                return format!(
+                    "PREEMPT_DYNAMIC, running as {}",
+                    cur.trim_matches(|c| c == '(' || c == ')')
+                );
             }
         }
     }
+    let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    model_from(config, &cmdline)
+}
+
+/// The model from the build configuration and the kernel command line.
+pub fn model_from(config: Option<&BTreeMap<String, String>>, cmdline: &str) -> String {
     let Some(c) = config else {
         return "unknown".into();
     };
     let on = |k: &str| c.get(k).map(|v| v == "y").unwrap_or(false);
-    let model = if on("CONFIG_PREEMPT_RT") {
+    let built = if on("CONFIG_PREEMPT_RT") {
         "rt"
     } else if on("CONFIG_PREEMPT") {
         "full"
@@ -355,10 +381,44 @@ pub fn preemption_model(config: Option<&BTreeMap<String, String>>) -> String {
         "none"
     };
     if on("CONFIG_PREEMPT_DYNAMIC") {
-        format!("dynamic (built {model})")
-    } else {
-        model.to_string()
+        let booted = cmdline
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("preempt="))
+            .unwrap_or(built);
+        return format!("PREEMPT_DYNAMIC, booted as {booted}");
     }
+    match built {
+        "rt" => "PREEMPT_RT",
+        "full" => "PREEMPT (full)",
+        "lazy" => "PREEMPT_LAZY",
+        "voluntary" => "PREEMPT_VOLUNTARY",
+        _ => "PREEMPT_NONE",
+    }
+    .into()
+}
+
+/// Whether the kernel preempts tasks in kernel code, from the model as `preemption_model`
+/// words it (full, lazy, RT, or a dynamic kernel running as one of those). There, fentry
+/// programs can be preempted while they hold their recursion guard, and so can tasks holding a
+/// CPU's kprobe guard in a map syscall.
+pub fn preemptible(model: &str) -> bool {
+    let mode = model.rsplit_once(" as ").map(|(_, m)| m).unwrap_or(model);
+    matches!(
+        mode,
+        "full" | "lazy" | "rt" | "PREEMPT_RT" | "PREEMPT (full)" | "PREEMPT_LAZY"
+    )
+}
+
+/// The kernel's (major, minor) version from a release string like `6.12.117+deb12-amd64`.
+pub fn version(release: &str) -> Option<(u32, u32)> {
+    let mut it = release.split(|c: char| !c.is_ascii_digit());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// Whether this kernel counts the runs of kprobe programs it skips for recursion in their
+/// recursion misses (6.7+: "bpf: Count missed stats in trace_call_bpf").
+pub fn kprobe_misses_counted() -> bool {
+    version(&release()).is_some_and(|v| v >= (6, 7))
 }
 
 /// CPU model name and the number of online CPUs.
@@ -389,13 +449,22 @@ pub struct ContextMasks {
     pub hardirq_mask: u32,
     /// SOFTIRQ_OFFSET.
     pub softirq_offset: u32,
-    /// "calibrated" (read from this kernel's preempt_count in known contexts) or "default"
-    /// (the classic layout, when calibration saw too little).
+    /// "calibrated" (read from this kernel's preempt_count in known contexts), or
+    /// "default (...)" with the reason calibration failed and the classic layout was used.
     pub source: String,
+    /// How the NMI mask was found: "observed" (an NMI was seen during calibration) or
+    /// "inferred" (from the hardirq field; no NMI was raised here).
+    #[serde(default = "inferred")]
+    pub nmi: String,
+}
+
+fn inferred() -> String {
+    "inferred".into()
 }
 
 impl ContextMasks {
-    /// The classic layout: softirq bits 8-15, hardirq 16-19, NMI 20-23.
+    /// The classic layout: softirq bits 8-15, hardirq 16-19, NMI 20-23. Used only when
+    /// calibration failed, which is said loudly (header, JSON, `--strict`).
     pub fn classic(source: &str) -> Self {
         let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
         ContextMasks {
@@ -403,17 +472,22 @@ impl ContextMasks {
             hardirq_mask,
             softirq_offset,
             source: source.into(),
+            nmi: inferred(),
         }
     }
 }
 
 /// Derives the masks from preempt_count values seen in known contexts: `softirq_all` and
-/// `hardirq_all` are the bits set in every softirq_entry and every timer-interrupt hit. The
-/// serving-softirq bit is the lowest one above the preemption byte; the hardirq field is the
-/// 4 bits from the lowest hardirq bit above the softirq byte; every other bit above the softirq
-/// byte (but the x86 need-resched bit 31) counts as NMI. Debian 7.3 moved the hardirq count to
-/// bit 24 (observed: timer interrupts carry 0x1000000, not 0x10000).
-pub fn derive_masks(softirq_all: u32, hardirq_all: u32) -> Option<ContextMasks> {
+/// `hardirq_all` are the bits set in every softirq_entry and every timer-interrupt hit,
+/// `nmi_all` those set in every NMI seen (0: none seen). The serving-softirq bit is the lowest
+/// one above the preemption byte; the hardirq field is the 4 bits from the lowest hardirq bit
+/// above the softirq byte; the NMI field is the 4 bits above the hardirq field (as in every
+/// layout so far), or, when an NMI was seen, the bits it set above the hardirq field.
+///
+/// Bits between the softirq byte and the hardirq field are not context: Debian 7.3 counts
+/// hardirqs from bit 24 (timer interrupts carry 0x1000000), and the posted HARDIRQ_DISABLE
+/// layout keeps a count of hardirq-disabled sections in bits 16-23, which task code carries.
+pub fn derive_masks(softirq_all: u32, hardirq_all: u32, nmi_all: u32) -> Option<ContextMasks> {
     let soft = softirq_all & 0xff00;
     let hard = hardirq_all & 0x7fff_0000;
     if soft == 0 || hard == 0 {
@@ -422,11 +496,23 @@ pub fn derive_masks(softirq_all: u32, hardirq_all: u32) -> Option<ContextMasks> 
     let softirq_offset = 1u32 << soft.trailing_zeros();
     let shift = hard.trailing_zeros();
     let hardirq_mask = (0xfu32 << shift) & 0x7fff_0000;
+    let above = !((1u32 << (shift + 4)) - 1) & 0x7fff_ffff;
+    let observed = nmi_all & above;
+    let (nmi_mask, nmi) = if observed != 0 {
+        // The field the NMI count lives in: 4 bits from the lowest bit an NMI set.
+        (
+            (0xfu32 << observed.trailing_zeros()) & 0x7fff_ffff,
+            "observed",
+        )
+    } else {
+        ((0xfu32 << (shift + 4)) & 0x7fff_ffff, "inferred")
+    };
     Some(ContextMasks {
-        nmi_mask: 0x7fff_0000 & !hardirq_mask,
+        nmi_mask,
         hardirq_mask,
         softirq_offset,
         source: "calibrated".into(),
+        nmi: nmi.into(),
     })
 }
 
@@ -435,19 +521,26 @@ mod tests {
     use super::*;
     use memcg_trace_common::{classify, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK};
 
+    fn c(pc: u32, m: &ContextMasks) -> u32 {
+        classify(pc, m.nmi_mask, m.hardirq_mask, m.softirq_offset)
+    }
+
     #[test]
     fn classic_and_moved_layouts_are_derived_from_observed_bits() {
         // Observed in the VMs: 6.18 softirq_entry 0x102, timer 0x10000; 7.3 0x101, 0x1000001.
-        let m618 = derive_masks(0x102, 0x10000).unwrap();
-        assert_eq!((m618.softirq_offset, m618.hardirq_mask), (0x100, 0xf0000));
+        let m618 = derive_masks(0x102, 0x10000, 0).unwrap();
         assert_eq!(
-            m618.nmi_mask & 0x00f0_0000,
-            0x00f0_0000,
-            "classic NMI bits covered"
+            (m618.softirq_offset, m618.hardirq_mask, m618.nmi_mask),
+            (0x100, 0xf0000, 0xf00000),
+            "the classic layout"
         );
-        let m73 = derive_masks(0x101, 0x100_0001).unwrap();
+        assert_eq!(m618.nmi, "inferred");
+        let m73 = derive_masks(0x101, 0x100_0001, 0).unwrap();
         assert_eq!((m73.softirq_offset, m73.hardirq_mask), (0x100, 0xf00_0000));
-        let c = |pc, m: &ContextMasks| classify(pc, m.nmi_mask, m.hardirq_mask, m.softirq_offset);
+        assert_eq!(
+            m73.nmi_mask, 0x7000_0000,
+            "NMI above hardirq, need-resched bit 31 excluded"
+        );
         assert_eq!(c(0x100_0001, &m73), CTX_HARDIRQ);
         assert_eq!(c(0x101, &m73), CTX_SOFTIRQ);
         assert_eq!(
@@ -455,10 +548,62 @@ mod tests {
             CTX_TASK,
             "bottom halves disabled is still task"
         );
-        assert_eq!(c(0x10_0000 | 0x100_0000, &m73), CTX_NMI);
+        assert_eq!(c(0x1000_0000 | 0x100_0000, &m73), CTX_NMI);
         assert_eq!(c(0x8000_0002, &m73), CTX_TASK, "need-resched bit ignored");
-        assert!(derive_masks(0x2, 0x10000).is_none(), "no softirq bit seen");
-        assert!(derive_masks(0x102, 0x3).is_none(), "no hardirq bit seen");
+        assert!(
+            derive_masks(0x2, 0x10000, 0).is_none(),
+            "no softirq bit seen"
+        );
+        assert!(derive_masks(0x102, 0x3, 0).is_none(), "no hardirq bit seen");
+    }
+
+    /// The posted HARDIRQ_DISABLE layout: a count of hardirq-disabled sections in bits 16-23,
+    /// hardirq from bit 24, NMI from 28. Task code inside spin_lock_irq_disable() carries the
+    /// count; it is task context, not NMI.
+    #[test]
+    fn a_hardirq_disable_count_is_not_taken_for_nmi() {
+        let m = derive_masks(0x101, 0x100_0000, 0).unwrap();
+        assert_eq!(
+            c(0x1_0000, &m),
+            CTX_TASK,
+            "task in a hardirq-disabled section"
+        );
+        assert_eq!(
+            c(0x3_0000, &m),
+            CTX_TASK,
+            "nested hardirq-disabled sections"
+        );
+        assert_eq!(c(0x1_0100, &m), CTX_SOFTIRQ, "softirq in such a section");
+        assert_eq!(c(0x101_0000, &m), CTX_HARDIRQ);
+        assert_eq!(c(0x1100_0000, &m), CTX_NMI);
+    }
+
+    #[test]
+    fn an_observed_nmi_sets_the_nmi_field() {
+        // An NMI on the classic layout carries NMI_OFFSET (bit 20) and HARDIRQ_OFFSET.
+        let m = derive_masks(0x102, 0x10000, 0x110000).unwrap();
+        assert_eq!((m.nmi_mask, m.nmi.as_str()), (0xf00000, "observed"));
+        assert_eq!(c(0x110000, &m), CTX_NMI);
+    }
+
+    #[test]
+    fn preemptible_models() {
+        for (model, want) in [
+            ("PREEMPT_DYNAMIC, booted as full", true),
+            ("PREEMPT_DYNAMIC, running as lazy", true),
+            ("PREEMPT_DYNAMIC, booted as voluntary", false),
+            ("PREEMPT_DYNAMIC, booted as none", false),
+            ("PREEMPT (full)", true),
+            ("PREEMPT_LAZY", true),
+            ("PREEMPT_RT", true),
+            ("PREEMPT_VOLUNTARY", false),
+            ("PREEMPT_NONE", false),
+            ("unknown", false),
+        ] {
+            assert_eq!(preemptible(model), want, "{model}");
+        }
+        assert_eq!(version("6.12.117+deb12-amd64"), Some((6, 12)));
+        assert_eq!(version("7.3.4+deb13-amd64"), Some((7, 3)));
     }
 
     #[test]
@@ -468,7 +613,17 @@ mod tests {
         assert_eq!(c.get("CONFIG_DEBUG_PREEMPT").unwrap(), "n");
         assert_eq!(c.get("CONFIG_HZ").unwrap(), "250");
         assert!(!c.contains_key("CONFIG_FOO"));
-        assert_eq!(preemption_model(Some(&c)), "voluntary");
+        assert_eq!(model_from(Some(&c), ""), "PREEMPT_VOLUNTARY");
+        let mut d = c.clone();
+        d.insert("CONFIG_PREEMPT_DYNAMIC".into(), "y".into());
+        assert_eq!(
+            model_from(Some(&d), "quiet"),
+            "PREEMPT_DYNAMIC, booted as voluntary"
+        );
+        assert_eq!(
+            model_from(Some(&d), "root=/dev/vda preempt=full"),
+            "PREEMPT_DYNAMIC, booted as full"
+        );
     }
 
     #[test]

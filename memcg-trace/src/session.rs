@@ -26,7 +26,7 @@ use crate::{
     kernel::{self, Symbols},
     probes::{self, AttachMode, Backend, Request},
     snapshot::Snapshot,
-    tracer::{NotAttached, Tracer},
+    tracer::{checks::Floor, LoadOptions, NotAttached, Tracer},
     units::parse_duration,
     workload::{self, Memcg},
 };
@@ -67,6 +67,15 @@ pub struct LiveArgs {
     /// pairing anomalies) on stderr; off by default and free when off.
     #[arg(long)]
     pub ebpf_log: bool,
+    /// Keep the kernel's bpf stats on for the whole run (each program's run count and run
+    /// time). They add two clock reads to every program run, so by default they are on only
+    /// while the instrumentation floor is measured at start-up.
+    #[arg(long)]
+    pub bpf_stats: bool,
+    /// Refuse to trace when the context masks or the instrumentation floor could not be
+    /// measured on this kernel (instead of saying so and going on).
+    #[arg(long)]
+    pub strict: bool,
     /// Workload to run in a fresh memcg; tracing ends when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -80,6 +89,8 @@ impl Default for LiveArgs {
             cgroup: None,
             workload: None,
             ebpf_log: false,
+            bpf_stats: false,
+            strict: false,
             command: Vec::new(),
         }
     }
@@ -136,7 +147,45 @@ pub struct Attached {
     pub tracer: Tracer,
     /// Resolution notes per attached probe, by name.
     pub notes: HashMap<String, Vec<String>>,
+    /// The instrumentation floor of each latency backend in use.
+    pub floors: Vec<Floor>,
+    /// What could not be calibrated, one line each (shown, and refused by `--strict`).
+    pub calibration: Vec<String>,
 }
+
+/// How to attach.
+#[derive(Clone, Copy, Debug)]
+pub struct AttachOptions {
+    /// What attaching prints.
+    pub verbosity: Verbosity,
+    /// cgroup v2 id of the workload's cgroup (0: none).
+    pub workload_cgroup: u64,
+    /// Diagnostics from inside the programs.
+    pub ebpf_log: bool,
+    /// bpf stats on for the whole run.
+    pub bpf_stats: bool,
+    /// Fail when something could not be calibrated.
+    pub strict: bool,
+    /// Measure the instrumentation floor of each latency backend in use.
+    pub floor: bool,
+}
+
+impl AttachOptions {
+    /// Attach without a word, a workload, diagnostics, stats or floor.
+    pub fn quiet() -> Self {
+        AttachOptions {
+            verbosity: Verbosity::Quiet,
+            workload_cgroup: 0,
+            ebpf_log: false,
+            bpf_stats: false,
+            strict: false,
+            floor: false,
+        }
+    }
+}
+
+/// Calls of the floor function per measurement batch.
+const FLOOR_CALLS: u32 = 250;
 
 /// Every kernel name resolution may ask about: all probes' candidates, their layout markers and
 /// tracepoints, and the `--func` names.
@@ -208,30 +257,53 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
 }
 
 /// Resolves and attaches every request of `sel`: calibrates the context masks, loads the
-/// programs and attaches each probe with the first backend that works. Fails when nothing
-/// could be attached or an explicitly requested function could not be.
-pub fn attach(
-    sel: &ProbeSel,
-    verbosity: Verbosity,
-    workload_cgroup: u64,
-    ebpf_log: bool,
-) -> Result<Attached> {
+/// programs, attaches each probe with the first backend that works, and measures the
+/// instrumentation floor of each latency backend in use. Fails when nothing could be attached,
+/// an explicitly requested function could not be, or (`strict`) calibration fell short.
+pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     check_privileges()?;
+    let stale = crate::tracer::kprobe::remove_stale();
+    if stale > 0 && o.verbosity == Verbosity::Normal {
+        eprintln!("memcg-trace: removed {stale} kprobe events of an earlier run");
+    }
     let btf = kernel::open_btf()?;
     let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
     let (layout, masks) = calibrate::masks(layout);
+    let mut calibration = Vec::new();
+    if masks.source != "calibrated" {
+        calibration.push(format!("context masks: {}", masks.source));
+    }
     let syms = Symbols::load(&btf, &interest(sel))?;
     let reqs = requests(sel, &syms)?;
     // The aya loader parses BTF again; the two parses need not be alive at once.
     drop(btf);
-    let mut tracer = Tracer::load(&layout, workload_cgroup, ebpf_log)?;
+    let release = kernel::release();
+    let model = kernel::preemption_model(kernel::config(&release).as_ref());
+    let preemptible = kernel::preemptible(&model);
+    let mut tracer = Tracer::load(
+        &layout,
+        &LoadOptions {
+            workload_cgroup: o.workload_cgroup,
+            // One more slot than requested: the floor is measured in it.
+            probes: reqs.len() as u32 + 1,
+            preemptible,
+            ebpf_log: o.ebpf_log,
+        },
+    )?;
     tracer.masks = Some(masks);
+    if o.bpf_stats {
+        // Before the first program is attached, so that the kernel counts every run.
+        tracer.stats_for_the_whole_run()?;
+    }
     let mut notes = HashMap::new();
     for req in &reqs {
-        let res = probes::resolve(req, sel.attach.order(), &syms);
+        let mut res = probes::resolve(req, sel.attach.order(preemptible), &syms);
+        if preemptible && sel.attach == AttachMode::Auto {
+            res.notes.push(probes::PREEMPTIBLE_NOTE.into());
+        }
         if tracer.attach(req, &res) {
             let a = tracer.attached.last().expect("just attached");
-            if verbosity == Verbosity::Normal {
+            if o.verbosity == Verbosity::Normal {
                 eprintln!("memcg-trace: {} -> {} via {}", a.name, a.target, a.backend);
                 for n in a.notes.iter().filter(|n| {
                     n.starts_with(&format!("{}:", Backend::Fentry)) || n.contains(": Operation")
@@ -245,7 +317,7 @@ pub fn attach(
             if matches!(req, Request::Func(_)) {
                 bail!("cannot trace {}: {}", f.name, f.reasons.join("; "));
             }
-            if verbosity == Verbosity::Normal {
+            if o.verbosity == Verbosity::Normal {
                 eprintln!(
                     "memcg-trace: {} not attached: {}",
                     f.name,
@@ -262,7 +334,33 @@ pub fn attach(
             .collect();
         bail!("no probe could be attached ({})", why.join(" | "));
     }
-    Ok(Attached { tracer, notes })
+    calibration.append(&mut tracer.calibration);
+    let mut floors = Vec::new();
+    if o.floor {
+        let mut backends: Vec<Backend> = tracer.attached.iter().map(|a| a.backend).collect();
+        backends.sort();
+        backends.dedup();
+        for b in backends.into_iter().filter(|b| b.has_latency()) {
+            match tracer.measure_floor(b, reqs.len() as u32, FLOOR_CALLS) {
+                Ok(f) => floors.push(f),
+                Err(e) => calibration.push(format!("{b} floor: {e:#}")),
+            }
+        }
+    }
+    for c in &calibration {
+        if o.strict {
+            bail!("calibration fell short (--strict): {c}");
+        }
+        if o.verbosity == Verbosity::Normal {
+            eprintln!("memcg-trace: warning: {c}");
+        }
+    }
+    Ok(Attached {
+        tracer,
+        notes,
+        floors,
+        calibration,
+    })
 }
 
 /// How a live trace ended.
@@ -350,6 +448,8 @@ pub struct Session {
     notes: HashMap<String, Vec<String>>,
     failed: Vec<NotAttached>,
     masks: Option<kernel::ContextMasks>,
+    floors: Vec<Floor>,
+    calibration: Vec<String>,
     started: SystemTime,
     startup: Duration,
     cpu0: Duration,
@@ -392,8 +492,22 @@ impl Session {
         if let Some(s) = signals.pending() {
             return Err(Interrupted(s).into());
         }
-        let Attached { mut tracer, notes } =
-            attach(&args.sel, opts.verbosity, cgid, args.ebpf_log)?;
+        let Attached {
+            mut tracer,
+            notes,
+            floors,
+            calibration,
+        } = attach(
+            &args.sel,
+            AttachOptions {
+                verbosity: opts.verbosity,
+                workload_cgroup: cgid,
+                ebpf_log: args.ebpf_log,
+                bpf_stats: args.bpf_stats,
+                strict: args.strict,
+                floor: true,
+            },
+        )?;
         extra(&mut tracer)?;
         tracer.done_attaching();
         if let Some(s) = signals.pending() {
@@ -433,6 +547,8 @@ impl Session {
             notes,
             failed,
             masks,
+            floors,
+            calibration,
             started,
             startup,
             cpu0,
@@ -477,6 +593,16 @@ impl Session {
         &self.argv
     }
 
+    /// The instrumentation floor per latency backend in use.
+    pub fn floors(&self) -> &[Floor] {
+        &self.floors
+    }
+
+    /// What could not be calibrated.
+    pub fn calibration(&self) -> &[String] {
+        &self.calibration
+    }
+
     /// The memcg the workload runs in.
     pub fn cgroup(&self) -> Option<PathBuf> {
         self.memcg.as_ref().map(|m| m.path.clone())
@@ -485,19 +611,12 @@ impl Session {
     /// What a recording made now would say about the run (the dashboard's save key).
     pub fn meta_now(&self) -> RunMeta {
         let cpu = cpu_time().saturating_sub(self.cpu0);
-        self.meta(SystemTime::now(), Duration::ZERO, cpu, None)
+        self.meta(Duration::ZERO, cpu, None)
     }
 
-    fn meta(
-        &self,
-        end: SystemTime,
-        detach: Duration,
-        cpu: Duration,
-        elapsed: Option<Duration>,
-    ) -> RunMeta {
+    fn meta(&self, detach: Duration, cpu: Duration, elapsed: Option<Duration>) -> RunMeta {
         RunMeta {
             start: self.started,
-            end,
             masks: self.masks.clone(),
             daemon: DaemonCost {
                 startup_ns: self.startup.as_nanos() as u64,
@@ -514,6 +633,8 @@ impl Session {
             }),
             notes: self.notes.clone(),
             not_attached: self.failed.clone(),
+            floors: self.floors.clone(),
+            calibration: self.calibration.clone(),
         }
     }
 
@@ -532,13 +653,12 @@ impl Session {
         let cpu = cpu_time().saturating_sub(self.cpu0);
         let collector = self.collector.take().expect("a session finishes once");
         let Final { snapshot, detach } = collector.finish().await?;
-        let end_time = SystemTime::now();
         if let Some(m) = self.memcg.as_mut() {
             if let Err(e) = m.remove() {
                 eprintln!("memcg-trace: warning: {e:#}");
             }
         }
-        let meta = self.meta(end_time, detach, cpu, Some(snapshot.elapsed));
+        let meta = self.meta(detach, cpu, Some(snapshot.elapsed));
         let workload = !self.argv.is_empty();
         let exit_code = match end {
             End::Exited(Some(s)) => s,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use memcg_trace_common::{Counters, Hist, NUM_BUCKETS, NUM_CTX};
+use memcg_trace_common::{bucket_bounds, Counters, Hist, NUM_BUCKETS, NUM_CTX};
 
 use crate::probes::Backend;
 
@@ -71,19 +71,52 @@ impl HistData {
         h
     }
 
-    /// `self - earlier`, for per-tick figures. Min and max are those of the whole run.
+    /// Adds another histogram of the same layout.
+    pub fn merge(&mut self, o: &HistData) {
+        if o.count == 0 && o.timed() == 0 {
+            return;
+        }
+        self.count += o.count;
+        self.sum_ns += o.sum_ns;
+        self.max_ns = self.max_ns.max(o.max_ns);
+        if o.min_ns != 0 {
+            self.min_ns = if self.min_ns == 0 {
+                o.min_ns
+            } else {
+                self.min_ns.min(o.min_ns)
+            };
+        }
+        for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
+            *a += b;
+        }
+    }
+
+    /// `self - earlier`: the calls between two snapshots (an interval, or since a reset). Its
+    /// min and max are those of that window, to bucket resolution: the bounds of its lowest and
+    /// highest non-empty bucket, kept within the whole run's min and max.
     pub fn since(&self, earlier: &HistData) -> HistData {
+        let buckets: Vec<u64> = self
+            .buckets
+            .iter()
+            .zip(&earlier.buckets)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
+        let (mut min_ns, mut max_ns) = (0, 0);
+        if earlier.timed() == 0 {
+            (min_ns, max_ns) = (self.min_ns, self.max_ns);
+        } else if let (Some(lo), Some(hi)) = (
+            buckets.iter().position(|n| *n > 0),
+            buckets.iter().rposition(|n| *n > 0),
+        ) {
+            min_ns = bucket_bounds(lo).0.max(self.min_ns);
+            max_ns = (bucket_bounds(hi).1 - 1).min(self.max_ns).max(min_ns);
+        }
         HistData {
             count: self.count.saturating_sub(earlier.count),
             sum_ns: self.sum_ns.saturating_sub(earlier.sum_ns),
-            min_ns: self.min_ns,
-            max_ns: self.max_ns,
-            buckets: self
-                .buckets
-                .iter()
-                .zip(&earlier.buckets)
-                .map(|(a, b)| a.saturating_sub(*b))
-                .collect(),
+            min_ns,
+            max_ns,
+            buckets,
         }
     }
 }
@@ -104,17 +137,32 @@ pub struct ProgCost {
 /// One (probe, context) pair.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CtxStats {
-    /// Cumulative histogram since start (or the last reset).
+    /// Timed calls since start: paired in the kernel, and deferred pairs userspace confirmed.
+    /// Empty for the counts-only backend.
     pub hist: HistData,
-    /// Cumulative pairing counters.
+    /// What the programs counted (see `memcg_trace_common::Counters`).
     pub counters: Counters,
+    /// Deferred pairs confirmed (they are in `hist`).
+    pub confirmed: u64,
+    /// Deferred pairs rejected: the entry program missed a run while they were in flight, so
+    /// the pair may join a stale entry with another call's exit.
+    pub rejected: u64,
 }
 
 impl CtxStats {
-    /// Calls dropped rather than attributed: exits without their entry, task-context calls
-    /// during which the task left the CPU, and exits whose context could not be read.
-    pub fn dropped(&self) -> u64 {
-        self.counters.unmatched + self.counters.switched + self.counters.no_context
+    /// Calls seen in this context but not timed: exits without their own entry, entries whose
+    /// exit was lost or pushed out, pairs that could not be proven (ambiguous, rejected) or were
+    /// lost on the way to userspace, runs whose context could not be read.
+    pub fn lost(&self) -> u64 {
+        let c = &self.counters;
+        c.orphans
+            + c.stale
+            + c.evicted
+            + c.ambiguous
+            + c.deferred_lost
+            + self.rejected
+            + c.no_context_entries
+            + c.no_context_exits
     }
 }
 
@@ -129,31 +177,64 @@ pub struct ProbeStats {
     pub backend: Backend,
     /// Per context, indexed like `CTX_NAMES`.
     pub contexts: [CtxStats; NUM_CTX],
-    /// The programs' own cost.
+    /// The programs, entry first, with the kernel's statistics.
     pub programs: Vec<ProgCost>,
-    /// Task-context calls made by tasks of the workload's cgroup, when a workload runs.
+    /// Task-context calls made by tasks of the workload's cgroup, when a workload runs (for the
+    /// counts-only backend only `count` is filled).
     pub workload: Option<HistData>,
+    /// Calls the kprobes themselves missed (kprobe backend; `kprobe_profile`): no program ran.
+    pub kprobe_missed: u64,
 }
 
 impl ProbeStats {
-    /// Calls in all contexts.
+    /// Calls counted in one context: timed calls, or hits of the counts-only backend.
+    pub fn ctx_calls(&self, ctx: usize) -> u64 {
+        let c = &self.contexts[ctx];
+        if self.backend.has_latency() {
+            c.hist.count
+        } else {
+            c.counters.entries
+        }
+    }
+
+    /// Calls counted in all contexts.
     pub fn calls(&self) -> u64 {
-        self.contexts.iter().map(|c| c.hist.count).sum()
+        (0..NUM_CTX).map(|i| self.ctx_calls(i)).sum()
     }
 
-    /// Calls dropped in all contexts.
-    pub fn dropped(&self) -> u64 {
-        self.contexts.iter().map(CtxStats::dropped).sum()
+    /// Calls seen but not timed, all contexts.
+    pub fn lost(&self) -> u64 {
+        self.contexts.iter().map(CtxStats::lost).sum()
     }
 
-    /// Runs lost to the kernel's recursion protection, all programs.
+    /// Runs the kernel skipped because the same program was already running on that CPU, all
+    /// programs.
     pub fn recursion_misses(&self) -> u64 {
         self.programs.iter().map(|p| p.recursion_misses).sum()
+    }
+
+    /// Every way a call can be lost, added up: calls seen but not timed, runs the kernel's
+    /// recursion protection skipped, calls the kprobes missed. An upper bound: a call whose
+    /// entry was skipped and whose exit ran is counted twice (a miss and an orphan exit).
+    pub fn lost_upper(&self) -> u64 {
+        self.lost() + self.recursion_misses() + self.kprobe_missed
+    }
+
+    /// `lost_upper` as a share of the calls counted and lost.
+    pub fn loss_share(&self) -> Option<f64> {
+        let lost = self.lost_upper() as f64;
+        let all = self.calls() as f64 + lost;
+        (all > 0.0).then(|| lost / all)
+    }
+
+    /// Task-context calls during which the task left the CPU (timed wall-clock).
+    pub fn switched(&self) -> u64 {
+        self.contexts[0].counters.switched
     }
 }
 
 /// Everything known at one tick.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     /// Time since tracing started.
     pub elapsed: Duration,
@@ -161,12 +242,34 @@ pub struct Snapshot {
     pub probes: Vec<ProbeStats>,
     /// Programs attached besides the probes' (the bench floors), with their cost.
     pub extra: Vec<ProgCost>,
+    /// Deferred pairs not decided yet (they end after the last reading).
+    pub waiting: u64,
+    /// Calls still pending in the programs' slots per probe, known in the final snapshot only
+    /// (in flight when tracing stopped, or entries whose exit never came).
+    pub pending: Vec<u64>,
+    /// Whether the kernel's bpf stats were on (program run times are known).
+    pub bpf_stats: bool,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use memcg_trace_common::bucket_index;
+
+    #[test]
+    fn an_interval_has_its_own_min_and_max() {
+        let before = HistData::of(&[100, 2_000_000]);
+        let now = {
+            let mut h = before.clone();
+            h.merge(&HistData::of(&[5000, 6000]));
+            h
+        };
+        let d = now.since(&before);
+        assert_eq!(d.timed(), 2);
+        // Not the run's 100 ns and 2 ms: the interval's, within a bucket (1/32 octave).
+        assert!((4900..=5000).contains(&d.min_ns), "{}", d.min_ns);
+        assert!((6000..=6143).contains(&d.max_ns), "{}", d.max_ns);
+    }
 
     #[test]
     fn interval_is_the_difference_of_cumulatives() {

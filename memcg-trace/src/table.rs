@@ -17,6 +17,45 @@ fn pct(qs: &[Quantile], q: f64) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+const HEADER: [&str; 15] = [
+    "probe",
+    "context",
+    "backend",
+    "calls",
+    "calls/s",
+    "p50",
+    "p50-floor",
+    "p90",
+    "p99",
+    "p99.9",
+    "max",
+    "mean",
+    "total",
+    "%cpu",
+    "lost",
+];
+
+fn line(cells: &[String]) -> String {
+    format!(
+        "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>7}",
+        cells[0],
+        cells[1],
+        cells[2],
+        cells[3],
+        cells[4],
+        cells[5],
+        cells[6],
+        cells[7],
+        cells[8],
+        cells[9],
+        cells[10],
+        cells[11],
+        cells[12],
+        cells[13],
+        cells[14]
+    )
+}
+
 /// One table row.
 fn row(
     probe: &str,
@@ -25,11 +64,20 @@ fn row(
     count: u64,
     rate: Option<f64>,
     lat: Option<&Latency>,
+    lost: Option<u64>,
 ) -> String {
     let dash = |s: String| if s.is_empty() { "-".to_string() } else { s };
-    let (p50, p90, p99, p999, max, mean, total, share) = match lat {
-        Some(l) if !l.percentiles.is_empty() => (
+    let mut cells = vec![
+        probe.to_string(),
+        ctx.to_string(),
+        label.to_string(),
+        fmt_count(count as f64),
+        rate.map(fmt_count).unwrap_or_else(|| "-".into()),
+    ];
+    match lat {
+        Some(l) if !l.percentiles.is_empty() => cells.extend([
             pct(&l.percentiles, 0.5),
+            pct(&l.percentiles_floor_corrected, 0.5),
             pct(&l.percentiles, 0.9),
             pct(&l.percentiles, 0.99),
             pct(&l.percentiles, 0.999),
@@ -39,36 +87,49 @@ fn row(
             l.cpu_share
                 .map(|s| format!("{:.2}", s * 100.0))
                 .unwrap_or_default(),
-        ),
-        _ => Default::default(),
-    };
+        ]),
+        _ => cells.extend(std::iter::repeat_n(String::new(), 9)),
+    }
+    cells.push(lost.map(|n| fmt_count(n as f64)).unwrap_or_default());
+    line(&cells.into_iter().map(dash).collect::<Vec<_>>())
+}
+
+/// The footnote line of a probe: calls, every way calls were lost, calls that left the CPU.
+/// Tests parse it back against the JSON.
+pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
+    let sum = |f: fn(&crate::export::ContextOut) -> u64| p.contexts.iter().map(f).sum::<u64>();
     format!(
-        "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
-        probe,
-        ctx,
-        label,
-        fmt_count(count as f64),
-        rate.map(fmt_count).unwrap_or_else(|| "-".into()),
-        dash(p50),
-        dash(p90),
-        dash(p99),
-        dash(p999),
-        dash(max),
-        dash(mean),
-        dash(total),
-        dash(share)
+        "{} via {}: {} calls, {} lost (orphan exits {}, lost exits {}, evicted {}, unproven {}, ring full {}, no context {}), {} recursion misses, {} kprobe misses; loss at most {}; {} left the CPU ({} migrated); {} outside the window",
+        p.target,
+        p.backend,
+        p.count,
+        p.lost,
+        sum(|c| c.orphans),
+        sum(|c| c.stale),
+        sum(|c| c.evicted),
+        sum(|c| c.rejected + c.ambiguous),
+        sum(|c| c.deferred_lost),
+        sum(|c| c.no_context_entries + c.no_context_exits),
+        p.recursion_misses,
+        p.kprobe_missed,
+        p.loss_share
+            .map(|s| format!("{:.2}%", s * 100.0))
+            .unwrap_or_else(|| "-".into()),
+        sum(|c| c.switched),
+        sum(|c| c.migrated),
+        sum(|c| c.outside),
     )
 }
 
 /// The summary table: one row per (probe, context) with calls, then the workload's rows (its
-/// tasks' task-context calls, backend column "workload"), then footnotes for dropped calls,
-/// self-cost and probes that could not be attached.
+/// tasks' task-context calls, backend column "workload"), then footnotes: what was lost, the
+/// instrumentation floor, the tracer's cost, calibration problems, probes not attached.
 pub fn summary(doc: &Document) -> String {
     let mut out = String::new();
     let m = &doc.meta;
     let _ = writeln!(
         out,
-        "memcg-trace {} on {} ({} preemption, {} CPUs), {:.2}s traced",
+        "memcg-trace {} on {} ({}, {} CPUs), {:.2}s traced",
         m.tool_version,
         m.kernel_release,
         m.preemption_model,
@@ -89,27 +150,15 @@ pub fn summary(doc: &Document) -> String {
     }
     let _ = writeln!(
         out,
-        "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6}",
-        "probe",
-        "context",
-        "backend",
-        "calls",
-        "calls/s",
-        "p50",
-        "p90",
-        "p99",
-        "p99.9",
-        "max",
-        "mean",
-        "total",
-        "%cpu"
+        "{}",
+        line(&HEADER.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     );
     for p in &doc.probes {
         let backend = p.backend.to_string();
         for c in p
             .contexts
             .iter()
-            .filter(|c| c.count > 0 || c.context == "task")
+            .filter(|c| c.count > 0 || c.lost > 0 || c.context == "task")
         {
             let _ = writeln!(
                 out,
@@ -120,7 +169,8 @@ pub fn summary(doc: &Document) -> String {
                     &backend,
                     c.count,
                     c.rate_per_s,
-                    c.latency.as_ref()
+                    c.latency.as_ref(),
+                    Some(c.lost),
                 )
             );
         }
@@ -136,32 +186,51 @@ pub fn summary(doc: &Document) -> String {
                     "workload",
                     w.count,
                     w.rate_per_s,
-                    w.latency.as_ref()
+                    w.latency.as_ref(),
+                    None,
                 )
             );
         }
     }
     let _ = writeln!(out);
+    let window = std::time::Duration::from_nanos(m.duration_ns);
     for p in &doc.probes {
-        let runs: u64 = p.programs.iter().map(|x| x.run_cnt).sum();
-        let time: u64 = p.programs.iter().map(|x| x.run_time_ns).sum();
-        let window = std::time::Duration::from_nanos(m.duration_ns);
-        let per_call = figures::cost(time, runs, p.count, window)
-            .per_call_ns
-            .map(fmt_ns)
-            .unwrap_or_else(|| "-".into());
+        let _ = writeln!(out, "{:<16} {}", p.name, probe_footnote(p));
+        if m.bpf_stats {
+            let runs: u64 = p.programs.iter().map(|x| x.run_cnt).sum();
+            let time: u64 = p.programs.iter().map(|x| x.run_time_ns).sum();
+            if let Some(c) = figures::cost(time, runs, p.count, window).per_call_ns {
+                let _ = writeln!(
+                    out,
+                    "{:<16}   programs ran {} per call ({runs} runs, bpf stats on)",
+                    "",
+                    fmt_ns(c)
+                );
+            }
+        }
+    }
+    for f in &m.floors {
         let _ = writeln!(
             out,
-            "{:<16} {} via {}: {} calls, {} dropped, {} recursion misses; tracer cost {} per call ({} program runs)",
-            p.name,
-            p.target,
-            p.backend,
-            p.count,
-            p.dropped,
-            p.recursion_misses,
-            per_call,
-            runs
+            "floor ({}): every sample includes {} of instrumentation (p50; p90 {}, min {}), measured around {} on this kernel; a traced call nested in another adds {} to it; programs run {} per call",
+            f.backend,
+            fmt_ns(f.p50_ns as f64),
+            fmt_ns(f.p90_ns as f64),
+            fmt_ns(f.min_ns as f64),
+            crate::tracer::checks::FLOOR_FUNCTION,
+            f.per_call_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
+            f.programs_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
         );
+    }
+    if let Some(cm) = &m.context_masks {
+        let _ = writeln!(
+            out,
+            "context masks: softirq {:#x}, hardirq {:#x}, nmi {:#x} ({}; nmi {})",
+            cm.softirq_offset, cm.hardirq_mask, cm.nmi_mask, cm.source, cm.nmi
+        );
+    }
+    for c in &m.calibration {
+        let _ = writeln!(out, "WARNING: not calibrated: {c}");
     }
     let t = &m.tracer;
     let _ = writeln!(
@@ -173,12 +242,6 @@ pub fn summary(doc: &Document) -> String {
         fmt_ns(t.tick_ns as f64),
         t.peak_rss_kib as f64 / 1024.0
     );
-    if !m.bpf_stats {
-        let _ = writeln!(
-            out,
-            "self-cost unknown: kernel bpf stats could not be enabled"
-        );
-    }
     for n in &doc.not_attached {
         let _ = writeln!(out, "{:<16} not attached: {}", n.name, n.reasons.join("; "));
     }

@@ -92,7 +92,8 @@ pub struct Memcg {
     v2: bool,
 }
 
-fn alive(pid: i32) -> bool {
+/// Whether process `pid` exists.
+pub fn alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence.
     pid > 0
         && (unsafe { libc::kill(pid, 0) } == 0

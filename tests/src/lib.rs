@@ -52,15 +52,17 @@ pub fn run(args: &[&str]) -> Output {
         .expect("run memcg-trace")
 }
 
-/// Validates a recording against the committed JSON Schema and parses it back into the types.
+/// Validates a recording against the committed JSON Schema of its version (memcg-trace/2, or
+/// /1 for recordings made before it) and parses it back into the types.
 pub fn load_recording(path: &Path) -> Document {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let value: Value = serde_json::from_str(&text).expect("recording is JSON");
-    let schema: Value = serde_json::from_str(include_str!(
-        "../../memcg-trace/schema/memcg-trace-1.schema.json"
-    ))
-    .expect("schema is JSON");
+    let schema = match value.get("schema").and_then(|s| s.as_str()) {
+        Some("memcg-trace/1") => include_str!("../../memcg-trace/schema/memcg-trace-1.schema.json"),
+        _ => include_str!("../../memcg-trace/schema/memcg-trace-2.schema.json"),
+    };
+    let schema: Value = serde_json::from_str(schema).expect("schema is JSON");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     let errors: Vec<String> = validator
         .iter_errors(&value)
@@ -72,51 +74,111 @@ pub fn load_recording(path: &Path) -> Document {
         path.display(),
         errors.join("\n")
     );
-    serde_json::from_value(value).expect("recording parses into memcg_trace::export::Document")
+    memcg_trace::export::parse(&text).expect("recording parses into memcg_trace::export::Document")
 }
 
 /// The invariants every recording holds, whatever the backend:
-/// - the exit program ran once per exit counted in the maps, and every exit is either a
-///   counted call or a dropped one (nothing lost, nothing counted twice);
-/// - percentiles are ordered and within [min, max];
+/// - every entry and exit program run is accounted for: entries = paired + ambiguous +
+///   deferred + deferred_lost + stale + evicted + pending at the end, exits = paired +
+///   ambiguous + deferred + deferred_lost + orphans + outside, deferred = confirmed + rejected; with bpf
+///   stats on, the kernel's own run counts of the programs match ours;
+/// - the calls counted are the paired and confirmed ones, and every one is in a bucket;
+/// - percentiles are ordered, within [min, max], end at max; floor-corrected ones are lower;
 /// - the summary table's footnote carries the same numbers as the JSON.
 pub fn check_invariants(doc: &Document, summary: &str) {
     for p in &doc.probes {
-        let exits: u64 = p.contexts.iter().map(|c| c.exits).sum();
-        let counted: u64 = p
-            .contexts
-            .iter()
-            .map(|c| c.count + c.unmatched + c.switched + c.no_context)
-            .sum();
-        assert_eq!(
-            exits, counted,
-            "{}: exits {exits} != calls + dropped {counted}",
-            p.name
-        );
-        let dropped: u64 = p
-            .contexts
-            .iter()
-            .map(|c| c.unmatched + c.switched + c.no_context)
-            .sum();
-        assert_eq!(p.dropped, dropped, "{}: dropped", p.name);
-        assert_eq!(
-            p.count,
-            p.contexts.iter().map(|c| c.count).sum::<u64>(),
-            "{}: count",
-            p.name
-        );
-        let exit_prog = p.programs.last().expect("programs listed");
-        if doc.meta.bpf_stats {
-            assert_eq!(
-                exit_prog.run_cnt, exits,
-                "{}: exit program {} ran {} times, the maps count {exits} exits",
-                p.name, exit_prog.name, exit_prog.run_cnt
+        let sum = |f: fn(&memcg_trace::export::ContextOut) -> u64| -> u64 {
+            p.contexts.iter().map(f).sum()
+        };
+        let entries = sum(|c| c.entries);
+        let exits = sum(|c| c.exits);
+        let timed = p.backend.to_string() != "tracepoint";
+        // memcg-trace/1 did not account for every entry (no stale or evicted counts).
+        let v1 = doc.upgraded_from.is_some();
+        if timed {
+            let ended = sum(|c| {
+                c.paired + c.ambiguous + c.deferred + c.deferred_lost + c.stale + c.evicted
+            }) + p.pending_at_end;
+            assert!(
+                v1 || entries == ended,
+                "{}: {entries} entry runs, but paired + ambiguous + deferred + deferred_lost + stale + evicted + pending = {ended}",
+                p.name
             );
+            let matched = sum(|c| {
+                c.paired + c.ambiguous + c.deferred + c.deferred_lost + c.orphans + c.outside
+            });
+            assert_eq!(
+                exits, matched,
+                "{}: {exits} exit runs, but paired + ambiguous + deferred + deferred_lost + orphans + outside = {matched}",
+                p.name
+            );
+            for c in &p.contexts {
+                assert_eq!(
+                    c.deferred,
+                    c.confirmed + c.rejected,
+                    "{} {}: every deferred pair decided",
+                    p.name,
+                    c.context
+                );
+                assert_eq!(
+                    c.count,
+                    c.paired + c.confirmed,
+                    "{} {}: calls counted are the paired and confirmed ones",
+                    p.name,
+                    c.context
+                );
+            }
+        } else {
+            assert_eq!(p.count, entries, "{}: tracepoint hits", p.name);
+        }
+        if doc.meta.bpf_stats {
+            let entry = p.programs.first().expect("programs listed");
+            assert_eq!(
+                entry.run_cnt,
+                entries + sum(|c| c.no_context_entries),
+                "{}: the kernel ran {} {} times, the programs counted {entries} entries",
+                p.name,
+                entry.name,
+                entry.run_cnt
+            );
+            if timed {
+                let exit = p.programs.last().expect("programs listed");
+                assert_eq!(
+                    exit.run_cnt,
+                    exits + sum(|c| c.no_context_exits),
+                    "{}: the kernel ran {} {} times, the programs counted {exits} exits",
+                    p.name,
+                    exit.name,
+                    exit.run_cnt
+                );
+            }
         }
         for c in &p.contexts {
+            assert_eq!(
+                c.lost,
+                c.orphans
+                    + c.stale
+                    + c.evicted
+                    + c.ambiguous
+                    + c.deferred_lost
+                    + c.rejected
+                    + c.no_context_entries
+                    + c.no_context_exits,
+                "{} {}: lost",
+                p.name,
+                c.context
+            );
+        }
+        assert_eq!(p.lost, sum(|c| c.lost), "{}: lost", p.name);
+        assert_eq!(p.count, sum(|c| c.count), "{}: count", p.name);
+        for c in &p.contexts {
             if let Some(l) = &c.latency {
-                let timed: u64 = l.buckets.iter().map(|b| b.count).sum();
-                assert_eq!(timed, c.count, "{} {}: bucket total", p.name, c.context);
+                let in_buckets: u64 = l.buckets.iter().map(|b| b.count).sum();
+                assert_eq!(
+                    in_buckets, c.count,
+                    "{} {}: bucket total",
+                    p.name, c.context
+                );
                 let qs: Vec<u64> = l.percentiles.iter().map(|q| q.ns).collect();
                 assert!(
                     qs.windows(2).all(|w| w[0] <= w[1]),
@@ -125,15 +187,22 @@ pub fn check_invariants(doc: &Document, summary: &str) {
                     c.context
                 );
                 if c.count > 0 {
-                    assert!(l.min_ns <= l.max_ns);
+                    assert!(
+                        qs.iter().all(|q| (l.min_ns..=l.max_ns).contains(q)),
+                        "{} {}: percentiles {qs:?} outside [{}, {}]",
+                        p.name,
+                        c.context,
+                        l.min_ns,
+                        l.max_ns
+                    );
                     assert_eq!(*qs.last().expect("percentiles"), l.max_ns);
+                }
+                for (raw, net) in l.percentiles.iter().zip(&l.percentiles_floor_corrected) {
+                    assert!(net.ns <= raw.ns && net.q == raw.q);
                 }
             }
         }
-        let line = format!(
-            "{} via {}: {} calls, {} dropped, {} recursion misses",
-            p.target, p.backend, p.count, p.dropped, p.recursion_misses
-        );
+        let line = memcg_trace::table::probe_footnote(p);
         assert!(
             summary.contains(&line),
             "summary lacks {line:?}:\n{summary}"
@@ -183,8 +252,8 @@ pub fn leftover_memcgs() -> Vec<PathBuf> {
 }
 
 /// `memcg-trace selftest` output: the kernel's bucketing agrees with userspace for every value,
-/// and tracepoints of known context (task, softirq, hardirq) were each hit and all classified
-/// as that context.
+/// every pairing sequence came out right, and tracepoints of known context were classified
+/// right, on the calibration's sources and on independent ones.
 pub fn check_selftest(stdout: &str) {
     assert!(stdout.contains(" 0 mismatches"), "{stdout}");
     assert!(
@@ -195,11 +264,26 @@ pub fn check_selftest(stdout: &str) {
             >= 17,
         "{stdout}"
     );
-    for ctx in ["(task)", "(softirq)", "(hardirq)"] {
+    let pairing: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("selftest: pairing: "))
+        .collect();
+    assert!(pairing.len() >= 14, "pairing cases missing:\n{stdout}");
+    for l in &pairing {
+        assert!(l.ends_with(": ok") || l.contains("skipped"), "{l}");
+    }
+    for ctx in ["(task,", "(softirq, calibration", "(hardirq, calibration"] {
         let line = stdout
             .lines()
             .find(|l| l.contains(ctx))
             .unwrap_or_else(|| panic!("no {ctx} check:\n{stdout}"));
+        assert!(line.ends_with(" ok"), "{line}");
+    }
+    for ctx in ["softirq", "hardirq"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("selftest: {ctx} classified right on sources")))
+            .unwrap_or_else(|| panic!("no independent {ctx} check:\n{stdout}"));
         assert!(line.ends_with(" ok"), "{line}");
     }
     assert!(stdout.contains("selftest: 0 failures"), "{stdout}");

@@ -38,7 +38,7 @@ fn vm_matrix(short: &str) {
         &kernel,
         &VmSpec {
             name: format!("{short}-test"),
-            script: xtask::record_script("fentry kprobe", "-g 2 -l 100"),
+            script: xtask::record_script("auto fentry kprobe", "-g 2 -l 100", true),
             bins: vec![
                 bin(),
                 memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
@@ -65,22 +65,46 @@ fn vm_matrix(short: &str) {
         .as_bytes(),
     );
     check_selftest(&fs::read_to_string(r.out_dir.join("selftest.txt")).expect("selftest output"));
-    for backend in ["fentry", "kprobe"] {
-        let doc = load_recording(&r.out_dir.join(format!("{backend}.json")));
-        let summary =
-            fs::read_to_string(r.out_dir.join(format!("{backend}.txt"))).expect("summary");
+    // auto: fentry where programs cannot be preempted, kprobe where they can.
+    let preemptible = matches!(short, "6.18" | "7.3");
+    for run in ["auto", "fentry", "kprobe"] {
+        let doc = load_recording(&r.out_dir.join(format!("{run}.json")));
+        let summary = fs::read_to_string(r.out_dir.join(format!("{run}.txt"))).expect("summary");
         check_invariants(&doc, &summary);
         assert_eq!(doc.meta.kernel_release, kernel.release);
+        assert_eq!(
+            doc.meta.bpf_stats,
+            run != "auto",
+            "{run}: bpf stats only when asked"
+        );
         let w = doc.meta.workload.as_ref().expect("workload");
         assert_eq!(
             w.exit_status,
             Some(0),
-            "hackbench failed under --attach {backend}"
+            "hackbench failed under --attach {run}"
         );
         assert!(
             w.cgroup.starts_with("/sys/fs/cgroup/memcg-trace."),
             "cgroup v2 memcg expected: {}",
             w.cgroup
+        );
+        let backend = match run {
+            "auto" if preemptible => "kprobe",
+            "auto" => "fentry",
+            b => b,
+        };
+        assert!(
+            doc.meta
+                .floors
+                .iter()
+                .any(|f| f.backend.to_string() == backend && f.p50_ns > 0),
+            "{short} {run}: no instrumentation floor measured for {backend}: {:?}",
+            doc.meta.calibration
+        );
+        assert!(
+            doc.meta.calibration.is_empty(),
+            "{short} {run}: calibration fell short: {:?}",
+            doc.meta.calibration
         );
         // The context split works on real probes, not only in the selftest: hackbench's
         // charging path is also entered from interrupts (rstat from the tick, stat from RCU).
@@ -90,26 +114,35 @@ fn vm_matrix(short: &str) {
             .sum();
         assert!(
             irq > 0,
-            "{short} {backend}: no interrupt-context calls in any default probe"
+            "{short} {run}: no interrupt-context calls in any default probe"
         );
         for name in DEFAULT_PROBES {
             let p = probe(&doc, name);
             assert_eq!(
                 p.backend.to_string(),
                 backend,
-                "{name} attached with {} under --attach {backend}",
+                "{name} attached with {} under --attach {run}",
                 p.backend
             );
             assert!(
                 p.count > 0,
-                "{short} {backend}: {name} ({}) counted no calls",
+                "{short} {run}: {name} ({}) counted no calls",
                 p.target
             );
+            if run == "auto" {
+                let share = p.loss_share.unwrap_or(1.0);
+                assert!(
+                    share <= 0.01,
+                    "{short} auto: {name} lost {:.2}% of its calls (at most 1%): {}",
+                    share * 100.0,
+                    memcg_trace::table::probe_footnote(p)
+                );
+            }
             let own = p.workload.as_ref().expect("workload figures").count;
             let task_calls = ctx_count(p, "task");
             assert!(
                 own > 0 && own <= task_calls,
-                "{short} {backend} {name}: workload {own} vs system task {task_calls}"
+                "{short} {run} {name}: workload {own} vs system task {task_calls}"
             );
             let task = p
                 .contexts
@@ -122,21 +155,15 @@ fn vm_matrix(short: &str) {
                 .expect("latency with function tracing");
             assert!(
                 task.count > 0 && !l.percentiles.is_empty(),
-                "{short} {backend} {name}: no task-context latency"
+                "{short} {run} {name}: no task-context latency"
             );
             let _ = std::io::Write::write_all(
                 &mut std::io::stderr(),
                 format!(
-                    "{name_t}: {backend} {name} -> {}: {} calls ({} by the workload), p50 {} ns, p99 {} ns, {} dropped, {} misses, {:.0} ns/run exit prog\n",
-                    p.target,
-                    p.count,
-                    own,
+                    "{vm_name}: {run} {name}: p50 {} ns, p99 {} ns; {}\n",
                     l.percentiles[0].ns,
                     l.percentiles[2].ns,
-                    p.dropped,
-                    p.recursion_misses,
-                    p.programs.last().and_then(|x| x.ns_per_run).unwrap_or(0.0),
-                    name_t = vm_name,
+                    memcg_trace::table::probe_footnote(p),
                 )
                 .as_bytes(),
             );

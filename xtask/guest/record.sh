@@ -1,10 +1,14 @@
 # Guest script of the VM tests and the demo: record the default probes with each backend while
-# hackbench runs in a fresh memcg. BACKENDS and HACKBENCH are set by the caller.
-# In-kernel bucketing (BPF_PROG_TEST_RUN) and context classification on known tracepoints.
+# hackbench runs in a fresh memcg. BACKENDS, HACKBENCH and STATS (extra flags for the runs of a
+# forced backend, e.g. --bpf-stats) are set by the caller.
+# In-kernel bucketing and pairing (BPF_PROG_TEST_RUN) and context classification on tracepoints
+# of known context.
 memcg-trace selftest >/out/selftest.txt 2>&1 || { cat /out/selftest.txt; exit 1; }
 for b in $BACKENDS; do
-  echo "guest: record --attach $b -- hackbench $HACKBENCH"
-  if ! memcg-trace record --attach "$b" -q -o "/out/$b.json" -- hackbench $HACKBENCH >"/out/$b.txt" 2>"/out/$b.err"; then
+  flags=""
+  [ "$b" = auto ] || flags="$STATS"
+  echo "guest: record --attach $b $flags -- hackbench $HACKBENCH"
+  if ! memcg-trace record --attach "$b" $flags -q -o "/out/$b.json" -- hackbench $HACKBENCH >"/out/$b.txt" 2>"/out/$b.err"; then
     echo "guest: record --attach $b failed:"
     cat "/out/$b.err" "/out/$b.txt"
     exit 1

@@ -129,7 +129,7 @@ fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> 
     let specs = kernels::select(kernel)?;
     let script = match script {
         Some(p) => fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?,
-        None => record_script("fentry kprobe", "-g 2 -l 100"),
+        None => record_script("auto fentry kprobe", "-g 2 -l 100", true),
     };
     let bin = build_release()?;
     let hackbench = xtask::hackbench()?;
@@ -201,7 +201,7 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
             &k,
             &VmSpec {
                 name: format!("{}-demo", spec.short),
-                script: record_script("fentry kprobe", hackbench),
+                script: record_script("fentry kprobe", hackbench, false),
                 bins: vec![bin.clone(), xtask::hackbench()?],
                 accel,
                 timeout: Duration::from_secs(900),

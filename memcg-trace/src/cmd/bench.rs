@@ -223,7 +223,7 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     };
     for _ in 0..args.pairs {
         slow.untraced_s.push(workload::timed_run(&cmd)?);
-        let mut t = session::attach(&sel, Verbosity::Quiet, 0, false)?.tracer;
+        let mut t = session::attach(&sel, session::AttachOptions::quiet())?.tracer;
         t.done_attaching();
         slow.traced_s.push(workload::timed_run(&cmd)?);
         t.finish()?;

@@ -5,7 +5,7 @@ use anyhow::Result;
 
 use crate::{
     kernel,
-    session::{self, ProbeSel, Verbosity},
+    session::{self, ProbeSel},
 };
 
 /// `memcg-trace probes`.
@@ -14,7 +14,7 @@ pub fn run(sel: ProbeSel) -> Result<i32> {
         all: sel.all || (sel.probe.is_empty() && sel.func.is_empty()),
         ..sel
     };
-    let tracer = session::attach(&sel, Verbosity::Quiet, 0, false)?.tracer;
+    let tracer = session::attach(&sel, session::AttachOptions::quiet())?.tracer;
     println!("kernel {}", kernel::release());
     for a in &tracer.attached {
         println!(

@@ -54,6 +54,8 @@ pub async fn top(args: TopArgs) -> Result<i32> {
             preemption: kernel::preemption_model(config.as_ref()),
             kernel: release,
             recording: None,
+            floors: s.floors().to_vec(),
+            calibration: s.calibration().to_vec(),
         },
         args.live.tick,
     );
@@ -75,6 +77,8 @@ pub async fn view(args: ViewArgs) -> Result<i32> {
             kernel: doc.meta.kernel_release.clone(),
             preemption: doc.meta.preemption_model.clone(),
             recording: Some(args.file.display().to_string()),
+            floors: doc.meta.floors.clone(),
+            calibration: doc.meta.calibration.clone(),
         },
         std::time::Duration::from_nanos(doc.meta.tracer.tick_ns.max(1)),
     );

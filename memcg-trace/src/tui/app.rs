@@ -64,6 +64,10 @@ pub struct Header {
     pub preemption: String,
     /// A recording being viewed (read-only), with its file name.
     pub recording: Option<String>,
+    /// The instrumentation floor per latency backend in use.
+    pub floors: Vec<crate::tracer::checks::Floor>,
+    /// What could not be calibrated (shown as a warning).
+    pub calibration: Vec<String>,
 }
 
 /// One row of the main table.
@@ -243,11 +247,15 @@ impl App {
         for p in &cur.probes {
             let before = earlier.and_then(|e| e.probes.iter().find(|q| q.name == p.name));
             for (i, c) in p.contexts.iter().enumerate() {
-                let h = match before {
+                let mut h = match before {
                     Some(b) => c.hist.since(&b.contexts[i].hist),
                     None => c.hist.clone(),
                 };
-                if c.hist.count == 0 && i != 0 {
+                // The counts-only backend counts hits, not timed calls.
+                h.count = p
+                    .ctx_calls(i)
+                    .saturating_sub(before.map(|b| b.ctx_calls(i)).unwrap_or(0));
+                if p.ctx_calls(i) == 0 && i != 0 {
                     continue;
                 }
                 out.push(row(&p.name, CTX_NAMES[i], p.backend, h, elapsed, latency));
@@ -263,15 +271,26 @@ impl App {
         out
     }
 
-    /// Tracer self-cost over the whole run, and the calls dropped and runs missed.
+    /// Tracer self-cost over the whole run, and the calls lost and runs missed.
     pub fn self_cost(&self) -> (figures::TracerCost, u64, u64) {
         match &self.current {
             Some(cur) => {
-                let (dropped, misses) = figures::losses(cur);
-                (figures::tracer_cost(cur), dropped, misses)
+                let (lost, misses) = figures::losses(cur);
+                (figures::tracer_cost(cur), lost, misses)
             }
             None => Default::default(),
         }
+    }
+
+    /// The largest share of a probe's calls lost in any way (an upper bound), over the whole
+    /// run.
+    pub fn worst_loss(&self) -> Option<f64> {
+        self.current
+            .as_ref()?
+            .probes
+            .iter()
+            .filter_map(|p| p.loss_share())
+            .reduce(f64::max)
     }
 }
 
@@ -331,8 +350,9 @@ pub(crate) mod tests {
                 contexts: [task, softirq, CtxStats::default(), CtxStats::default()],
                 programs: vec![],
                 workload: None,
+                kprobe_missed: 0,
             }],
-            extra: vec![],
+            ..Default::default()
         }
     }
 
@@ -389,6 +409,41 @@ pub(crate) mod tests {
             app.rows()[0].rate,
             Some(100.0),
             "200 calls in the 2 s since reset"
+        );
+    }
+
+    #[test]
+    fn interval_rows_have_their_own_max_and_reset_forgets_the_past() {
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        // A slow call in the first second, fast calls after.
+        app.on_snapshot(snap(1, 10, 1_000_000, 0));
+        let mut s2 = snap(2, 10, 1_000_000, 0);
+        s2.probes[0].contexts[0]
+            .hist
+            .merge(&HistData::of(&[500; 40]));
+        app.on_snapshot(s2.clone());
+        let max = app.rows()[0].max.unwrap();
+        assert!(
+            max < 520,
+            "interval max {max}: the last second's calls were ~500 ns"
+        );
+        app.on_key(Key::Tab);
+        assert_eq!(
+            app.rows()[0].max,
+            Some(1_000_000),
+            "cumulative max is the run's"
+        );
+        app.on_key(Key::Char('r'));
+        let mut s3 = s2.clone();
+        s3.elapsed = Duration::from_secs(3);
+        s3.probes[0].contexts[0]
+            .hist
+            .merge(&HistData::of(&[700; 10]));
+        app.on_snapshot(s3);
+        let max = app.rows()[0].max.unwrap();
+        assert!(
+            max < 730,
+            "after reset the max is {max}, not the 1 ms from before"
         );
     }
 

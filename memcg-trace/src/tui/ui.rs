@@ -94,6 +94,41 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         Some(f) => format!("recording {f}"),
         None => format!("live, tick {}", fmt_ns(app.tick.as_nanos() as f64)),
     };
+    // Per traced call: the programs' run time when bpf stats are on, else what a call costs
+    // in all as measured at start-up.
+    let per_call = cost.per_call_ns.or_else(|| {
+        h.floors
+            .iter()
+            .filter_map(|f| f.per_call_ns)
+            .reduce(f64::max)
+    });
+    let floors: Vec<String> = h
+        .floors
+        .iter()
+        .map(|f| format!("{} {}", fmt_ns(f.p50_ns as f64), f.backend))
+        .collect();
+    let mut second = vec![Span::raw(format!(
+        "probes {} | floor {} | {} per traced call | lost {dropped} (<= {}) | missed {misses}",
+        backends.join(" "),
+        if floors.is_empty() {
+            "-".to_string()
+        } else {
+            floors.join(", ")
+        },
+        per_call.map(fmt_ns).unwrap_or_else(|| "-".into()),
+        app.worst_loss()
+            .map(|s| format!("{:.2}%", s * 100.0))
+            .unwrap_or_else(|| "-".into()),
+    ))];
+    if !h.calibration.is_empty() {
+        second.insert(
+            0,
+            Span::styled(
+                format!("NOT CALIBRATED: {} | ", h.calibration.join("; ")),
+                Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
+            ),
+        );
+    }
     let lines = vec![
         Line::from(vec![
             Span::styled("memcg-trace ", Style::new().add_modifier(Modifier::BOLD)),
@@ -102,12 +137,7 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
                 h.kernel, h.preemption
             )),
         ]),
-        Line::from(format!(
-            "probes {} | tracer {} per call, {:.3}% CPU | dropped {dropped} | missed {misses}",
-            backends.join(" "),
-            cost.per_call_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
-            cost.cpu_share.unwrap_or(0.0) * 100.0
-        )),
+        Line::from(second),
         Line::from(
             app.workload
                 .clone()
@@ -306,8 +336,9 @@ mod tests {
         let mut app = App::new(
             Header {
                 kernel: "6.12.117+deb12-amd64".into(),
-                preemption: "dynamic voluntary".into(),
+                preemption: "PREEMPT_DYNAMIC, booted as voluntary".into(),
                 recording: None,
+                ..Default::default()
             },
             Duration::from_secs(1),
         );

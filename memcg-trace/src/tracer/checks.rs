@@ -1,0 +1,600 @@
+//! The programs' code checked on the running kernel: bucketing and pairing run through
+//! BPF_PROG_TEST_RUN on given inputs, the context classification on tracepoints of known
+//! context, and the instrumentation floor measured around a function that does almost nothing.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use aya::{
+    maps::{PerCpuArray, RingBuf},
+    programs::{FExit, RawTracePoint, RawTracePointRunOptions, TestRun as _},
+    Btf, Ebpf,
+};
+use memcg_trace_common::{
+    cell, ctx_check_index, names, test_op, Counters, CtxUse, Deferred, Hist, KernelLayout,
+    CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_NAMES, CTX_SOURCES, CTX_TASK, MAX_PROBES, NUM_CTX,
+};
+
+use super::{
+    chain, load_and_attach, load_object, possible_cpus, shared::Shared, unload, LoadOptions, Tracer,
+};
+use crate::{figures, probes::Backend, snapshot::HistData};
+
+/// The object loaded for the self-test, with its test program.
+struct TestRig {
+    ebpf: Ebpf,
+    cpus: usize,
+}
+
+impl TestRig {
+    fn new(layout: &KernelLayout) -> Result<TestRig> {
+        let mut ebpf = load_object(
+            layout,
+            &LoadOptions {
+                probes: MAX_PROBES as u32,
+                preemptible: true,
+                ..Default::default()
+            },
+        )?;
+        let prog: &mut RawTracePoint = ebpf
+            .program_mut(names::SELFTEST)
+            .context("selftest program")?
+            .try_into()?;
+        prog.load()
+            .map_err(|e| anyhow!("load selftest: {}", chain(&e)))?;
+        Ok(TestRig {
+            ebpf,
+            cpus: possible_cpus(),
+        })
+    }
+
+    /// Runs the test program once with `args` (op, probe, key, ctx, task, switches, now,
+    /// flags, misses, misses known) on `cpu`.
+    fn run(&self, cpu: Option<u32>, args: [u64; 10]) -> Result<i32> {
+        let prog: &RawTracePoint = self
+            .ebpf
+            .program(names::SELFTEST)
+            .context("selftest program")?
+            .try_into()?;
+        let mut opts = RawTracePointRunOptions::new();
+        opts.args[..10].copy_from_slice(&args);
+        opts.cpu = cpu;
+        let r = prog
+            .test_run(opts)
+            .map_err(|e| anyhow!("BPF_PROG_TEST_RUN: {}", chain(&e)))?;
+        Ok(r.return_value as i32)
+    }
+
+    fn shared<T: Copy>(&self, name: &str, entries: usize) -> Result<Shared<T>> {
+        Shared::new(
+            name,
+            self.ebpf
+                .map(name)
+                .ok_or_else(|| anyhow!("map {name} missing"))?,
+            entries,
+        )
+    }
+
+    /// Counters and histogram of (probe, ctx), summed over CPUs.
+    fn read(&self, probe: u32, ctx: u32) -> Result<(Counters, HistData)> {
+        let cells = self.cpus * MAX_PROBES * NUM_CTX;
+        let counters: Shared<Counters> = self.shared(names::MAP_COUNTERS, cells)?;
+        let hist: Shared<Hist> = self.shared(names::MAP_HIST, cells)?;
+        let (mut c, mut h) = (Counters::default(), HistData::default());
+        for cpu in 0..self.cpus as u32 {
+            let i = cell(cpu, MAX_PROBES as u32, probe, ctx) as usize;
+            c.add(&counters.get(i));
+            h.add_cpu(&hist.get(i));
+        }
+        Ok((c, h))
+    }
+
+    /// Deferred pairs in the ring buffer.
+    fn deferred(&mut self) -> Result<Vec<Deferred>> {
+        let map = self
+            .ebpf
+            .map_mut(names::MAP_DEFERRED)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_DEFERRED))?;
+        let mut ring = RingBuf::try_from(map)?;
+        let mut out = Vec::new();
+        while let Some(item) = ring.next() {
+            // SAFETY: the programs write whole Deferred records.
+            out.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Deferred>()) });
+        }
+        Ok(out)
+    }
+}
+
+/// Runs the real bucketing in the kernel on each value (each in its own probe slot of a test
+/// object) and returns, per value, the bucket the kernel counted it in.
+pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Option<usize>)>> {
+    let mut out = Vec::new();
+    for chunk in values.chunks(MAX_PROBES) {
+        let rig = TestRig::new(layout)?;
+        for (probe, &v) in chunk.iter().enumerate() {
+            rig.run(
+                None,
+                [test_op::BUCKET, probe as u64, v, 0, 0, 0, 0, 0, 0, 0],
+            )?;
+        }
+        for (probe, &v) in chunk.iter().enumerate() {
+            let (_, h) = rig.read(probe as u32, CTX_TASK)?;
+            out.push((v, h.buckets.iter().position(|n| *n > 0)));
+        }
+    }
+    Ok(out)
+}
+
+/// The context a program run from a syscall sees (the caller runs in task context), or None.
+pub fn syscall_context(layout: &KernelLayout) -> Result<Option<u32>> {
+    let rig = TestRig::new(layout)?;
+    let r = rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0])?;
+    Ok(u32::try_from(r).ok())
+}
+
+/// One event of a pairing sequence.
+#[derive(Clone, Copy, Debug)]
+pub enum Step {
+    /// An entry run as the kprobe program makes it (and the fentry program where its miss
+    /// counter is unknown): (key, context, task, switch count, time, workload, CPU).
+    Entry(u64, u32, u64, u64, u64, bool, u32),
+    /// An interrupt-context entry run of the fentry program, its recursion misses on this CPU
+    /// known: (key, context, misses, time, CPU).
+    EntryFentry(u64, u32, u64, u64, u32),
+    /// An exit run of the fexit program: (key, context, task, the entry program's misses on
+    /// this CPU if known, time, CPU); task calls keep their switch count of 5.
+    ExitFentry(u64, u32, u64, Option<u64>, u64, u32),
+    /// An exit run of the kretprobe program: (key, context, task, switch count, time, CPU).
+    ExitKprobe(u64, u32, u64, u64, u64, u32),
+}
+
+/// What the real pairing code made of a sequence, per context.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Counters by context.
+    pub counters: [Counters; NUM_CTX],
+    /// Histograms of the paired calls by context.
+    pub hist: [HistData; NUM_CTX],
+    /// Deferred pairs sent to userspace.
+    pub deferred: Vec<Deferred>,
+    /// Calls still pending afterwards.
+    pub pending: u64,
+    /// The workload histogram.
+    pub workload: HistData,
+}
+
+/// Runs a sequence of entries and exits through the real pairing code of the programs
+/// (BPF_PROG_TEST_RUN of the test program, which takes the inputs a real program reads from the
+/// kernel as arguments), in a fresh object, on the given CPUs.
+pub fn pairing(layout: &KernelLayout, steps: &[Step]) -> Result<Outcome> {
+    let mut rig = TestRig::new(layout)?;
+    let probe = 0u64;
+    for s in steps {
+        // (op, key, ctx, task, switches, now, flags, misses, cpu): flags bit 0 workload, bit 1
+        // fentry entry.
+        let (op, key, ctx, task, sw, now, flags, misses, cpu) = match *s {
+            Step::Entry(k, c, t, sw, now, wl, cpu) => {
+                (test_op::ENTRY, k, c, t, sw, now, wl as u64, None, cpu)
+            }
+            Step::EntryFentry(k, c, m, now, cpu) => {
+                (test_op::ENTRY, k, c, 0, 0, now, 2, Some(m), cpu)
+            }
+            Step::ExitFentry(k, c, t, m, now, cpu) => {
+                (test_op::EXIT_FENTRY, k, c, t, 5, now, 0, m, cpu)
+            }
+            Step::ExitKprobe(k, c, t, sw, now, cpu) => {
+                (test_op::EXIT_KPROBE, k, c, t, sw, now, 0, None, cpu)
+            }
+        };
+        if cpu as usize >= rig.cpus {
+            bail!(
+                "the sequence needs CPU {cpu}; this machine has {}",
+                rig.cpus
+            );
+        }
+        let r = rig.run(
+            Some(cpu),
+            [
+                op,
+                probe,
+                key,
+                ctx as u64,
+                task,
+                sw,
+                now,
+                flags,
+                misses.unwrap_or(0),
+                misses.is_some() as u64,
+            ],
+        )?;
+        if r != 0 {
+            bail!("the test program refused step {s:?} ({r})");
+        }
+    }
+    let mut out = Outcome::default();
+    for ctx in 0..NUM_CTX {
+        let (c, h) = rig.read(probe as u32, ctx as u32)?;
+        out.counters[ctx] = c;
+        out.hist[ctx] = h;
+    }
+    out.deferred = rig.deferred()?;
+    let sets: PerCpuArray<_, memcg_trace_common::PendingSet> = PerCpuArray::try_from(
+        rig.ebpf
+            .map(names::MAP_PENDING)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_PENDING))?,
+    )?;
+    out.pending = sets
+        .get(&(probe as u32), 0)?
+        .iter()
+        .map(|s| s.calls.iter().filter(|c| c.key != 0).count() as u64)
+        .sum();
+    let whist: Shared<Hist> = rig.shared(names::MAP_WORKLOAD_HIST, rig.cpus * MAX_PROBES)?;
+    for cpu in 0..rig.cpus as u32 {
+        out.workload
+            .add_cpu(&whist.get(memcg_trace_common::workload_cell(
+                cpu,
+                MAX_PROBES as u32,
+                probe as u32,
+            ) as usize));
+    }
+    Ok(out)
+}
+
+/// How the shared context classification saw a tracepoint of known context.
+#[derive(Clone, Debug)]
+pub struct ContextCheck {
+    /// Row of `memcg_trace_common::CTX_SOURCES`.
+    pub row: usize,
+    /// The context the tracepoint runs in.
+    pub expected: &'static str,
+    /// What the row is for.
+    pub usage: CtxUse,
+    /// The tracepoint used (None: none of the row's tracepoints could be attached).
+    pub tracepoint: Option<String>,
+    /// Hits by classified context: task, softirq, hardirq, nmi, unknown.
+    pub counts: [u64; CTX_CHECK_COLS as usize],
+    /// preempt_count bits set in any hit.
+    pub bits_any: u64,
+    /// preempt_count bits set in every hit.
+    pub bits_all: u64,
+}
+
+impl ContextCheck {
+    /// Hits in all.
+    pub fn hits(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Hits classified as the expected context.
+    pub fn right(&self) -> u64 {
+        CTX_NAMES
+            .iter()
+            .position(|n| *n == self.expected)
+            .map(|i| self.counts[i])
+            .unwrap_or(0)
+    }
+}
+
+/// Attaches the context-check programs to the tracepoints of `CTX_SOURCES` (rows whose usage
+/// is in `rows`) for `window` and returns how each was classified. With `early`, returns as
+/// soon as every calibration row but NMI has 3 hits. `during` runs once the programs are
+/// attached (to make NMIs, say).
+pub fn context_check(
+    layout: &KernelLayout,
+    rows: &[CtxUse],
+    window: Duration,
+    early: bool,
+    during: impl FnOnce(),
+) -> Result<Vec<ContextCheck>> {
+    let mut ebpf = load_object(
+        layout,
+        &LoadOptions {
+            probes: 1,
+            ..Default::default()
+        },
+    )?;
+    let btf = Btf::from_sys_fs().context("load kernel BTF")?;
+    let mut used: Vec<Option<String>> = vec![None; CTX_CHECK_ROWS as usize];
+    for (row, (_, usage, tps)) in CTX_SOURCES.iter().enumerate() {
+        if !rows.contains(usage) {
+            continue;
+        }
+        let prog = names::CTX_CHECK[row];
+        let p = ebpf
+            .program_mut(prog)
+            .ok_or_else(|| anyhow!("program {prog} missing from the object"))?;
+        for tp in *tps {
+            if load_and_attach(p, tp, &btf, 0).is_ok() {
+                used[row] = Some(tp.to_string());
+                break;
+            }
+            unload(p);
+        }
+    }
+    drop(btf);
+    during();
+    let hits = |ebpf: &Ebpf, row: u32| -> Result<u64> {
+        let counts: PerCpuArray<_, u64> = PerCpuArray::try_from(
+            ebpf.map(names::MAP_CTX_CHECK)
+                .ok_or_else(|| anyhow!("map {} missing", names::MAP_CTX_CHECK))?,
+        )?;
+        let mut n = 0;
+        for got in 0..CTX_CHECK_COLS {
+            n += counts
+                .get(&ctx_check_index(row, got), 0)?
+                .iter()
+                .sum::<u64>();
+        }
+        Ok(n)
+    };
+    let start = Instant::now();
+    while start.elapsed() < window {
+        std::thread::sleep(Duration::from_millis(20));
+        if early {
+            let mut done = true;
+            for (row, (ctx, usage, _)) in CTX_SOURCES.iter().enumerate() {
+                if *usage == CtxUse::Calibration
+                    && *ctx != memcg_trace_common::CTX_NMI
+                    && used[row].is_some()
+                    && hits(&ebpf, row as u32)? < 3
+                {
+                    done = false;
+                }
+            }
+            if done {
+                break;
+            }
+        }
+    }
+    for prog in names::CTX_CHECK {
+        if let Some(p) = ebpf.program_mut(prog) {
+            unload(p);
+        }
+    }
+    let counts: PerCpuArray<_, u64> = PerCpuArray::try_from(
+        ebpf.map(names::MAP_CTX_CHECK)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CTX_CHECK))?,
+    )?;
+    let bits: PerCpuArray<_, u64> = PerCpuArray::try_from(
+        ebpf.map(names::MAP_CTX_BITS)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CTX_BITS))?,
+    )?;
+    let mut out = Vec::new();
+    for (row, (ctx, usage, _)) in CTX_SOURCES.iter().enumerate() {
+        if !rows.contains(usage) {
+            continue;
+        }
+        let r = row as u32;
+        let mut c = [0u64; CTX_CHECK_COLS as usize];
+        for (got, slot) in c.iter_mut().enumerate() {
+            *slot = counts.get(&ctx_check_index(r, got as u32), 0)?.iter().sum();
+        }
+        let any = bits.get(&(r * 2), 0)?.iter().fold(0, |a, b| a | b);
+        let all = bits
+            .get(&(r * 2 + 1), 0)?
+            .iter()
+            .filter(|v| **v != 0)
+            .fold(u64::MAX, |a, b| a & b);
+        out.push(ContextCheck {
+            row,
+            expected: CTX_NAMES[*ctx as usize],
+            usage: *usage,
+            tracepoint: used[row].clone(),
+            counts: c,
+            bits_any: any,
+            bits_all: if all == u64::MAX {
+                0
+            } else {
+                all & 0xffff_ffff
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// Asks the PMU for NMIs on every CPU for a moment (a cycles counter with a short period); false
+/// when perf cannot count cycles here (most VMs).
+pub fn raise_nmis(window: Duration) -> bool {
+    let mut fds = Vec::new();
+    for cpu in 0..possible_cpus() as i32 {
+        // struct perf_event_attr: type HARDWARE (0), config CPU_CYCLES (0), sample_period.
+        let mut attr = [0u8; 128];
+        attr[4..8].copy_from_slice(&128u32.to_ne_bytes());
+        attr[16..24].copy_from_slice(&100_000u64.to_ne_bytes());
+        // SAFETY: perf_event_open with a zeroed, sized attr.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                attr.as_ptr(),
+                -1i32,
+                cpu,
+                -1i32,
+                PERF_FLAG_FD_CLOEXEC,
+            )
+        };
+        if fd >= 0 {
+            fds.push(fd as i32);
+        }
+    }
+    let any = !fds.is_empty();
+    if any {
+        // Keep a CPU busy so the counter overflows.
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < window {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+    }
+    for fd in fds {
+        // SAFETY: closing fds we opened.
+        unsafe { libc::close(fd) };
+    }
+    any
+}
+
+/// Runs the `bpf_prog` iterator of `ebpf` and returns, per program id, the address of its
+/// per-CPU stats (`prog->stats`). The iterator program is loaded on first use.
+pub fn prog_stats(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<HashMap<u32, u64>> {
+    use std::io::Read as _;
+    let it: &mut aya::programs::Iter = ebpf
+        .program_mut(names::PROG_ITER)
+        .context("iterator program")?
+        .try_into()?;
+    if it.fd().is_err() {
+        let btf = btf.ok_or_else(|| anyhow!("no BTF to load the iterator"))?;
+        it.load("bpf_prog", btf)
+            .map_err(|e| anyhow!("load the bpf_prog iterator: {}", chain(&e)))?;
+    }
+    let link = it
+        .attach()
+        .map_err(|e| anyhow!("attach the bpf_prog iterator: {}", chain(&e)))?;
+    let link = it.take_link(link)?;
+    let mut f = link.into_file()?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)?;
+    Ok(buf
+        .chunks_exact(16)
+        .map(|c| {
+            let id = u64::from_ne_bytes(c[..8].try_into().expect("8 bytes"));
+            let stats = u64::from_ne_bytes(c[8..].try_into().expect("8 bytes"));
+            (id as u32, stats)
+        })
+        .collect())
+}
+
+/// The instrumentation measured on this kernel for one backend: a pair of this tracer's
+/// programs around `bpf_fentry_test1` (which returns its argument plus one), called from
+/// BPF_PROG_TEST_RUN.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Floor {
+    /// The backend measured.
+    pub backend: Backend,
+    /// Calls measured.
+    pub calls: u64,
+    /// Latency the pair records around a function that does almost nothing: the part of every
+    /// sample that is the tracer's own (the rest of the entry program after its clock read,
+    /// the trampoline or kprobe hops, the start of the exit program), ns.
+    pub p50_ns: u64,
+    /// 90th percentile of the same, ns.
+    pub p90_ns: u64,
+    /// Smallest, ns.
+    pub min_ns: u64,
+    /// Run time of the entry and exit programs per call, from bpf stats enabled for this
+    /// measurement only, ns.
+    pub programs_ns: Option<f64>,
+    /// What one traced call costs in all (programs, trampoline or kprobe, clock reads): the
+    /// time a call of the function takes with the pair attached minus without, ns. A call of a
+    /// traced function that runs inside another traced call adds this to the outer sample.
+    pub per_call_ns: Option<f64>,
+}
+
+/// The function the floor is measured on.
+pub const FLOOR_FUNCTION: &str = "bpf_fentry_test1";
+
+impl Tracer {
+    /// Measures the floor of `backend` with the programs of probe slot `slot` (a spare one)
+    /// attached to [`FLOOR_FUNCTION`], triggered `calls` times through BPF_PROG_TEST_RUN of a
+    /// tracing program. Detaches them again.
+    pub fn measure_floor(&mut self, backend: Backend, slot: u32, calls: u32) -> Result<Floor> {
+        if !backend.has_latency() {
+            bail!("{backend} measures no latency");
+        }
+        if slot >= self.probes {
+            bail!("no spare probe slot for the floor");
+        }
+        // A tracing program to run: BPF_PROG_TEST_RUN of any fentry/fexit program calls
+        // bpf_fentry_test1..8 once. Loaded, not attached.
+        let trigger = names::FLOOR_EMPTY_FENTRY[1];
+        {
+            let btf = self
+                .btf
+                .as_ref()
+                .ok_or_else(|| anyhow!("attaching is over"))?;
+            let p: &mut FExit = self
+                .ebpf
+                .program_mut(trigger)
+                .context("trigger program")?
+                .try_into()?;
+            p.load(FLOOR_FUNCTION, btf).map_err(|e| {
+                anyhow!(
+                    "cannot load a tracing program to call {FLOOR_FUNCTION}: {}",
+                    chain(&e)
+                )
+            })?;
+        }
+        let run = |t: &Tracer, n: u32| -> Result<Duration> {
+            let p: &FExit = t
+                .ebpf
+                .program(trigger)
+                .context("trigger program")?
+                .try_into()?;
+            let start = Instant::now();
+            for _ in 0..n {
+                p.test_run(())
+                    .map_err(|e| anyhow!("BPF_PROG_TEST_RUN: {}", chain(&e)))?;
+            }
+            Ok(start.elapsed())
+        };
+        let programs = super::slot_programs(backend, slot);
+        let result = (|| -> Result<Floor> {
+            // Without the pair, then with it: the difference is what a traced call costs. The
+            // faster of two batches each, the one least disturbed by the rest of the machine.
+            let bare = run(self, calls)?.min(run(self, calls)?);
+            self.attach_programs(&programs, FLOOR_FUNCTION, slot)
+                .map_err(|e| anyhow!("attach to {FLOOR_FUNCTION}: {e}"))?;
+            let traced = run(self, calls)?;
+            let traced = traced.min(run(self, calls)?);
+            // The latencies of these batches only: with bpf stats on, every program run carries
+            // two more clock reads.
+            let mut h = HistData::default();
+            for cpu in 0..self.cpus as u32 {
+                h.add_cpu(
+                    &self
+                        .hist
+                        .get(cell(cpu, self.probes, slot, CTX_TASK) as usize),
+                );
+            }
+            // Program run time, with bpf stats on for this batch only.
+            self.start_stats()?;
+            let before: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
+            run(self, calls)?;
+            let after: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
+            self.stop_stats();
+            let l = figures::latency(&h, Duration::from_secs(1), &[0.5, 0.9])
+                .ok_or_else(|| anyhow!("the floor pair on {FLOOR_FUNCTION} timed no call"))?;
+            let (time, runs): (u64, u64) = before
+                .iter()
+                .zip(&after)
+                .map(|(b, a)| (a.run_time_ns - b.run_time_ns, a.run_cnt - b.run_cnt))
+                .fold((0, 0), |(t, r), (dt, dr)| (t + dt, r + dr));
+            let per_pair_runs = runs as f64 / programs.len() as f64;
+            Ok(Floor {
+                backend,
+                calls: h.count,
+                p50_ns: l.at(0.5).unwrap_or(0),
+                p90_ns: l.at(0.9).unwrap_or(0),
+                min_ns: h.min_ns,
+                programs_ns: figures::ratio(time as f64, per_pair_runs),
+                per_call_ns: figures::ratio(
+                    traced.as_nanos() as f64 - bare.as_nanos() as f64,
+                    calls as f64,
+                ),
+            })
+        })();
+        // Entry first, as always: a call in flight still gets its exit.
+        for p in &programs {
+            self.detach(p);
+        }
+        if let Some(p) = self.ebpf.program_mut(trigger) {
+            unload(p);
+        }
+        result
+    }
+}
+
+/// perf_event_open flag: close the fd on exec.
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;

@@ -1,0 +1,251 @@
+//! Confirms the pairs the programs could not prove (see `memcg_trace_common::Deferred`). Such a
+//! pair is wrong only if it joins a stale entry with an exit whose own entry was skipped by the
+//! kernel's recursion protection, and every such skip is counted in the entry program's
+//! recursion misses. So a deferred call counts if that count did not move while it ran:
+//! between a reading of the count taken before the call started and one taken after it ended.
+//! Otherwise it is rejected, and counted as such.
+
+use std::collections::VecDeque;
+
+use memcg_trace_common::{Deferred, DEFERRED_WORKLOAD, NUM_CTX};
+
+use crate::snapshot::HistData;
+
+/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A reading of one entry program's recursion misses, with the times just before and after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// Just before the reading: every miss that happened earlier is counted in `misses`.
+    pub before: u64,
+    /// The entry program's recursion misses.
+    pub misses: u64,
+    /// After the reading: every miss counted happened before `after`.
+    pub after: u64,
+}
+
+/// What became of the deferred calls of one (probe, context).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Calls confirmed, with their latencies.
+    pub hist: HistData,
+    /// Calls rejected: the entry program missed a run while they were in flight.
+    pub rejected: u64,
+}
+
+/// The verifier of one tracer: marks per probe, calls waiting for a later mark, outcomes.
+#[derive(Debug)]
+pub struct Verifier {
+    marks: Vec<VecDeque<Mark>>,
+    waiting: VecDeque<Deferred>,
+    /// Outcomes by probe slot and context.
+    pub outcomes: Vec<[Outcome; NUM_CTX]>,
+    /// Confirmed workload calls by probe slot.
+    pub workload: Vec<HistData>,
+    /// When false (no miss counts for this program type on this kernel), every deferred call
+    /// is rejected.
+    verifiable: Vec<bool>,
+}
+
+impl Verifier {
+    /// A verifier for `probes` slots.
+    pub fn new(probes: usize) -> Self {
+        Verifier {
+            marks: vec![VecDeque::new(); probes],
+            waiting: VecDeque::new(),
+            outcomes: vec![Default::default(); probes],
+            workload: vec![HistData::default(); probes],
+            verifiable: vec![true; probes],
+        }
+    }
+
+    /// Whether the calls of `probe` can be verified at all.
+    pub fn set_verifiable(&mut self, probe: usize, v: bool) {
+        if let Some(x) = self.verifiable.get_mut(probe) {
+            *x = v;
+        }
+    }
+
+    /// Records a reading of `probe`'s entry program misses. Readings are kept for the whole run
+    /// (a call may have started long ago), compressed: of a run of readings with the same count
+    /// only the first and the last are needed.
+    pub fn mark(&mut self, probe: usize, mark: Mark) {
+        if let Some(m) = self.marks.get_mut(probe) {
+            let n = m.len();
+            if n >= 2 && m[n - 1].misses == mark.misses && m[n - 2].misses == mark.misses {
+                m[n - 1] = mark;
+            } else {
+                m.push_back(mark);
+            }
+        }
+    }
+
+    /// Queues a deferred call from the ring buffer.
+    pub fn push(&mut self, d: Deferred) {
+        self.waiting.push_back(d);
+    }
+
+    /// Calls waiting for a reading taken after they ended.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Decides every waiting call that has a reading after its end; keeps the others.
+    pub fn settle(&mut self) {
+        let mut keep = VecDeque::new();
+        while let Some(d) = self.waiting.pop_front() {
+            let p = d.probe as usize;
+            let ctx = d.ctx as usize;
+            if p >= self.marks.len() || ctx >= NUM_CTX {
+                continue;
+            }
+            let marks = &self.marks[p];
+            // The last reading finished before the call started, and the first begun after it
+            // ended: equal counts mean no miss while it ran.
+            let a = marks.iter().rev().find(|m| m.after <= d.start);
+            let Some(b) = marks.iter().find(|m| m.before >= d.end) else {
+                keep.push_back(d);
+                continue;
+            };
+            let ok = self.verifiable[p] && a.is_some_and(|a| a.misses == b.misses);
+            let out = &mut self.outcomes[p][ctx];
+            if ok {
+                let ns = d.end - d.start;
+                add(&mut out.hist, ns);
+                if d.flags & DEFERRED_WORKLOAD != 0 {
+                    add(&mut self.workload[p], ns);
+                }
+            } else {
+                out.rejected += 1;
+            }
+        }
+        self.waiting = keep;
+    }
+}
+
+/// Adds one latency to a histogram.
+fn add(h: &mut HistData, ns: u64) {
+    h.count += 1;
+    h.sum_ns += ns;
+    h.max_ns = h.max_ns.max(ns);
+    h.min_ns = if h.min_ns == 0 { ns } else { h.min_ns.min(ns) };
+    h.buckets[memcg_trace_common::bucket_index(ns)] += 1;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memcg_trace_common::{CTX_HARDIRQ, CTX_TASK};
+
+    fn call(start: u64, end: u64, ctx: u32) -> Deferred {
+        Deferred {
+            start,
+            end,
+            probe: 0,
+            ctx: ctx as u8,
+            flags: 0,
+            _pad: 0,
+        }
+    }
+
+    fn mark(before: u64, misses: u64) -> Mark {
+        Mark {
+            before,
+            misses,
+            after: before + 5,
+        }
+    }
+
+    #[test]
+    fn a_call_without_misses_around_it_counts() {
+        let mut v = Verifier::new(1);
+        v.mark(0, mark(0, 7));
+        v.push(call(100, 900, CTX_TASK));
+        v.settle();
+        assert_eq!(v.waiting(), 1, "no reading after its end yet");
+        v.mark(0, mark(1000, 7));
+        v.settle();
+        assert_eq!(v.waiting(), 0);
+        assert_eq!(v.outcomes[0][0].hist.count, 1);
+        assert_eq!(v.outcomes[0][0].hist.sum_ns, 800);
+        assert_eq!(v.outcomes[0][0].rejected, 0);
+    }
+
+    #[test]
+    fn a_miss_while_a_call_was_in_flight_rejects_it() {
+        let mut v = Verifier::new(1);
+        v.mark(0, mark(0, 7));
+        v.push(call(100, 900, CTX_HARDIRQ));
+        v.push(call(1100, 1200, CTX_HARDIRQ));
+        v.mark(0, mark(1000, 8));
+        v.mark(0, mark(2000, 8));
+        v.settle();
+        let o = &v.outcomes[0][CTX_HARDIRQ as usize];
+        assert_eq!((o.hist.count, o.rejected), (1, 1), "the first is rejected");
+        assert_eq!(o.hist.sum_ns, 100);
+    }
+
+    #[test]
+    fn a_reading_that_overlaps_the_call_is_not_used() {
+        let mut v = Verifier::new(1);
+        // The reading ends after the call started: a miss it counted may be inside the call.
+        v.mark(
+            0,
+            Mark {
+                before: 50,
+                misses: 1,
+                after: 150,
+            },
+        );
+        v.push(call(100, 900, CTX_TASK));
+        v.mark(0, mark(1000, 1));
+        v.settle();
+        assert_eq!(
+            v.outcomes[0][0].rejected, 1,
+            "no reading before the call: cannot confirm"
+        );
+    }
+
+    #[test]
+    fn a_call_that_began_many_readings_ago_is_still_decided() {
+        let mut v = Verifier::new(1);
+        v.mark(0, mark(0, 3));
+        for t in 1..1000 {
+            v.mark(0, mark(t * 1000, 3));
+            v.settle();
+        }
+        // A call that began before the second reading ends only now.
+        v.push(call(100, 999_500, CTX_TASK));
+        v.mark(0, mark(1_000_000, 3));
+        v.settle();
+        assert_eq!(
+            v.outcomes[0][0].hist.count, 1,
+            "confirmed across 1000 readings"
+        );
+        assert!(
+            v.marks[0].len() <= 3,
+            "equal readings compressed: {}",
+            v.marks[0].len()
+        );
+    }
+
+    #[test]
+    fn unverifiable_probes_reject_every_deferred_call() {
+        let mut v = Verifier::new(1);
+        v.set_verifiable(0, false);
+        v.mark(0, mark(0, 0));
+        v.push(call(100, 900, CTX_TASK));
+        v.mark(0, mark(1000, 0));
+        v.settle();
+        assert_eq!(v.outcomes[0][0].rejected, 1);
+    }
+}

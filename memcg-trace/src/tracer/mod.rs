@@ -1,0 +1,752 @@
+//! The kernel side, seen from userspace: loads the eBPF object (one loader set-up for every
+//! use), attaches one program pair per probe with the requested backend (falling back in `auto`
+//! mode, with the reason), and reads what the programs counted into a `Snapshot`: the shared
+//! arrays through a memory mapping, the deferred pairs from the ring buffer (confirmed against
+//! the kernel's recursion counters), the programs' own statistics from /proc. Dropping the
+//! `Tracer` detaches every program.
+
+pub mod checks;
+pub mod deferred;
+pub mod kprobe;
+pub mod shared;
+
+use std::{
+    collections::HashMap,
+    error::Error,
+    fs,
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
+    time::Instant,
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use aya::{
+    maps::{MapData, RingBuf},
+    programs::Program,
+    Btf, Ebpf, EbpfLoader,
+};
+use aya_log::EbpfLogger;
+use memcg_trace_common::{
+    cell, names, workload_cell, Config, Counters, Deferred, Hist, KernelLayout, NUM_CTX,
+};
+
+use self::{
+    deferred::{monotonic_ns, Mark, Verifier},
+    kprobe::KprobeEvent,
+    shared::Shared,
+};
+use crate::{
+    probes::{Backend, Plan, Request, Resolution},
+    snapshot::{CtxStats, HistData, ProbeStats, ProgCost, Snapshot},
+};
+
+/// The eBPF object built by build.rs from memcg-trace-ebpf.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memcg-trace"));
+
+/// Bytes of the ring buffer of deferred pairs (24 bytes and a header each).
+const DEFERRED_BYTES: u32 = 1 << 20;
+
+/// An error chain on one line.
+pub fn chain(e: &dyn Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        let t = x.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = x.source();
+    }
+    let s = s.replace('\n', " ");
+    let s = s.trim();
+    // aya appends the verifier log, which is empty when the kernel refuses before verifying.
+    s.strip_suffix("Verifier output:")
+        .unwrap_or(s)
+        .trim_end()
+        .to_string()
+}
+
+/// Possible CPUs: the per-CPU regions of the shared arrays.
+pub fn possible_cpus() -> usize {
+    aya::util::nr_cpus().unwrap_or(1).max(1)
+}
+
+/// How the object is loaded.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// cgroup v2 id of the workload's cgroup (0: none).
+    pub workload_cgroup: u64,
+    /// Probe slots to size the shared arrays for.
+    pub probes: u32,
+    /// The kernel can preempt fentry programs (and tasks holding a BPF recursion guard).
+    pub preemptible: bool,
+    /// Diagnostics from inside the programs.
+    pub ebpf_log: bool,
+}
+
+/// The one way the object is loaded: kernel layout and settings patched into the programs'
+/// read-only globals, the shared arrays sized for the CPUs and probes. With the log level 0
+/// the verifier removes every log statement, so diagnostics cost nothing when off.
+fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<Ebpf> {
+    if EBPF_OBJECT.is_empty() {
+        bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
+    }
+    let cpus = possible_cpus() as u32;
+    let probes = o.probes.max(1);
+    let config = Config {
+        workload_cgroup: o.workload_cgroup,
+        probes,
+        cpus,
+        preemptible: o.preemptible as u32,
+        _pad: 0,
+    };
+    let level: u8 = if o.ebpf_log { 0xff } else { 0 };
+    let cells = cpus * probes * NUM_CTX as u32;
+    EbpfLoader::new()
+        .override_global(names::GLOBAL_LAYOUT, layout, true)
+        .override_global(names::GLOBAL_CONFIG, &config, true)
+        .override_global(aya_log::LEVEL, &level, true)
+        .map_max_entries(names::MAP_HIST, cells)
+        .map_max_entries(names::MAP_COUNTERS, cells)
+        .map_max_entries(names::MAP_WORKLOAD_HIST, cpus * probes)
+        .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
+        .load(EBPF_OBJECT)
+        .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
+}
+
+/// Loads `prog` for `target` (a function or tracepoint; kprobes take theirs at attach) and
+/// attaches it there, except kprobes: `kprobe` says whether to create a tracefs kprobe event
+/// (true: a kretprobe) for it.
+fn load_and_attach(
+    p: &mut Program,
+    target: &str,
+    btf: &Btf,
+    slot: u32,
+) -> Result<Option<KprobeEvent>, String> {
+    let refused = |s: String| {
+        if s.contains("Operation not permitted") || s.contains("EPERM") {
+            format!(
+                "{s} (the kernel refused it: lockdown, a sandbox or missing CAP_BPF/CAP_PERFMON)"
+            )
+        } else {
+            s
+        }
+    };
+    let r = match p {
+        Program::FEntry(p) => {
+            // Already loaded when the miss counter was looked up.
+            if p.fd().is_err() {
+                p.load(target, btf).map_err(|e| refused(chain(&e)))?;
+            }
+            p.attach().map(drop)
+        }
+        Program::FExit(p) => p.load(target, btf).and_then(|_| p.attach().map(drop)),
+        Program::BtfTracePoint(p) => p.load(target, btf).and_then(|_| p.attach().map(drop)),
+        Program::KProbe(p) => {
+            let ret = matches!(p.kind(), aya::programs::ProbeKind::Return);
+            p.load().map_err(|e| refused(chain(&e)))?;
+            let fd = p.fd().map_err(|e| chain(&e))?.as_fd().as_raw_fd();
+            return KprobeEvent::attach(target, ret, slot, fd)
+                .map(Some)
+                .map_err(|e| refused(format!("{e:#}")));
+        }
+        _ => return Err("unexpected program type".into()),
+    };
+    r.map(|_| None).map_err(|e| refused(chain(&e)))
+}
+
+/// Detaches and unloads a program of any of the types used here.
+fn unload(p: &mut Program) {
+    let _ = match p {
+        Program::FEntry(p) => p.unload(),
+        Program::FExit(p) => p.unload(),
+        Program::KProbe(p) => p.unload(),
+        Program::BtfTracePoint(p) => p.unload(),
+        Program::RawTracePoint(p) => p.unload(),
+        _ => Ok(()),
+    };
+}
+
+/// A duplicate of a loaded program's fd.
+fn dup_fd(p: &Program) -> Option<OwnedFd> {
+    let fd = match p {
+        Program::FEntry(p) => p.fd(),
+        Program::FExit(p) => p.fd(),
+        Program::KProbe(p) => p.fd(),
+        Program::BtfTracePoint(p) => p.fd(),
+        _ => return None,
+    };
+    fd.ok()?.as_fd().try_clone_to_owned().ok()
+}
+
+/// The programs of one probe slot for a backend, entry first.
+pub fn slot_programs(backend: Backend, slot: u32) -> Vec<&'static str> {
+    let s = slot as usize;
+    match backend {
+        Backend::Fentry => vec![names::FENTRY[s], names::FEXIT[s]],
+        Backend::Kprobe => vec![names::KPROBE[s], names::KRETPROBE[s]],
+        Backend::Tracepoint => vec![names::TP[s]],
+    }
+}
+
+/// The kernel's run count, run time and recursion misses of a program, from its fdinfo.
+fn program_cost(name: &str, fd: &OwnedFd) -> ProgCost {
+    let mut c = ProgCost {
+        name: name.to_string(),
+        ..Default::default()
+    };
+    if let Ok(info) = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())) {
+        for line in info.lines() {
+            let Some((k, v)) = line.split_once(':') else {
+                continue;
+            };
+            let v: u64 = v.trim().parse().unwrap_or(0);
+            match k {
+                "run_time_ns" => c.run_time_ns = v,
+                "run_cnt" => c.run_cnt = v,
+                "recursion_misses" => c.recursion_misses = v,
+                _ => {}
+            }
+        }
+    }
+    c
+}
+
+/// A log sink for the programs' diagnostics: one line each on stderr.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record) {
+        eprintln!("memcg-trace: ebpf {}: {}", record.level(), record.args());
+    }
+
+    fn flush(&self) {}
+}
+
+/// A probe that is attached.
+#[derive(Debug, Clone)]
+pub struct Attached {
+    /// Slot in the eBPF maps.
+    pub slot: u32,
+    /// Display name.
+    pub name: String,
+    /// Function or tracepoint.
+    pub target: String,
+    /// Backend used.
+    pub backend: Backend,
+    /// Why earlier backends were not used, and other resolution notes.
+    pub notes: Vec<String>,
+    /// Names of the programs in the object, entry first.
+    pub programs: Vec<&'static str>,
+}
+
+/// A probe that could not be attached, and why.
+#[derive(Debug, Clone)]
+pub struct NotAttached {
+    /// Display name.
+    pub name: String,
+    /// One line per candidate or backend tried.
+    pub reasons: Vec<String>,
+}
+
+/// The loaded programs, their attachments and what they share with userspace.
+pub struct Tracer {
+    ebpf: Ebpf,
+    /// Kernel BTF while probes are being attached; released afterwards (it is large).
+    btf: Option<Btf>,
+    /// Attached probes, by slot.
+    pub attached: Vec<Attached>,
+    /// Probes that failed.
+    pub failed: Vec<NotAttached>,
+    /// The preempt_count masks the programs were loaded with.
+    pub masks: Option<crate::kernel::ContextMasks>,
+    /// Programs attached besides the probes (the bench floors).
+    extra: Vec<&'static str>,
+    /// What could not be set up as planned, one line each.
+    pub calibration: Vec<String>,
+    started: Instant,
+    /// Whether task-context calls of a workload cgroup are counted apart.
+    workload: bool,
+    cpus: usize,
+    probes: u32,
+    /// `offsetof(struct bpf_prog_stats, misses)` (0: unknown).
+    misses_offset: u64,
+    hist: Shared<Hist>,
+    workload_hist: Shared<Hist>,
+    counters: Shared<Counters>,
+    ring: RingBuf<MapData>,
+    verifier: Verifier,
+    /// Duplicates of the attached programs' fds: they keep the kernel's run statistics readable
+    /// after the programs are detached, so the final figures cover every run.
+    prog_fds: HashMap<&'static str, OwnedFd>,
+    /// tracefs kprobe events, by program name; dropping one removes it.
+    kprobes: HashMap<&'static str, KprobeEvent>,
+    /// The programs' diagnostics, when `--ebpf-log` asked for them.
+    logger: Option<EbpfLogger<StderrLog>>,
+    /// Keeps kernel bpf stats on while it is open (BPF_ENABLE_STATS).
+    stats: Option<OwnedFd>,
+    /// Stats stay on for the whole run (`--bpf-stats`).
+    stats_always: bool,
+}
+
+impl Tracer {
+    /// Loads the object and maps its shared arrays.
+    pub fn load(layout: &KernelLayout, opts: &LoadOptions) -> Result<Self> {
+        // EbpfLoader parses the kernel's BTF for itself; ours is parsed after the loader is gone
+        // so that the two (tens of MiB each) are never alive together.
+        let mut ebpf = load_object(layout, opts)?;
+        let logger = if opts.ebpf_log {
+            Some(
+                EbpfLogger::init_with_logger(&mut ebpf, StderrLog)
+                    .map_err(|e| anyhow!("eBPF log: {e}"))?,
+            )
+        } else {
+            None
+        };
+        let cpus = possible_cpus();
+        let probes = opts.probes.max(1);
+        let cells = cpus * probes as usize * NUM_CTX;
+        let map = |name: &str| {
+            ebpf.map(name)
+                .ok_or_else(|| anyhow!("map {name} missing from the object"))
+        };
+        let hist = Shared::new(names::MAP_HIST, map(names::MAP_HIST)?, cells)?;
+        let counters = Shared::new(names::MAP_COUNTERS, map(names::MAP_COUNTERS)?, cells)?;
+        let workload_hist = Shared::new(
+            names::MAP_WORKLOAD_HIST,
+            map(names::MAP_WORKLOAD_HIST)?,
+            cpus * probes as usize,
+        )?;
+        let ring = RingBuf::try_from(
+            ebpf.take_map(names::MAP_DEFERRED)
+                .ok_or_else(|| anyhow!("map {} missing", names::MAP_DEFERRED))?,
+        )
+        .context("the ring buffer of deferred pairs")?;
+        let btf = Btf::from_sys_fs().context("load kernel BTF")?;
+        Ok(Tracer {
+            ebpf,
+            btf: Some(btf),
+            attached: Vec::new(),
+            failed: Vec::new(),
+            masks: None,
+            extra: Vec::new(),
+            calibration: Vec::new(),
+            started: Instant::now(),
+            workload: opts.workload_cgroup != 0,
+            cpus,
+            probes,
+            misses_offset: layout.stats_misses,
+            hist,
+            workload_hist,
+            counters,
+            ring,
+            verifier: Verifier::new(probes as usize),
+            prog_fds: HashMap::new(),
+            kprobes: HashMap::new(),
+            logger,
+            stats: None,
+            stats_always: false,
+        })
+    }
+
+    /// Turns the kernel's bpf stats (run count and run time per program) on until `stop_stats`
+    /// or the end; they add two clock reads around every program run.
+    pub fn start_stats(&mut self) -> Result<()> {
+        if self.stats.is_none() {
+            self.stats = Some(
+                aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                    .map_err(|e| anyhow!("cannot enable bpf stats: {e}"))?,
+            );
+        }
+        Ok(())
+    }
+
+    /// Turns the bpf stats this tracer enabled off again, unless they are on for the whole run.
+    pub fn stop_stats(&mut self) {
+        if !self.stats_always {
+            self.stats = None;
+        }
+    }
+
+    /// Keeps bpf stats on from now until the end, every program run counted.
+    pub fn stats_for_the_whole_run(&mut self) -> Result<()> {
+        self.start_stats()?;
+        self.stats_always = true;
+        Ok(())
+    }
+
+    /// Attaches `req` by the first plan that loads and attaches; records why others failed.
+    pub fn attach(&mut self, req: &Request, res: &Resolution) -> bool {
+        let slot = self.attached.len() as u32;
+        let name = req.name();
+        let mut reasons = res.notes.clone();
+        if slot >= self.probes {
+            reasons.push(format!("more than {} probes requested", self.probes));
+            self.failed.push(NotAttached { name, reasons });
+            return false;
+        }
+        for plan in &res.plans {
+            let programs = slot_programs(plan.backend, slot);
+            // The entry program is new: its misses are 0 until it is attached.
+            let before = monotonic_ns();
+            match self.attach_programs(&programs, &plan.target, slot) {
+                Ok(()) => {
+                    self.set_window(slot, memcg_trace_common::WINDOW_OPEN);
+                    self.verifier.mark(
+                        slot as usize,
+                        Mark {
+                            before,
+                            misses: 0,
+                            after: before,
+                        },
+                    );
+                    // Deferred pairs of a kprobe can be confirmed where the kernel counts
+                    // kprobe programs' recursion misses (6.7+); fentry's always can.
+                    self.verifier.set_verifiable(
+                        slot as usize,
+                        plan.backend != Backend::Kprobe || crate::kernel::kprobe_misses_counted(),
+                    );
+                    self.attached.push(Attached {
+                        slot,
+                        name,
+                        target: plan.target.clone(),
+                        backend: plan.backend,
+                        notes: reasons,
+                        programs,
+                    });
+                    if self.attached.len() == 1 {
+                        self.started = Instant::now();
+                    }
+                    self.mark(slot as usize);
+                    return true;
+                }
+                Err(e) => reasons.push(format!("{}: {}: {e}", plan.backend, plan.target)),
+            }
+        }
+        if res.plans.is_empty() && reasons.is_empty() {
+            reasons.push("no backend can attach it".into());
+        }
+        self.failed.push(NotAttached { name, reasons });
+        false
+    }
+
+    /// Attaches `programs` (entry first) to `target` in probe slot `slot`, exit first: an entry
+    /// whose exit is not there yet would only leave stale pending calls. All or none.
+    fn attach_programs(
+        &mut self,
+        programs: &[&'static str],
+        target: &str,
+        slot: u32,
+    ) -> Result<(), String> {
+        for (i, &name) in programs.iter().enumerate().rev() {
+            let r = self.attach_program(name, target, slot);
+            if let Err(e) = r {
+                if let Some(p) = self.ebpf.program_mut(name) {
+                    unload(p);
+                }
+                for &done in &programs[i + 1..] {
+                    self.detach(done);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn attach_program(
+        &mut self,
+        name: &'static str,
+        target: &str,
+        slot: u32,
+    ) -> Result<(), String> {
+        // fentry: loaded first, so that its own miss counter goes to PROG_MISSES before it runs.
+        let fentry = matches!(self.ebpf.program(name), Some(Program::FEntry(_)));
+        if fentry {
+            let btf = self
+                .btf
+                .as_ref()
+                .ok_or("attaching is over (BTF released)")?;
+            let Some(Program::FEntry(f)) = self.ebpf.program_mut(name) else {
+                return Err(format!("program {name} missing from the object"));
+            };
+            f.load(target, btf).map_err(|e| chain(&e))?;
+            self.point_prog_misses(name, slot);
+        }
+        let btf = self
+            .btf
+            .as_ref()
+            .ok_or("attaching is over (BTF released)")?;
+        let p = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| format!("program {name} missing from the object"))?;
+        let k = load_and_attach(p, target, btf, slot)?;
+        if let Some(fd) = dup_fd(p) {
+            self.prog_fds.insert(name, fd);
+        }
+        if let Some(k) = k {
+            self.kprobes.insert(name, k);
+        }
+        Ok(())
+    }
+
+    /// Points PROG_MISSES[slot] at the per-CPU recursion-miss counter of the loaded program
+    /// `name` (found with the `bpf_prog` iterator); leaves it 0 when that cannot be done.
+    fn point_prog_misses(&mut self, name: &str, slot: u32) {
+        let addr = (|| -> Result<u64> {
+            let id = match self.ebpf.program(name) {
+                Some(Program::FEntry(p)) => p.info()?.id(),
+                _ => bail!("not an fentry program"),
+            };
+            let stats = checks::prog_stats(&mut self.ebpf, self.btf.as_ref())?
+                .remove(&id)
+                .ok_or_else(|| anyhow!("program {id} not listed by the iterator"))?;
+            Ok(stats + self.misses_offset)
+        })();
+        let addr = match addr {
+            Ok(a) if self.misses_offset != 0 => a,
+            Ok(_) => {
+                self.notes_once("struct bpf_prog_stats has no misses field in BTF".into());
+                0
+            }
+            Err(e) => {
+                self.notes_once(format!("{e:#}"));
+                0
+            }
+        };
+        if let Some(m) = self.ebpf.map_mut(names::MAP_PROG_MISSES) {
+            if let Ok(mut a) = aya::maps::Array::<_, u64>::try_from(m) {
+                let _ = a.set(slot, addr, 0);
+            }
+        }
+    }
+
+    /// Records, once, why fentry interrupt pairs are confirmed in userspace instead of in the
+    /// kernel.
+    fn notes_once(&mut self, why: String) {
+        if self.calibration.is_empty() {
+            self.calibration.push(format!(
+                "fentry interrupt pairs confirmed per tick in userspace (coarser): the programs' own miss counters are not readable: {why}"
+            ));
+        }
+    }
+
+    /// Detaches one program.
+    fn detach(&mut self, name: &'static str) {
+        self.kprobes.remove(name);
+        if let Some(p) = self.ebpf.program_mut(name) {
+            unload(p);
+        }
+    }
+
+    /// Detaches the programs of a probe slot, entry first: calls already in flight still get
+    /// their exit.
+    pub fn detach_slot(&mut self, slot: u32) {
+        let progs: Vec<&'static str> = self
+            .attached
+            .iter()
+            .filter(|a| a.slot == slot)
+            .flat_map(|a| a.programs.clone())
+            .collect();
+        for p in progs {
+            self.detach(p);
+        }
+    }
+
+    /// Attaches further programs of the object (the bench floors) to `plan`'s target, exit
+    /// programs first; their costs are reported in [`Snapshot::extra`].
+    pub fn attach_extra(&mut self, programs: &[&'static str], plan: &Plan) -> Result<()> {
+        self.attach_programs(programs, &plan.target, 0)
+            .map_err(|e| anyhow!("{} on {}: {e}", programs.join("+"), plan.target))?;
+        self.extra.extend_from_slice(programs);
+        Ok(())
+    }
+
+    /// Frees the kernel BTF once every probe is attached; later attaches fail.
+    pub fn done_attaching(&mut self) {
+        self.btf = None;
+    }
+
+    /// Opens or closes the tracing window of a slot (see `memcg_trace_common::Counters::outside`).
+    fn set_window(&mut self, slot: u32, state: u64) {
+        if let Some(m) = self.ebpf.map_mut(names::MAP_WINDOW) {
+            if let Ok(mut a) = aya::maps::Array::<_, u64>::try_from(m) {
+                let _ = a.set(slot, state, 0);
+            }
+        }
+    }
+
+    /// Detaches every program (also done on drop): every probe's entry program first, then the
+    /// exits, so that calls in flight end paired.
+    pub fn detach_all(&mut self) {
+        for slot in 0..self.attached.len() as u32 {
+            self.set_window(slot, 0);
+        }
+        let mut progs: Vec<&'static str> = self
+            .attached
+            .iter()
+            .filter_map(|a| a.programs.first().copied())
+            .collect();
+        progs.extend(
+            self.attached
+                .iter()
+                .flat_map(|a| a.programs.iter().skip(1).copied()),
+        );
+        progs.extend(self.extra.iter().copied());
+        for p in progs {
+            self.detach(p);
+        }
+    }
+
+    /// A reading of a probe's entry program misses, for the verifier.
+    fn mark(&mut self, slot: usize) {
+        let Some(a) = self.attached.iter().find(|a| a.slot as usize == slot) else {
+            return;
+        };
+        let Some(fd) = a.programs.first().and_then(|p| self.prog_fds.get(p)) else {
+            return;
+        };
+        let before = monotonic_ns();
+        let misses = program_cost("", fd).recursion_misses;
+        let after = monotonic_ns();
+        self.verifier.mark(
+            slot,
+            Mark {
+                before,
+                misses,
+                after,
+            },
+        );
+    }
+
+    /// Takes in the deferred pairs and confirms those that can be.
+    fn settle_deferred(&mut self) {
+        for slot in 0..self.attached.len() {
+            self.mark(slot);
+        }
+        while let Some(item) = self.ring.next() {
+            if item.len() >= std::mem::size_of::<Deferred>() {
+                // SAFETY: the programs write whole Deferred records; read unaligned.
+                let d = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Deferred>()) };
+                self.verifier.push(d);
+            }
+        }
+        self.verifier.settle();
+    }
+
+    /// The kernel's statistics of one program of the object.
+    fn cost(&self, prog: &str) -> ProgCost {
+        match self.prog_fds.get(prog) {
+            Some(fd) => program_cost(prog, fd),
+            None => ProgCost {
+                name: prog.to_string(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Forwards the programs' diagnostics, if they are on.
+    pub fn flush_log(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+
+    /// Detaches every program, then takes the final snapshot: no run is left uncounted between
+    /// the read of the maps and the read of the run statistics, and every deferred pair is
+    /// decided.
+    pub fn finish(&mut self) -> Result<Snapshot> {
+        let elapsed = self.started.elapsed();
+        self.detach_all();
+        self.flush_log();
+        let mut snap = self.snapshot()?;
+        snap.elapsed = elapsed;
+        snap.pending = self.pending_calls()?;
+        Ok(snap)
+    }
+
+    /// Calls still pending in the programs' slots, per probe slot (after detaching: read with
+    /// the map syscalls, no program runs any more).
+    fn pending_calls(&self) -> Result<Vec<u64>> {
+        let map = self
+            .ebpf
+            .map(names::MAP_PENDING)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_PENDING))?;
+        let pending: aya::maps::PerCpuArray<_, memcg_trace_common::PendingSet> =
+            aya::maps::PerCpuArray::try_from(map)?;
+        let mut out = vec![0; self.attached.len()];
+        for (slot, n) in out.iter_mut().enumerate() {
+            for set in pending.get(&(slot as u32), 0)?.iter() {
+                *n += set.calls.iter().filter(|c| c.key != 0).count() as u64;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads what the programs counted, summed over CPUs, with the deferred pairs confirmed so
+    /// far.
+    pub fn snapshot(&mut self) -> Result<Snapshot> {
+        self.settle_deferred();
+        let mut probes = Vec::with_capacity(self.attached.len());
+        for a in &self.attached {
+            let mut contexts: [CtxStats; NUM_CTX] = Default::default();
+            for (ctx, stats) in contexts.iter_mut().enumerate() {
+                for cpu in 0..self.cpus as u32 {
+                    let i = cell(cpu, self.probes, a.slot, ctx as u32) as usize;
+                    stats.hist.add_cpu(&self.hist.get(i));
+                    stats.counters.add(&self.counters.get(i));
+                }
+                let out = &self.verifier.outcomes[a.slot as usize][ctx];
+                stats.hist.merge(&out.hist);
+                stats.confirmed = out.hist.count;
+                stats.rejected = out.rejected;
+            }
+            let workload = self.workload.then(|| {
+                let mut w = HistData::default();
+                for cpu in 0..self.cpus as u32 {
+                    w.add_cpu(
+                        &self
+                            .workload_hist
+                            .get(workload_cell(cpu, self.probes, a.slot) as usize),
+                    );
+                }
+                w.merge(&self.verifier.workload[a.slot as usize]);
+                w
+            });
+            let kprobe_missed = a
+                .programs
+                .iter()
+                .filter_map(|p| self.kprobes.get(p))
+                .filter_map(KprobeEvent::profile)
+                .map(|(_, missed)| missed)
+                .sum();
+            probes.push(ProbeStats {
+                workload,
+                name: a.name.clone(),
+                target: a.target.clone(),
+                backend: a.backend,
+                contexts,
+                programs: a.programs.iter().map(|p| self.cost(p)).collect(),
+                kprobe_missed,
+            });
+        }
+        Ok(Snapshot {
+            elapsed: self.started.elapsed(),
+            probes,
+            extra: self.extra.iter().map(|p| self.cost(p)).collect(),
+            waiting: self.verifier.waiting() as u64,
+            pending: Vec::new(),
+            bpf_stats: self.stats.is_some(),
+        })
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        self.detach_all();
+    }
+}

@@ -1,0 +1,85 @@
+//! The arrays the programs share with userspace, read through a memory mapping: no map syscall
+//! runs while tracing. Those syscalls hold the CPU's BPF recursion guard while preemptible, and
+//! a kprobe that fires on that CPU meanwhile is lost.
+
+use std::{
+    marker::PhantomData,
+    os::fd::{AsFd as _, AsRawFd as _},
+    ptr::NonNull,
+};
+
+use anyhow::{anyhow, bail, Result};
+use aya::maps::Map;
+
+/// A read-only mapping of a `BPF_F_MMAPABLE` array map of `T`.
+pub struct Shared<T> {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Bytes per element (the value size rounded up to 8, as the kernel lays them out).
+    stride: usize,
+    entries: usize,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: the mapping is plain shared memory; reads are copies of plain integer structs.
+unsafe impl<T> Send for Shared<T> {}
+// SAFETY: as above; the mapping is read-only.
+unsafe impl<T> Sync for Shared<T> {}
+
+impl<T: Copy> Shared<T> {
+    /// Maps `map`, which must be an array of `entries` values of `T` created with
+    /// `BPF_F_MMAPABLE`.
+    pub fn new(name: &str, map: &Map, entries: usize) -> Result<Self> {
+        let Map::Array(data) = map else {
+            bail!("map {name} is not an array");
+        };
+        let stride = std::mem::size_of::<T>().div_ceil(8) * 8;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+        let len = (stride * entries).div_ceil(page) * page;
+        let fd = data.fd().as_fd().as_raw_fd();
+        // SAFETY: a read-only shared mapping of a map fd; the kernel checks the length.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(anyhow!(
+                "cannot map {name} into memory: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(Shared {
+            ptr: NonNull::new(p.cast()).expect("mmap returned a pointer"),
+            len,
+            stride,
+            entries,
+            _t: PhantomData,
+        })
+    }
+
+    /// A copy of element `i` as it is now (the programs may be updating it: each aligned u64
+    /// is read whole, the struct is not a consistent cut).
+    pub fn get(&self, i: usize) -> T {
+        assert!(
+            i < self.entries,
+            "index {i} beyond {} entries",
+            self.entries
+        );
+        // SAFETY: within the mapping, aligned to 8, and T is a plain integer struct.
+        unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(i * self.stride).cast::<T>()) }
+    }
+}
+
+impl<T> Drop for Shared<T> {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what new() mapped.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}

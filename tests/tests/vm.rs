@@ -13,6 +13,13 @@ use xtask::{
 
 const DEFAULT_PROBES: [&str; 3] = ["charge", "stat", "rstat"];
 
+fn accel() -> Accel {
+    match std::env::var("MEMCG_TRACE_ACCEL").as_deref() {
+        Ok("kvm") => Accel::Kvm,
+        _ => Accel::Tcg,
+    }
+}
+
 fn vm_matrix(short: &str) {
     let name = format!("vm_matrix_{}", short.replace('.', "_"));
     let vm_name = name.as_str();
@@ -28,10 +35,7 @@ fn vm_matrix(short: &str) {
         skip(&name, "needs root (apt-get download of the kernel)");
         return;
     }
-    let accel = match std::env::var("MEMCG_TRACE_ACCEL").as_deref() {
-        Ok("kvm") => Accel::Kvm,
-        _ => Accel::Tcg,
-    };
+    let accel = accel();
     let spec = kernels::select(short).expect("known kernel")[0];
     let kernel = kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}"));
     let r = vm::run(
@@ -46,6 +50,8 @@ fn vm_matrix(short: &str) {
             accel,
             timeout: Duration::from_secs(900),
             echo: false,
+            modules: Vec::new(),
+            mem_mb: 0,
         },
     )
     .expect("start the VM");
@@ -209,4 +215,87 @@ fn vm_matrix_6_18() {
 #[test]
 fn vm_matrix_7_3() {
     vm_matrix("7.3");
+}
+
+/// Charges that reclaim: a memcg at its memory.max with swap on zram, traced with the
+/// `try_charge` probe. The reclaiming calls are timed (latencies far above the fast path's),
+/// and none is lost for having slept or been preempted.
+#[test]
+fn vm_reclaim_6_12() {
+    let name = "vm_reclaim_6_12";
+    let short = "6.12";
+    let wanted = std::env::var("MEMCG_TRACE_KERNELS").unwrap_or_else(|_| kernels::MATRIX.join(","));
+    if !wanted.split(',').any(|k| k.trim() == short) {
+        skip(
+            name,
+            &format!("kernel {short} not in MEMCG_TRACE_KERNELS={wanted}"),
+        );
+        return;
+    }
+    if !is_root() {
+        skip(name, "needs root (apt-get download of the kernel)");
+        return;
+    }
+    let spec = kernels::select(short).expect("known kernel")[0];
+    let kernel = kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}"));
+    let modules = kernels::modules(&kernel, &["zram"]).expect("the zram module");
+    let r = vm::run(
+        &kernel,
+        &VmSpec {
+            name: format!("{short}-reclaim"),
+            script: xtask::reclaim_script("16M", 4),
+            bins: vec![
+                bin(),
+                memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
+            ],
+            accel: accel(),
+            timeout: Duration::from_secs(900),
+            echo: false,
+            modules,
+        },
+    )
+    .expect("start the VM");
+    assert!(
+        r.success,
+        "{short}: {}\n--- last console lines ({}) ---\n{}",
+        r.failure.as_deref().unwrap_or(""),
+        r.log.display(),
+        r.tail(60)
+    );
+    let doc = load_recording(&r.out_dir.join("reclaim.json"));
+    let summary = fs::read_to_string(r.out_dir.join("reclaim.txt")).expect("summary");
+    check_invariants(&doc, &summary);
+    let events = fs::read_to_string(r.out_dir.join("memory.events")).expect("memory.events");
+    let hit_max: u64 = events
+        .lines()
+        .find_map(|l| l.strip_prefix("max "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(hit_max > 0, "the memcg never reached memory.max:\n{events}");
+    let p = probe(&doc, "try_charge");
+    let task = &p.contexts[0];
+    let l = task.latency.as_ref().expect("try_charge latency");
+    let p50 = l.percentiles[0].ns;
+    assert!(task.count > 0, "no try_charge call timed: {summary}");
+    assert!(
+        l.max_ns >= 100 * p50.max(1),
+        "no reclaiming call: max {} ns vs p50 {p50} ns",
+        l.max_ns
+    );
+    assert_eq!(
+        p.lost,
+        0,
+        "try_charge calls lost: {}",
+        memcg_trace::table::probe_footnote(p)
+    );
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "{name}: memory.max reached {hit_max} times; try_charge p50 {p50} ns, p99 {} ns, max {} ns; {}\n",
+            l.percentiles[2].ns,
+            l.max_ns,
+            memcg_trace::table::probe_footnote(p)
+        )
+        .as_bytes(),
+    );
 }

@@ -97,6 +97,8 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
             accel,
             timeout: Duration::from_secs(1800),
             echo: true,
+            modules: Vec::new(),
+            mem_mb: 0,
         },
     )?;
     if !r.success {

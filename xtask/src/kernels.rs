@@ -310,6 +310,122 @@ pub fn fetch(spec: &KernelSpec) -> Result<Kernel> {
     })
 }
 
+/// The `depends=` list of a kernel module (its `.modinfo` section).
+fn module_depends(ko: &[u8]) -> Vec<String> {
+    let key = b"depends=";
+    ko.windows(key.len())
+        .position(|w| w == key)
+        .map(|i| {
+            let rest = &ko[i + key.len()..];
+            let end = rest.iter().position(|b| *b == 0).unwrap_or(rest.len());
+            String::from_utf8_lossy(&rest[..end])
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Modules of `kernel` (by name, e.g. `zram`) and those they depend on, decompressed, in load
+/// order. Taken from the kernel's package on first use and cached next to it; a module that is
+/// built in needs nothing and is left out.
+pub fn modules(kernel: &Kernel, names: &[&str]) -> Result<Vec<PathBuf>> {
+    let dir = kernel
+        .vmlinuz
+        .parent()
+        .expect("cached kernel dir")
+        .join("modules");
+    let order = dir.join(format!("order-{}", names.join("+")));
+    if let Ok(list) = fs::read_to_string(&order) {
+        let files: Vec<PathBuf> = list.lines().map(|l| dir.join(l)).collect();
+        if files.iter().all(|f| f.exists()) {
+            return Ok(files);
+        }
+    }
+    eprintln!(
+        "xtask: fetching modules {} of kernel {}",
+        names.join(", "),
+        kernel.release
+    );
+    let opts = apt_opts(&kernel.spec)?;
+    let work = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(work.join("debs"))?;
+    let pkgs: Vec<String> = kernel.spec.packages.iter().map(|p| p.to_string()).collect();
+    run(Command::new("apt-get")
+        .current_dir(work.join("debs"))
+        .args(&opts)
+        .arg("download")
+        .args(&pkgs))?;
+    for deb in fs::read_dir(work.join("debs"))?.flatten() {
+        run(Command::new("dpkg")
+            .arg("-x")
+            .arg(deb.path())
+            .arg(work.join("root")))?;
+    }
+    // Every module file of the package, by name.
+    let mut found = std::collections::HashMap::new();
+    let mut stack = vec![work.join("root")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Some(n) = p.file_name().and_then(|n| n.to_str()) {
+                if let Some(base) = n.strip_suffix(".ko.xz").or_else(|| n.strip_suffix(".ko")) {
+                    found.insert(base.replace('-', "_"), p.clone());
+                }
+            }
+        }
+    }
+    fs::create_dir_all(&dir)?;
+    let mut loaded: Vec<String> = Vec::new();
+    fn visit(
+        name: &str,
+        found: &std::collections::HashMap<String, PathBuf>,
+        dir: &Path,
+        loaded: &mut Vec<String>,
+    ) -> Result<()> {
+        let key = name.replace('-', "_");
+        if loaded.iter().any(|l| l == &format!("{key}.ko")) {
+            return Ok(());
+        }
+        let Some(src) = found.get(&key) else {
+            // Built in.
+            return Ok(());
+        };
+        let bytes = if src.extension().is_some_and(|e| e == "xz") {
+            let out = Command::new("xz")
+                .args(["-dc"])
+                .arg(src)
+                .output()
+                .context("run xz")?;
+            if !out.status.success() {
+                bail!("xz could not decompress {}", src.display());
+            }
+            out.stdout
+        } else {
+            fs::read(src)?
+        };
+        for dep in module_depends(&bytes) {
+            visit(&dep, found, dir, loaded)?;
+        }
+        fs::write(dir.join(format!("{key}.ko")), &bytes)?;
+        loaded.push(format!("{key}.ko"));
+        Ok(())
+    }
+    for n in names {
+        if !found.contains_key(&n.replace('-', "_")) {
+            bail!("kernel {} has no module {n}", kernel.release);
+        }
+        visit(n, &found, &dir, &mut loaded)?;
+    }
+    fs::write(&order, loaded.join("\n"))?;
+    let _ = fs::remove_dir_all(&work);
+    Ok(loaded.iter().map(|l| dir.join(l)).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

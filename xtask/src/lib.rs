@@ -79,6 +79,17 @@ pub fn build_release() -> Result<PathBuf> {
     Ok(root.join("target/release/memcg-trace"))
 }
 
+/// The guest script of the reclaim test: swap on zram, a memcg of `memory_max` filled for
+/// `seconds` by a process that keeps allocating, traced with the `try_charge` and `charge`
+/// probes. Leaves `reclaim.json`, `reclaim.txt`, `memory.events` and `memory.stat` in /out. The
+/// guest needs the `zram` module.
+pub fn reclaim_script(memory_max: &str, seconds: u32) -> String {
+    format!(
+        "MEMORY_MAX='{memory_max}'\nSECONDS_='{seconds}'\n{}",
+        include_str!("../guest/reclaim.sh")
+    )
+}
+
 /// A program on PATH (or in /usr/bin, /usr/sbin), with the apt package to install when missing.
 pub fn which(name: &str) -> Result<PathBuf> {
     for dir in std::env::var("PATH")

@@ -145,6 +145,8 @@ fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> 
                 accel,
                 timeout: Duration::from_secs(timeout),
                 echo: true,
+                modules: Vec::new(),
+                mem_mb: 0,
             },
         )?;
         if r.success {
@@ -206,6 +208,8 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
                 accel,
                 timeout: Duration::from_secs(900),
                 echo: false,
+                modules: Vec::new(),
+                mem_mb: 0,
             },
         )?;
         if !r.success {

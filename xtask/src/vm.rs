@@ -45,6 +45,10 @@ pub struct VmSpec {
     pub timeout: Duration,
     /// Echo the console to stderr while it runs.
     pub echo: bool,
+    /// Kernel modules loaded (in this order) before the script runs.
+    pub modules: Vec<PathBuf>,
+    /// Guest memory, MiB (0: 1024).
+    pub mem_mb: u32,
 }
 
 /// The outcome of one boot.
@@ -87,6 +91,9 @@ mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 mount -t bpf bpf /sys/fs/bpf
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mkdir -p /out
+for m in $(cat /lib/modules/order 2>/dev/null); do
+  insmod /lib/modules/$m || echo "init: insmod $m failed"
+done
 echo "init: kernel $(uname -r), $(nproc) cpus"
 cd /tmp
 sh -e /guest.sh
@@ -149,6 +156,19 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
         &kernel.config,
         root.join("boot").join(format!("config-{}", kernel.release)),
     )?;
+    if !spec.modules.is_empty() {
+        let dir = root.join("lib/modules");
+        fs::create_dir_all(&dir)?;
+        let mut order = String::new();
+        for m in &spec.modules {
+            let name = m
+                .file_name()
+                .ok_or_else(|| anyhow!("{}: not a file", m.display()))?;
+            fs::copy(m, dir.join(name))?;
+            order.push_str(&format!("{}\n", name.to_string_lossy()));
+        }
+        fs::write(dir.join("order"), order)?;
+    }
     fs::write(root.join("init"), INIT)?;
     fs::set_permissions(root.join("init"), fs::Permissions::from_mode(0o755))?;
     fs::write(root.join("guest.sh"), &spec.script)?;
@@ -218,9 +238,10 @@ pub fn run(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
         Accel::Tcg => cmd.args(["-accel", "tcg,thread=single", "-cpu", "max"]),
         Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host"]),
     };
+    let mem = if spec.mem_mb == 0 { 1024 } else { spec.mem_mb }.to_string();
     cmd.args([
         "-m",
-        "1024",
+        &mem,
         "-smp",
         "2",
         "-display",

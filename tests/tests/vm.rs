@@ -252,6 +252,7 @@ fn vm_reclaim_6_12() {
             timeout: Duration::from_secs(900),
             echo: false,
             modules,
+            mem_mb: 0,
         },
     )
     .expect("start the VM");

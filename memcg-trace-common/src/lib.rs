@@ -356,7 +356,7 @@ pub const WINDOW_OPEN: u64 = 1;
 /// Slots per (CPU, probe) for task-context calls waiting for their exit: calls of one function
 /// that entered on one CPU and are still in flight there, preempted, sleeping or migrated.
 pub const TASK_SLOTS: usize = 16;
-const _: () = assert!(TASK_SLOTS.is_power_of_two());
+const _: () = assert!(TASK_SLOTS.is_power_of_two() && TASK_SLOTS <= 64);
 
 /// Where a task call with frame `key` starts looking for its slot: calls spread over the slots,
 /// and an exit usually finds its entry at the first look.
@@ -409,6 +409,11 @@ pub const PENDING_MISSES_KNOWN: u32 = 2;
 pub struct PendingSet {
     /// Slots; free ones have key 0.
     pub calls: [Pending; PENDING_SLOTS],
+    /// Task slots that may be taken, one bit each: set after a slot is claimed, cleared after
+    /// it is freed (and set again if it was claimed meanwhile). Once the runs touching the set
+    /// are done, every taken slot's bit is set; a bit may stay set for a free slot. An entry
+    /// that finds no bit set skips the search of the slots.
+    pub used: u64,
 }
 
 /// A paired call whose pairing userspace confirms before it counts: a task-context call that
@@ -554,9 +559,39 @@ pub struct KernelLayout {
     pub valid: u32,
     /// Non-zero when `nivcsw` directly follows `nvcsw` (one read fetches both).
     pub switches_adjacent: u32,
+    /// Non-zero when the programs read the preempt count directly: the loader has replaced
+    /// every [`PERCPU_VAR_MARKER`] load with the BTF id of the per-CPU variable holding it
+    /// (`bpf_this_cpu_ptr`, a plain load). Zero: through `bpf_probe_read_kernel`.
+    pub direct_preempt: u32,
+    /// Offset of the preempt count inside that variable (`pcpu_hot.preempt_count` on
+    /// 6.2-6.14, 0 for `__preempt_count`).
+    pub preempt_member: u64,
+    /// Non-zero when the programs read the task's switch counts directly through
+    /// `bpf_get_current_task_btf` (a plain load) instead of `bpf_probe_read_kernel`.
+    pub direct_task: u32,
+    /// BTF id (in vmlinux) of the per-CPU variable holding the preempt count; 0 when BTF has
+    /// none. For the loader; the programs do not read it.
+    pub preempt_var_id: u32,
+    /// The path from a task to its cgroup v2 id, for the workload test without a helper call:
+    /// `offsetof(struct task_struct, cgroups)`,
+    pub task_cgroups: u64,
+    /// `offsetof(struct css_set, dfl_cgrp)`,
+    pub cset_dfl_cgrp: u64,
+    /// `offsetof(struct cgroup, kn)`,
+    pub cgroup_kn: u64,
+    /// `offsetof(struct kernfs_node, id)`; all four non-zero (or `direct_cgroup` is 0).
+    pub kn_id: u64,
+    /// Non-zero when the four offsets above were found (and direct task reads are on).
+    pub direct_cgroup: u32,
     /// Keeps the struct free of implicit padding.
     pub _pad: u32,
 }
+
+/// The 64-bit immediate the programs load where they need the address of the per-CPU variable
+/// holding the preempt count. Rust eBPF cannot name a kernel symbol (`__ksym`), so the loader
+/// rewrites each such `ld_imm64` into a `BPF_PSEUDO_BTF_ID` load of that variable; when it
+/// cannot, `KernelLayout::direct_preempt` stays 0 and the verifier drops the code using it.
+pub const PERCPU_VAR_MARKER: u64 = 0x6d65_6d63_6770_6301;
 
 /// The preempt_count masks of every kernel so far (include/linux/preempt.h, non-RT).
 pub const PREEMPT_MASKS: (u32, u32, u32) = (0x00f0_0000, 0x000f_0000, 0x0000_0100);

@@ -21,18 +21,20 @@
 // to BPF's atomic instructions (ISA v3, see build.rs).
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
+// One `ld_imm64` the loader patches into a kernel per-CPU variable (see `percpu_var`).
+#![feature(asm_experimental_arch)]
 
 use core::{
     ffi::c_void,
-    intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering},
+    intrinsics::{atomic_and, atomic_cxchg, atomic_or, atomic_xadd, AtomicOrdering},
 };
 
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns, bpf_loop, bpf_map_lookup_percpu_elem, bpf_probe_read_kernel,
-        bpf_seq_write,
+        bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_current_task_btf,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_loop, bpf_map_lookup_percpu_elem,
+        bpf_probe_read_kernel, bpf_seq_write, bpf_this_cpu_ptr,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
     maps::{Array, PerCpuArray, RingBuf},
@@ -48,7 +50,7 @@ use memcg_trace_common::{
     workload_cell, Config, Counters, CpuState, Deferred, Hist, KernelLayout, Pending, PendingSet,
     CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN,
     DEFERRED_MIGRATED, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, NUM_BUCKETS, NUM_CTX,
-    PENDING_MISSES_KNOWN, PENDING_WORKLOAD, TASK_SLOTS, WINDOW_OPEN,
+    PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER, TASK_SLOTS, WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -71,6 +73,15 @@ static LAYOUT: KernelLayout = KernelLayout {
     softirq_offset: 0,
     valid: 0,
     switches_adjacent: 0,
+    direct_preempt: 0,
+    preempt_member: 0,
+    direct_task: 0,
+    preempt_var_id: 0,
+    task_cgroups: 0,
+    cset_dfl_cgrp: 0,
+    cgroup_kn: 0,
+    kn_id: 0,
+    direct_cgroup: 0,
     _pad: 0,
 };
 
@@ -119,18 +130,27 @@ static WINDOW: Array<u64> = Array::with_max_entries(MAX_PROBES as u32, 0);
 #[map]
 static PROG_MISSES: Array<u64> = Array::with_max_entries(MAX_PROBES as u32, 0);
 
+/// `p`, hidden from the optimiser: it cannot see what `p` points to (so it cannot fold the
+/// zero initialisers of the globals userspace patches), yet may compute it once per program
+/// (pure) and keeps it in a register (no stack round trip, unlike a volatile read).
+#[inline(always)]
+fn opaque<T>(p: &'static T) -> &'static T {
+    let mut p = p as *const T;
+    // SAFETY: an empty asm block that claims to change a register.
+    unsafe {
+        core::arch::asm!("/* {0} */", inout(reg) p, options(pure, nomem, nostack, preserves_flags));
+        &*p
+    }
+}
+
 #[inline(always)]
 fn layout() -> &'static KernelLayout {
-    // SAFETY: a read-only global that userspace patches before load. Reading the pointer
-    // volatilely keeps the compiler from folding the zero initialiser while each field is
-    // still loaded only where it is used.
-    unsafe { &*core::ptr::read_volatile(&(&LAYOUT as *const KernelLayout)) }
+    opaque(&LAYOUT)
 }
 
 #[inline(always)]
 fn config() -> &'static Config {
-    // SAFETY: as for `layout`.
-    unsafe { &*core::ptr::read_volatile(&(&CONFIG as *const Config)) }
+    opaque(&CONFIG)
 }
 
 /// This CPU's state, with the address of its preempt count found on first use. The per-CPU base
@@ -178,19 +198,97 @@ fn cpu_state<C: EbpfContext>(c: &C) -> Option<&'static CpuState> {
     Some(st)
 }
 
+/// The kernel per-CPU variable holding the preempt count, as the verifier's
+/// `PTR_TO_PERCPU_BTF_ID`: an `ld_imm64` of [`PERCPU_VAR_MARKER`] that the loader rewrites into
+/// a `BPF_PSEUDO_BTF_ID` load of `__preempt_count` or `pcpu_hot`. Only reached when
+/// `direct_preempt` is set; otherwise the verifier, which knows the read-only layout, never
+/// explores it.
+#[inline(always)]
+fn percpu_var() -> *const c_void {
+    let var: u64;
+    // SAFETY: loads a constant into a register; the loader gives it its meaning.
+    unsafe {
+        core::arch::asm!("{0} = {m} ll", out(reg) var, m = const PERCPU_VAR_MARKER,
+            options(nomem, nostack, preserves_flags));
+    }
+    var as *const c_void
+}
+
+/// This CPU's preempt count: a plain load through `bpf_this_cpu_ptr` where the loader could
+/// name the variable, else a fault-safe read of the address found in cpu_state.
+#[inline(always)]
+fn preempt_count(st: &CpuState) -> Option<u32> {
+    let l = layout();
+    if l.direct_preempt != 0 {
+        // SAFETY: bpf_this_cpu_ptr of a per-CPU kernel variable never returns NULL, and the
+        // verifier checks the load against the variable's BTF type.
+        unsafe {
+            let p = bpf_this_cpu_ptr(percpu_var()) as *const u8;
+            return Some(*(p.add(l.preempt_member as usize) as *const u32));
+        }
+    }
+    // SAFETY: address verified in cpu_state.
+    unsafe { bpf_probe_read_kernel(st.preempt_addr as *const u32) }.ok()
+}
+
 /// The kernel's `in_task()` split for the running code: task, softirq, hardirq or NMI.
 #[inline(always)]
 fn read_context(st: &CpuState) -> Option<u32> {
     let l = layout();
-    // SAFETY: address verified in cpu_state.
-    let pc: u32 = unsafe { bpf_probe_read_kernel(st.preempt_addr as *const u32) }.ok()?;
+    let pc = preempt_count(st)?;
     Some(classify(pc, l.nmi_mask, l.hardirq_mask, l.softirq_offset))
 }
 
-/// `nvcsw + nivcsw` of `task`: changes whenever the task leaves the CPU.
+/// The current task, as a number that identifies it. Direct: `bpf_get_current_task_btf`, a
+/// pointer the verifier knows the type of, so its fields are plain loads (`read_switches`,
+/// `cgroup_id`); it must reach them unchanged.
+#[inline(always)]
+fn current_task() -> u64 {
+    // SAFETY: helpers without preconditions.
+    unsafe {
+        if layout().direct_task != 0 {
+            bpf_get_current_task_btf() as u64
+        } else {
+            bpf_get_current_task()
+        }
+    }
+}
+
+/// The cgroup v2 id of `task` (from `current_task`): `task->cgroups->dfl_cgrp->kn->id` by
+/// plain loads where the layout allows (what `bpf_get_current_cgroup_id` reads, minus the
+/// call), else the helper.
+#[inline(always)]
+fn cgroup_id(task: u64) -> u64 {
+    let l = layout();
+    if l.direct_task != 0 && l.direct_cgroup != 0 {
+        // SAFETY: each pointer is the verifier's BTF pointer of the member's type, and each
+        // load is checked against that type (a fault reads 0 instead of crashing).
+        unsafe {
+            let t = task as *const u8;
+            let cset = *(t.add(l.task_cgroups as usize) as *const *const u8);
+            let cgrp = *(cset.add(l.cset_dfl_cgrp as usize) as *const *const u8);
+            let kn = *(cgrp.add(l.cgroup_kn as usize) as *const *const u8);
+            return *(kn.add(l.kn_id as usize) as *const u64);
+        }
+    }
+    // SAFETY: helper without preconditions.
+    unsafe { bpf_get_current_cgroup_id() }
+}
+
+/// `nvcsw + nivcsw` of `task` (from `current_task`): changes whenever the task leaves the CPU.
 #[inline(always)]
 fn read_switches(task: u64) -> u64 {
     let l = layout();
+    if l.direct_task != 0 {
+        // SAFETY: the verifier's trusted task_struct pointer; it checks both loads against the
+        // type.
+        unsafe {
+            let t = task as *const u8;
+            let v = *(t.add(l.task_nvcsw as usize) as *const u64);
+            let iv = *(t.add(l.task_nivcsw as usize) as *const u64);
+            return v.wrapping_add(iv);
+        }
+    }
     // SAFETY: reads of kernel memory through bpf_probe_read_kernel.
     unsafe {
         if l.switches_adjacent != 0 {
@@ -213,12 +311,12 @@ trait Env {
     fn cpu(&self) -> u32;
     /// The context the program runs in (None: unreadable).
     fn context(&self) -> Option<u32>;
-    /// The current task.
+    /// The current task (read once per run, passed to the two below).
     fn task(&self) -> u64;
     /// The current task's switch count.
     fn switches(&self, task: u64) -> u64;
     /// Whether the current task belongs to the workload's cgroup.
-    fn in_workload(&self) -> bool;
+    fn in_workload(&self, task: u64) -> bool;
     /// Whether counter and histogram updates must be atomic: programs that can be preempted
     /// (fentry on preemptible kernels) may interleave with another run on the same CPU.
     fn atomic(&self) -> bool;
@@ -253,18 +351,16 @@ impl Env for Kernel<'_> {
     }
     #[inline(always)]
     fn task(&self) -> u64 {
-        // SAFETY: helper without preconditions.
-        unsafe { bpf_get_current_task() }
+        current_task()
     }
     #[inline(always)]
     fn switches(&self, task: u64) -> u64 {
         read_switches(task)
     }
     #[inline(always)]
-    fn in_workload(&self) -> bool {
+    fn in_workload(&self, task: u64) -> bool {
         let w = config().workload_cgroup;
-        // SAFETY: helper without preconditions.
-        w != 0 && unsafe { bpf_get_current_cgroup_id() } == w
+        w != 0 && cgroup_id(task) == w
     }
     #[inline(always)]
     fn atomic(&self) -> bool {
@@ -320,22 +416,23 @@ fn record(h: &mut Hist, ns: u64, atomic: bool) {
     add(&mut h.buckets[i], 1, atomic);
 }
 
-/// Counts a paired call in the kernel's histograms.
+/// Counts a paired call in the kernel's histograms: a workload task's in WORKLOAD_HIST, every
+/// other in HIST (userspace adds the first into the second's task context), so that each call
+/// is recorded once.
 #[inline(always)]
 fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, atomic: bool) {
     let probes = config().probes;
     if probe >= probes {
         return;
     }
-    if let Some(h) = HIST.get_ptr_mut(cell(cpu, probes, probe, ctx & (NUM_CTX as u32 - 1))) {
+    let h = if flags & PENDING_WORKLOAD != 0 && ctx == CTX_TASK {
+        WORKLOAD_HIST.get_ptr_mut(workload_cell(cpu, probes, probe))
+    } else {
+        HIST.get_ptr_mut(cell(cpu, probes, probe, ctx & (NUM_CTX as u32 - 1)))
+    };
+    if let Some(h) = h {
         // SAFETY: pointer from a successful map lookup.
         record(unsafe { &mut *h }, ns, atomic);
-    }
-    if flags & PENDING_WORKLOAD != 0 {
-        if let Some(h) = WORKLOAD_HIST.get_ptr_mut(workload_cell(cpu, probes, probe)) {
-            // SAFETY: pointer from a successful map lookup.
-            record(unsafe { &mut *h }, ns, atomic);
-        }
     }
 }
 
@@ -381,6 +478,32 @@ fn claim(key: &mut u64, from: u64, to: u64) -> bool {
     .1
 }
 
+/// Marks task slot `i` of `set` taken (after claiming it).
+#[inline(always)]
+fn occupy(set: &mut PendingSet, i: usize) {
+    // SAFETY: an aligned u64 in a map value.
+    unsafe {
+        atomic_or::<u64, u64, { AtomicOrdering::AcqRel }>(
+            &mut set.used as *mut u64,
+            1 << (i & (TASK_SLOTS - 1)),
+        )
+    };
+}
+
+/// Marks task slot `i` of `set` free (after freeing it), unless it was claimed again meanwhile.
+#[inline(always)]
+fn vacate(set: &mut PendingSet, i: usize) {
+    let i = i & (TASK_SLOTS - 1);
+    // SAFETY: aligned u64s in a map value.
+    unsafe {
+        atomic_and::<u64, u64, { AtomicOrdering::AcqRel }>(&mut set.used as *mut u64, !(1 << i));
+        // A claim between the free and the clear set its bit before we cleared it.
+        if core::ptr::read_volatile(&set.calls[i].key) != 0 {
+            atomic_or::<u64, u64, { AtomicOrdering::AcqRel }>(&mut set.used as *mut u64, 1 << i);
+        }
+    }
+}
+
 /// Entry half: remember the call.
 #[inline(always)]
 fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool) {
@@ -420,7 +543,7 @@ fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool) {
     }
     let task = env.task();
     let switches = env.switches(task);
-    let flags = if env.in_workload() {
+    let flags = if env.in_workload(task) {
         PENDING_WORKLOAD
     } else {
         0
@@ -430,7 +553,17 @@ fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool) {
     let mut free = TASK_SLOTS;
     let mut oldest = 0;
     let mut oldest_ts = u64::MAX;
+    // No slot taken: nothing stale, the first choice is free (the usual case); no search.
+    // SAFETY: an aligned u64 in a map value.
+    let none_taken = unsafe { core::ptr::read_volatile(&set.used) } == 0;
+    if none_taken {
+        free = k.hint & (TASK_SLOTS - 1);
+    }
+    // Stale entries and evictions leave the slot's bit set: it is taken again at once.
     for j in 0..TASK_SLOTS {
+        if none_taken {
+            break;
+        }
         let i = (k.hint + j) & (TASK_SLOTS - 1);
         let p = &mut set.calls[i];
         let k = p.key;
@@ -465,7 +598,9 @@ fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool) {
     p.ctx = CTX_TASK;
     p.flags = flags;
     p.ts = env.now();
-    if !claim(&mut p.key, 0, key) {
+    if claim(&mut p.key, 0, key) {
+        occupy(set, free);
+    } else {
         // Taken meanwhile by an interleaved run (preemptible fentry): this call is not
         // recorded, so its exit will be an orphan.
         add(&mut cs.evicted, 1, atomic);
@@ -504,6 +639,7 @@ unsafe extern "C" fn search_cpu(cpu: u64, ctx: *mut c_void) -> i64 {
         if p.key == s.key && p.task == s.task {
             let call = *p;
             if claim(&mut p.key, s.key, 0) {
+                vacate(set, i);
                 s.call = call;
                 s.found = 1;
                 return 1;
@@ -528,6 +664,8 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     let mut call = Pending::default();
     let mut found = false;
     let mut migrated = false;
+    // Read on every path, so that the value reaching `switches` is always the task pointer.
+    let task = env.task();
     // Interrupt contexts first: their calls are the innermost.
     for ctx in [CTX_NMI, CTX_HARDIRQ, CTX_SOFTIRQ] {
         let Some(p) = set.calls.get_mut(irq_slot(ctx)) else {
@@ -540,14 +678,14 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             break;
         }
     }
-    let mut task = 0;
     if !found {
-        task = env.task();
         for j in 0..TASK_SLOTS {
-            let p = &mut set.calls[(k.hint + j) & (TASK_SLOTS - 1)];
+            let i = (k.hint + j) & (TASK_SLOTS - 1);
+            let p = &mut set.calls[i];
             if p.key == key && p.task == task {
                 let c = *p;
                 if claim(&mut p.key, key, 0) {
+                    vacate(set, i);
                     call = c;
                     found = true;
                 }
@@ -690,7 +828,7 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
             if let Some(cs) = counters(st.cpu, probe, ctx) {
                 cs.entries += 1;
             }
-            if ctx == CTX_TASK && env.in_workload() && probe < config().probes {
+            if ctx == CTX_TASK && env.in_workload(env.task()) && probe < config().probes {
                 let i = workload_cell(st.cpu, config().probes, probe);
                 if let Some(h) = WORKLOAD_HIST.get_ptr_mut(i) {
                     // SAFETY: pointer from a successful map lookup.
@@ -942,8 +1080,7 @@ fn ctx_check<C: EbpfContext>(c: &C, row: u32) -> i32 {
         }
         return 0;
     };
-    // SAFETY: address verified in cpu_state.
-    if let Ok(pc) = unsafe { bpf_probe_read_kernel(st.preempt_addr as *const u32) } {
+    if let Some(pc) = preempt_count(st) {
         let pc = (pc & 0x7fff_ffff) as u64;
         if let Some(o) = CTX_BITS.get_ptr_mut(row * 2) {
             // SAFETY: pointer from a successful map lookup.
@@ -1012,7 +1149,7 @@ impl Env for Given {
     fn switches(&self, _task: u64) -> u64 {
         self.switches
     }
-    fn in_workload(&self) -> bool {
+    fn in_workload(&self, _task: u64) -> bool {
         self.workload
     }
     fn atomic(&self) -> bool {

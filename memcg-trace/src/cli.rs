@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::cmd::{bench, probes, record, report, selftest, top};
+use crate::cmd::{bench, probes, programs, record, report, selftest, top};
 
 /// Live eBPF tracer of the memcg charging hot paths: how long obj_cgroup_charge,
 /// mod_memcg_state and the rstat update take, how often, and in which context.
@@ -34,6 +34,11 @@ enum Command {
     ///
     /// Example: memcg-trace probes --attach kprobe
     Probes(crate::session::ProbeSel),
+    /// Every BPF program loaded on this machine (by any tool): runs, time per run, size and
+    /// helper calls, to compare tracers on one kernel.
+    ///
+    /// Example: sysctl kernel.bpf_stats_enabled=1; memcg-trace programs
+    Programs(programs::ProgramsArgs),
     /// Print the summary table of a recording.
     ///
     /// Example: memcg-trace report run.json
@@ -57,6 +62,7 @@ async fn dispatch(command: Command) -> Result<i32> {
         Command::View(a) => top::view(a).await,
         Command::Record(a) => record::run(a).await,
         Command::Probes(s) => probes::run(s),
+        Command::Programs(a) => programs::run(a),
         Command::Report(a) => report::report(a),
         Command::Diff(a) => report::diff(a),
         Command::Selftest => selftest::run(),

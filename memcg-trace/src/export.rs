@@ -132,6 +132,21 @@ pub struct DaemonCost {
     pub peak_rss_kib: u64,
     /// Poll interval, ns.
     pub tick_ns: u64,
+    /// Where the start-up went, in order (absent from recordings before they were kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub startup_phases: Vec<Phase>,
+}
+
+/// One phase of the start-up.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Phase {
+    /// What it did: `memcg`, `btf`, `masks`, `symbols`, `load`, `attach`, `floor`.
+    pub name: String,
+    /// How long it took, ns.
+    pub ns: u64,
+    /// Peak resident set size of the daemon when it ended, KiB.
+    #[serde(default)]
+    pub peak_rss_kib: u64,
 }
 
 /// A workload run under the tracer.

@@ -5,7 +5,7 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     fs,
-    io::Read as _,
+    io::{BufRead as _, BufReader, Read as _},
     path::Path,
 };
 
@@ -62,15 +62,20 @@ impl Symbols {
                 _ => {}
             }
         }
-        let kallsyms = fs::read_to_string("/proc/kallsyms").context("read /proc/kallsyms")?;
-        s.add_kallsyms(&kallsyms, Some(interest));
+        // Streamed: with CONFIG_KALLSYMS_ALL the listing is over 10 MiB, which would otherwise
+        // be the daemon's peak memory.
+        let kallsyms = fs::File::open("/proc/kallsyms").context("read /proc/kallsyms")?;
+        for line in BufReader::new(kallsyms).lines() {
+            s.add_kallsyms_line(&line.context("read /proc/kallsyms")?, Some(interest));
+        }
         for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
-            if let Ok(list) = fs::read_to_string(format!("{dir}/available_filter_functions")) {
+            if let Ok(f) = fs::File::open(format!("{dir}/available_filter_functions")) {
                 s.traceable = Some(
-                    list.lines()
-                        .filter_map(|l| l.split_whitespace().next())
-                        .filter(|n| interest.contains(*n))
-                        .map(str::to_string)
+                    BufReader::new(f)
+                        .lines()
+                        .map_while(Result::ok)
+                        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+                        .filter(|n| interest.contains(n))
                         .collect(),
                 );
                 break;
@@ -83,26 +88,31 @@ impl Symbols {
     /// Adds the text symbols of a /proc/kallsyms listing (those in `interest`, if given, and
     /// their compiler clones).
     pub fn add_kallsyms(&mut self, kallsyms: &str, interest: Option<&HashSet<String>>) {
-        let wanted = |n: &str| interest.map(|i| i.contains(n)).unwrap_or(true);
         for line in kallsyms.lines() {
-            let mut it = line.split_whitespace();
-            let (Some(_addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
-                continue;
-            };
-            if !matches!(kind, "t" | "T") {
-                continue;
-            }
-            match name.split_once('.') {
-                Some((base, _)) if !wanted(base) => {}
-                None if !wanted(name) => {}
-                Some((base, _)) => self
-                    .clones
-                    .entry(base.to_string())
-                    .or_default()
-                    .push(name.to_string()),
-                None => {
-                    self.kallsyms.insert(name.to_string());
-                }
+            self.add_kallsyms_line(line, interest);
+        }
+    }
+
+    /// Adds one line of a /proc/kallsyms listing (see `add_kallsyms`).
+    pub fn add_kallsyms_line(&mut self, line: &str, interest: Option<&HashSet<String>>) {
+        let wanted = |n: &str| interest.map(|i| i.contains(n)).unwrap_or(true);
+        let mut it = line.split_whitespace();
+        let (Some(_addr), Some(kind), Some(name)) = (it.next(), it.next(), it.next()) else {
+            return;
+        };
+        if !matches!(kind, "t" | "T") {
+            return;
+        }
+        match name.split_once('.') {
+            Some((base, _)) if !wanted(base) => {}
+            None if !wanted(name) => {}
+            Some((base, _)) => self
+                .clones
+                .entry(base.to_string())
+                .or_default()
+                .push(name.to_string()),
+            None => {
+                self.kallsyms.insert(name.to_string());
             }
         }
     }
@@ -235,17 +245,41 @@ pub fn percpu_vars(btf: &Btf) -> Result<HashMap<String, u64>> {
     Ok(out)
 }
 
+/// Whether /proc/kallsyms lists `name` (any symbol type). Per-CPU variables, when listed, come
+/// first (lowest addresses), so a present one is found after a few lines.
+pub fn kallsyms_has(name: &str) -> bool {
+    let Ok(f) = fs::File::open("/proc/kallsyms") else {
+        return false;
+    };
+    BufReader::new(f)
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.split_whitespace().nth(2) == Some(name))
+}
+
+/// The BTF id of the variable (BTF_KIND_VAR) `name`.
+pub fn var_id(btf: &Btf, name: &str) -> Option<u32> {
+    btf.resolve_ids_by_name(name)
+        .ok()?
+        .into_iter()
+        .find(|id| matches!(btf.resolve_type_by_id(*id), Ok(Type::Var(_))))
+}
+
 /// The offsets the eBPF programs need to read preempt_count and the task's switch counts.
 pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     let percpu = percpu_vars(btf)?;
     // Up to 6.1 and again from 6.15: `__preempt_count`; 6.2-6.14: `pcpu_hot.preempt_count`.
-    let preempt_count = if let Some(off) = percpu.get("__preempt_count") {
-        *off
-    } else if let Some(off) = percpu.get("pcpu_hot") {
-        off + field_path_offset(btf, "pcpu_hot", &["preempt_count"])?
+    let (var, preempt_member) = if percpu.contains_key("__preempt_count") {
+        ("__preempt_count", 0)
+    } else if percpu.contains_key("pcpu_hot") {
+        (
+            "pcpu_hot",
+            field_path_offset(btf, "pcpu_hot", &["preempt_count"])?,
+        )
     } else {
         bail!("neither __preempt_count nor pcpu_hot is a per-CPU variable in BTF");
     };
+    let preempt_count = percpu[var] + preempt_member;
     let runqueues = *percpu
         .get("runqueues")
         .ok_or_else(|| anyhow!("per-CPU variable runqueues not in BTF"))?;
@@ -262,6 +296,16 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
             .and_then(|o| Some(o + field_path_offset(btf, "pcpu_hot", &["this_cpu_off"]).ok()?))
             .unwrap_or(0),
     };
+    // current->cgroups->dfl_cgrp->kn->id, as bpf_get_current_cgroup_id reads it.
+    let cg = (|| {
+        Some((
+            field_path_offset(btf, "task_struct", &["cgroups"]).ok()?,
+            field_path_offset(btf, "css_set", &["dfl_cgrp"]).ok()?,
+            field_path_offset(btf, "cgroup", &["kn"]).ok()?,
+            field_path_offset(btf, "kernfs_node", &["id"]).ok()?,
+        ))
+    })()
+    .unwrap_or((0, 0, 0, 0));
     Ok(KernelLayout {
         this_cpu_off,
         prog_aux: off("bpf_prog", "aux"),
@@ -269,6 +313,22 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         prog_aux_id: off("bpf_prog_aux", "id"),
         stats_misses: off("bpf_prog_stats", "misses"),
         switches_adjacent: (task_nivcsw == task_nvcsw + 8) as u32,
+        // Set by the loader once it has patched the programs (tracer::load_object).
+        direct_preempt: 0,
+        preempt_member,
+        direct_task: 0,
+        // The verifier finds the variable's address by name in kallsyms, where data symbols
+        // are only with CONFIG_KALLSYMS_ALL (Debian has it; this sandbox's kernel does not).
+        preempt_var_id: if kallsyms_has(var) {
+            var_id(btf, var).unwrap_or(0)
+        } else {
+            0
+        },
+        task_cgroups: cg.0,
+        cset_dfl_cgrp: cg.1,
+        cgroup_kn: cg.2,
+        kn_id: cg.3,
+        direct_cgroup: (cg != (0, 0, 0, 0)) as u32,
         _pad: 0,
         preempt_count,
         runqueues,

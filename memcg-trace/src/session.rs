@@ -21,7 +21,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use crate::{
     calibrate,
     collector::{Collector, Final},
-    export::{DaemonCost, RunMeta, Workload},
+    export::{DaemonCost, Phase, RunMeta, Workload},
     figures::ratio,
     kernel::{self, Symbols},
     probes::{self, AttachMode, Backend, Request},
@@ -72,6 +72,10 @@ pub struct LiveArgs {
     /// while the instrumentation floor is measured at start-up.
     #[arg(long)]
     pub bpf_stats: bool,
+    /// Read the preempt count and the task's switch counts through bpf_probe_read_kernel
+    /// instead of plain loads (costlier; for comparisons, or a kernel that refuses the loads).
+    #[arg(long, hide_short_help = true)]
+    pub probe_read: bool,
     /// Refuse to trace when the context masks or the instrumentation floor could not be
     /// measured on this kernel (instead of saying so and going on).
     #[arg(long)]
@@ -90,6 +94,7 @@ impl Default for LiveArgs {
             workload: None,
             ebpf_log: false,
             bpf_stats: false,
+            probe_read: false,
             strict: false,
             command: Vec::new(),
         }
@@ -151,6 +156,35 @@ pub struct Attached {
     pub floors: Vec<Floor>,
     /// What could not be calibrated, one line each (shown, and refused by `--strict`).
     pub calibration: Vec<String>,
+    /// How long each step took.
+    pub phases: Vec<Phase>,
+}
+
+/// Times the steps of a start-up.
+#[derive(Debug)]
+struct Phases {
+    last: Instant,
+    done: Vec<Phase>,
+}
+
+impl Phases {
+    fn new() -> Self {
+        Phases {
+            last: Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    /// Ends the step `name`, begun when the previous one ended.
+    fn end(&mut self, name: &str) {
+        let now = Instant::now();
+        self.done.push(Phase {
+            name: name.into(),
+            ns: (now - self.last).as_nanos() as u64,
+            peak_rss_kib: peak_rss_kib(),
+        });
+        self.last = now;
+    }
 }
 
 /// How to attach.
@@ -164,6 +198,8 @@ pub struct AttachOptions {
     pub ebpf_log: bool,
     /// bpf stats on for the whole run.
     pub bpf_stats: bool,
+    /// Context and switch counts through bpf_probe_read_kernel.
+    pub probe_read: bool,
     /// Fail when something could not be calibrated.
     pub strict: bool,
     /// Measure the instrumentation floor of each latency backend in use.
@@ -178,6 +214,7 @@ impl AttachOptions {
             workload_cgroup: 0,
             ebpf_log: false,
             bpf_stats: false,
+            probe_read: false,
             strict: false,
             floor: false,
         }
@@ -262,19 +299,23 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
 /// an explicitly requested function could not be, or (`strict`) calibration fell short.
 pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     check_privileges()?;
+    let mut phases = Phases::new();
     let stale = crate::tracer::kprobe::remove_stale();
     if stale > 0 && o.verbosity == Verbosity::Normal {
         eprintln!("memcg-trace: removed {stale} kprobe events of an earlier run");
     }
     let btf = kernel::open_btf()?;
     let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
+    phases.end("btf");
     let (layout, masks) = calibrate::masks(layout);
+    phases.end("masks");
     let mut calibration = Vec::new();
     if masks.source != "calibrated" {
         calibration.push(format!("context masks: {}", masks.source));
     }
     let syms = Symbols::load(&btf, &interest(sel))?;
     let reqs = requests(sel, &syms)?;
+    phases.end("symbols");
     // The aya loader parses BTF again; the two parses need not be alive at once.
     drop(btf);
     let release = kernel::release();
@@ -288,9 +329,11 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             probes: reqs.len() as u32 + 1,
             preemptible,
             ebpf_log: o.ebpf_log,
+            probe_read: o.probe_read,
         },
     )?;
     tracer.masks = Some(masks);
+    phases.end("load");
     if o.bpf_stats {
         // Before the first program is attached, so that the kernel counts every run.
         tracer.stats_for_the_whole_run()?;
@@ -335,6 +378,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
         bail!("no probe could be attached ({})", why.join(" | "));
     }
     calibration.append(&mut tracer.calibration);
+    phases.end("attach");
     let mut floors = Vec::new();
     if o.floor {
         let mut backends: Vec<Backend> = tracer.attached.iter().map(|a| a.backend).collect();
@@ -346,6 +390,9 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
                 Err(e) => calibration.push(format!("{b} floor: {e:#}")),
             }
         }
+    }
+    if o.floor {
+        phases.end("floor");
     }
     for c in &calibration {
         if o.strict {
@@ -360,6 +407,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
         notes,
         floors,
         calibration,
+        phases: phases.done,
     })
 }
 
@@ -452,6 +500,7 @@ pub struct Session {
     calibration: Vec<String>,
     started: SystemTime,
     startup: Duration,
+    phases: Vec<Phase>,
     cpu0: Duration,
     tick: Duration,
 }
@@ -485,6 +534,11 @@ impl Session {
         } else {
             Some(workload::prepare(args.cgroup.as_deref(), opts.dashboard)?)
         };
+        let mut phases = vec![Phase {
+            name: "memcg".into(),
+            ns: t0.elapsed().as_nanos() as u64,
+            peak_rss_kib: peak_rss_kib(),
+        }];
         let cgid = memcg.as_ref().map(|m| m.cgroup_id).unwrap_or(0);
         if memcg.is_some() && cgid == 0 && opts.verbosity == Verbosity::Normal {
             eprintln!("memcg-trace: the workload's calls cannot be told apart (no cgroup v2 id); only system-wide figures");
@@ -497,6 +551,7 @@ impl Session {
             notes,
             floors,
             calibration,
+            phases: attach_phases,
         } = attach(
             &args.sel,
             AttachOptions {
@@ -504,12 +559,20 @@ impl Session {
                 workload_cgroup: cgid,
                 ebpf_log: args.ebpf_log,
                 bpf_stats: args.bpf_stats,
+                probe_read: args.probe_read,
                 strict: args.strict,
                 floor: true,
             },
         )?;
+        phases.extend(attach_phases);
+        let t_extra = Instant::now();
         extra(&mut tracer)?;
         tracer.done_attaching();
+        phases.push(Phase {
+            name: "extra".into(),
+            ns: t_extra.elapsed().as_nanos() as u64,
+            peak_rss_kib: peak_rss_kib(),
+        });
         if let Some(s) = signals.pending() {
             return Err(Interrupted(s).into());
         }
@@ -551,6 +614,7 @@ impl Session {
             calibration,
             started,
             startup,
+            phases,
             cpu0,
             tick: args.tick,
         })
@@ -625,6 +689,7 @@ impl Session {
                 cpu_share: elapsed.and_then(|e| ratio(cpu.as_secs_f64(), e.as_secs_f64())),
                 peak_rss_kib: peak_rss_kib(),
                 tick_ns: self.tick.as_nanos() as u64,
+                startup_phases: self.phases.clone(),
             },
             workload: self.memcg.as_ref().map(|m| Workload {
                 argv: self.argv.clone(),

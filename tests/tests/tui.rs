@@ -170,9 +170,12 @@ fn tui_view_of_a_recording_made_in_a_vm() {
         "memcg-trace-view",
         &format!("{} view {}", bin().display(), fixture.display()),
     );
-    let screen = s.wait_for("the recording's rows", Duration::from_secs(20), |sc| {
-        rate_of(sc, "charge", "task").is_some()
-    });
+    // The whole first frame: tmux can be captured while the terminal is still drawing it.
+    let screen = s.wait_for(
+        "the recording's rows and histogram",
+        Duration::from_secs(20),
+        |sc| rate_of(sc, "charge", "task").is_some() && sc.contains("latency ("),
+    );
     assert!(screen.contains(&doc.meta.kernel_release), "{screen}");
     assert!(screen.contains("recording"), "{screen}");
     assert!(

@@ -1,11 +1,16 @@
-# Guest part of `cargo xtask bench`: rounds of untraced / bpftrace / memcg-trace (fentry) /
-# memcg-trace (kprobe) runs of the same hackbench, order rotated per round. ROUNDS and
-# PEER_HACKBENCH are set by the caller. Leaves peer-<round>-<variant>.txt (hackbench's output),
-# peer-<round>-<F|K>.json and peer.bt in /out.
-# The functions memcg-trace resolves the default probes to on this kernel; bpftrace traces the
-# same ones with a typical latency script: start time keyed by tid, hist() of the difference.
-memcg-trace probes -p charge,stat,rstat --attach fentry >/out/probes.txt
+# Guest part of `cargo xtask bench`'s peer comparison: ROUNDS rounds of the same hackbench
+# (PEER_HACKBENCH) untraced (U), under a typical bpftrace latency script (B), under memcg-trace
+# with fentry (F) and kprobe (K), and under empty fentry/fexit programs on the same functions
+# (E, the floor of any such tracer), the order rotated per round; then a calibration
+# round with bpf stats on for both tools. Set by the caller: ROUNDS, PEER_HACKBENCH, PROBES.
+# Leaves in /out: peer-<round>-<variant>.txt (hackbench's output), peer-<round>-B.bt
+# (bpftrace's), peer-<round>-<F|K>.json, peer.bt, and cal-B.json / cal-F.json / cal-K.json.
+#
+# The functions memcg-trace resolves PROBES to on this kernel; bpftrace traces the same ones the
+# way a linux-mm user would write it: start time keyed by tid, hist() of the difference.
+memcg-trace probes -p "$PROBES" --attach fentry >/out/probes.txt
 funcs=$(awk '$4 == "attached" {print $2}' /out/probes.txt)
+[ -n "$funcs" ] || { echo "guest: no function to compare on"; cat /out/probes.txt; exit 1; }
 i=0
 : >/out/peer.bt
 for f in $funcs; do
@@ -17,30 +22,67 @@ BT
 done
 echo "guest: bpftrace script:"
 cat /out/peer.bt
+# The floor any fentry/fexit tracer pays on these functions: the same probes, empty bodies.
+sed 's/{.*}/{ }/; s|/@start[0-9]*\[tid\]/ ||' /out/peer.bt >/out/empty.bt
+# memcg-trace runs its workload in a fresh memcg; the untraced and bpftrace runs get one too,
+# else their hackbench would not charge at all (the root memcg is not charged) and the rounds
+# would compare different work.
+echo +memory >/sys/fs/cgroup/cgroup.subtree_control
+mkdir -p /sys/fs/cgroup/peer
+in_memcg() {
+  sh -c 'echo $$ >/sys/fs/cgroup/peer/cgroup.procs && exec "$@"' sh "$@"
+}
+# bpftrace under emulation takes a while to compile and attach: wait for its banner.
+bpftrace_start() { # log [script]
+  bpftrace "${2:-/out/peer.bt}" >"$1" 2>&1 &
+  bp=$!
+  n=0
+  while ! grep -q Attaching "$1" 2>/dev/null; do
+    if ! kill -0 $bp 2>/dev/null || [ $n -ge 3000 ]; then
+      echo "guest: bpftrace did not attach"
+      cat "$1"
+      exit 1
+    fi
+    sleep 0.1
+    n=$((n + 1))
+    [ $((n % 300)) = 0 ] && echo "guest: still waiting for bpftrace to attach ($((n / 10)) s)"
+  done
+  # "Attaching N probes..." is printed before the last one is attached.
+  sleep 2
+}
+bpftrace_stop() {
+  kill -INT $bp
+  wait $bp || true
+}
 run() { # round variant
   case $2 in
-  U) hackbench $PEER_HACKBENCH >/out/peer-$1-U.txt ;;
-  B)
-    bpftrace /out/peer.bt >/out/peer-$1-B.bt 2>&1 &
-    bp=$!
-    n=0
-    while ! grep -q Attaching /out/peer-$1-B.bt 2>/dev/null && [ $n -lt 1200 ]; do sleep 0.1; n=$((n + 1)); done
-    sleep 1
-    hackbench $PEER_HACKBENCH >/out/peer-$1-B.txt
-    kill -INT $bp
-    wait $bp
+  U) in_memcg hackbench $PEER_HACKBENCH >/out/peer-$1-U.txt ;;
+  E)
+    bpftrace_start /out/peer-$1-E.bt /out/empty.bt
+    in_memcg hackbench $PEER_HACKBENCH >/out/peer-$1-E.txt
+    bpftrace_stop
     ;;
-  F) memcg-trace record --attach fentry -q -o /out/peer-$1-F.json -- hackbench $PEER_HACKBENCH >/out/peer-$1-F.txt 2>/out/peer-$1-F.err ;;
-  K) memcg-trace record --attach kprobe -q -o /out/peer-$1-K.json -- hackbench $PEER_HACKBENCH >/out/peer-$1-K.txt 2>/out/peer-$1-K.err ;;
+  B)
+    bpftrace_start /out/peer-$1-B.bt
+    in_memcg hackbench $PEER_HACKBENCH >/out/peer-$1-B.txt
+    bpftrace_stop
+    ;;
+  F | K)
+    backend=fentry
+    [ "$2" = K ] && backend=kprobe
+    memcg-trace record -q --attach $backend -p "$PROBES" -o /out/peer-$1-$2.json \
+      -- hackbench $PEER_HACKBENCH >/out/peer-$1-$2.txt 2>/out/peer-$1-$2.err
+    ;;
   esac
 }
 r=1
 while [ $r -le $ROUNDS ]; do
-  case $((r % 4)) in
-  1) order="U B F K" ;;
-  2) order="B F K U" ;;
-  3) order="F K U B" ;;
-  0) order="K U B F" ;;
+  case $((r % 5)) in
+  1) order="U B F K E" ;;
+  2) order="B F K E U" ;;
+  3) order="F K E U B" ;;
+  4) order="K E U B F" ;;
+  0) order="E U B F K" ;;
   esac
   for v in $order; do
     echo "guest: round $r: $v"
@@ -48,3 +90,19 @@ while [ $r -le $ROUNDS ]; do
   done
   r=$((r + 1))
 done
+# Calibration: both tools' programs with the kernel's stats on (which add two clock reads to
+# every run, so these times are not the rounds' costs; they compare the programs).
+echo 1 >/proc/sys/kernel/bpf_stats_enabled
+echo "guest: calibration: bpftrace"
+bpftrace_start /out/cal-B.bt
+in_memcg hackbench $PEER_HACKBENCH >/out/cal-B.txt
+memcg-trace programs --json >/out/cal-B.json
+bpftrace_stop
+for v in F K; do
+  echo "guest: calibration: $v"
+  backend=fentry
+  [ "$v" = K ] && backend=kprobe
+  memcg-trace record -q --bpf-stats --attach $backend -p "$PROBES" -o /out/cal-$v.json \
+    -- hackbench $PEER_HACKBENCH >/out/cal-$v.txt 2>/out/cal-$v.err
+done
+echo 0 >/proc/sys/kernel/bpf_stats_enabled

@@ -27,13 +27,36 @@ pub struct Size {
     pub host_hackbench: &'static str,
     /// hackbench arguments in the VM (emulation is 10-100x slower).
     pub vm_hackbench: &'static str,
+    /// Rounds of the comparison with bpftrace (untraced, bpftrace, fentry, kprobe each).
+    pub rounds: usize,
+    /// hackbench arguments of the comparison's runs.
+    pub peer_hackbench: &'static str,
 }
+
+/// The parts of the bench.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// This machine, tracepoint backend.
+    Host,
+    /// One VM boot: fentry and kprobe against their floors, slowdown, daemon.
+    Vm,
+    /// One VM boot: rounds of untraced, bpftrace, memcg-trace fentry and kprobe.
+    Peer,
+}
+
+/// Every part.
+pub const ALL_PARTS: [Part; 3] = [Part::Host, Part::Vm, Part::Peer];
+
+/// The probes both tools trace in the comparison: the three default functions.
+pub const PEER_PROBES: &str = "charge,stat,rstat";
 
 /// The full bench.
 pub const FULL: Size = Size {
     pairs: 5,
     host_hackbench: "-g 4 -l 1000",
     vm_hackbench: "-g 2 -l 50",
+    rounds: 5,
+    peer_hackbench: "-g 2 -l 200",
 };
 
 /// The smoke run of the test suite: one pair, tiny workloads; proves the bench runs.
@@ -41,6 +64,8 @@ pub const SMOKE: Size = Size {
     pairs: 1,
     host_hackbench: "-g 1 -l 50",
     vm_hackbench: "-g 1 -l 10",
+    rounds: 1,
+    peer_hackbench: "-g 1 -l 20",
 };
 
 fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
@@ -112,6 +137,386 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
         fs::copy(e.path(), out.join(e.file_name()))?;
     }
     Ok(())
+}
+
+fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Result<()> {
+    let spec = kernels::select(kernel)?[0];
+    let k = kernels::fetch(spec)?;
+    let script = format!(
+        "ROUNDS={}\nPEER_HACKBENCH='{}'\nPROBES='{PEER_PROBES}'\n{}",
+        size.rounds,
+        size.peer_hackbench,
+        include_str!("../guest/peer.sh")
+    );
+    let r = vm::run(
+        &k,
+        &VmSpec {
+            name: format!("{}-peer", spec.short),
+            script,
+            bins: vec![
+                bin.to_path_buf(),
+                crate::hackbench()?,
+                crate::which("bpftrace")?,
+            ],
+            accel,
+            timeout: Duration::from_secs(3600),
+            echo: true,
+            modules: Vec::new(),
+            // bpftrace brings LLVM: ~200 MB of libraries in the initramfs.
+            mem_mb: 2048,
+        },
+    )?;
+    if !r.success {
+        bail!(
+            "the bench's comparison VM failed: {}\n{}",
+            r.failure.clone().unwrap_or_default(),
+            r.tail(40)
+        );
+    }
+    for e in fs::read_dir(&r.out_dir)?.flatten() {
+        fs::copy(e.path(), out.join(e.file_name()))?;
+    }
+    Ok(())
+}
+
+/// hackbench's "Time: <seconds>" line.
+pub fn hackbench_time(text: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Time:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The calls a bpftrace run timed: the sum of the counts of every `hist()` it printed.
+pub fn bpftrace_hist_total(text: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with('['))
+        .filter_map(|l| {
+            let (head, _) = l.split_once('|')?;
+            head.split_whitespace().last()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// The calls a memcg-trace recording saw: timed or lost, every probe.
+fn recording_calls(v: &serde_json::Value) -> u64 {
+    v.pointer("/probes")
+        .and_then(|p| p.as_array())
+        .map(|ps| {
+            ps.iter()
+                .map(|p| {
+                    p.get("count").and_then(|c| c.as_u64()).unwrap_or(0)
+                        + p.get("lost").and_then(|c| c.as_u64()).unwrap_or(0)
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Median of `v` (None when empty).
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// One round of the comparison.
+#[derive(Debug, Clone)]
+struct Round {
+    round: usize,
+    /// hackbench seconds: untraced, bpftrace, fentry, kprobe, empty programs.
+    seconds: [Option<f64>; 5],
+    /// Traced calls: bpftrace's hist total, memcg-trace's count (fentry, kprobe).
+    calls: [u64; 3],
+    /// Full cost per traced call, ns: bpftrace, fentry, kprobe, empty programs (per fentry's
+    /// call count: they count nothing).
+    per_call_ns: [Option<f64>; 4],
+}
+
+impl Round {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "round": self.round,
+            "seconds": self.seconds,
+            "calls": self.calls,
+            "per_call_ns": self.per_call_ns,
+        })
+    }
+}
+
+/// The comparison's figures from its output directory.
+fn peer_rows(
+    dir: &Path,
+    size: Size,
+    kernel: &str,
+    rows: &mut Vec<Row>,
+) -> Result<serde_json::Value> {
+    let time = |r: usize, v: &str| -> Result<Option<f64>> {
+        let p = dir.join(format!("peer-{r}-{v}.txt"));
+        Ok(hackbench_time(
+            &fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?,
+        ))
+    };
+    let mut rounds = Vec::new();
+    for r in 1..=size.rounds {
+        let u = time(r, "U")?;
+        let b = time(r, "B")?;
+        let f = time(r, "F")?;
+        let k = time(r, "K")?;
+        let e = time(r, "E")?;
+        let bt = fs::read_to_string(dir.join(format!("peer-{r}-B.bt"))).unwrap_or_default();
+        let calls = [
+            bpftrace_hist_total(&bt),
+            recording_calls(&read(&dir.join(format!("peer-{r}-F.json")))?),
+            recording_calls(&read(&dir.join(format!("peer-{r}-K.json")))?),
+        ];
+        let per = |t: Option<f64>, n: u64| -> Option<f64> {
+            let (t, u) = (t?, u?);
+            (n > 0).then(|| (t - u) * 1e9 / n as f64)
+        };
+        rounds.push(Round {
+            round: r,
+            seconds: [u, b, f, k, e],
+            calls,
+            per_call_ns: [
+                per(b, calls[0]),
+                per(f, calls[1]),
+                per(k, calls[2]),
+                per(e, calls[1]),
+            ],
+        });
+    }
+    let place = format!("VM {kernel} (TCG)");
+    let col = |i: usize| -> Vec<f64> { rounds.iter().filter_map(|r| r.per_call_ns[i]).collect() };
+    let spread = |v: &[f64]| -> String {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if v.is_empty() {
+            "-".into()
+        } else {
+            format!("{:.2}-{:.2} us", lo / 1e3, hi / 1e3)
+        }
+    };
+    for (i, name) in [
+        (0, "bpftrace"),
+        (1, "memcg-trace fentry"),
+        (2, "memcg-trace kprobe"),
+        (3, "empty fentry/fexit programs (the floor)"),
+    ] {
+        let v = col(i);
+        rows.push(Row(
+            format!(
+                "full cost per traced call, {name} (median; spread of {} rounds)",
+                v.len()
+            ),
+            place.clone(),
+            match median(&v) {
+                Some(m) => format!("{:.2} us; {}", m / 1e3, spread(&v)),
+                None => "-".into(),
+            },
+            "report".into(),
+            "reported",
+        ));
+    }
+    let ratios = |i: usize| -> Vec<f64> {
+        // A round where a traced run was not slower than the untraced one says nothing (a
+        // workload too small for the noise of emulation).
+        rounds
+            .iter()
+            .filter_map(|r| {
+                let (a, b) = (r.per_call_ns[i]?, r.per_call_ns[0]?);
+                (a > 0.0 && b > 0.0).then(|| a / b)
+            })
+            .collect()
+    };
+    // Both tools trace the same functions on the same workload: their call counts must agree,
+    // or the rounds compare different work (bpftrace misses what its programs skip).
+    let agree: Vec<f64> = rounds
+        .iter()
+        .filter(|r| r.calls[1] > 0)
+        .map(|r| r.calls[0] as f64 / r.calls[1] as f64)
+        .collect();
+    let agree_m = median(&agree);
+    rows.push(Row(
+        "calls timed per run, bpftrace / memcg-trace fentry (median)".into(),
+        place.clone(),
+        agree_m.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
+        "0.9-1.1".into(),
+        verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
+    ));
+    let mut ratio_json = serde_json::Map::new();
+    for (i, name, target) in [(1, "fentry", true), (2, "kprobe", false)] {
+        let v = ratios(i);
+        let m = median(&v);
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        // The target is set for 6.12 with fentry; elsewhere the ratio is reported. A verdict
+        // needs most rounds to count.
+        let judged = target && kernel == "6.12" && v.len() * 2 > size.rounds && size.rounds >= 3;
+        rows.push(Row(
+            format!("full cost per call, memcg-trace {name} / bpftrace (median; range)"),
+            place.clone(),
+            match m {
+                Some(m) => format!("{m:.2}x; {lo:.2}-{hi:.2}x"),
+                None => "-".into(),
+            },
+            if target {
+                "<= 0.5x".into()
+            } else {
+                "report".into()
+            },
+            if judged {
+                verdict(m.map(|m| m <= 0.5))
+            } else {
+                "reported"
+            },
+        ));
+        ratio_json.insert(
+            name.into(),
+            serde_json::json!({"per_round": v, "median": m}),
+        );
+    }
+    // Above the floor every fentry/fexit tracer pays (the trampoline and the program calls):
+    // what the programs themselves add.
+    let above: Vec<f64> = rounds
+        .iter()
+        .filter_map(|r| {
+            let (b, f, e) = (r.per_call_ns[0]?, r.per_call_ns[1]?, r.per_call_ns[3]?);
+            (b - e > 0.0 && f - e > 0.0).then(|| (f - e) / (b - e))
+        })
+        .collect();
+    rows.push(Row(
+        "cost above the floor per call, memcg-trace fentry / bpftrace (median)".into(),
+        place.clone(),
+        median(&above)
+            .map(|m| format!("{m:.2}x ({} rounds)", above.len()))
+            .unwrap_or("-".into()),
+        "report".into(),
+        "reported",
+    ));
+    ratio_json.insert(
+        "fentry_above_floor".into(),
+        serde_json::json!({"per_round": above, "median": median(&above)}),
+    );
+    // Calibration: the programs' own time per traced call, bpf stats on for both tools.
+    let mut cal = serde_json::Map::new();
+    let b = read(&dir.join("cal-B.json"))?;
+    let progs = b.as_array().cloned().unwrap_or_default();
+    let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
+    let b_calls = sum("run_cnt") / 2;
+    let b_ns = ratio_opt(sum("run_time_ns") as f64, b_calls as f64);
+    let b_helpers: u64 = progs
+        .iter()
+        .filter_map(|p| p.get("helper_calls")?.as_u64())
+        .sum();
+    let b_insns: u64 = progs
+        .iter()
+        .filter_map(|p| p.get("xlated_insns")?.as_u64())
+        .sum();
+    cal.insert(
+        "bpftrace".into(),
+        serde_json::json!({"programs": progs, "ns_per_call": b_ns}),
+    );
+    let mut cal_line = format!(
+        "bpftrace {} ns ({} programs, {} insns, {} helper call sites)",
+        b_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+        progs.len(),
+        b_insns,
+        b_helpers
+    );
+    for v in ["F", "K"] {
+        let doc = read(&dir.join(format!("cal-{v}.json")))?;
+        let (mut t, mut n) = (0u64, 0u64);
+        for p in doc
+            .pointer("/probes")
+            .and_then(|p| p.as_array())
+            .into_iter()
+            .flatten()
+        {
+            for prog in p
+                .get("programs")
+                .and_then(|x| x.as_array())
+                .into_iter()
+                .flatten()
+            {
+                t += prog
+                    .get("run_time_ns")
+                    .and_then(|x| x.as_u64())
+                    .unwrap_or(0);
+                n += prog.get("run_cnt").and_then(|x| x.as_u64()).unwrap_or(0);
+            }
+        }
+        let ns = ratio_opt(t as f64, (n / 2) as f64);
+        let name = if v == "F" { "fentry" } else { "kprobe" };
+        let _ = write!(
+            cal_line,
+            "; memcg-trace {name} {} ns ({:.2}x)",
+            ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+            ns.zip(b_ns).map(|(a, b)| a / b).unwrap_or(f64::NAN)
+        );
+        cal.insert(name.into(), serde_json::json!({"ns_per_call": ns}));
+    }
+    rows.push(Row(
+        "programs' own time per traced call (bpf stats on, calibration run)".into(),
+        place.clone(),
+        cal_line,
+        "report".into(),
+        "reported",
+    ));
+    Ok(serde_json::json!({
+        "probes": PEER_PROBES,
+        "hackbench": size.peer_hackbench,
+        "bpftrace_script": fs::read_to_string(dir.join("peer.bt")).unwrap_or_default(),
+        "rounds": rounds.iter().map(Round::json).collect::<Vec<_>>(),
+        "ratios": ratio_json,
+        "calibration": cal,
+    }))
+}
+
+fn ratio_opt(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0).then(|| a / b)
+}
+
+/// The per-round table of the comparison, in markdown.
+fn peer_table(peer: &serde_json::Value) -> String {
+    let mut md = String::from("| round | untraced | bpftrace | fentry | kprobe | empty | bpftrace per call | fentry per call | kprobe per call | empty per call |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in peer
+        .pointer("/rounds")
+        .and_then(|r| r.as_array())
+        .into_iter()
+        .flatten()
+    {
+        let s = |i: usize| {
+            r.pointer(&format!("/seconds/{i}"))
+                .and_then(|x| x.as_f64())
+                .map(|x| format!("{x:.2} s"))
+                .unwrap_or("-".into())
+        };
+        let c = |i: usize| {
+            r.pointer(&format!("/per_call_ns/{i}"))
+                .and_then(|x| x.as_f64())
+                .map(|x| format!("{:.2} us", x / 1e3))
+                .unwrap_or("-".into())
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.get("round").and_then(|x| x.as_u64()).unwrap_or(0),
+            s(0),
+            s(1),
+            s(2),
+            s(3),
+            s(4),
+            c(0),
+            c(1),
+            c(2),
+            c(3)
+        );
+    }
+    md
 }
 
 fn read(path: &Path) -> Result<serde_json::Value> {
@@ -187,6 +592,47 @@ fn rows_for(
                 "reported"
             },
         ));
+        // The programs as the kernel runs them: memcg-trace's pair with direct reads, with
+        // bpf_probe_read_kernel reads (the way before), and the floors.
+        let code = v
+            .pointer("/code")
+            .and_then(|c| c.as_array())
+            .cloned()
+            .unwrap_or_default();
+        // `probe_read`: the second run's programs, named "<name> (probe-read)".
+        let shape = |probe_read: bool| -> Option<String> {
+            let progs: Vec<&serde_json::Value> = code
+                .iter()
+                .filter(|c| {
+                    let name = c.get("program").and_then(|p| p.as_str()).unwrap_or("");
+                    !name.starts_with("floor_") && name.ends_with(" (probe-read)") == probe_read
+                })
+                .collect();
+            if progs.is_empty() {
+                return None;
+            }
+            let sum = |k: &str| -> u64 { progs.iter().filter_map(|c| c.get(k)?.as_u64()).sum() };
+            Some(format!(
+                "{} insns, {} B jited, {} helper call sites",
+                sum("xlated_insns"),
+                sum("jited_bytes"),
+                sum("helper_calls")
+            ))
+        };
+        if let Some(direct) = shape(false) {
+            let pr = f(&v, "/ours_probe_read/ns_per_call");
+            rows.push(Row(
+                format!("memcg-trace's {b} programs: direct reads (bpf_probe_read_kernel reads)"),
+                place.into(),
+                format!(
+                    "{ours:.0} ns, {direct} ({} ns, {})",
+                    pr.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+                    shape(true).unwrap_or_default()
+                ),
+                "report".into(),
+                "reported",
+            ));
+        }
         json.insert(format!("bench_{b}"), v);
     }
     for tick in ["1s", "100ms"] {
@@ -222,6 +668,26 @@ fn rows_for(
                     "reported"
                 },
             ));
+            let phases: Vec<String> = v
+                .pointer("/meta/tracer/startup_phases")
+                .and_then(|p| p.as_array())
+                .into_iter()
+                .flatten()
+                .filter_map(|p| {
+                    Some(format!(
+                        "{} {:.0} ms",
+                        p.get("name")?.as_str()?,
+                        p.get("ns")?.as_f64()? / 1e6
+                    ))
+                })
+                .collect();
+            rows.push(Row(
+                "start-up phases".into(),
+                place.into(),
+                phases.join(", "),
+                "report".into(),
+                "reported",
+            ));
             rows.push(Row(
                 "start-up to all probes attached".into(),
                 place.into(),
@@ -251,24 +717,54 @@ fn rows_for(
 }
 
 /// Runs the bench on the host and in a VM on `kernel`; returns the report's path.
-pub fn bench(bin: &Path, size: Size, kernel: &str, accel: Accel) -> Result<PathBuf> {
+pub fn bench(
+    bin: &Path,
+    size: Size,
+    kernel: &str,
+    accel: Accel,
+    parts: &[Part],
+) -> Result<PathBuf> {
     let root = workspace_root().join("target/bench");
     let host_dir = root.join("host");
     let vm_dir = root.join(format!("vm-{kernel}"));
-    for d in [&host_dir, &vm_dir] {
-        let _ = fs::remove_dir_all(d);
-        fs::create_dir_all(d)?;
+    let peer_dir = root.join(format!("peer-{kernel}"));
+    // A part not run this time is read from its last run's directory.
+    let fresh = |part: Part, dir: &Path| -> Result<bool> {
+        if parts.contains(&part) {
+            let _ = fs::remove_dir_all(dir);
+            fs::create_dir_all(dir)?;
+            Ok(true)
+        } else if dir.is_dir() {
+            eprintln!("bench: {part:?}: reusing {}", dir.display());
+            Ok(false)
+        } else {
+            bail!(
+                "bench: {part:?} was not run and {} is missing: run it (--parts all)",
+                dir.display()
+            )
+        }
+    };
+    if fresh(Part::Host, &host_dir)? {
+        eprintln!(
+            "bench: host, tracepoint backend ({} pairs of hackbench {})",
+            size.pairs, size.host_hackbench
+        );
+        host_run(bin, &host_dir, size)?;
     }
-    eprintln!(
-        "bench: host, tracepoint backend ({} pairs of hackbench {})",
-        size.pairs, size.host_hackbench
-    );
-    host_run(bin, &host_dir, size)?;
-    eprintln!(
-        "bench: VM {kernel}, fentry and kprobe ({} pairs of hackbench {})",
-        size.pairs, size.vm_hackbench
-    );
-    vm_run(bin, &vm_dir, size, kernel, accel)?;
+    if fresh(Part::Vm, &vm_dir)? {
+        eprintln!(
+            "bench: VM {kernel}, fentry and kprobe ({} pairs of hackbench {})",
+            size.pairs, size.vm_hackbench
+        );
+        vm_run(bin, &vm_dir, size, kernel, accel)?;
+    }
+    if fresh(Part::Peer, &peer_dir)? {
+        eprintln!(
+            "bench: VM {kernel}, {} rounds of hackbench {} untraced / bpftrace / memcg-trace fentry / kprobe",
+            size.rounds, size.peer_hackbench
+        );
+        peer_run(bin, &peer_dir, size, kernel, accel)?;
+    }
     let mut rows = Vec::new();
     let host = rows_for(&host_dir, "host", &["tracepoint"], true, &mut rows)?;
     let vm = rows_for(
@@ -278,9 +774,11 @@ pub fn bench(bin: &Path, size: Size, kernel: &str, accel: Accel) -> Result<PathB
         false,
         &mut rows,
     )?;
+    let peer = peer_rows(&peer_dir, size, kernel, &mut rows)?;
     let report = serde_json::json!({
         "host": host,
         "vm": { "kernel": kernel, "results": vm },
+        "peer": peer,
         "rows": rows.iter().map(|r| serde_json::json!({"figure": r.0, "where": r.1, "value": r.2, "target": r.3, "verdict": r.4})).collect::<Vec<_>>(),
     });
     fs::write(
@@ -297,7 +795,37 @@ pub fn bench(bin: &Path, size: Size, kernel: &str, accel: Accel) -> Result<PathB
             r.0, r.1, r.2, r.3, r.4
         );
     }
+    let _ = write!(
+        md,
+        "\n## memcg-trace and bpftrace, one boot of {kernel} (TCG)\n\nhackbench {} per run; full cost per call = (traced - untraced seconds of the round) / traced calls.\n\n{}",
+        size.peer_hackbench,
+        peer_table(&peer)
+    );
     fs::write(root.join("report.md"), md)?;
+    summary.push('\n');
+    summary.push_str(&peer_table(&peer));
     println!("{summary}");
     Ok(root.join("report.md"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_hackbench_time_and_bpftrace_hist_totals() {
+        let hb = "Running in process mode with 2 groups\nEach sender will pass 200 messages\nTime: 8.930\n";
+        assert_eq!(hackbench_time(hb), Some(8.93));
+        assert_eq!(hackbench_time("no time here"), None);
+        let bt = "Attaching 6 probes...\n\n\n@ns1: \n[512, 1K)              4 |          |\n[1K, 2K)           17052 |@@@@@@@@@@|\n\n@ns3: \n[2M, 4M)               9 |          |\n[4M, 8M)               0 |          |\n";
+        assert_eq!(bpftrace_hist_total(bt), 4 + 17052 + 9);
+        assert_eq!(bpftrace_hist_total("Attaching 6 probes...\n"), 0);
+    }
+
+    #[test]
+    fn median_skips_non_finite_values() {
+        assert_eq!(median(&[3.0, f64::NAN, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
+        assert_eq!(median(&[f64::INFINITY]), None);
+    }
 }

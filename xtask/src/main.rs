@@ -44,6 +44,12 @@ enum Cmd {
         /// Seconds before a boot is declared hung.
         #[arg(long, default_value_t = 900)]
         timeout: u64,
+        /// More host programs for the guest (with their libraries), e.g. /usr/bin/bpftrace.
+        #[arg(long)]
+        bin: Vec<PathBuf>,
+        /// Guest memory, MiB.
+        #[arg(long, default_value_t = 1024)]
+        mem: u32,
     },
     /// The main job: memcg-trace alongside hackbench on a stock kernel in a VM (or the host).
     Demo {
@@ -73,6 +79,9 @@ enum Cmd {
         /// One pair and tiny workloads: proves the bench runs, measures nothing.
         #[arg(long)]
         smoke: bool,
+        /// Parts to run (the others are read from their last run): host, vm, peer.
+        #[arg(long, value_enum, value_delimiter = ',')]
+        parts: Vec<xtask::bench::Part>,
     },
     /// Everything CI runs: setup, fmt, clippy, unit tests, host root tests, the VM matrix.
     Test {
@@ -95,7 +104,9 @@ fn main() {
             accel,
             script,
             timeout,
-        } => vm_cmd(&kernel, accel, script, timeout),
+            bin,
+            mem,
+        } => vm_cmd(&kernel, accel, script, timeout, bin, mem),
         Cmd::Demo {
             host,
             kernel,
@@ -107,6 +118,7 @@ fn main() {
             kernel,
             accel,
             smoke,
+            parts,
         } => setup::setup().and_then(|_| {
             let bin = build_release()?;
             let size = if smoke {
@@ -114,7 +126,12 @@ fn main() {
             } else {
                 xtask::bench::FULL
             };
-            let report = xtask::bench::bench(&bin, size, &kernel, accel)?;
+            let parts = if parts.is_empty() {
+                xtask::bench::ALL_PARTS.to_vec()
+            } else {
+                parts
+            };
+            let report = xtask::bench::bench(&bin, size, &kernel, accel, &parts)?;
             eprintln!("bench: report in {}", report.display());
             Ok(())
         }),
@@ -125,7 +142,14 @@ fn main() {
     }
 }
 
-fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> Result<()> {
+fn vm_cmd(
+    kernel: &str,
+    accel: Accel,
+    script: Option<PathBuf>,
+    timeout: u64,
+    extra_bins: Vec<PathBuf>,
+    mem: u32,
+) -> Result<()> {
     let specs = kernels::select(kernel)?;
     let script = match script {
         Some(p) => fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?,
@@ -141,12 +165,15 @@ fn vm_cmd(kernel: &str, accel: Accel, script: Option<PathBuf>, timeout: u64) -> 
             &VmSpec {
                 name: format!("{}-vm", spec.short),
                 script: script.clone(),
-                bins: vec![bin.clone(), hackbench.clone()],
+                bins: [bin.clone(), hackbench.clone()]
+                    .into_iter()
+                    .chain(extra_bins.iter().cloned())
+                    .collect(),
                 accel,
                 timeout: Duration::from_secs(timeout),
                 echo: true,
                 modules: Vec::new(),
-                mem_mb: 0,
+                mem_mb: mem,
             },
         )?;
         if r.success {
@@ -328,9 +355,15 @@ fn test(kernel: &str, accel: Accel) -> Result<()> {
     )?;
     // The bench is separate from the tests; its smoke run (one pair) keeps it from rotting.
     eprintln!("test: bench smoke run");
-    let bench_ok = xtask::bench::bench(&bin, xtask::bench::SMOKE, "6.12", accel)
-        .map_err(|e| eprintln!("test: bench smoke run failed: {e:#}"))
-        .is_ok();
+    let bench_ok = xtask::bench::bench(
+        &bin,
+        xtask::bench::SMOKE,
+        "6.12",
+        accel,
+        &xtask::bench::ALL_PARTS,
+    )
+    .map_err(|e| eprintln!("test: bench smoke run failed: {e:#}"))
+    .is_ok();
     println!(
         "bench-smoke: {} passed, {} failed",
         bench_ok as u32, !bench_ok as u32

@@ -21,6 +21,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "cpio",
     "tmux",
     "debian-archive-keyring",
+    // The peer of `cargo xtask bench`: a typical bpftrace latency script (Debian 12: 0.17).
+    "bpftrace",
 ];
 
 /// bpf-linker version; 0.13 builds against LLVM 22, the LLVM of the preinstalled nightly.

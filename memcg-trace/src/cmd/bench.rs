@@ -18,6 +18,7 @@ use crate::{
     probes::{AttachMode, Backend, Plan},
     session::{self, check_privileges, Event, LiveArgs, Options, ProbeSel, Session, Verbosity},
     snapshot::ProgCost,
+    tracer::proginfo::ProgCode,
     workload,
 };
 
@@ -86,12 +87,28 @@ pub struct BenchOut {
     pub floor_clock: PairCost,
     /// Floor (a): empty programs.
     pub floor_empty: PairCost,
+    /// memcg-trace's pair with the preempt count and switch counts read through
+    /// bpf_probe_read_kernel (`--probe-read`), measured the same way in a second run.
+    pub ours_probe_read: PairCost,
+    /// What the kernel runs for each program of the comparison: memcg-trace's (direct reads),
+    /// memcg-trace's with `--probe-read`, and the floors'.
+    pub code: Vec<NamedCode>,
     /// ours / floor (b).
     pub ratio_to_clock: Option<f64>,
     /// ours / floor (a).
     pub ratio_to_empty: Option<f64>,
     /// Workload slowdown with the default probes.
     pub slowdown: Slowdown,
+}
+
+/// One program's code.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NamedCode {
+    /// Program name, with ` (probe-read)` for the second run's.
+    pub program: String,
+    /// Its code as the kernel runs it.
+    #[serde(flatten)]
+    pub code: ProgCode,
 }
 
 fn pair_cost(costs: &[ProgCost], progs: &[&str]) -> PairCost {
@@ -138,6 +155,101 @@ fn floors(b: Backend) -> (&'static [&'static str], &'static [&'static str]) {
     }
 }
 
+/// What one per-call run measured.
+struct PerCall {
+    /// The traced function or tracepoint.
+    target: String,
+    /// memcg-trace's programs on it.
+    ours: Vec<&'static str>,
+    /// Every program's run statistics.
+    costs: Vec<ProgCost>,
+    /// The code of memcg-trace's programs and of the floors.
+    code: Vec<NamedCode>,
+}
+
+/// Runs the workload once with memcg-trace's pair on `probe` and the `extra` floor programs
+/// next to it on the same function, bpf stats on.
+async fn per_call(
+    args: &BenchArgs,
+    probe: &str,
+    cmd: &[String],
+    sel: &ProbeSel,
+    probe_read: bool,
+    clock: &[&'static str],
+    empty: &[&'static str],
+) -> Result<PerCall> {
+    let live = LiveArgs {
+        sel: ProbeSel {
+            probe: vec![probe.to_string()],
+            ..sel.clone()
+        },
+        command: cmd.to_vec(),
+        // The per-call figures are the kernel's run-time stats: on for this run only (the
+        // slowdown runs below have them off, like a default recording).
+        bpf_stats: true,
+        probe_read,
+        ..LiveArgs::default()
+    };
+    let opts = Options {
+        verbosity: Verbosity::Quiet,
+        dashboard: true,
+    };
+    let mut target = None;
+    let mut code = Vec::new();
+    let mut s = Session::start(&live, opts, |tracer| {
+        let ours =
+            tracer.attached.first().cloned().ok_or_else(|| {
+                anyhow!("probe {probe} could not be attached with {}", args.attach)
+            })?;
+        let plan = Plan {
+            backend: args.attach,
+            target: ours.target.clone(),
+        };
+        target = Some((ours.target.clone(), ours.programs.clone()));
+        let extra: Vec<&'static str> = clock.iter().chain(empty).copied().collect();
+        if !extra.is_empty() {
+            tracer
+                .attach_extra(&extra, &plan)
+                .context("attach the floor programs")?;
+        }
+        for p in ours.programs.iter().copied().chain(extra) {
+            if let Some(c) = tracer.code(p) {
+                code.push(NamedCode {
+                    program: p.to_string(),
+                    code: c,
+                });
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    let end = loop {
+        match s.next().await? {
+            Event::Tick(_) => {}
+            Event::WorkloadExited(code) => break session::End::Exited(code),
+            Event::Signal(sig) => break session::End::Signal(sig),
+        }
+    };
+    let fin = s.finish(end).await?;
+    if fin.exit_code != 0 {
+        anyhow::bail!("{:?} failed under the bench (exit {})", cmd, fin.exit_code);
+    }
+    let (target, ours) = target.expect("set when attached");
+    let costs = fin
+        .snapshot
+        .probes
+        .iter()
+        .flat_map(|p| p.programs.iter().cloned())
+        .chain(fin.snapshot.extra.iter().cloned())
+        .collect();
+    Ok(PerCall {
+        target,
+        ours,
+        costs,
+        code,
+    })
+}
+
 /// `memcg-trace bench`.
 pub async fn run(args: BenchArgs) -> Result<i32> {
     check_privileges()?;
@@ -160,59 +272,21 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         attach: mode(args.attach),
         all: false,
     };
-    // 1. Per-call cost, side by side on one function during one run of the workload.
+    // 1. Per-call cost, side by side on one function during one run of the workload; then
+    //    memcg-trace's pair alone again with bpf_probe_read_kernel reads, for the before/after.
     let (clock, empty) = floors(args.attach);
-    let live = LiveArgs {
-        sel: ProbeSel {
-            probe: vec![probe.clone()],
-            ..sel.clone()
-        },
-        command: cmd.clone(),
-        ..LiveArgs::default()
-    };
-    let opts = Options {
-        verbosity: Verbosity::Quiet,
-        dashboard: true,
-    };
-    let mut target = None;
-    let mut s = Session::start(&live, opts, |tracer| {
-        let ours = tracer
-            .attached
-            .first()
-            .ok_or_else(|| anyhow!("probe {probe} could not be attached with {}", args.attach))?;
-        let plan = Plan {
-            backend: args.attach,
-            target: ours.target.clone(),
-        };
-        target = Some((ours.target.clone(), ours.programs.clone()));
-        let all: Vec<&'static str> = clock.iter().chain(empty).copied().collect();
-        tracer
-            .attach_extra(&all, &plan)
-            .context("attach the floor programs")
-    })
-    .await?;
-    let end = loop {
-        match s.next().await? {
-            Event::Tick(_) => {}
-            Event::WorkloadExited(code) => break session::End::Exited(code),
-            Event::Signal(sig) => break session::End::Signal(sig),
-        }
-    };
-    let fin = s.finish(end).await?;
-    if fin.exit_code != 0 {
-        anyhow::bail!("{:?} failed under the bench (exit {})", cmd, fin.exit_code);
-    }
-    let (target, ours_programs) = target.expect("set when attached");
-    let costs: Vec<ProgCost> = fin
-        .snapshot
-        .probes
-        .iter()
-        .flat_map(|p| p.programs.iter().cloned())
-        .chain(fin.snapshot.extra.iter().cloned())
-        .collect();
-    let ours_cost = pair_cost(&costs, &ours_programs);
-    let floor_clock = pair_cost(&costs, clock);
-    let floor_empty = pair_cost(&costs, empty);
+    let direct = per_call(&args, &probe, &cmd, &sel, false, clock, empty).await?;
+    let plain = per_call(&args, &probe, &cmd, &sel, true, &[], &[]).await?;
+    let ours_cost = pair_cost(&direct.costs, &direct.ours);
+    let ours_probe_read = pair_cost(&plain.costs, &plain.ours);
+    let floor_clock = pair_cost(&direct.costs, clock);
+    let floor_empty = pair_cost(&direct.costs, empty);
+    let target = direct.target;
+    let mut code = direct.code;
+    code.extend(plain.code.into_iter().map(|mut c| {
+        c.program.push_str(" (probe-read)");
+        c
+    }));
     // 2. Slowdown, interleaved: untraced, traced, untraced, traced, ...
     let mut slow = Slowdown {
         untraced_s: Vec::new(),
@@ -251,6 +325,8 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
             .zip(floor_empty.ns_per_call)
             .and_then(|(a, b)| ratio(a, b)),
         ours: ours_cost,
+        ours_probe_read,
+        code,
         floor_clock,
         floor_empty,
         slowdown: slow,

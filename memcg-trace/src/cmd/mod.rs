@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod probes;
+pub mod programs;
 pub mod record;
 pub mod report;
 pub mod selftest;

@@ -233,12 +233,12 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step]) -> Result<Outcome> {
         .sum();
     let whist: Shared<Hist> = rig.shared(names::MAP_WORKLOAD_HIST, rig.cpus * MAX_PROBES)?;
     for cpu in 0..rig.cpus as u32 {
-        out.workload
-            .add_cpu(&whist.get(memcg_trace_common::workload_cell(
-                cpu,
-                MAX_PROBES as u32,
-                probe as u32,
-            ) as usize));
+        let h = whist
+            .get(memcg_trace_common::workload_cell(cpu, MAX_PROBES as u32, probe as u32) as usize);
+        out.workload.add_cpu(&h);
+        // As the tracer reads them: a workload task's call is recorded once, in WORKLOAD_HIST;
+        // the task context holds both.
+        out.hist[memcg_trace_common::CTX_TASK as usize].add_cpu(&h);
     }
     Ok(out)
 }
@@ -307,7 +307,7 @@ pub fn context_check(
             .program_mut(prog)
             .ok_or_else(|| anyhow!("program {prog} missing from the object"))?;
         for tp in *tps {
-            if load_and_attach(p, tp, &btf, 0).is_ok() {
+            if load_and_attach(p, prog, tp, &btf).is_ok() {
                 used[row] = Some(tp.to_string());
                 break;
             }
@@ -544,7 +544,7 @@ impl Tracer {
             // Without the pair, then with it: the difference is what a traced call costs. The
             // faster of two batches each, the one least disturbed by the rest of the machine.
             let bare = run(self, calls)?.min(run(self, calls)?);
-            self.attach_programs(&programs, FLOOR_FUNCTION, slot)
+            self.attach_programs(&programs, FLOOR_FUNCTION, Some(slot))
                 .map_err(|e| anyhow!("attach to {FLOOR_FUNCTION}: {e}"))?;
             let traced = run(self, calls)?;
             let traced = traced.min(run(self, calls)?);

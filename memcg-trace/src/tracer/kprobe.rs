@@ -52,11 +52,12 @@ pub struct KprobeEvent {
 impl KprobeEvent {
     /// Creates `kprobe_events` entry for `function` (a kretprobe with [`MAXACTIVE`] instances
     /// when `ret`) and attaches the loaded program `prog_fd` to it.
-    pub fn attach(function: &str, ret: bool, slot: u32, prog_fd: RawFd) -> Result<Self> {
+    /// The event is named after the program (`program`), unique in the object.
+    pub fn attach(function: &str, ret: bool, program: &str, prog_fd: RawFd) -> Result<Self> {
         let tracefs =
             tracefs().ok_or_else(|| anyhow!("tracefs with kprobe_events is not mounted"))?;
         let pid = std::process::id();
-        let name = format!("memcg_trace_{pid}_{}{slot}", if ret { "r" } else { "p" });
+        let name = format!("memcg_trace_{pid}_{program}");
         let event = format!("{}/{name}", group(pid));
         let def = if ret {
             format!("r{MAXACTIVE}:{event} {function}")
@@ -187,7 +188,7 @@ pub fn remove_stale() -> usize {
     };
     let mut removed = 0;
     for line in list.lines() {
-        // "p:memcg_trace_123/memcg_trace_123_p0 obj_cgroup_charge"
+        // "p:memcg_trace_123/memcg_trace_123_kprobe_0 obj_cgroup_charge"
         let Some(event) = line
             .split_whitespace()
             .next()

@@ -8,6 +8,8 @@
 pub mod checks;
 pub mod deferred;
 pub mod kprobe;
+pub mod patch;
+pub mod proginfo;
 pub mod shared;
 
 use std::{
@@ -26,7 +28,7 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use memcg_trace_common::{
-    cell, names, workload_cell, Config, Counters, Deferred, Hist, KernelLayout, NUM_CTX,
+    cell, names, workload_cell, Config, Counters, Deferred, Hist, KernelLayout, CTX_TASK, NUM_CTX,
 };
 
 use self::{
@@ -82,11 +84,18 @@ pub struct LoadOptions {
     pub preemptible: bool,
     /// Diagnostics from inside the programs.
     pub ebpf_log: bool,
+    /// Read the preempt count and the task's switch counts with `bpf_probe_read_kernel`, as
+    /// before direct reads (for the bench's before/after and as a way out should a kernel
+    /// refuse them).
+    pub probe_read: bool,
 }
 
 /// The one way the object is loaded: kernel layout and settings patched into the programs'
 /// read-only globals, the shared arrays sized for the CPUs and probes. With the log level 0
 /// the verifier removes every log statement, so diagnostics cost nothing when off.
+/// (`EbpfLoader::new` parses the kernel's BTF for itself, whatever it is given later, so the
+/// callers parse theirs for attaching only once the loader is gone: the two, tens of MiB each,
+/// are never alive together.)
 fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<Ebpf> {
     if EBPF_OBJECT.is_empty() {
         bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
@@ -102,26 +111,49 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<Ebpf> {
     };
     let level: u8 = if o.ebpf_log { 0xff } else { 0 };
     let cells = cpus * probes * NUM_CTX as u32;
+    // Direct reads (plain loads instead of bpf_probe_read_kernel calls) unless asked not to.
+    let mut layout = *layout;
+    let mut object = None;
+    if !o.probe_read {
+        layout.direct_task = 1;
+        if layout.preempt_var_id != 0 {
+            // A copy aligned like the original, for the ELF parser.
+            let mut words = vec![0u64; EBPF_OBJECT.len().div_ceil(8)];
+            // SAFETY: a u64 buffer viewed as the bytes it holds.
+            let bytes: &mut [u8] = unsafe {
+                std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), EBPF_OBJECT.len())
+            };
+            bytes.copy_from_slice(EBPF_OBJECT);
+            if patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
+                layout.direct_preempt = 1;
+                object = Some(words);
+            }
+        }
+    }
+    let bytes: &[u8] = match &object {
+        // SAFETY: as above; the buffer outlives the load.
+        Some(w) => unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), EBPF_OBJECT.len()) },
+        None => EBPF_OBJECT,
+    };
     EbpfLoader::new()
-        .override_global(names::GLOBAL_LAYOUT, layout, true)
+        .override_global(names::GLOBAL_LAYOUT, &layout, true)
         .override_global(names::GLOBAL_CONFIG, &config, true)
         .override_global(aya_log::LEVEL, &level, true)
         .map_max_entries(names::MAP_HIST, cells)
         .map_max_entries(names::MAP_COUNTERS, cells)
         .map_max_entries(names::MAP_WORKLOAD_HIST, cpus * probes)
         .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
-        .load(EBPF_OBJECT)
+        .load(bytes)
         .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
 }
 
-/// Loads `prog` for `target` (a function or tracepoint; kprobes take theirs at attach) and
-/// attaches it there, except kprobes: `kprobe` says whether to create a tracefs kprobe event
-/// (true: a kretprobe) for it.
+/// Loads the program `name` (`p`) for `target` (a function or tracepoint; kprobes take theirs
+/// at attach) and attaches it there; kprobes through a tracefs kprobe event named after it.
 fn load_and_attach(
     p: &mut Program,
+    name: &str,
     target: &str,
     btf: &Btf,
-    slot: u32,
 ) -> Result<Option<KprobeEvent>, String> {
     let refused = |s: String| {
         if s.contains("Operation not permitted") || s.contains("EPERM") {
@@ -146,7 +178,7 @@ fn load_and_attach(
             let ret = matches!(p.kind(), aya::programs::ProbeKind::Return);
             p.load().map_err(|e| refused(chain(&e)))?;
             let fd = p.fd().map_err(|e| chain(&e))?.as_fd().as_raw_fd();
-            return KprobeEvent::attach(target, ret, slot, fd)
+            return KprobeEvent::attach(target, ret, name, fd)
                 .map(Some)
                 .map_err(|e| refused(format!("{e:#}")));
         }
@@ -296,8 +328,6 @@ pub struct Tracer {
 impl Tracer {
     /// Loads the object and maps its shared arrays.
     pub fn load(layout: &KernelLayout, opts: &LoadOptions) -> Result<Self> {
-        // EbpfLoader parses the kernel's BTF for itself; ours is parsed after the loader is gone
-        // so that the two (tens of MiB each) are never alive together.
         let mut ebpf = load_object(layout, opts)?;
         let logger = if opts.ebpf_log {
             Some(
@@ -393,7 +423,7 @@ impl Tracer {
             let programs = slot_programs(plan.backend, slot);
             // The entry program is new: its misses are 0 until it is attached.
             let before = monotonic_ns();
-            match self.attach_programs(&programs, &plan.target, slot) {
+            match self.attach_programs(&programs, &plan.target, Some(slot)) {
                 Ok(()) => {
                     self.set_window(slot, memcg_trace_common::WINDOW_OPEN);
                     self.verifier.mark(
@@ -436,11 +466,13 @@ impl Tracer {
 
     /// Attaches `programs` (entry first) to `target` in probe slot `slot`, exit first: an entry
     /// whose exit is not there yet would only leave stale pending calls. All or none.
+    /// Attaches `programs` to `target`, exits first; `slot`: the probe slot they serve (None for
+    /// the bench's floors, which have no pairing state).
     fn attach_programs(
         &mut self,
         programs: &[&'static str],
         target: &str,
-        slot: u32,
+        slot: Option<u32>,
     ) -> Result<(), String> {
         for (i, &name) in programs.iter().enumerate().rev() {
             let r = self.attach_program(name, target, slot);
@@ -461,7 +493,7 @@ impl Tracer {
         &mut self,
         name: &'static str,
         target: &str,
-        slot: u32,
+        slot: Option<u32>,
     ) -> Result<(), String> {
         // fentry: loaded first, so that its own miss counter goes to PROG_MISSES before it runs.
         let fentry = matches!(self.ebpf.program(name), Some(Program::FEntry(_)));
@@ -474,7 +506,9 @@ impl Tracer {
                 return Err(format!("program {name} missing from the object"));
             };
             f.load(target, btf).map_err(|e| chain(&e))?;
-            self.point_prog_misses(name, slot);
+            if let Some(slot) = slot {
+                self.point_prog_misses(name, slot);
+            }
         }
         let btf = self
             .btf
@@ -484,7 +518,7 @@ impl Tracer {
             .ebpf
             .program_mut(name)
             .ok_or_else(|| format!("program {name} missing from the object"))?;
-        let k = load_and_attach(p, target, btf, slot)?;
+        let k = load_and_attach(p, name, target, btf)?;
         if let Some(fd) = dup_fd(p) {
             self.prog_fds.insert(name, fd);
         }
@@ -560,7 +594,7 @@ impl Tracer {
     /// Attaches further programs of the object (the bench floors) to `plan`'s target, exit
     /// programs first; their costs are reported in [`Snapshot::extra`].
     pub fn attach_extra(&mut self, programs: &[&'static str], plan: &Plan) -> Result<()> {
-        self.attach_programs(programs, &plan.target, 0)
+        self.attach_programs(programs, &plan.target, None)
             .map_err(|e| anyhow!("{} on {}: {e}", programs.join("+"), plan.target))?;
         self.extra.extend_from_slice(programs);
         Ok(())
@@ -649,6 +683,11 @@ impl Tracer {
         }
     }
 
+    /// The code of one attached program of the object, as the kernel runs it.
+    pub fn code(&self, prog: &str) -> Option<proginfo::ProgCode> {
+        proginfo::code(self.prog_fds.get(prog)?.as_fd()).ok()
+    }
+
     /// Forwards the programs' diagnostics, if they are on.
     pub fn flush_log(&mut self) {
         if let Some(l) = self.logger.as_mut() {
@@ -694,11 +733,21 @@ impl Tracer {
         let mut probes = Vec::with_capacity(self.attached.len());
         for a in &self.attached {
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
+            // The programs record a workload task's call in WORKLOAD_HIST only (one record per
+            // call); the task context's histogram holds both.
+            let workload_cells = |cpu: u32| {
+                (a.backend.has_latency()).then(|| workload_cell(cpu, self.probes, a.slot) as usize)
+            };
             for (ctx, stats) in contexts.iter_mut().enumerate() {
                 for cpu in 0..self.cpus as u32 {
                     let i = cell(cpu, self.probes, a.slot, ctx as u32) as usize;
                     stats.hist.add_cpu(&self.hist.get(i));
                     stats.counters.add(&self.counters.get(i));
+                    if ctx == CTX_TASK as usize {
+                        if let Some(w) = workload_cells(cpu) {
+                            stats.hist.add_cpu(&self.workload_hist.get(w));
+                        }
+                    }
                 }
                 let out = &self.verifier.outcomes[a.slot as usize][ctx];
                 stats.hist.merge(&out.hist);

@@ -1,0 +1,168 @@
+//! Rewrites the eBPF object before it is loaded, where Rust eBPF cannot say what the programs
+//! mean: each `ld_imm64` of [`PERCPU_VAR_MARKER`] becomes a `BPF_PSEUDO_BTF_ID` load of the
+//! kernel's per-CPU variable holding the preempt count, so the programs reach it with
+//! `bpf_this_cpu_ptr` and a plain load instead of a `bpf_probe_read_kernel` call.
+//!
+//! Only the instructions of executable sections are touched; the object's relocations, BTF and
+//! line info stay valid because an instruction's size and position do not change.
+
+use anyhow::{bail, Result};
+use memcg_trace_common::PERCPU_VAR_MARKER;
+
+/// `BPF_LD | BPF_IMM | BPF_DW`: the first half of a 64-bit immediate load.
+const LD_IMM64: u8 = 0x18;
+/// `src_reg` of an `ld_imm64` whose immediate is a BTF id of a kernel variable.
+const BPF_PSEUDO_BTF_ID: u8 = 3;
+/// `SHF_EXECINSTR`.
+const SHF_EXECINSTR: u64 = 0x4;
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// The (offset, size) of every executable section of a little-endian ELF64 object.
+fn code_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>> {
+    if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+        bail!("the eBPF object is not a little-endian ELF64 file");
+    }
+    let bad = || anyhow::anyhow!("the eBPF object's section headers are truncated");
+    let shoff = u64_at(elf, 0x28).ok_or_else(bad)? as usize;
+    let shentsize = u16_at(elf, 0x3a).ok_or_else(bad)? as usize;
+    let shnum = u16_at(elf, 0x3c).ok_or_else(bad)? as usize;
+    let mut out = Vec::new();
+    for i in 0..shnum {
+        let h = shoff + i * shentsize;
+        let flags = u64_at(elf, h + 8).ok_or_else(bad)?;
+        let (off, size) = (
+            u64_at(elf, h + 0x18).ok_or_else(bad)? as usize,
+            u64_at(elf, h + 0x20).ok_or_else(bad)? as usize,
+        );
+        // SHT_NOBITS sections have no bytes in the file.
+        if flags & SHF_EXECINSTR != 0 && u32_at(elf, h + 4) != Some(8) {
+            if off.checked_add(size).is_none_or(|end| end > elf.len()) {
+                bail!("the eBPF object's section {i} lies outside the file");
+            }
+            out.push((off, size));
+        }
+    }
+    Ok(out)
+}
+
+/// Rewrites every marker load in `elf` into a load of the kernel variable `btf_id`; returns
+/// how many it rewrote.
+pub fn percpu_var(elf: &mut [u8], btf_id: u32) -> Result<usize> {
+    let lo = (PERCPU_VAR_MARKER as u32).to_le_bytes();
+    let hi = ((PERCPU_VAR_MARKER >> 32) as u32).to_le_bytes();
+    let mut n = 0;
+    for (off, size) in code_sections(elf)? {
+        let code = &mut elf[off..off + size];
+        let mut i = 0;
+        while i + 16 <= code.len() {
+            let insn = &code[i..i + 16];
+            if insn[0] == LD_IMM64
+                && insn[1] >> 4 == 0
+                && insn[4..8] == lo
+                && insn[8..12] == [0; 4]
+                && insn[12..16] == hi
+            {
+                // dst_reg stays; src_reg = BPF_PSEUDO_BTF_ID; imm = the id; the second half's
+                // imm = 0: the id is in vmlinux, not a module.
+                code[i + 1] = (code[i + 1] & 0x0f) | (BPF_PSEUDO_BTF_ID << 4);
+                code[i + 4..i + 8].copy_from_slice(&btf_id.to_le_bytes());
+                code[i + 12..i + 16].copy_from_slice(&[0; 4]);
+                n += 1;
+                i += 16;
+            } else if insn[0] == LD_IMM64 {
+                i += 16;
+            } else {
+                i += 8;
+            }
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The object this binary carries, in memory aligned like the loader's copy.
+    fn object() -> Vec<u8> {
+        super::super::EBPF_OBJECT.to_vec()
+    }
+
+    #[test]
+    fn rewrites_every_marker_of_the_real_object_and_nothing_else() {
+        let orig = object();
+        if orig.is_empty() {
+            eprintln!("skipping rewrites_every_marker_of_the_real_object_and_nothing_else: built with AYA_BUILD_SKIP (no eBPF object)");
+            return;
+        }
+        let mut elf = orig.clone();
+        let n = percpu_var(&mut elf, 0x1234_5678).expect("patch");
+        // One site per inlined context read: the entry, exit and tracepoint programs of every
+        // probe slot read the context at least once.
+        assert!(n >= 12 * 3, "only {n} marker loads found");
+        let changed: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] != elf[i]).collect();
+        // Per site: the register byte, four immediate bytes (the id's four differ from the
+        // marker's), at most four of the second half.
+        assert!(changed.len() <= n * 9, "{} bytes changed", changed.len());
+        assert!(percpu_var(&mut elf, 1).unwrap() == 0, "a marker survived");
+        let marker = PERCPU_VAR_MARKER.to_le_bytes();
+        assert!(
+            !elf.windows(4).any(|w| w == &marker[..4]),
+            "marker bytes remain somewhere in the object"
+        );
+    }
+
+    #[test]
+    fn rewrites_a_marker_in_place_and_keeps_the_register() {
+        // A minimal ELF64 with one executable section holding: mov r0, 0; ld_imm64 r3, marker;
+        // exit.
+        let mut code = vec![0xb7, 0x00, 0, 0, 0, 0, 0, 0];
+        code.extend([LD_IMM64, 0x03, 0, 0]);
+        code.extend((PERCPU_VAR_MARKER as u32).to_le_bytes());
+        code.extend([0, 0, 0, 0]);
+        code.extend(((PERCPU_VAR_MARKER >> 32) as u32).to_le_bytes());
+        code.extend([0x95, 0, 0, 0, 0, 0, 0, 0]);
+        let mut elf = vec![0u8; 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        let code_off = elf.len();
+        elf.extend(&code);
+        let shoff = elf.len();
+        elf[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
+        elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        elf[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes());
+        elf.extend([0u8; 64]); // the null section
+        let mut sh = [0u8; 64];
+        sh[4..8].copy_from_slice(&1u32.to_le_bytes()); // SHT_PROGBITS
+        sh[8..16].copy_from_slice(&(SHF_EXECINSTR | 2).to_le_bytes());
+        sh[0x18..0x20].copy_from_slice(&(code_off as u64).to_le_bytes());
+        sh[0x20..0x28].copy_from_slice(&(code.len() as u64).to_le_bytes());
+        elf.extend(sh);
+        assert_eq!(percpu_var(&mut elf, 77).unwrap(), 1);
+        let insn = &elf[code_off + 8..code_off + 24];
+        assert_eq!(insn[0], LD_IMM64);
+        assert_eq!(insn[1], 0x33, "dst r3 kept, src BPF_PSEUDO_BTF_ID");
+        assert_eq!(u32_at(insn, 4), Some(77));
+        assert_eq!(u32_at(insn, 12), Some(0));
+        assert_eq!(elf[code_off], 0xb7, "the instruction before is untouched");
+        assert_eq!(
+            elf[code_off + 24],
+            0x95,
+            "the instruction after is untouched"
+        );
+        // Not an ELF file: an error, not a panic.
+        assert!(percpu_var(&mut [0u8; 8], 1).is_err());
+        let mut truncated = elf[..shoff + 10].to_vec();
+        assert!(percpu_var(&mut truncated, 1).is_err());
+    }
+}

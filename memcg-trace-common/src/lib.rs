@@ -328,6 +328,9 @@ pub struct Counters {
     /// Exit runs that found no pending entry and whose context could not be read. Counted in
     /// the task row.
     pub no_context_exits: u64,
+    /// Tracepoint backend, task context: hits by the workload's tasks (in the same cache line
+    /// as `entries`, so counting them costs no second lookup).
+    pub workload_hits: u64,
 }
 
 impl Counters {
@@ -347,6 +350,7 @@ impl Counters {
         self.ambiguous += o.ambiguous;
         self.no_context_entries += o.no_context_entries;
         self.no_context_exits += o.no_context_exits;
+        self.workload_hits += o.workload_hits;
     }
 }
 
@@ -455,6 +459,11 @@ pub struct CpuState {
     /// This CPU's `__per_cpu_offset`: added to a dynamically allocated per-CPU pointer, it
     /// gives this CPU's instance.
     pub pcpu_offset: u64,
+    /// The workload's `struct cgroup`, once a task of it was seen here (0 before): a task
+    /// whose `cgroups->dfl_cgrp` is this is in the workload without reading the id. Only kept
+    /// when memcg-trace created the cgroup (`Config::workload_owned`), which then outlives the
+    /// programs: the address cannot be reused by another cgroup meanwhile.
+    pub workload_cgrp: u64,
     /// This CPU's number.
     pub cpu: u32,
     /// Keeps the struct free of implicit padding.
@@ -477,8 +486,9 @@ pub struct Config {
     /// (see [`Deferred`]); and fentry programs can interleave on one CPU, so they update
     /// counters atomically.
     pub preemptible: u32,
-    /// Keeps the struct free of implicit padding.
-    pub _pad: u32,
+    /// Non-zero when memcg-trace created the workload's cgroup and removes it only after the
+    /// programs are detached (see `CpuState::workload_cgrp`).
+    pub workload_owned: u32,
 }
 
 /// Entries per CPU of the shared (mmap-able) arrays: one per (probe, context).

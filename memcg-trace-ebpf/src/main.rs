@@ -92,7 +92,7 @@ static CONFIG: Config = Config {
     probes: MAX_PROBES as u32,
     cpus: 1,
     preemptible: 1,
-    _pad: 0,
+    workload_owned: 0,
 };
 
 /// Histograms by (CPU, probe, context); each CPU writes its own region, userspace maps the
@@ -359,8 +359,35 @@ impl Env for Kernel<'_> {
     }
     #[inline(always)]
     fn in_workload(&self, task: u64) -> bool {
-        let w = config().workload_cgroup;
-        w != 0 && cgroup_id(task) == w
+        let c = config();
+        let w = c.workload_cgroup;
+        if w == 0 {
+            return false;
+        }
+        let l = layout();
+        if l.direct_task != 0 && l.direct_cgroup != 0 {
+            // SAFETY: BTF pointers, each load checked against the member's type by the
+            // verifier; `st` is this CPU's state (only this CPU's programs write it).
+            unsafe {
+                let t = task as *const u8;
+                let cset = *(t.add(l.task_cgroups as usize) as *const *const u8);
+                let cgrp = *(cset.add(l.cset_dfl_cgrp as usize) as *const *const u8);
+                if c.workload_owned != 0 && cgrp as u64 == self.st.workload_cgrp {
+                    return true;
+                }
+                let kn = *(cgrp.add(l.cgroup_kn as usize) as *const *const u8);
+                let id = *(kn.add(l.kn_id as usize) as *const u64);
+                if id != w {
+                    return false;
+                }
+                if c.workload_owned != 0 {
+                    let st = self.st as *const CpuState as *mut CpuState;
+                    (*st).workload_cgrp = cgrp as u64;
+                }
+                return true;
+            }
+        }
+        cgroup_id(task) == w
     }
     #[inline(always)]
     fn atomic(&self) -> bool {
@@ -827,12 +854,8 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
         Some(ctx) => {
             if let Some(cs) = counters(st.cpu, probe, ctx) {
                 cs.entries += 1;
-            }
-            if ctx == CTX_TASK && env.in_workload(env.task()) && probe < config().probes {
-                let i = workload_cell(st.cpu, config().probes, probe);
-                if let Some(h) = WORKLOAD_HIST.get_ptr_mut(i) {
-                    // SAFETY: pointer from a successful map lookup.
-                    unsafe { (*h).count += 1 };
+                if ctx == CTX_TASK && env.in_workload(env.task()) {
+                    cs.workload_hits += 1;
                 }
             }
         }

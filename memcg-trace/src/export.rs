@@ -722,6 +722,12 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                             ambiguous: c.ambiguous,
                             no_context_entries: c.no_context_entries,
                             no_context_exits: c.no_context_exits,
+                            // Kept for the tracepoint backend's task context; the recording
+                            // has it as the workload's count.
+                            workload_hits: match (&p.workload, timed, i) {
+                                (Some(w), false, 0) => w.count,
+                                _ => 0,
+                            },
                         },
                         confirmed: c.confirmed,
                         rejected: c.rejected,

@@ -194,6 +194,8 @@ pub struct AttachOptions {
     pub verbosity: Verbosity,
     /// cgroup v2 id of the workload's cgroup (0: none).
     pub workload_cgroup: u64,
+    /// memcg-trace created that cgroup and removes it only after detaching.
+    pub workload_owned: bool,
     /// Diagnostics from inside the programs.
     pub ebpf_log: bool,
     /// bpf stats on for the whole run.
@@ -204,6 +206,9 @@ pub struct AttachOptions {
     pub strict: bool,
     /// Measure the instrumentation floor of each latency backend in use.
     pub floor: bool,
+    /// Fail unless every probe named with `--probe` attaches (the default set is best
+    /// effort: what this kernel has). `probes`, which reports, leaves this off.
+    pub all_named: bool,
 }
 
 impl AttachOptions {
@@ -212,11 +217,13 @@ impl AttachOptions {
         AttachOptions {
             verbosity: Verbosity::Quiet,
             workload_cgroup: 0,
+            workload_owned: false,
             ebpf_log: false,
             bpf_stats: false,
             probe_read: false,
             strict: false,
             floor: false,
+            all_named: false,
         }
     }
 }
@@ -325,6 +332,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
         &layout,
         &LoadOptions {
             workload_cgroup: o.workload_cgroup,
+            workload_owned: o.workload_owned,
             // One more slot than requested: the floor is measured in it.
             probes: reqs.len() as u32 + 1,
             preemptible,
@@ -357,7 +365,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             notes.insert(a.name.clone(), a.notes.clone());
         } else {
             let f = tracer.failed.last().expect("just failed");
-            if matches!(req, Request::Func(_)) {
+            if matches!(req, Request::Func(_)) || (o.all_named && !sel.probe.is_empty()) {
                 bail!("cannot trace {}: {}", f.name, f.reasons.join("; "));
             }
             if o.verbosity == Verbosity::Normal {
@@ -557,11 +565,13 @@ impl Session {
             AttachOptions {
                 verbosity: opts.verbosity,
                 workload_cgroup: cgid,
+                workload_owned: memcg.as_ref().is_some_and(|m| m.owned()),
                 ebpf_log: args.ebpf_log,
                 bpf_stats: args.bpf_stats,
                 probe_read: args.probe_read,
                 strict: args.strict,
                 floor: true,
+                all_named: true,
             },
         )?;
         phases.extend(attach_phases);
@@ -709,10 +719,30 @@ impl Session {
     pub async fn finish(mut self, end: End) -> Result<Finished> {
         if let Some(c) = self.child.as_mut() {
             if let Some(pid) = c.id() {
-                // SAFETY: plain kill(2) of our own child.
+                // The tree it started, found before the child exits and orphans it; in a
+                // cgroup we do not own, exactly these are stopped, never the cgroup's others.
+                // Held by pidfds: a pid reused meanwhile is never signalled.
+                let tree: Vec<workload::Held> = workload::descendants(pid as i32)
+                    .into_iter()
+                    .filter_map(workload::Held::open)
+                    .collect();
+                // SAFETY: plain kill(2) of our own child, not yet reaped.
                 unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+                let exited = tokio::time::timeout(Duration::from_secs(2), c.wait())
+                    .await
+                    .is_ok();
+                let owned = self.memcg.as_ref().is_some_and(|m| m.owned());
+                if !owned {
+                    // An owned memcg's removal kills what is left in it; in another's cgroup
+                    // what our workload started, and only that, is stopped here.
+                    for p in &tree {
+                        p.signal(libc::SIGKILL);
+                    }
+                    if !exited {
+                        let _ = c.kill().await;
+                    }
+                }
             }
-            let _ = tokio::time::timeout(Duration::from_secs(2), c.wait()).await;
         }
         // The daemon's own CPU while tracing; detaching is reported apart.
         let cpu = cpu_time().saturating_sub(self.cpu0);

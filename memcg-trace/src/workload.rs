@@ -253,13 +253,22 @@ impl Memcg {
     pub fn command(&self, argv: &[String]) -> std::process::Command {
         use std::os::unix::process::CommandExt as _;
         let procs = self.procs_cstrings();
+        let parent = std::process::id() as libc::pid_t;
         let mut c = std::process::Command::new(&argv[0]);
         c.args(&argv[1..]);
-        // SAFETY: join_in_child only makes async-signal-safe calls.
+        // SAFETY: die_with_parent and join_in_child only make async-signal-safe calls.
         unsafe {
-            c.pre_exec(move || join_in_child(&procs));
+            c.pre_exec(move || {
+                die_with_parent(parent)?;
+                join_in_child(&procs)
+            });
         }
         c
+    }
+
+    /// Whether this process created the memcg (and removes it when done).
+    pub fn owned(&self) -> bool {
+        self.owned
     }
 
     /// Removes the memcg if we created it, killing what is left in it.
@@ -298,6 +307,94 @@ pub fn prepare(cgroup: Option<&Path>, quiet: bool) -> Result<Memcg> {
         }
     }
     Memcg::create(&h)
+}
+
+/// Has the kernel kill the calling process (SIGKILL) when `parent`, its parent, dies, so that
+/// a workload never outlives a memcg-trace that was killed; fails if the parent is already
+/// gone. Meant for `pre_exec` (async-signal-safe). memcg-trace forks from its main thread (one
+/// current-thread runtime), whose end is the process's.
+pub fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: prctl and getppid are async-signal-safe.
+    unsafe {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() != parent {
+            return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+        }
+    }
+    Ok(())
+}
+
+/// The processes descended from `pid` (not `pid` itself), from /proc: the tree a workload
+/// started, which is what memcg-trace stops when the workload runs in a cgroup it does not own
+/// (never the cgroup's other members).
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    if let Ok(rd) = fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            let Ok(stat) = fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|v| v.parse().ok()) {
+                parent_of.push((p, ppid));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for &(c, pp) in &parent_of {
+            if pp == p && !out.contains(&c) {
+                out.push(c);
+                frontier.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// A process held by a pidfd: signals reach it and never a later process that reused its pid.
+#[derive(Debug)]
+pub struct Held(std::os::fd::OwnedFd);
+
+impl Held {
+    /// Opens a pidfd for `pid` (None if it is gone or the kernel has no pidfds, before 5.3).
+    pub fn open(pid: i32) -> Option<Held> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: pidfd_open with no flags; the fd, if any, is owned by the result.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        (fd >= 0).then(|| Held(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }))
+    }
+
+    /// Sends `sig` to the process, if it still exists.
+    pub fn signal(&self, sig: i32) {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: pidfd_send_signal on our own pidfd with no info.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                sig,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+    }
 }
 
 /// Moves the calling process into the cgroups whose `cgroup.procs` files are `procs`. Meant for

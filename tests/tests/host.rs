@@ -51,6 +51,8 @@ fn record_tracepoint(name: &str, cmd: &[&str]) -> (memcg_trace::export::Document
         "record",
         "--attach",
         "tracepoint",
+        // The kernel's run counts, for the invariants' cross-check of the hits.
+        "--bpf-stats",
         "-o",
         json.to_str().unwrap(),
         "--",
@@ -244,7 +246,7 @@ fn host_bad_input_gives_one_clear_line() {
     let out = run(&["record", "-q", "--func", "obj_cgroup_charge", "-d", "1s"]);
     let err = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
-        skip(
+        skip_case(
             "host_bad_input (untraceable --func)",
             "this kernel can trace obj_cgroup_charge",
         );
@@ -254,6 +256,19 @@ fn host_bad_input_gives_one_clear_line() {
             err.contains("fentry:") && err.contains("tracepoint:"),
             "every backend tried says why: {err}"
         );
+    }
+    // Every probe named with --probe must attach: stat does here, charge cannot (no function
+    // tracing on this kernel), and the run must say so instead of tracing two of three.
+    let out = run(&["record", "-q", "-p", "stat,charge", "-d", "1s"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        skip_case(
+            "host_bad_input (a named probe that cannot attach)",
+            "this kernel can trace charge",
+        );
+    } else {
+        assert!(err.contains("cannot trace charge"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
     // A cgroup without the memory controller.
     for dir in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"] {
@@ -288,7 +303,7 @@ fn host_bad_input_gives_one_clear_line() {
             );
             assert_eq!(err.lines().count(), 1, "{err}");
         }
-        _ => skip("host_bad_input (not root)", "setpriv is missing"),
+        _ => skip_case("host_bad_input (not root)", "setpriv is missing"),
     }
     assert!(
         leftover_memcgs().is_empty(),
@@ -361,8 +376,8 @@ fn host_sigterm_writes_json_and_removes_memcg() {
 }
 
 #[test]
-fn host_sigkill_leaves_a_stale_memcg_that_the_next_run_removes() {
-    let name = "host_sigkill_leaves_a_stale_memcg_that_the_next_run_removes";
+fn host_sigkill_takes_the_workload_along_and_the_next_run_removes_the_memcg() {
+    let name = "host_sigkill_takes_the_workload_along_and_the_next_run_removes_the_memcg";
     let Some(_serial) = host_ready(name) else {
         return;
     };
@@ -379,6 +394,21 @@ fn host_sigkill_leaves_a_stale_memcg_that_the_next_run_removes() {
         stale.exists(),
         "the memcg survives a SIGKILL of memcg-trace"
     );
+    // The workload does not outlive memcg-trace (the kernel kills it with its parent).
+    let procs = stale.join("cgroup.procs");
+    let t = std::time::Instant::now();
+    while !std::fs::read_to_string(&procs)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the workload outlived memcg-trace: {}",
+            std::fs::read_to_string(&procs).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let out = run(&["record", "-q", "--", "true"]);
     assert!(
         out.status.success(),

@@ -8,6 +8,7 @@
 #
 # The functions memcg-trace resolves PROBES to on this kernel; bpftrace traces the same ones the
 # way a linux-mm user would write it: start time keyed by tid, hist() of the difference.
+echo "$PEER_HACKBENCH" >/out/hackbench-args.txt
 memcg-trace probes -p "$PROBES" --attach fentry >/out/probes.txt
 funcs=$(awk '$4 == "attached" {print $2}' /out/probes.txt)
 [ -n "$funcs" ] || { echo "guest: no function to compare on"; cat /out/probes.txt; exit 1; }

@@ -31,6 +31,10 @@ pub struct BenchArgs {
     /// Interleaved untraced/traced workload pairs.
     #[arg(long, default_value_t = 5)]
     pub pairs: usize,
+    /// Runs of the per-call comparison (each: memcg-trace's pair with direct reads, then with
+    /// bpf_probe_read_kernel reads, floors attached beside both); the median run is reported.
+    #[arg(long, default_value_t = 1)]
+    pub repeats: usize,
     /// Probe whose function carries the per-call comparison (default: charge; stat for tracepoint).
     #[arg(long)]
     pub probe: Option<String>,
@@ -93,7 +97,9 @@ pub struct BenchOut {
     /// What the kernel runs for each program of the comparison: memcg-trace's (direct reads),
     /// memcg-trace's with `--probe-read`, and the floors'.
     pub code: Vec<NamedCode>,
-    /// ours / floor (b).
+    /// ours / floor (b) of each run, in run order.
+    pub ratio_runs: Vec<f64>,
+    /// ours / floor (b), the median run.
     pub ratio_to_clock: Option<f64>,
     /// ours / floor (a).
     pub ratio_to_empty: Option<f64>,
@@ -275,18 +281,39 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     // 1. Per-call cost, side by side on one function during one run of the workload; then
     //    memcg-trace's pair alone again with bpf_probe_read_kernel reads, for the before/after.
     let (clock, empty) = floors(args.attach);
-    let direct = per_call(&args, &probe, &cmd, &sel, false, clock, empty).await?;
-    let plain = per_call(&args, &probe, &cmd, &sel, true, &[], &[]).await?;
+    let mut runs = Vec::new();
+    for _ in 0..args.repeats.max(1) {
+        let direct = per_call(&args, &probe, &cmd, &sel, false, clock, empty).await?;
+        let plain = per_call(&args, &probe, &cmd, &sel, true, clock, empty).await?;
+        let ratio_of = |r: &PerCall| {
+            pair_cost(&r.costs, &r.ours)
+                .ns_per_call
+                .zip(pair_cost(&r.costs, clock).ns_per_call)
+                .and_then(|(a, b)| ratio(a, b))
+                .unwrap_or(f64::NAN)
+        };
+        runs.push((ratio_of(&direct), direct, plain));
+    }
+    let ratio_runs: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    // The median run (by ours / floor (b)) is the one reported.
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (_, direct, plain) = runs.swap_remove(runs.len() / 2);
     let ours_cost = pair_cost(&direct.costs, &direct.ours);
     let ours_probe_read = pair_cost(&plain.costs, &plain.ours);
     let floor_clock = pair_cost(&direct.costs, clock);
     let floor_empty = pair_cost(&direct.costs, empty);
     let target = direct.target;
     let mut code = direct.code;
-    code.extend(plain.code.into_iter().map(|mut c| {
-        c.program.push_str(" (probe-read)");
-        c
-    }));
+    code.extend(
+        plain
+            .code
+            .into_iter()
+            .filter(|c| !c.program.starts_with("floor_"))
+            .map(|mut c| {
+                c.program.push_str(" (probe-read)");
+                c
+            }),
+    );
     // 2. Slowdown, interleaved: untraced, traced, untraced, traced, ...
     let mut slow = Slowdown {
         untraced_s: Vec::new(),
@@ -316,6 +343,7 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         probe,
         target,
         workload: cmd,
+        ratio_runs,
         ratio_to_clock: ours_cost
             .ns_per_call
             .zip(floor_clock.ns_per_call)

@@ -78,6 +78,8 @@ pub fn possible_cpus() -> usize {
 pub struct LoadOptions {
     /// cgroup v2 id of the workload's cgroup (0: none).
     pub workload_cgroup: u64,
+    /// memcg-trace created that cgroup and removes it only after detaching.
+    pub workload_owned: bool,
     /// Probe slots to size the shared arrays for.
     pub probes: u32,
     /// The kernel can preempt fentry programs (and tasks holding a BPF recursion guard).
@@ -107,7 +109,7 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<Ebpf> {
         probes,
         cpus,
         preemptible: o.preemptible as u32,
-        _pad: 0,
+        workload_owned: o.workload_owned as u32,
     };
     let level: u8 = if o.ebpf_log { 0xff } else { 0 };
     let cells = cpus * probes * NUM_CTX as u32;
@@ -756,14 +758,19 @@ impl Tracer {
             }
             let workload = self.workload.then(|| {
                 let mut w = HistData::default();
-                for cpu in 0..self.cpus as u32 {
-                    w.add_cpu(
-                        &self
-                            .workload_hist
-                            .get(workload_cell(cpu, self.probes, a.slot) as usize),
-                    );
+                if a.backend.has_latency() {
+                    for cpu in 0..self.cpus as u32 {
+                        w.add_cpu(
+                            &self
+                                .workload_hist
+                                .get(workload_cell(cpu, self.probes, a.slot) as usize),
+                        );
+                    }
+                    w.merge(&self.verifier.workload[a.slot as usize]);
+                } else {
+                    // Counts only, kept next to the hits.
+                    w.count = contexts[CTX_TASK as usize].counters.workload_hits;
                 }
-                w.merge(&self.verifier.workload[a.slot as usize]);
                 w
             });
             let kprobe_missed = a

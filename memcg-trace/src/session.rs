@@ -473,8 +473,11 @@ impl Signals {
         }
     }
 
-    /// A signal that already arrived, without waiting.
-    fn pending(&mut self) -> Option<i32> {
+    /// A signal that already arrived, without waiting. Start-up runs without await points, so
+    /// the runtime's signal driver has not read the signals that came meanwhile: a yield lets
+    /// it (tokio wakes a yielded task only after polling its drivers).
+    async fn pending(&mut self) -> Option<i32> {
+        tokio::task::yield_now().await;
         self.recv().now_or_never()
     }
 }
@@ -551,7 +554,7 @@ impl Session {
         if memcg.is_some() && cgid == 0 && opts.verbosity == Verbosity::Normal {
             eprintln!("memcg-trace: the workload's calls cannot be told apart (no cgroup v2 id); only system-wide figures");
         }
-        if let Some(s) = signals.pending() {
+        if let Some(s) = signals.pending().await {
             return Err(Interrupted(s).into());
         }
         let Attached {
@@ -583,7 +586,7 @@ impl Session {
             ns: t_extra.elapsed().as_nanos() as u64,
             peak_rss_kib: peak_rss_kib(),
         });
-        if let Some(s) = signals.pending() {
+        if let Some(s) = signals.pending().await {
             return Err(Interrupted(s).into());
         }
         let failed = tracer.failed.clone();

@@ -90,6 +90,8 @@ pub struct Memcg {
     /// Whether we created it (and so remove it).
     owned: bool,
     v2: bool,
+    /// Held while we own the memcg (and its companion): it is not stale.
+    _locks: Vec<DirLock>,
 }
 
 /// Whether process `pid` exists.
@@ -141,9 +143,49 @@ fn kill_and_remove(dir: &Path, v2: bool, timeout: Duration) -> Result<()> {
     }
 }
 
-/// Removes cgroups left by memcg-trace runs that no longer exist (after a SIGKILL), and only
-/// those: names are `memcg-trace.<pid>` and the pid must be gone. Returns what was removed.
-pub fn remove_stale(h: &Hierarchy) -> Vec<PathBuf> {
+/// An advisory lock (flock(2)) on a cgroup directory. A run holds the one on its own memcg for
+/// its lifetime, and the kernel drops it when the run's process ends however it ends, so a
+/// memcg whose lock can be taken has no live owner: exact across pid reuse and pid namespaces,
+/// which a pid in the name is not. Opened close-on-exec: the workload never holds it.
+#[derive(Debug)]
+struct DirLock {
+    _file: fs::File,
+}
+
+impl DirLock {
+    /// Takes the lock on `dir`: `how` is `LOCK_EX` or `LOCK_EX | LOCK_NB`.
+    fn take(dir: &Path, how: libc::c_int) -> std::io::Result<DirLock> {
+        use std::os::fd::AsRawFd as _;
+        let f = fs::File::open(dir)?;
+        loop {
+            // SAFETY: flock(2) on a descriptor we own.
+            if unsafe { libc::flock(f.as_raw_fd(), how) } == 0 {
+                return Ok(DirLock { _file: f });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Whether a directory entry is one memcg-trace creates: `memcg-trace.<pid>` or, where that
+/// name was taken by a run in another pid namespace, `memcg-trace.<pid>.<n>`.
+fn ours(name: &str) -> bool {
+    name.strip_prefix(PREFIX).is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .split('.')
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// Removes the cgroups of memcg-trace runs that ended without removing them (a SIGKILL, a
+/// crash), and only those: a cgroup is stale when its lock is free (see [`DirLock`]). The
+/// caller holds the hierarchy's lock, so no run is between creating its memcg and locking it.
+/// Returns what was removed.
+fn remove_stale(h: &Hierarchy) -> Vec<PathBuf> {
     let mut roots = vec![(h.root.clone(), h.v2)];
     if !h.v2 {
         roots.extend(cgroup2_mount().map(|m| (m, true)));
@@ -154,29 +196,27 @@ pub fn remove_stale(h: &Hierarchy) -> Vec<PathBuf> {
             continue;
         };
         for e in rd.flatten() {
-            let name = e.file_name();
-            let Some(pid) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix(PREFIX))
-                .and_then(|p| p.parse::<i32>().ok())
-            else {
+            if !e.file_name().to_str().is_some_and(ours) {
+                continue;
+            }
+            let path = e.path();
+            let Ok(lock) = DirLock::take(&path, libc::LOCK_EX | libc::LOCK_NB) else {
                 continue;
             };
-            if pid == std::process::id() as i32 || alive(pid) {
-                continue;
+            if kill_and_remove(&path, v2, Duration::from_secs(5)).is_ok() {
+                removed.push(path);
             }
-            if kill_and_remove(&e.path(), v2, Duration::from_secs(5)).is_ok() {
-                removed.push(e.path());
-            }
+            drop(lock);
         }
     }
     removed
 }
 
 impl Memcg {
-    /// Creates `memcg-trace.<pid>` in the hierarchy, enabling the memory controller for the
-    /// root's children on v2 if needed.
-    pub fn create(h: &Hierarchy) -> Result<Memcg> {
+    /// Creates `memcg-trace.<pid>` in the hierarchy (`.<n>` appended where a live run in another
+    /// pid namespace has that name), locked, enabling the memory controller for the root's
+    /// children on v2 if needed. The caller holds the hierarchy's lock.
+    fn create(h: &Hierarchy) -> Result<Memcg> {
         if h.v2 {
             let sub = h.root.join("cgroup.subtree_control");
             let cur = fs::read_to_string(&sub).unwrap_or_default();
@@ -189,26 +229,56 @@ impl Memcg {
                 })?;
             }
         }
-        let name = format!("{PREFIX}{}", std::process::id());
-        let path = h.root.join(&name);
-        fs::create_dir(&path)
-            .map_err(|e| anyhow!("cannot create memcg {}: {e}", path.display()))?;
+        let v2root = if h.v2 { None } else { cgroup2_mount() };
+        let base = format!("{PREFIX}{}", std::process::id());
+        let mut n = 0;
+        let (name, path) = loop {
+            let name = if n == 0 {
+                base.clone()
+            } else {
+                format!("{base}.{n}")
+            };
+            let path = h.root.join(&name);
+            let taken = v2root.as_ref().is_some_and(|r| r.join(&name).exists());
+            if !taken {
+                match fs::create_dir(&path) {
+                    Ok(()) => break (name, path),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => bail!("cannot create memcg {}: {e}", path.display()),
+                }
+            }
+            n += 1;
+            if n > 64 {
+                bail!(
+                    "cannot create memcg {}: the names are all taken",
+                    path.display()
+                );
+            }
+        };
+        let lock = DirLock::take(&path, libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|e| anyhow!("cannot lock memcg {}: {e}", path.display()));
         let mut m = Memcg {
             path,
             cgroup_id: 0,
             companion: None,
             owned: true,
             v2: h.v2,
+            _locks: Vec::new(),
         };
+        // From here on, dropping `m` removes the memcg.
+        m._locks.push(lock?);
         if h.v2 {
             m.cgroup_id = cgroup_id(&m.path).unwrap_or(0);
-        } else if let Some(root) = cgroup2_mount() {
+        } else if let Some(root) = v2root {
             // v1 memcg: the eBPF side identifies tasks by their v2 cgroup, so the workload also
             // joins a controller-less v2 cgroup of the same name.
             let c = root.join(&name);
             if fs::create_dir(&c).is_ok() {
-                m.cgroup_id = cgroup_id(&c).unwrap_or(0);
-                m.companion = Some(c);
+                m.companion = Some(c.clone());
+                if let Ok(l) = DirLock::take(&c, libc::LOCK_EX | libc::LOCK_NB) {
+                    m._locks.push(l);
+                    m.cgroup_id = cgroup_id(&c).unwrap_or(0);
+                }
             }
         }
         Ok(m)
@@ -233,6 +303,7 @@ impl Memcg {
             companion: None,
             owned: false,
             v2,
+            _locks: Vec::new(),
         })
     }
 
@@ -297,16 +368,27 @@ pub fn prepare(cgroup: Option<&Path>, quiet: bool) -> Result<Memcg> {
     if let Some(p) = cgroup {
         return Memcg::existing(p);
     }
-    let h = find_hierarchy()?;
-    for stale in remove_stale(&h) {
-        if !quiet {
-            eprintln!(
-                "memcg-trace: removed stale memcg {} of an earlier run",
-                stale.display()
-            );
+    Memcg::fresh(quiet)
+}
+
+impl Memcg {
+    /// A fresh memcg, after removing the stale memcgs of earlier runs (each named on stderr
+    /// unless `quiet`). The hierarchy's lock is held while stale memcgs are swept and ours is
+    /// created and locked: no sweep ever sees a memcg between its creation and its lock.
+    pub fn fresh(quiet: bool) -> Result<Memcg> {
+        let h = find_hierarchy()?;
+        let _sweep = DirLock::take(&h.root, libc::LOCK_EX)
+            .map_err(|e| anyhow!("cannot lock {}: {e}", h.root.display()))?;
+        for stale in remove_stale(&h) {
+            if !quiet {
+                eprintln!(
+                    "memcg-trace: removed stale memcg {} of an earlier run",
+                    stale.display()
+                );
+            }
         }
+        Memcg::create(&h)
     }
-    Memcg::create(&h)
 }
 
 /// Has the kernel kill the calling process (SIGKILL) when `parent`, its parent, dies, so that
@@ -466,7 +548,7 @@ pub fn cannot_run(argv: &[String], e: std::io::Error) -> anyhow::Error {
 /// Runs `cmd` to completion in a fresh memcg; returns its run time in seconds (hackbench's own
 /// `Time:` line when it prints one, else wall time).
 pub fn timed_run(cmd: &[String]) -> Result<f64> {
-    let mut m = Memcg::create(&find_hierarchy()?)?;
+    let mut m = Memcg::fresh(true)?;
     let t = Instant::now();
     let out = m
         .command(cmd)
@@ -484,4 +566,27 @@ pub fn timed_run(cmd: &[String]) -> Result<f64> {
         .lines()
         .find_map(|l| l.strip_prefix("Time:").and_then(|v| v.trim().parse().ok()))
         .unwrap_or(wall))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ours;
+
+    #[test]
+    fn names_of_our_memcgs() {
+        for n in ["memcg-trace.1", "memcg-trace.4194304", "memcg-trace.77.2"] {
+            assert!(ours(n), "{n}");
+        }
+        for n in [
+            "memcg-trace.",
+            "memcg-trace.x",
+            "memcg-trace.1.",
+            "memcg-trace.1..2",
+            "memcg-trace.12a",
+            "memcg-tracer.1",
+            "system.slice",
+        ] {
+            assert!(!ours(n), "{n}");
+        }
+    }
 }

@@ -424,6 +424,136 @@ fn host_sigkill_takes_the_workload_along_and_the_next_run_removes_the_memcg() {
     assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
 }
 
+/// flock(2) on a directory, held while the returned file lives.
+fn flock_dir(dir: &Path) -> fs::File {
+    use std::os::fd::AsRawFd as _;
+    let f = fs::File::open(dir).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0,
+        "flock {}: {}",
+        dir.display(),
+        std::io::Error::last_os_error()
+    );
+    f
+}
+
+#[test]
+fn host_stale_memcgs_are_told_by_their_lock_not_by_the_pid_in_their_name() {
+    let name = "host_stale_memcgs_are_told_by_their_lock_not_by_the_pid_in_their_name";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let h = memcg_trace::workload::find_hierarchy().unwrap();
+    // Left by a killed run whose pid was reused since (pid 1 is always alive): stale.
+    let reused = h.root.join("memcg-trace.1");
+    // A live run's, from another pid namespace: its pid means nothing here (and no process
+    // has it), but it holds its lock: not stale.
+    let held = h.root.join("memcg-trace.4194399");
+    let _ = fs::create_dir(&reused);
+    let _ = fs::create_dir(&held);
+    let lock = flock_dir(&held);
+    let out = run(&["record", "-q", "--attach", "tracepoint", "--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let held_kept = held.exists();
+    drop(lock);
+    let _ = fs::remove_dir(&held);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        !reused.exists(),
+        "a memcg nobody holds was kept because its pid is alive: {err}"
+    );
+    assert!(
+        err.contains("removed stale memcg") && err.contains("memcg-trace.1"),
+        "{err}"
+    );
+    assert!(held_kept, "a held memcg was removed as stale: {err}");
+    assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
+}
+
+/// Whether a process runs `sleep <arg>`.
+fn sleeping(arg: &str) -> bool {
+    fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        fs::read(e.path().join("cmdline"))
+            .map(|c| c == format!("sleep\0{arg}\0").as_bytes())
+            .unwrap_or(false)
+    })
+}
+
+#[test]
+fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
+    let name = "host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let dir = scratch(name);
+    // Runs ended by the signal's default action, during start-up (128+N, no recording), and
+    // after tracing began (128+N and a recording).
+    let (mut early, mut start_up, mut traced) = (0, 0, 0);
+    // From before the handlers exist to well after the workload started (start-up takes
+    // about 0.25 s here): each point of start-up is hit by some delay.
+    for (i, delay_ms) in [0u64, 5, 15, 30, 50, 80, 120, 170, 230, 300, 450, 700, 1500]
+        .into_iter()
+        .enumerate()
+    {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            let marker = format!("{}.{i}{sig}", 600 + i);
+            let json = dir.join(format!("{i}-{sig}.json"));
+            let _ = fs::remove_file(&json);
+            let child = Command::new(bin())
+                .args(["record", "-q", "--attach", "tracepoint", "-o"])
+                .arg(&json)
+                .args(["--", "sleep", &marker])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            thread::sleep(Duration::from_millis(delay_ms));
+            // SAFETY: kill(2) of our child.
+            unsafe { libc::kill(child.id() as i32, sig) };
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            let what = format!("signal {sig} after {delay_ms} ms: {:?}: {err}", out.status);
+            // Before the handlers exist the signal's default action ends the process, which
+            // has created nothing yet; from then on it ends like a shell: 128 + N.
+            use std::os::unix::process::ExitStatusExt as _;
+            assert!(
+                out.status.code() == Some(128 + sig) || out.status.signal() == Some(sig),
+                "{what}"
+            );
+            assert!(err.lines().count() <= 1, "{what}");
+            let t = Instant::now();
+            while sleeping(&marker) && t.elapsed() < Duration::from_secs(5) {
+                thread::sleep(Duration::from_millis(20));
+            }
+            assert!(
+                !sleeping(&marker),
+                "the workload outlived memcg-trace: {what}"
+            );
+            assert!(
+                leftover_memcgs().is_empty(),
+                "{what}: left {:?}",
+                leftover_memcgs()
+            );
+            // A recording, where one was written, is whole.
+            if json.exists() {
+                load_recording(&json);
+                traced += 1;
+            } else if out.status.code().is_some() {
+                start_up += 1;
+            } else {
+                early += 1;
+            }
+        }
+    }
+    println!(
+        "{name}: {} runs left nothing behind: {early} ended before the handlers, {start_up} in start-up, {traced} while tracing",
+        early + start_up + traced
+    );
+    assert!(start_up > 0 && traced > 0, "the delays missed a phase");
+}
+
 #[test]
 fn host_ebpf_log_is_off_by_default_and_on_with_the_flag() {
     let name = "host_ebpf_log_is_off_by_default_and_on_with_the_flag";

@@ -33,6 +33,8 @@ pub struct Size {
     pub rounds: usize,
     /// hackbench arguments of the comparison's runs.
     pub peer_hackbench: &'static str,
+    /// Where the run goes, under target/: a smoke run never replaces a measurement.
+    pub dir: &'static str,
 }
 
 /// The parts of the bench.
@@ -62,6 +64,7 @@ pub const FULL: Size = Size {
     vm_hackbench: "-g 2 -l 50",
     rounds: 5,
     peer_hackbench: "-g 2 -l 200",
+    dir: "bench",
 };
 
 /// The smoke run of the test suite: one pair, tiny workloads; proves the bench runs.
@@ -72,6 +75,7 @@ pub const SMOKE: Size = Size {
     vm_hackbench: "-g 1 -l 10",
     rounds: 1,
     peer_hackbench: "-g 1 -l 20",
+    dir: "bench-smoke",
 };
 
 fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
@@ -849,7 +853,7 @@ pub fn bench(
     accel: Accel,
     parts: &[Part],
 ) -> Result<PathBuf> {
-    let root = workspace_root().join("target/bench");
+    let root = workspace_root().join("target").join(size.dir);
     let host_dir = root.join("host");
     let vm_dir = root.join(format!("vm-{kernel}"));
     let peer_dir = root.join(format!("peer-{kernel}"));

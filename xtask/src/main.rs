@@ -68,7 +68,7 @@ enum Cmd {
         hackbench: String,
     },
     /// What tracing costs: per-call cost against two floors, hackbench slowdown, daemon CPU,
-    /// RSS, start-up and detach; host and VM; writes target/bench/report.{json,md}.
+    /// RSS, start-up and detach; host and VM; writes target/bench/report.{json,md} (the smoke run: target/bench-smoke).
     Bench {
         /// Kernel for the VM part.
         #[arg(long, default_value = "6.12")]

@@ -650,12 +650,66 @@ pub fn parse(text: &str) -> Result<Document> {
         }
         None => return Err(anyhow!("not a memcg-trace recording (no \"schema\")")),
     };
+    check_numbers(&v, &mut String::new())?;
     let mut doc: Document =
         serde_json::from_value(v).map_err(|e| anyhow!("malformed {schema} document: {e}"))?;
     if schema == SCHEMA_V1 {
         upgrade_v1(&mut doc);
     }
     Ok(doc)
+}
+
+/// The largest count a recording may hold (2^53: JSON readers keep integers exact up to it, and
+/// no run makes that many calls), and the largest time in ns (2^60, 36 years). Bounded so,
+/// the sums every reader makes (1024 buckets, a few contexts, a few counters) cannot overflow.
+const MAX_COUNT: u64 = 1 << 53;
+const MAX_NS: u64 = 1 << 60;
+
+/// Refuses integers no recording holds, naming where: counts above [`MAX_COUNT`], durations
+/// (`*_ns` members) above [`MAX_NS`].
+fn check_numbers(v: &serde_json::Value, at: &mut String) -> Result<()> {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let len = at.len();
+                at.push('/');
+                at.push_str(k);
+                // Points in time (`*_unix_ns`) are never added up.
+                if let Some(n) = x.as_u64().filter(|_| !k.ends_with("_unix_ns")) {
+                    let (limit, what) = if k.ends_with("_ns") {
+                        (MAX_NS, "2^60 ns")
+                    } else {
+                        (MAX_COUNT, "2^53")
+                    };
+                    if n > limit {
+                        return Err(anyhow!(
+                            "{n} at {at} is beyond any real recording (above {what})"
+                        ));
+                    }
+                }
+                check_numbers(x, at)?;
+                at.truncate(len);
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                let len = at.len();
+                at.push_str(&format!("/{i}"));
+                if let Some(n) = x.as_u64() {
+                    if n > MAX_COUNT {
+                        return Err(anyhow!(
+                            "{n} at {at} is beyond any real recording (above 2^53)"
+                        ));
+                    }
+                }
+                check_numbers(x, at)?;
+                at.truncate(len);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// memcg-trace/1 dropped the task-context calls that left the CPU (its `switched`) and called

@@ -26,6 +26,9 @@ pub fn rate(n: u64, d: Duration) -> Option<f64> {
 /// (clamped to the observed min and max), so percentiles are within half a bucket (1.6%).
 pub fn hdr(h: &HistData) -> Histogram<u64> {
     let mut out = Histogram::<u64>::new_with_bounds(1, 1 << 40, 3).expect("valid hdr bounds");
+    // A recording from elsewhere may say min > max; a call may take longer than the 18
+    // minutes (2^40 ns) the histogram tracks: kept in range, never a panic.
+    let (min, max) = (h.min_ns.max(1), h.max_ns.max(h.min_ns).max(1));
     for (i, &n) in h.buckets.iter().enumerate() {
         if n == 0 {
             continue;
@@ -33,9 +36,13 @@ pub fn hdr(h: &HistData) -> Histogram<u64> {
         let (lo, hi) = bucket_bounds(i);
         let mut v = lo + (hi - 1 - lo) / 2;
         if h.max_ns > 0 {
-            v = v.clamp(h.min_ns.max(1), h.max_ns.max(1));
+            v = v.clamp(min, max);
         }
-        out.record_n(v.max(1), n).expect("value within hdr bounds");
+        let v = v.clamp(1, out.high());
+        if out.record_n(v, n).is_err() {
+            // Only a count beyond u64 fails; the rest of the histogram still stands.
+            break;
+        }
     }
     out
 }

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod kernels;
 pub mod setup;
+pub mod soak;
 pub mod vm;
 
 use std::{

@@ -83,6 +83,18 @@ enum Cmd {
         #[arg(long, value_enum, value_delimiter = ',')]
         parts: Vec<xtask::bench::Part>,
     },
+    /// `memcg-trace record` beside a looping hackbench for N minutes: memory, descriptors and
+    /// CPU sampled; flat memory and descriptors and a clean end pass.
+    Soak {
+        #[arg(long, default_value_t = 30.0)]
+        minutes: f64,
+    },
+    /// Fuzz the recording reader (report, diff, view) for N minutes, optimised with overflow
+    /// checks; failing inputs go to target/fuzz-failures/.
+    Fuzz {
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
+    },
     /// Everything CI runs: setup, fmt, clippy, unit tests, host root tests, the VM matrix.
     Test {
         /// Kernels for the VM matrix.
@@ -114,6 +126,39 @@ fn main() {
             hackbench,
         } => demo(host, &kernel, accel, &hackbench),
         Cmd::Test { kernel, accel } => test(&kernel, accel),
+        Cmd::Soak { minutes } => setup::setup().and_then(|_| {
+            let bin = build_release()?;
+            let s = xtask::soak::soak(&bin, minutes)?;
+            println!("{}", s.verdict);
+            if !s.ok {
+                bail!("soak failed");
+            }
+            Ok(())
+        }),
+        Cmd::Fuzz { minutes } => setup::setup().and_then(|_| {
+            let secs = (minutes * 60.0).round().max(1.0) as u64;
+            let st = Command::new("cargo")
+                .current_dir(workspace_root())
+                .env("PATH", llvm_path())
+                .args([
+                    "test",
+                    "--locked",
+                    "--profile",
+                    "fuzz",
+                    "-p",
+                    "memcg-trace-tests",
+                    "--test",
+                    "read_fuzz",
+                    "--",
+                    "--nocapture",
+                ])
+                .env("MEMCG_TRACE_FUZZ_SECS", secs.to_string())
+                .status()?;
+            if !st.success() {
+                bail!("fuzzing found a failure (see above and target/fuzz-failures/)");
+            }
+            Ok(())
+        }),
         Cmd::Bench {
             kernel,
             accel,
@@ -389,6 +434,22 @@ fn test(kernel: &str, accel: Accel) -> Result<()> {
         "demo: {} passed, {} failed",
         demo_ok as u32, !demo_ok as u32
     );
+    // Long runs, short: two minutes of record beside a looping workload.
+    eprintln!("test: soak (2 minutes)");
+    let soak_ok = match xtask::soak::soak(&bin, 2.0) {
+        Ok(s) => {
+            println!("{}", s.verdict);
+            s.ok
+        }
+        Err(e) => {
+            eprintln!("test: soak failed: {e:#}");
+            false
+        }
+    };
+    println!(
+        "soak: {} passed, {} failed",
+        soak_ok as u32, !soak_ok as u32
+    );
     println!("test: finished in {:.0}s", start.elapsed().as_secs_f64());
     for (name, why) in &skips.tests {
         println!("skipped: {name}: {why}");
@@ -401,13 +462,13 @@ fn test(kernel: &str, accel: Accel) -> Result<()> {
         "vm: {} passed, {f2} failed, {vm_skipped} skipped",
         p2.saturating_sub(vm_skipped)
     );
-    let passed = p1 + p2 + bench_ok as u64 + demo_ok as u64;
-    let failed = f1 + f2 + !bench_ok as u64 + !demo_ok as u64;
+    let passed = p1 + p2 + bench_ok as u64 + demo_ok as u64 + soak_ok as u64;
+    let failed = f1 + f2 + !bench_ok as u64 + !demo_ok as u64 + !soak_ok as u64;
     println!(
         "all: {} passed, {failed} failed, {skipped} skipped",
         passed.saturating_sub(skipped)
     );
-    if !(ok1 && ok2 && bench_ok && demo_ok) || failed > 0 {
+    if !(ok1 && ok2 && bench_ok && demo_ok && soak_ok) || failed > 0 {
         bail!("tests failed");
     }
     // In CI (root, every kernel selected) nothing may be skipped: a skip there is a test that

@@ -72,11 +72,18 @@ pub async fn top(args: TopArgs) -> Result<i32> {
 pub async fn view(args: ViewArgs) -> Result<i32> {
     let doc = export::read(&args.file)?;
     tui::require_tty()?;
+    let mut app = recording_app(&doc, &args.file.display().to_string());
+    tui::view(&mut app).await?;
+    Ok(0)
+}
+
+/// The dashboard's state for a recording (`name`: what the header calls it).
+pub fn recording_app(doc: &export::Document, name: &str) -> App {
     let mut app = App::new(
         Header {
             kernel: doc.meta.kernel_release.clone(),
             preemption: doc.meta.preemption_model.clone(),
-            recording: Some(args.file.display().to_string()),
+            recording: Some(name.to_string()),
             floors: doc.meta.floors.clone(),
             calibration: doc.meta.calibration.clone(),
         },
@@ -93,7 +100,6 @@ pub async fn view(args: ViewArgs) -> Result<i32> {
             w.cgroup
         )
     });
-    app.on_snapshot(export::to_snapshot(&doc));
-    tui::view(&mut app).await?;
-    Ok(0)
+    app.on_snapshot(export::to_snapshot(doc));
+    app
 }

@@ -72,6 +72,25 @@ async fn dispatch(command: Command) -> Result<i32> {
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
+    // A bug's panic: one line saying so, then the unwinding drops what the session holds
+    // (workload and memcg, programs and links; the dashboard's terminal is restored first by
+    // ratatui's own hook, which calls this one). The process exits 101.
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "memcg-trace: internal error (a bug, please report it): {}{at}; cleaning up",
+            msg.replace('\n', " ")
+        );
+    }));
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -137,6 +137,48 @@ pub fn check_privileges() -> Result<()> {
     )
 }
 
+/// What a session keeps once its programs are attached and its workload started:
+/// CAP_DAC_OVERRIDE, to write the recording where root could (a user's directory) and remove its
+/// memcg and kprobe events; CAP_KILL, to stop a workload tree that changed its user. Polling the
+/// maps, reading the programs' counts and detaching need no capability.
+pub const KEPT_CAPS: [caps::Capability; 2] = [
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_KILL,
+];
+
+/// Drops every capability but [`KEPT_CAPS`] for good: from the bounding set (where this process
+/// may), the ambient, inheritable, effective and permitted sets; and sets no_new_privs, so no
+/// later execve can give any back (not even to uid 0). Capabilities are per thread: this runs on
+/// the session's only thread, and threads started later inherit the reduced sets.
+pub fn drop_privileges() -> Result<()> {
+    use caps::{CapSet, CapsHashSet};
+    let permitted =
+        caps::read(None, CapSet::Permitted).map_err(|e| anyhow!("read capabilities: {e}"))?;
+    let keep: CapsHashSet = KEPT_CAPS
+        .iter()
+        .copied()
+        .filter(|c| permitted.contains(c))
+        .collect();
+    // Needs CAP_SETPCAP, which a service account may not have: then the bounding set stays
+    // (it only limits what an execve could gain, and no_new_privs rules that out).
+    if permitted.contains(&caps::Capability::CAP_SETPCAP) {
+        for c in caps::all() {
+            if !keep.contains(&c) {
+                let _ = caps::drop(None, CapSet::Bounding, c);
+            }
+        }
+    }
+    let _ = caps::clear(None, CapSet::Ambient);
+    caps::clear(None, CapSet::Inheritable).map_err(|e| anyhow!("drop capabilities: {e}"))?;
+    caps::set(None, CapSet::Effective, &keep).map_err(|e| anyhow!("drop capabilities: {e}"))?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(|e| anyhow!("drop capabilities: {e}"))?;
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        bail!("set no_new_privs: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// How chatty attaching is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verbosity {
@@ -451,6 +493,9 @@ pub struct Options {
     /// The dashboard owns the terminal: the workload's output is discarded and start-up notices
     /// are not printed (otherwise the workload inherits stdout and stderr).
     pub dashboard: bool,
+    /// Drop the capabilities attaching needed once the session runs ([`drop_privileges`]).
+    /// Off only where one process attaches again later (`bench`).
+    pub least_privilege: bool,
 }
 
 /// SIGINT, SIGTERM and SIGHUP, listened to from the first moment of a session.
@@ -481,6 +526,9 @@ impl Signals {
         self.recv().now_or_never()
     }
 }
+
+/// Test-only switch: a session with this variable set panics at its first tick.
+pub const INJECT_PANIC: &str = "MEMCG_TRACE_INJECT_PANIC";
 
 /// The error a session start ends with when a stop signal arrives before tracing began.
 #[derive(Debug)]
@@ -612,6 +660,11 @@ impl Session {
             }
             None => None,
         };
+        // Attached, and the workload started with the privileges it was given: from here on
+        // only what polling, detaching and clean-up need.
+        if opts.least_privilege {
+            drop_privileges()?;
+        }
         Ok(Session {
             signals,
             collector: Some(collector),
@@ -638,6 +691,10 @@ impl Session {
         tokio::select! {
             r = self.snapshots.changed() => {
                 r.map_err(|_| anyhow!("the collector stopped"))?;
+                // The tests' way to prove a bug's panic still cleans up (memcg, links, terminal).
+                if std::env::var_os(INJECT_PANIC).is_some() {
+                    panic!("injected by {INJECT_PANIC}");
+                }
                 Ok(Event::Tick(self.snapshots.borrow_and_update().clone()))
             }
             st = async { self.child.as_mut().expect("guarded").wait().await }, if self.child.is_some() => {

@@ -244,6 +244,10 @@ impl Memcg {
                 match fs::create_dir(&path) {
                     Ok(()) => break (name, path),
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => bail!(
+                        "cannot create memcg {}: {e} (a workload's memcg needs CAP_DAC_OVERRIDE, or --cgroup naming a cgroup delegated to this user)",
+                        path.display()
+                    ),
                     Err(e) => bail!("cannot create memcg {}: {e}", path.display()),
                 }
             }

@@ -365,3 +365,35 @@ pub fn hackbench_or_skip(name: &str) -> Option<String> {
         }
     }
 }
+
+/// Runs of each combination of the signal matrix: 1 in the default run, 20 in
+/// `cargo xtask test --long` (`MEMCG_TRACE_MATRIX_RUNS`).
+pub fn matrix_runs() -> usize {
+    std::env::var("MEMCG_TRACE_MATRIX_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// memcg-trace's programs still loaded in the kernel (any run's), from `memcg-trace programs`,
+/// which lists every BPF program the kernel holds (its own iterator aside).
+pub fn our_programs_loaded() -> Vec<String> {
+    use memcg_trace_common::names;
+    let out = run(&["programs"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The kernel keeps the first 15 bytes of a program's name.
+    let ours: Vec<&str> = names::all_programs()
+        .filter(|n| *n != names::PROG_ITER)
+        .map(|n| &n[..n.len().min(15)])
+        .collect();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter(|n| ours.contains(n))
+        .map(str::to_string)
+        .collect()
+}

@@ -10,6 +10,9 @@ use std::{
 
 use memcg_trace_tests::*;
 
+/// Tests that attach and create memcgs run one at a time (they check that none is left).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// tmux with a terminal type set: CI runs without one.
 fn tmux_cmd() -> Command {
     let mut c = Command::new("tmux");
@@ -65,6 +68,10 @@ impl Session {
         tmux(&["capture-pane", "-p", "-t", &self.0])
     }
 
+    fn cursor_visible(&self) -> bool {
+        tmux(&["display", "-p", "-t", &self.0, "#{cursor_flag}"]).trim() == "1"
+    }
+
     fn alternate(&self) -> bool {
         tmux(&["display", "-p", "-t", &self.0, "#{alternate_on}"]).trim() == "1"
     }
@@ -109,6 +116,7 @@ fn rate_of(screen: &str, probe: &str, context: &str) -> Option<String> {
 #[test]
 fn tui_live_dashboard_with_a_workload() {
     let name = "tui_live_dashboard_with_a_workload";
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !is_root() {
         skip(name, "needs root");
         return;
@@ -226,4 +234,75 @@ fn tui_errors_come_before_the_terminal_is_touched() {
     // Not a terminal: stdout is a pipe here.
     check(&["top"], "use `memcg-trace record`");
     assert!(Path::new(&dir).exists());
+}
+
+/// The pid of the process whose command line is exactly `args`.
+fn pid_of(args: &[&str]) -> Option<i32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid = e.file_name().to_str()?.parse().ok()?;
+        (std::fs::read(e.path().join("cmdline")).ok()? == want).then_some(pid)
+    })
+}
+
+#[test]
+fn tui_signal_matrix_top() {
+    let name = "tui_signal_matrix_top";
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        skip(name, "needs root");
+        return;
+    }
+    if !tmux_ready(name) {
+        return;
+    }
+    let bin = bin().display().to_string();
+    let runs = matrix_runs();
+    let mut summary = Vec::new();
+    // None: a panic injected at the first tick, the way a bug would end it.
+    for how in [Some(libc::SIGINT), Some(libc::SIGTERM), Some(libc::SIGHUP), None] {
+        let label = how.map_or("panic".to_string(), |s| format!("signal {s}"));
+        for r in 0..runs {
+            let what = format!("top, {label}, run {r}");
+            let marker = format!("800.{r}{}", how.unwrap_or(0));
+            let args = [bin.as_str(), "top", "--tick", "500ms", "--", "sleep", &marker];
+            let env = if how.is_none() {
+                format!("{}=1 ", memcg_trace::session::INJECT_PANIC)
+            } else {
+                String::new()
+            };
+            let s = Session::start(
+                &format!("memcg-trace-matrix-{r}-{}", how.unwrap_or(0)),
+                &format!("{env}{}", args.join(" ")),
+            );
+            if let Some(sig) = how {
+                s.wait_for("the dashboard", Duration::from_secs(60), |sc| {
+                    sc.contains("memcg-trace ") && rate_of(sc, "stat", "task").is_some()
+                });
+                assert!(s.alternate(), "{what}: not on the alternate screen");
+                let pid = pid_of(&args).unwrap_or_else(|| panic!("{what}: no memcg-trace process"));
+                // SAFETY: kill(2) of a process this test started.
+                unsafe { libc::kill(pid, sig) };
+            }
+            let end = s.wait_for(&format!("{what}: the exit status"), Duration::from_secs(60), |sc| {
+                sc.contains("EXIT=")
+            });
+            let want = how.map_or(101, |sig| 128 + sig);
+            assert!(end.contains(&format!("EXIT={want}")), "{what}:\n{end}");
+            if how.is_none() {
+                assert!(end.contains("internal error"), "{what}: the panic's line is not on the restored terminal:\n{end}");
+            }
+            assert!(!s.alternate(), "{what}: the terminal stayed on the alternate screen");
+            assert!(s.cursor_visible(), "{what}: the cursor stayed hidden");
+            assert!(pid_of(&["sleep", &marker]).is_none(), "{what}: the workload outlived memcg-trace");
+            assert!(leftover_memcgs().is_empty(), "{what}: {:?}", leftover_memcgs());
+            let progs = our_programs_loaded();
+            assert!(progs.is_empty(), "{what}: programs left loaded: {progs:?}");
+        }
+        summary.push(format!("{label} {runs}/{runs}"));
+    }
+    println!("{name}: {}", summary.join(", "));
 }

@@ -199,6 +199,7 @@ async fn per_call(
     let opts = Options {
         verbosity: Verbosity::Quiet,
         dashboard: true,
+        least_privilege: false,
     };
     let mut target = None;
     let mut code = Vec::new();

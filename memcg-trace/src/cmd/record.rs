@@ -55,6 +55,7 @@ pub async fn run(args: RecordArgs) -> Result<i32> {
             Verbosity::Normal
         },
         dashboard: false,
+        least_privilege: true,
     };
     let mut s = match Session::start(&args.live, opts, |_| Ok(())).await {
         Ok(s) => s,

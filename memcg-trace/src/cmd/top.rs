@@ -37,6 +37,7 @@ pub async fn top(args: TopArgs) -> Result<i32> {
     let opts = Options {
         verbosity: Verbosity::Quiet,
         dashboard: true,
+        least_privilege: true,
     };
     let mut s = match Session::start(&args.live, opts, |_| Ok(())).await {
         Ok(s) => s,

@@ -391,7 +391,7 @@ impl Tracer {
         if self.stats.is_none() {
             self.stats = Some(
                 aya::sys::enable_stats(aya::sys::Stats::RunTime)
-                    .map_err(|e| anyhow!("cannot enable bpf stats: {e}"))?,
+                    .map_err(|e| anyhow!("cannot enable bpf stats (needs CAP_SYS_ADMIN): {e}"))?,
             );
         }
         Ok(())

@@ -816,3 +816,78 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
         bpf_stats: doc.meta.bpf_stats,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("memcg-trace-export-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_symlink_planted_at_the_temporary_name_is_not_followed() {
+        let d = dir("tmp-symlink");
+        let victim = d.join("victim");
+        fs::write(&victim, "precious").unwrap();
+        let planted = d.join(".out.json.0123456789abcdef.tmp");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        assert!(create_new(&planted).is_err());
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn writing_over_a_symlink_replaces_the_link_not_its_target() {
+        let d = dir("out-symlink");
+        let victim = d.join("victim");
+        fs::write(&victim, "precious").unwrap();
+        let out = d.join("out.json");
+        std::os::unix::fs::symlink(&victim, &out).unwrap();
+        write_file_atomic(&out, b"{}\n").unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(!fs::symlink_metadata(&out).unwrap().file_type().is_symlink());
+        assert_eq!(fs::read_to_string(&out).unwrap(), "{}\n");
+        // Nothing else is left in the directory: no temporary file.
+        let mut names: Vec<String> = fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["out.json", "victim"]);
+        let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn temporary_names_are_not_guessable() {
+        let d = PathBuf::from("/x");
+        let a = temp_name(&d, std::ffi::OsStr::new("r.json"));
+        let b = temp_name(&d, std::ffi::OsStr::new("r.json"));
+        assert_ne!(a, b);
+        assert!(
+            !a.to_string_lossy()
+                .contains(&std::process::id().to_string())
+                || a != b
+        );
+    }
+
+    #[test]
+    fn a_failed_write_is_one_line_and_leaves_what_was_there() {
+        let d = dir("fail");
+        // The rename fails: the target is a directory with something in it.
+        let out = d.join("out.json");
+        fs::create_dir(&out).unwrap();
+        fs::write(out.join("inside"), "old").unwrap();
+        let e = write_file_atomic(&out, b"new").unwrap_err();
+        assert!(!format!("{e:#}").contains('\n'), "{e:#}");
+        assert_eq!(fs::read_to_string(out.join("inside")).unwrap(), "old");
+        // The temporary file is gone.
+        assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
+        let _ = fs::remove_dir_all(&d);
+    }
+}

@@ -376,8 +376,21 @@ pub fn matrix_runs() -> usize {
 }
 
 /// memcg-trace's programs still loaded in the kernel (any run's), from `memcg-trace programs`,
-/// which lists every BPF program the kernel holds (its own iterator aside).
-pub fn our_programs_loaded() -> Vec<String> {
+/// which lists every BPF program the kernel holds (its own iterator aside). The kernel frees
+/// a program a moment after its last holder closed it (an RCU grace period): a program still
+/// listed after `timeout` was left behind.
+pub fn our_programs_loaded(timeout: std::time::Duration) -> Vec<String> {
+    let start = std::time::Instant::now();
+    loop {
+        let left = our_programs_now();
+        if left.is_empty() || start.elapsed() > timeout {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+fn our_programs_now() -> Vec<String> {
     use memcg_trace_common::names;
     let out = run(&["programs"]);
     assert!(

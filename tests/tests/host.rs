@@ -764,7 +764,11 @@ fn xtask_which(name: &str) -> Option<std::path::PathBuf> {
 }
 
 /// Waits for a child to end, at most `timeout`; kills it and fails otherwise.
-fn wait_exit(mut child: std::process::Child, timeout: Duration, what: &str) -> std::process::Output {
+fn wait_exit(
+    mut child: std::process::Child,
+    timeout: Duration,
+    what: &str,
+) -> std::process::Output {
     let t = Instant::now();
     while child.try_wait().unwrap().is_none() {
         if t.elapsed() > timeout {
@@ -786,7 +790,12 @@ fn host_signal_matrix_record() {
     let runs = matrix_runs();
     let mut summary = Vec::new();
     // None: a panic injected at the first tick, the way a bug would end it.
-    for how in [Some(libc::SIGINT), Some(libc::SIGTERM), Some(libc::SIGHUP), None] {
+    for how in [
+        Some(libc::SIGINT),
+        Some(libc::SIGTERM),
+        Some(libc::SIGHUP),
+        None,
+    ] {
         let label = how.map_or("panic".to_string(), |s| format!("signal {s}"));
         for r in 0..runs {
             let marker = format!("900.{r}{}", how.unwrap_or(0));
@@ -828,9 +837,16 @@ fn host_signal_matrix_record() {
             while sleeping(&marker) && t.elapsed() < Duration::from_secs(5) {
                 thread::sleep(Duration::from_millis(20));
             }
-            assert!(!sleeping(&marker), "{what}: the workload outlived memcg-trace");
-            assert!(leftover_memcgs().is_empty(), "{what}: {:?}", leftover_memcgs());
-            let progs = our_programs_loaded();
+            assert!(
+                !sleeping(&marker),
+                "{what}: the workload outlived memcg-trace"
+            );
+            assert!(
+                leftover_memcgs().is_empty(),
+                "{what}: {:?}",
+                leftover_memcgs()
+            );
+            let progs = our_programs_loaded(Duration::from_secs(5));
             assert!(progs.is_empty(), "{what}: programs left loaded: {progs:?}");
         }
         summary.push(format!("{label} {runs}/{runs}"));

@@ -263,12 +263,25 @@ fn tui_signal_matrix_top() {
     let runs = matrix_runs();
     let mut summary = Vec::new();
     // None: a panic injected at the first tick, the way a bug would end it.
-    for how in [Some(libc::SIGINT), Some(libc::SIGTERM), Some(libc::SIGHUP), None] {
+    for how in [
+        Some(libc::SIGINT),
+        Some(libc::SIGTERM),
+        Some(libc::SIGHUP),
+        None,
+    ] {
         let label = how.map_or("panic".to_string(), |s| format!("signal {s}"));
         for r in 0..runs {
             let what = format!("top, {label}, run {r}");
             let marker = format!("800.{r}{}", how.unwrap_or(0));
-            let args = [bin.as_str(), "top", "--tick", "500ms", "--", "sleep", &marker];
+            let args = [
+                bin.as_str(),
+                "top",
+                "--tick",
+                "500ms",
+                "--",
+                "sleep",
+                &marker,
+            ];
             let env = if how.is_none() {
                 format!("{}=1 ", memcg_trace::session::INJECT_PANIC)
             } else {
@@ -287,19 +300,34 @@ fn tui_signal_matrix_top() {
                 // SAFETY: kill(2) of a process this test started.
                 unsafe { libc::kill(pid, sig) };
             }
-            let end = s.wait_for(&format!("{what}: the exit status"), Duration::from_secs(60), |sc| {
-                sc.contains("EXIT=")
-            });
+            let end = s.wait_for(
+                &format!("{what}: the exit status"),
+                Duration::from_secs(60),
+                |sc| sc.contains("EXIT="),
+            );
             let want = how.map_or(101, |sig| 128 + sig);
             assert!(end.contains(&format!("EXIT={want}")), "{what}:\n{end}");
             if how.is_none() {
-                assert!(end.contains("internal error"), "{what}: the panic's line is not on the restored terminal:\n{end}");
+                assert!(
+                    end.contains("internal error"),
+                    "{what}: the panic's line is not on the restored terminal:\n{end}"
+                );
             }
-            assert!(!s.alternate(), "{what}: the terminal stayed on the alternate screen");
+            assert!(
+                !s.alternate(),
+                "{what}: the terminal stayed on the alternate screen"
+            );
             assert!(s.cursor_visible(), "{what}: the cursor stayed hidden");
-            assert!(pid_of(&["sleep", &marker]).is_none(), "{what}: the workload outlived memcg-trace");
-            assert!(leftover_memcgs().is_empty(), "{what}: {:?}", leftover_memcgs());
-            let progs = our_programs_loaded();
+            assert!(
+                pid_of(&["sleep", &marker]).is_none(),
+                "{what}: the workload outlived memcg-trace"
+            );
+            assert!(
+                leftover_memcgs().is_empty(),
+                "{what}: {:?}",
+                leftover_memcgs()
+            );
+            let progs = our_programs_loaded(Duration::from_secs(5));
             assert!(progs.is_empty(), "{what}: programs left loaded: {progs:?}");
         }
         summary.push(format!("{label} {runs}/{runs}"));

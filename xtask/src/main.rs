@@ -100,6 +100,10 @@ enum Cmd {
         /// Kernels for the VM matrix.
         #[arg(long, default_value = "all")]
         kernel: String,
+        /// The long mode: the signal matrix 20 times over, 10 minutes of fuzzing the reader,
+        /// a 30-minute soak (about 50 minutes more).
+        #[arg(long)]
+        long: bool,
         /// tcg or kvm.
         #[arg(long, value_enum, default_value = "tcg")]
         accel: Accel,
@@ -125,7 +129,11 @@ fn main() {
             accel,
             hackbench,
         } => demo(host, &kernel, accel, &hackbench),
-        Cmd::Test { kernel, accel } => test(&kernel, accel),
+        Cmd::Test {
+            kernel,
+            accel,
+            long,
+        } => test(&kernel, accel, long),
         Cmd::Soak { minutes } => setup::setup().and_then(|_| {
             let bin = build_release()?;
             let s = xtask::soak::soak(&bin, minutes)?;
@@ -338,7 +346,7 @@ fn cargo_test(cmd: &mut Command) -> Result<(u64, u64, bool)> {
     Ok((passed, failed, ok))
 }
 
-fn test(kernel: &str, accel: Accel) -> Result<()> {
+fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     let start = Instant::now();
     let root = workspace_root();
     setup::setup()?;
@@ -384,7 +392,9 @@ fn test(kernel: &str, accel: Accel) -> Result<()> {
             "vm_matrix_",
         ])
         .env("MEMCG_TRACE_BIN", &bin)
-        .env("MEMCG_TRACE_SKIP_FILE", &skip_file),
+        .env("MEMCG_TRACE_SKIP_FILE", &skip_file)
+        .env("MEMCG_TRACE_MATRIX_RUNS", if long { "20" } else { "1" })
+        .env("MEMCG_TRACE_FUZZ_SECS", if long { "600" } else { "8" }),
     )?;
     eprintln!("test: VM matrix ({kernels_env}, {accel:?})");
     let (p2, f2, ok2) = cargo_test(
@@ -434,9 +444,10 @@ fn test(kernel: &str, accel: Accel) -> Result<()> {
         "demo: {} passed, {} failed",
         demo_ok as u32, !demo_ok as u32
     );
-    // Long runs, short: two minutes of record beside a looping workload.
-    eprintln!("test: soak (2 minutes)");
-    let soak_ok = match xtask::soak::soak(&bin, 2.0) {
+    // Long runs, short: two minutes of record beside a looping workload (30 in the long mode).
+    let soak_minutes = if long { 30.0 } else { 2.0 };
+    eprintln!("test: soak ({soak_minutes} minutes)");
+    let soak_ok = match xtask::soak::soak(&bin, soak_minutes) {
         Ok(s) => {
             println!("{}", s.verdict);
             s.ok

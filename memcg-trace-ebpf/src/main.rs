@@ -157,12 +157,13 @@ fn config() -> &'static Config {
 /// is `this_rq - &runqueues`, with this_rq reached through `current->se.cfs_rq->rq` and proven
 /// right by `rq->cpu` matching the CPU we run on. (aya cannot emit `__ksym` per-CPU references.)
 #[inline(always)]
-fn cpu_state<C: EbpfContext>(c: &C) -> Option<&'static CpuState> {
-    let st = CPU_STATE.get_ptr_mut(0)?;
-    // SAFETY: pointer from a successful map lookup; only programs on this CPU write it.
-    let st = unsafe { &mut *st };
+fn cpu_state<C: EbpfContext>(c: &C) -> Option<St> {
+    let ptr = CPU_STATE.get_ptr_mut(0)?;
+    // SAFETY: pointer from a successful map lookup; only programs on this CPU write it. This
+    // reference ends before the state is handed out.
+    let st = unsafe { &mut *ptr };
     if st.preempt_addr != 0 {
-        return Some(st);
+        return Some(St(ptr));
     }
     let l = layout();
     if l.valid == 0 {
@@ -195,7 +196,22 @@ fn cpu_state<C: EbpfContext>(c: &C) -> Option<&'static CpuState> {
             "CPU {}: per-CPU base {:x}, preempt_count at {:x}", this_cpu, base, st.preempt_addr
         );
     }
-    Some(st)
+    Some(St(ptr))
+}
+
+/// This CPU's state: a pointer into the per-CPU map, read through short-lived references
+/// (`Deref`) and written only through the pointer (the workload cache in `in_workload`), so
+/// that no shared reference is alive across a write.
+#[derive(Clone, Copy)]
+struct St(*mut CpuState);
+
+impl core::ops::Deref for St {
+    type Target = CpuState;
+    #[inline(always)]
+    fn deref(&self) -> &CpuState {
+        // SAFETY: a pointer from a successful map lookup, valid for the program's run.
+        unsafe { &*self.0 }
+    }
 }
 
 /// The kernel per-CPU variable holding the preempt count, as the verifier's
@@ -329,13 +345,13 @@ trait Env {
 }
 
 /// The running kernel.
-struct Kernel<'a> {
-    st: &'a CpuState,
+struct Kernel {
+    st: St,
     /// fentry/fexit programs run preemptible on preemptible kernels.
     preemptible: bool,
 }
 
-impl Env for Kernel<'_> {
+impl Env for Kernel {
     #[inline(always)]
     fn now(&self) -> u64 {
         // SAFETY: helper without preconditions.
@@ -347,7 +363,7 @@ impl Env for Kernel<'_> {
     }
     #[inline(always)]
     fn context(&self) -> Option<u32> {
-        read_context(self.st)
+        read_context(&self.st)
     }
     #[inline(always)]
     fn task(&self) -> u64 {
@@ -372,7 +388,8 @@ impl Env for Kernel<'_> {
                 let t = task as *const u8;
                 let cset = *(t.add(l.task_cgroups as usize) as *const *const u8);
                 let cgrp = *(cset.add(l.cset_dfl_cgrp as usize) as *const *const u8);
-                if c.workload_owned != 0 && cgrp as u64 == self.st.workload_cgrp {
+                let cache = core::ptr::addr_of_mut!((*self.st.0).workload_cgrp);
+                if c.workload_owned != 0 && cgrp as u64 == core::ptr::read(cache) {
                     return true;
                 }
                 let kn = *(cgrp.add(l.cgroup_kn as usize) as *const *const u8);
@@ -381,8 +398,7 @@ impl Env for Kernel<'_> {
                     return false;
                 }
                 if c.workload_owned != 0 {
-                    let st = self.st as *const CpuState as *mut CpuState;
-                    (*st).workload_cgrp = cgrp as u64;
+                    core::ptr::write(cache, cgrp as u64);
                 }
                 return true;
             }
@@ -1103,7 +1119,7 @@ fn ctx_check<C: EbpfContext>(c: &C, row: u32) -> i32 {
         }
         return 0;
     };
-    if let Some(pc) = preempt_count(st) {
+    if let Some(pc) = preempt_count(&st) {
         let pc = (pc & 0x7fff_ffff) as u64;
         if let Some(o) = CTX_BITS.get_ptr_mut(row * 2) {
             // SAFETY: pointer from a successful map lookup.
@@ -1120,7 +1136,7 @@ fn ctx_check<C: EbpfContext>(c: &C, row: u32) -> i32 {
             };
         }
     }
-    let got = read_context(st).unwrap_or(CTX_UNKNOWN);
+    let got = read_context(&st).unwrap_or(CTX_UNKNOWN);
     if let Some(n) = CTX_CHECK.get_ptr_mut(ctx_check_index(row, got)) {
         // SAFETY: pointer from a successful map lookup.
         unsafe { *n += 1 };
@@ -1214,7 +1230,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),
         test_op::BUCKET => count_paired(st.cpu, probe, CTX_TASK, 0, a(2), false),
-        test_op::CONTEXT => return read_context(st).map(|c| c as i32).unwrap_or(-1),
+        test_op::CONTEXT => return read_context(&st).map(|c| c as i32).unwrap_or(-1),
         _ => return -1,
     }
     0

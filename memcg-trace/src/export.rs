@@ -14,7 +14,7 @@ use std::{
 use anyhow::{anyhow, Context as _, Result};
 use base64::Engine as _;
 use hdrhistogram::serialization::{Serializer as _, V2Serializer};
-use memcg_trace_common::{bucket_bounds, bucket_index, Counters, CTX_NAMES, NUM_CTX};
+use memcg_trace_common::{bucket_bounds, bucket_index, Counters, CTX_NAMES, NUM_BUCKETS, NUM_CTX};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -653,17 +653,52 @@ pub fn parse(text: &str) -> Result<Document> {
     check_numbers(&v, &mut String::new())?;
     let mut doc: Document =
         serde_json::from_value(v).map_err(|e| anyhow!("malformed {schema} document: {e}"))?;
+    check_sizes(&doc)?;
     if schema == SCHEMA_V1 {
         upgrade_v1(&mut doc);
     }
     Ok(doc)
 }
 
+/// Refuses shapes no recording has: more probes, programs, contexts or buckets than memcg-trace
+/// writes, or a histogram whose buckets add up beyond [`MAX_COUNT`]. With [`check_numbers`],
+/// this bounds every sum a reader makes (merging a probe's histograms, adding up probes).
+fn check_sizes(doc: &Document) -> Result<()> {
+    let at_most = |what: &str, n: usize, max: usize| {
+        if n > max {
+            Err(anyhow!("{n} {what}: no recording has more than {max}"))
+        } else {
+            Ok(())
+        }
+    };
+    at_most("probes", doc.probes.len(), 64)?;
+    for p in &doc.probes {
+        at_most("programs in a probe", p.programs.len(), 16)?;
+        at_most("contexts in a probe", p.contexts.len(), NUM_CTX)?;
+        let lats = p
+            .contexts
+            .iter()
+            .filter_map(|c| c.latency.as_ref())
+            .chain(p.workload.as_ref().and_then(|w| w.latency.as_ref()));
+        for l in lats {
+            at_most("buckets in a histogram", l.buckets.len(), NUM_BUCKETS)?;
+            let total: u128 = l.buckets.iter().map(|b| b.count as u128).sum();
+            if total > MAX_COUNT as u128 {
+                return Err(anyhow!(
+                    "probe {}: its histogram's buckets add up to {total}, beyond any real recording (above 2^53)",
+                    p.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The largest count a recording may hold (2^53: JSON readers keep integers exact up to it, and
-/// no run makes that many calls), and the largest time in ns (2^60, 36 years). Bounded so,
-/// the sums every reader makes (1024 buckets, a few contexts, a few counters) cannot overflow.
+/// no run makes that many calls), and the largest time in ns (2^56, over two years). Bounded
+/// so, with [`check_sizes`], the sums every reader makes cannot overflow.
 const MAX_COUNT: u64 = 1 << 53;
-const MAX_NS: u64 = 1 << 60;
+const MAX_NS: u64 = 1 << 56;
 
 /// Refuses integers no recording holds, naming where: counts above [`MAX_COUNT`], durations
 /// (`*_ns` members) above [`MAX_NS`].
@@ -678,7 +713,7 @@ fn check_numbers(v: &serde_json::Value, at: &mut String) -> Result<()> {
                 // Points in time (`*_unix_ns`) are never added up.
                 if let Some(n) = x.as_u64().filter(|_| !k.ends_with("_unix_ns")) {
                     let (limit, what) = if k.ends_with("_ns") {
-                        (MAX_NS, "2^60 ns")
+                        (MAX_NS, "2^56 ns")
                     } else {
                         (MAX_COUNT, "2^53")
                     };
@@ -742,7 +777,8 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
             h.min_ns = l.min_ns;
             h.max_ns = l.max_ns;
             for b in &l.buckets {
-                h.buckets[bucket_index(b.min_ns)] += b.count;
+                let c = &mut h.buckets[bucket_index(b.min_ns)];
+                *c = c.saturating_add(b.count);
             }
         }
         h

@@ -148,8 +148,8 @@ fn cost_of<'a>(
 ) -> TracerCost {
     let (mut time, mut runs) = (0u64, 0u64);
     for p in programs {
-        time += p.run_time_ns;
-        runs += p.run_cnt;
+        time = time.saturating_add(p.run_time_ns);
+        runs = runs.saturating_add(p.run_cnt);
     }
     cost(time, runs, calls, window)
 }

@@ -544,6 +544,8 @@ impl std::error::Error for Interrupted {}
 
 /// A live trace.
 pub struct Session {
+    /// [`INJECT_PANIC`] was set to 1.
+    inject_panic: bool,
     signals: Signals,
     /// Taken when the session finishes.
     collector: Option<Collector>,
@@ -666,6 +668,7 @@ impl Session {
             drop_privileges()?;
         }
         Ok(Session {
+            inject_panic: std::env::var_os(INJECT_PANIC).is_some_and(|v| v == "1"),
             signals,
             collector: Some(collector),
             snapshots,
@@ -692,7 +695,7 @@ impl Session {
             r = self.snapshots.changed() => {
                 r.map_err(|_| anyhow!("the collector stopped"))?;
                 // The tests' way to prove a bug's panic still cleans up (memcg, links, terminal).
-                if std::env::var_os(INJECT_PANIC).is_some() {
+                if self.inject_panic {
                     panic!("injected by {INJECT_PANIC}");
                 }
                 Ok(Event::Tick(self.snapshots.borrow_and_update().clone()))

@@ -110,16 +110,32 @@ fn tasks(dir: &Path) -> Vec<i32> {
         .collect()
 }
 
-/// Kills every task in `dir` and removes it, waiting up to `timeout` for the tasks to go.
+/// `dir` and every cgroup below it, deepest first.
+fn subtree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(subtree(&e.path()));
+            }
+        }
+    }
+    out.push(dir.to_path_buf());
+    out
+}
+
+/// Kills every task in `dir` and in the cgroups the workload made below it, and removes them
+/// all, deepest first, waiting up to `timeout` for the tasks to go.
 fn kill_and_remove(dir: &Path, v2: bool, timeout: Duration) -> Result<()> {
     let start = Instant::now();
     loop {
-        let pids = tasks(dir);
+        let dirs = subtree(dir);
+        let pids: Vec<i32> = dirs.iter().flat_map(|d| tasks(d)).collect();
         if pids.is_empty() {
             break;
         }
-        if v2 && fs::write(dir.join("cgroup.kill"), "1").is_ok() {
-        } else {
+        // cgroup.kill (v2) takes the whole subtree at once.
+        if !(v2 && fs::write(dir.join("cgroup.kill"), "1").is_ok()) {
             for pid in pids {
                 // SAFETY: plain kill(2).
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -131,16 +147,19 @@ fn kill_and_remove(dir: &Path, v2: bool, timeout: Duration) -> Result<()> {
         thread::sleep(Duration::from_millis(20));
     }
     // rmdir can see EBUSY briefly while the last task is being reaped.
-    loop {
-        match fs::remove_dir(dir) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if start.elapsed() > timeout => {
-                return Err(anyhow!("cannot remove {}: {e}", dir.display()))
+    for d in subtree(dir) {
+        loop {
+            match fs::remove_dir(&d) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) if start.elapsed() > timeout => {
+                    return Err(anyhow!("cannot remove {}: {e}", d.display()))
+                }
+                Err(_) => thread::sleep(Duration::from_millis(20)),
             }
-            Err(_) => thread::sleep(Duration::from_millis(20)),
         }
     }
+    Ok(())
 }
 
 /// An advisory lock (flock(2)) on a cgroup directory. A run holds the one on its own memcg for
@@ -153,7 +172,7 @@ struct DirLock {
 }
 
 impl DirLock {
-    /// Takes the lock on `dir`: `how` is `LOCK_EX` or `LOCK_EX | LOCK_NB`.
+    /// Takes the lock on `dir`: `how` is `LOCK_EX` or `LOCK_SH`, with `LOCK_NB` or not.
     fn take(dir: &Path, how: libc::c_int) -> std::io::Result<DirLock> {
         use std::os::fd::AsRawFd as _;
         let f = fs::File::open(dir)?;
@@ -301,13 +320,23 @@ impl Memcg {
             );
         }
         let cgroup_id = if v2 { cgroup_id(path).unwrap_or(0) } else { 0 };
+        // A cgroup named like ours is held (shared) while in use, so that no sweep takes it
+        // for a stale one.
+        let mut locks = Vec::new();
+        if path.file_name().and_then(|n| n.to_str()).is_some_and(ours) {
+            locks.push(
+                DirLock::take(path, libc::LOCK_SH | libc::LOCK_NB).map_err(|e| {
+                    anyhow!("--cgroup {}: in use by another run: {e}", path.display())
+                })?,
+            );
+        }
         Ok(Memcg {
             path: path.to_path_buf(),
             cgroup_id,
             companion: None,
             owned: false,
             v2,
-            _locks: Vec::new(),
+            _locks: locks,
         })
     }
 

@@ -493,9 +493,11 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
     let (mut early, mut start_up, mut traced) = (0, 0, 0);
     // From before the handlers exist to well after the workload started (start-up takes
     // about 0.25 s here): each point of start-up is hit by some delay.
-    for (i, delay_ms) in [0u64, 5, 15, 30, 50, 80, 120, 170, 230, 300, 450, 700, 1500]
-        .into_iter()
-        .enumerate()
+    for (i, delay_ms) in [
+        0u64, 5, 15, 30, 50, 80, 120, 170, 230, 300, 450, 700, 1500, 3000,
+    ]
+    .into_iter()
+    .enumerate()
     {
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
             let marker = format!("{}.{i}{sig}", 600 + i);
@@ -554,6 +556,46 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
     assert!(start_up > 0 && traced > 0, "the delays missed a phase");
 }
 
+#[test]
+fn host_a_workload_that_made_its_own_cgroups_is_removed_with_them() {
+    let name = "host_a_workload_that_made_its_own_cgroups_is_removed_with_them";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    // The workload makes a cgroup inside its memcg and moves there (v1 or v2).
+    let script = r#"cg=$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
+if [ -n "$cg" ]; then base=/sys/fs/cgroup/memory; else
+  cg=$(awk -F: '$1=="0"{print $3}' /proc/self/cgroup); base=$(awk '$3=="cgroup2"{print $2; exit}' /proc/mounts); fi
+mkdir "$base$cg/inner" && echo $$ > "$base$cg/inner/cgroup.procs" && exec sleep 7.77"#;
+    let out = run(&[
+        "record",
+        "-q",
+        "--attach",
+        "tracepoint",
+        "-d",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("warning"), "{err}");
+    let t = Instant::now();
+    while sleeping("7.77") && t.elapsed() < Duration::from_secs(5) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !sleeping("7.77"),
+        "the workload in its inner cgroup survived: {err}"
+    );
+    assert!(
+        leftover_memcgs().is_empty(),
+        "{:?}: {err}",
+        leftover_memcgs()
+    );
+}
+
 /// A field of /proc/<pid>/task/<tid>/status (or /proc/<pid>/status), as hex or decimal.
 fn status_field(status: &str, field: &str) -> u64 {
     let v = status
@@ -605,7 +647,17 @@ fn host_after_attach_only_dac_override_and_kill_are_kept() {
         .unwrap();
     let pid = child.id();
     wait_for_workload(Duration::from_secs(60));
-    // Every thread of the session, once the workload runs.
+    // The workload joins its memcg before exec, and the session drops its capabilities just
+    // after starting it: wait for the drop (or fail after 10 s).
+    let t = Instant::now();
+    while fs::read_to_string(format!("/proc/{pid}/status"))
+        .map(|st| status_field(&st, "CapEff:") != KEPT)
+        .unwrap_or(false)
+        && t.elapsed() < Duration::from_secs(10)
+    {
+        thread::sleep(Duration::from_millis(20));
+    }
+    // Every thread of the session.
     let mut threads = 0;
     for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
         let st = fs::read_to_string(t.path().join("status")).unwrap();
@@ -627,7 +679,16 @@ fn host_after_attach_only_dac_override_and_kill_are_kept() {
         }
     }
     // The workload keeps what it was started with.
-    let w = pid_of(&["sleep", "2.31"]).expect("the workload runs");
+    let t = Instant::now();
+    let w = loop {
+        match pid_of(&["sleep", "2.31"]) {
+            Some(w) => break w,
+            None if t.elapsed() < Duration::from_secs(10) => {
+                thread::sleep(Duration::from_millis(20))
+            }
+            None => panic!("the workload never ran"),
+        }
+    };
     let wst = fs::read_to_string(format!("/proc/{w}/status")).unwrap();
     let mine = fs::read_to_string("/proc/self/status").unwrap();
     assert_eq!(

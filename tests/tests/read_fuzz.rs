@@ -96,6 +96,8 @@ enum Edit {
     /// Set the n-th number to another one: documents that stay well-formed but say odd or
     /// inconsistent things.
     Number(usize, Value),
+    /// Set every bucket count of the document to one value (sums at their largest).
+    AllBuckets(Value),
 }
 
 fn edit() -> impl Strategy<Value = Edit> {
@@ -104,18 +106,19 @@ fn edit() -> impl Strategy<Value = Edit> {
         1 => any::<usize>().prop_map(Edit::Remove),
         1 => (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Edit::Copy(a, b)),
         12 => (any::<usize>(), number()).prop_map(|(i, n)| Edit::Number(i, n)),
+        1 => number().prop_map(Edit::AllBuckets),
     ]
 }
 
 /// Numbers a recording can hold, weighted toward the edges: zero, small, the limits a reader
-/// accepts (2^53 for counts, 2^60 for times) and just beyond, fractions.
+/// accepts (2^53 for counts, 2^56 for times) and just beyond, fractions.
 fn number() -> impl Strategy<Value = Value> {
     prop_oneof![
         3 => (0u64..4).prop_map(|n| json!(n)),
         3 => any::<u16>().prop_map(|n| json!(n)),
         3 => any::<u32>().prop_map(|n| json!(n)),
         3 => ((1u64 << 53) - 3..=(1u64 << 53) + 1).prop_map(|n| json!(n)),
-        3 => ((1u64 << 60) - 3..=(1u64 << 60) + 1).prop_map(|n| json!(n)),
+        3 => ((1u64 << 56) - 3..=(1u64 << 56) + 1).prop_map(|n| json!(n)),
         1 => (0.0f64..1e6).prop_map(|f| json!(f)),
     ]
 }
@@ -128,6 +131,16 @@ fn apply(v: &mut Value, e: &Edit) {
     }
     let ps: Vec<&String> = all.iter().map(|(p, _)| p).collect();
     match e {
+        Edit::AllBuckets(n) => {
+            for (p, _) in all
+                .iter()
+                .filter(|(p, num)| *num && p.contains("/buckets/") && p.ends_with("/count"))
+            {
+                if let Some(t) = v.pointer_mut(p) {
+                    *t = n.clone();
+                }
+            }
+        }
         Edit::Number(i, n) => {
             let nums: Vec<&String> = all.iter().filter(|(_, n)| *n).map(|(p, _)| p).collect();
             if !nums.is_empty() {

@@ -273,15 +273,9 @@ fn tui_signal_matrix_top() {
         for r in 0..runs {
             let what = format!("top, {label}, run {r}");
             let marker = format!("800.{r}{}", how.unwrap_or(0));
-            let args = [
-                bin.as_str(),
-                "top",
-                "--tick",
-                "500ms",
-                "--",
-                "sleep",
-                &marker,
-            ];
+            // The panic comes at the first tick: a long one leaves time to see the dashboard.
+            let tick = if how.is_some() { "500ms" } else { "3s" };
+            let args = [bin.as_str(), "top", "--tick", tick, "--", "sleep", &marker];
             let env = if how.is_none() {
                 format!("{}=1 ", memcg_trace::session::INJECT_PANIC)
             } else {
@@ -291,11 +285,14 @@ fn tui_signal_matrix_top() {
                 &format!("memcg-trace-matrix-{r}-{}", how.unwrap_or(0)),
                 &format!("{env}{}", args.join(" ")),
             );
+            // Signals: once the rows are up; the panic: once the dashboard is drawn, before
+            // its first tick.
+            s.wait_for("the dashboard", Duration::from_secs(60), |sc| {
+                sc.contains("memcg-trace ")
+                    && (how.is_none() || rate_of(sc, "stat", "task").is_some())
+            });
+            assert!(s.alternate(), "{what}: not on the alternate screen");
             if let Some(sig) = how {
-                s.wait_for("the dashboard", Duration::from_secs(60), |sc| {
-                    sc.contains("memcg-trace ") && rate_of(sc, "stat", "task").is_some()
-                });
-                assert!(s.alternate(), "{what}: not on the alternate screen");
                 let pid = pid_of(&args).unwrap_or_else(|| panic!("{what}: no memcg-trace process"));
                 // SAFETY: kill(2) of a process this test started.
                 unsafe { libc::kill(pid, sig) };

@@ -37,6 +37,13 @@ pub fn skip_case(name: &str, reason: &str) {
     record_skip("case", name, reason);
 }
 
+/// A test's one-line account of what it ran (runs, inputs, figures): printed, and shown by
+/// `cargo xtask test` at the end even though cargo hides a passing test's output.
+pub fn summary(name: &str, line: &str) {
+    println!("{name}: {line}");
+    record_skip("summary", name, line);
+}
+
 /// Appends `kind\tname\treason` to `$MEMCG_TRACE_SKIP_FILE` (set by `cargo xtask test`).
 fn record_skip(kind: &str, name: &str, reason: &str) {
     let Some(path) = std::env::var_os("MEMCG_TRACE_SKIP_FILE") else {

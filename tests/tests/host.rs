@@ -549,9 +549,12 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
             }
         }
     }
-    println!(
-        "{name}: {} runs left nothing behind: {early} ended before the handlers, {start_up} in start-up, {traced} while tracing",
-        early + start_up + traced
+    summary(
+        name,
+        &format!(
+            "{} runs left nothing behind: {early} ended before the handlers, {start_up} in start-up, {traced} while tracing",
+            early + start_up + traced
+        ),
     );
     assert!(start_up > 0 && traced > 0, "the delays missed a phase");
 }
@@ -704,7 +707,10 @@ fn host_after_attach_only_dac_override_and_kill_are_kept() {
     let doc = load_recording(&json);
     assert!(doc.probes.iter().any(|p| p.count > 0));
     assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
-    println!("{name}: {threads} thread(s) at CapEff {KEPT:#x}, no_new_privs; workload untouched");
+    summary(
+        name,
+        &format!("{threads} thread(s) at CapEff {KEPT:#x}, no_new_privs; workload untouched"),
+    );
 }
 
 #[test]
@@ -849,7 +855,7 @@ fn host_signal_matrix_record() {
     };
     let dir = scratch(name);
     let runs = matrix_runs();
-    let mut summary = Vec::new();
+    let mut done = Vec::new();
     // None: a panic injected at the first tick, the way a bug would end it.
     for how in [
         Some(libc::SIGINT),
@@ -910,9 +916,9 @@ fn host_signal_matrix_record() {
             let progs = our_programs_loaded(Duration::from_secs(5));
             assert!(progs.is_empty(), "{what}: programs left loaded: {progs:?}");
         }
-        summary.push(format!("{label} {runs}/{runs}"));
+        done.push(format!("{label} {runs}/{runs}"));
     }
-    println!("{name}: {}", summary.join(", "));
+    summary(name, &done.join(", "));
 }
 
 #[test]

@@ -304,9 +304,12 @@ fn the_reader_survives_any_recording() {
         panic!("{e}");
     }
     let (cases, refused) = (cases.get(), refused.get());
-    println!(
-        "read_fuzz: {cases} recordings in {secs} s ({batch} batches of 256): {} read and shown, {refused} refused with one line",
-        cases - refused
+    memcg_trace_tests::summary(
+        "read_fuzz",
+        &format!(
+            "{cases} recordings in {secs} s ({batch} batches of 256): {} read and shown, {refused} refused with one line",
+            cases - refused
+        ),
     );
     assert!(
         refused > 0 && refused < cases,

@@ -261,7 +261,7 @@ fn tui_signal_matrix_top() {
     }
     let bin = bin().display().to_string();
     let runs = matrix_runs();
-    let mut summary = Vec::new();
+    let mut done = Vec::new();
     // None: a panic injected at the first tick, the way a bug would end it.
     for how in [
         Some(libc::SIGINT),
@@ -327,7 +327,7 @@ fn tui_signal_matrix_top() {
             let progs = our_programs_loaded(Duration::from_secs(5));
             assert!(progs.is_empty(), "{what}: programs left loaded: {progs:?}");
         }
-        summary.push(format!("{label} {runs}/{runs}"));
+        done.push(format!("{label} {runs}/{runs}"));
     }
-    println!("{name}: {}", summary.join(", "));
+    summary(name, &done.join(", "));
 }

@@ -468,6 +468,9 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         soak_ok as u32, !soak_ok as u32
     );
     println!("test: finished in {:.0}s", start.elapsed().as_secs_f64());
+    for (name, line) in &skips.summaries {
+        println!("{name}: {line}");
+    }
     for (name, why) in &skips.tests {
         println!("skipped: {name}: {why}");
     }
@@ -504,6 +507,8 @@ struct Skips {
     tests: Vec<(String, String)>,
     /// Parts of tests that went on with the rest.
     cases: Vec<(String, String)>,
+    /// What tests said they ran (not skips).
+    summaries: Vec<(String, String)>,
 }
 
 impl Skips {
@@ -517,6 +522,7 @@ impl Skips {
             let entry = (name.to_string(), why.to_string());
             match kind {
                 "case" => s.cases.push(entry),
+                "summary" => s.summaries.push(entry),
                 _ => s.tests.push(entry),
             }
         }

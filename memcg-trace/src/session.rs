@@ -356,17 +356,18 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     let btf = kernel::open_btf()?;
     let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
     phases.end("btf");
+    let syms = Symbols::load(&btf, &interest(sel))?;
+    let reqs = requests(sel, &syms)?;
+    phases.end("symbols");
+    // Every aya loader parses the kernel's BTF again (tens of MiB): ours (and, on kernels that
+    // cannot mmap it, its copy in memory) is gone before the first.
+    drop(btf);
     let (layout, masks) = calibrate::masks(layout);
     phases.end("masks");
     let mut calibration = Vec::new();
     if masks.source != "calibrated" {
         calibration.push(format!("context masks: {}", masks.source));
     }
-    let syms = Symbols::load(&btf, &interest(sel))?;
-    let reqs = requests(sel, &syms)?;
-    phases.end("symbols");
-    // The aya loader parses BTF again; the two parses need not be alive at once.
-    drop(btf);
     let release = kernel::release();
     let model = kernel::preemption_model(kernel::config(&release).as_ref());
     let preemptible = kernel::preemptible(&model);

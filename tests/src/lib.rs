@@ -417,3 +417,35 @@ fn our_programs_now() -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// The pid of a process whose command line is exactly `args`.
+pub fn pid_of(args: &[&str]) -> Option<i32> {
+    let want: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid = e.file_name().to_str()?.parse().ok()?;
+        (std::fs::read(e.path().join("cmdline")).ok()? == want).then_some(pid)
+    })
+}
+
+/// Asserts that a run which ended left nothing behind: no workload `sleep <marker>` (given 5 s
+/// to go), no memcg of ours, no program of ours in the kernel.
+pub fn assert_left_nothing(what: &str, marker: &str) {
+    let start = std::time::Instant::now();
+    while pid_of(&["sleep", marker]).is_some() && start.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        pid_of(&["sleep", marker]).is_none(),
+        "{what}: the workload outlived memcg-trace"
+    );
+    assert!(
+        leftover_memcgs().is_empty(),
+        "{what}: memcgs left: {:?}",
+        leftover_memcgs()
+    );
+    let progs = our_programs_loaded(std::time::Duration::from_secs(5));
+    assert!(progs.is_empty(), "{what}: programs left loaded: {progs:?}");
+}

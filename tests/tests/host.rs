@@ -472,15 +472,6 @@ fn host_stale_memcgs_are_told_by_their_lock_not_by_the_pid_in_their_name() {
     assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
 }
 
-/// Whether a process runs `sleep <arg>`.
-fn sleeping(arg: &str) -> bool {
-    fs::read_dir("/proc").unwrap().flatten().any(|e| {
-        fs::read(e.path().join("cmdline"))
-            .map(|c| c == format!("sleep\0{arg}\0").as_bytes())
-            .unwrap_or(false)
-    })
-}
-
 #[test]
 fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
     let name = "host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind";
@@ -525,19 +516,7 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
                 "{what}"
             );
             assert!(err.lines().count() <= 1, "{what}");
-            let t = Instant::now();
-            while sleeping(&marker) && t.elapsed() < Duration::from_secs(5) {
-                thread::sleep(Duration::from_millis(20));
-            }
-            assert!(
-                !sleeping(&marker),
-                "the workload outlived memcg-trace: {what}"
-            );
-            assert!(
-                leftover_memcgs().is_empty(),
-                "{what}: left {:?}",
-                leftover_memcgs()
-            );
+            assert_left_nothing(&what, &marker);
             // A recording, where one was written, is whole.
             if json.exists() {
                 load_recording(&json);
@@ -584,18 +563,9 @@ mkdir "$base$cg/inner" && echo $$ > "$base$cg/inner/cgroup.procs" && exec sleep 
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("warning"), "{err}");
-    let t = Instant::now();
-    while sleeping("7.77") && t.elapsed() < Duration::from_secs(5) {
-        thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        !sleeping("7.77"),
-        "the workload in its inner cgroup survived: {err}"
-    );
-    assert!(
-        leftover_memcgs().is_empty(),
-        "{:?}: {err}",
-        leftover_memcgs()
+    assert_left_nothing(
+        &format!("a workload in its own inner cgroup ({err})"),
+        "7.77",
     );
 }
 
@@ -611,18 +581,6 @@ fn status_field(status: &str, field: &str) -> u64 {
     } else {
         v.parse().unwrap()
     }
-}
-
-/// The pid of the process whose command line is exactly `args`.
-fn pid_of(args: &[&str]) -> Option<i32> {
-    let want: Vec<u8> = args
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid = e.file_name().to_str()?.parse().ok()?;
-        (fs::read(e.path().join("cmdline")).ok()? == want).then_some(pid)
-    })
 }
 
 /// CAP_DAC_OVERRIDE (1) and CAP_KILL (5): what a running session keeps.
@@ -900,21 +858,7 @@ fn host_signal_matrix_record() {
                     assert!(!json.exists(), "{what}: a recording after a panic");
                 }
             }
-            let t = Instant::now();
-            while sleeping(&marker) && t.elapsed() < Duration::from_secs(5) {
-                thread::sleep(Duration::from_millis(20));
-            }
-            assert!(
-                !sleeping(&marker),
-                "{what}: the workload outlived memcg-trace"
-            );
-            assert!(
-                leftover_memcgs().is_empty(),
-                "{what}: {:?}",
-                leftover_memcgs()
-            );
-            let progs = our_programs_loaded(Duration::from_secs(5));
-            assert!(progs.is_empty(), "{what}: programs left loaded: {progs:?}");
+            assert_left_nothing(&what, &marker);
         }
         done.push(format!("{label} {runs}/{runs}"));
     }

@@ -236,18 +236,6 @@ fn tui_errors_come_before_the_terminal_is_touched() {
     assert!(Path::new(&dir).exists());
 }
 
-/// The pid of the process whose command line is exactly `args`.
-fn pid_of(args: &[&str]) -> Option<i32> {
-    let want: Vec<u8> = args
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid = e.file_name().to_str()?.parse().ok()?;
-        (std::fs::read(e.path().join("cmdline")).ok()? == want).then_some(pid)
-    })
-}
-
 #[test]
 fn tui_signal_matrix_top() {
     let name = "tui_signal_matrix_top";
@@ -315,17 +303,7 @@ fn tui_signal_matrix_top() {
                 "{what}: the terminal stayed on the alternate screen"
             );
             assert!(s.cursor_visible(), "{what}: the cursor stayed hidden");
-            assert!(
-                pid_of(&["sleep", &marker]).is_none(),
-                "{what}: the workload outlived memcg-trace"
-            );
-            assert!(
-                leftover_memcgs().is_empty(),
-                "{what}: {:?}",
-                leftover_memcgs()
-            );
-            let progs = our_programs_loaded(Duration::from_secs(5));
-            assert!(progs.is_empty(), "{what}: programs left loaded: {progs:?}");
+            assert_left_nothing(&what, &marker);
         }
         done.push(format!("{label} {runs}/{runs}"));
     }

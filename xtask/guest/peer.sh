@@ -30,8 +30,11 @@ sed 's/{.*}/{ }/; s|/@start[0-9]*\[tid\]/ ||' /out/peer.bt >/out/empty.bt
 # would compare different work.
 echo +memory >/sys/fs/cgroup/cgroup.subtree_control
 mkdir -p /sys/fs/cgroup/peer
+# A step that fails or hangs (15 minutes) ends the run with a line saying which, rather than
+# leaving the VM to its timeout.
 in_memcg() {
-  sh -c 'echo $$ >/sys/fs/cgroup/peer/cgroup.procs && exec "$@"' sh "$@"
+  timeout 900 sh -c 'echo $$ >/sys/fs/cgroup/peer/cgroup.procs && exec "$@"' sh "$@" ||
+    { echo "guest: '$*' failed or hung (exit $?)" >&2; exit 1; }
 }
 # bpftrace under emulation takes a while to compile and attach: wait for its banner.
 bpftrace_start() { # log [script]
@@ -53,6 +56,16 @@ bpftrace_start() { # log [script]
 }
 bpftrace_stop() {
   kill -INT $bp
+  n=0
+  while kill -0 $bp 2>/dev/null; do
+    if [ $n -ge 1200 ]; then
+      echo "guest: bpftrace still running 120 s after SIGINT"
+      kill -KILL $bp
+      exit 1
+    fi
+    sleep 0.1
+    n=$((n + 1))
+  done
   wait $bp || true
 }
 run() { # round variant
@@ -71,8 +84,9 @@ run() { # round variant
   F | K)
     backend=fentry
     [ "$2" = K ] && backend=kprobe
-    memcg-trace record -q --attach $backend -p "$PROBES" -o /out/peer-$1-$2.json \
-      -- hackbench $PEER_HACKBENCH >/out/peer-$1-$2.txt 2>/out/peer-$1-$2.err
+    timeout 900 memcg-trace record -q --attach $backend -p "$PROBES" -o /out/peer-$1-$2.json \
+      -- hackbench $PEER_HACKBENCH >/out/peer-$1-$2.txt 2>/out/peer-$1-$2.err ||
+      { echo "guest: round $1: $2 failed or hung (exit $?)"; cat /out/peer-$1-$2.err; exit 1; }
     ;;
   esac
 }

@@ -270,6 +270,28 @@ fn current_task() -> u64 {
     }
 }
 
+/// `task->cgroups->dfl_cgrp` by plain loads: only where the layout allows (`direct_task` and
+/// `direct_cgroup`), with `task` from `current_task`.
+#[inline(always)]
+fn dfl_cgrp(l: &KernelLayout, task: u64) -> *const u8 {
+    // SAFETY: each pointer is the verifier's BTF pointer of the member's type, and each load is
+    // checked against that type (a fault reads 0 instead of crashing).
+    unsafe {
+        let cset = *((task as *const u8).add(l.task_cgroups as usize) as *const *const u8);
+        *(cset.add(l.cset_dfl_cgrp as usize) as *const *const u8)
+    }
+}
+
+/// `cgrp->kn->id` by plain loads, `cgrp` from [`dfl_cgrp`].
+#[inline(always)]
+fn cgrp_id(l: &KernelLayout, cgrp: *const u8) -> u64 {
+    // SAFETY: as in dfl_cgrp.
+    unsafe {
+        let kn = *(cgrp.add(l.cgroup_kn as usize) as *const *const u8);
+        *(kn.add(l.kn_id as usize) as *const u64)
+    }
+}
+
 /// The cgroup v2 id of `task` (from `current_task`): `task->cgroups->dfl_cgrp->kn->id` by
 /// plain loads where the layout allows (what `bpf_get_current_cgroup_id` reads, minus the
 /// call), else the helper.
@@ -277,15 +299,7 @@ fn current_task() -> u64 {
 fn cgroup_id(task: u64) -> u64 {
     let l = layout();
     if l.direct_task != 0 && l.direct_cgroup != 0 {
-        // SAFETY: each pointer is the verifier's BTF pointer of the member's type, and each
-        // load is checked against that type (a fault reads 0 instead of crashing).
-        unsafe {
-            let t = task as *const u8;
-            let cset = *(t.add(l.task_cgroups as usize) as *const *const u8);
-            let cgrp = *(cset.add(l.cset_dfl_cgrp as usize) as *const *const u8);
-            let kn = *(cgrp.add(l.cgroup_kn as usize) as *const *const u8);
-            return *(kn.add(l.kn_id as usize) as *const u64);
-        }
+        return cgrp_id(l, dfl_cgrp(l, task));
     }
     // SAFETY: helper without preconditions.
     unsafe { bpf_get_current_cgroup_id() }
@@ -382,26 +396,21 @@ impl Env for Kernel {
         }
         let l = layout();
         if l.direct_task != 0 && l.direct_cgroup != 0 {
-            // SAFETY: BTF pointers, each load checked against the member's type by the
-            // verifier; `st` is this CPU's state (only this CPU's programs write it).
-            unsafe {
-                let t = task as *const u8;
-                let cset = *(t.add(l.task_cgroups as usize) as *const *const u8);
-                let cgrp = *(cset.add(l.cset_dfl_cgrp as usize) as *const *const u8);
-                let cache = core::ptr::addr_of_mut!((*self.st.0).workload_cgrp);
-                if c.workload_owned != 0 && cgrp as u64 == core::ptr::read(cache) {
-                    return true;
-                }
-                let kn = *(cgrp.add(l.cgroup_kn as usize) as *const *const u8);
-                let id = *(kn.add(l.kn_id as usize) as *const u64);
-                if id != w {
-                    return false;
-                }
-                if c.workload_owned != 0 {
-                    core::ptr::write(cache, cgrp as u64);
-                }
+            let cgrp = dfl_cgrp(l, task);
+            // SAFETY: `st` is this CPU's state, written only by this CPU's programs and only
+            // through its pointer.
+            let cache = unsafe { core::ptr::addr_of_mut!((*self.st.0).workload_cgrp) };
+            if c.workload_owned != 0 && cgrp as u64 == unsafe { core::ptr::read(cache) } {
                 return true;
             }
+            if cgrp_id(l, cgrp) != w {
+                return false;
+            }
+            if c.workload_owned != 0 {
+                // SAFETY: as above.
+                unsafe { core::ptr::write(cache, cgrp as u64) };
+            }
+            return true;
         }
         cgroup_id(task) == w
     }

@@ -331,6 +331,17 @@ pub struct Counters {
     /// Tracepoint backend, task context: hits by the workload's tasks (in the same cache line
     /// as `entries`, so counting them costs no second lookup).
     pub workload_hits: u64,
+    /// Of the switched calls timed in the kernel: time the task spent off the CPU during them,
+    /// ns, summed (the scheduler's own accounting: see `Pending::switches`). Their on-CPU
+    /// time is their latency minus this. (Userspace's snapshots add the deferred calls it
+    /// confirmed to this and the two below.)
+    pub off_cpu_ns: u64,
+    /// The longest such time of one call, ns.
+    pub off_cpu_max_ns: u64,
+    /// Of the switched calls timed in the kernel: migrated calls whose time off the CPU cannot
+    /// be told (the scheduler's task clocks of two CPUs are not comparable on this kernel,
+    /// see `KernelLayout::cross_cpu_clock`); they add nothing to `off_cpu_ns`.
+    pub off_cpu_unknown: u64,
 }
 
 impl Counters {
@@ -351,6 +362,9 @@ impl Counters {
         self.no_context_entries += o.no_context_entries;
         self.no_context_exits += o.no_context_exits;
         self.workload_hits += o.workload_hits;
+        self.off_cpu_ns += o.off_cpu_ns;
+        self.off_cpu_max_ns = self.off_cpu_max_ns.max(o.off_cpu_max_ns);
+        self.off_cpu_unknown += o.off_cpu_unknown;
     }
 }
 
@@ -392,9 +406,11 @@ pub struct Pending {
     pub ts: u64,
     /// Task context: the task (its `task_struct` address).
     pub task: u64,
-    /// Task context: the task's `nvcsw + nivcsw` at entry. Unchanged at exit proves the task
-    /// never left the CPU in between. Interrupt contexts (fentry): the entry program's
-    /// recursion misses on this CPU at entry.
+    /// Task context: the task's off-CPU clock at entry, `se.exec_start - se.sum_exec_runtime`
+    /// (see [`off_cpu_clock`]): it moves exactly by the time the task spends off the CPU, so
+    /// unchanged at exit proves the task never left the CPU in between, and the difference is
+    /// how long it was off. Interrupt contexts (fentry): the entry program's recursion misses
+    /// on this CPU at entry.
     pub switches: u64,
     /// The context at entry (`CTX_*`).
     pub ctx: u32,
@@ -441,6 +457,8 @@ pub struct Deferred {
     pub flags: u8,
     /// Keeps the struct free of implicit padding.
     pub _pad: u16,
+    /// Switched task calls: time off the CPU, ns (0 with `DEFERRED_OFF_UNKNOWN`).
+    pub off_ns: u64,
 }
 
 /// The call was made by a task of the workload's cgroup.
@@ -449,6 +467,26 @@ pub const DEFERRED_WORKLOAD: u8 = 1;
 pub const DEFERRED_SWITCHED: u8 = 2;
 /// The exit ran on another CPU than the entry.
 pub const DEFERRED_MIGRATED: u8 = 4;
+/// Migrated on a kernel whose CPUs' task clocks are not comparable: time off the CPU unknown.
+pub const DEFERRED_OFF_UNKNOWN: u8 = 8;
+
+/// The time a task spent off the CPU during a call, from its off-CPU clock at entry and at exit
+/// (`Pending::switches`), clamped to the call's wall time `wall`. The scheduler adds the time
+/// a task ran to `se.sum_exec_runtime` and sets `se.exec_start` to the same instant whenever it
+/// accounts a running task (ticks, switch-out), so `exec_start - sum_exec_runtime` stays put
+/// while the task runs and jumps by the time it was away when it is switched back in
+/// (`exec_start` = the switch-in time, the sum unchanged).
+#[inline(always)]
+pub const fn off_cpu(entry: u64, exit: u64, wall: u64) -> u64 {
+    let d = exit.wrapping_sub(entry) as i64;
+    if d <= 0 {
+        0
+    } else if d as u64 > wall {
+        wall
+    } else {
+        d as u64
+    }
+}
 
 /// Per-CPU state the programs keep for themselves.
 #[repr(C)]
@@ -542,10 +580,10 @@ pub struct KernelLayout {
     pub cfs_rq_rq: u64,
     /// `offsetof(struct rq, cpu)`.
     pub rq_cpu: u64,
-    /// `offsetof(struct task_struct, nvcsw)`; `nivcsw` follows it.
-    pub task_nvcsw: u64,
-    /// `offsetof(struct task_struct, nivcsw)`.
-    pub task_nivcsw: u64,
+    /// `offsetof(struct task_struct, se) + offsetof(struct sched_entity, exec_start)`.
+    pub task_exec_start: u64,
+    /// `offsetof(struct task_struct, se) + offsetof(struct sched_entity, sum_exec_runtime)`.
+    pub task_sum_exec: u64,
     /// Per-CPU offset of x86's `this_cpu_off` (the CPU's `__per_cpu_offset`); 0 when absent.
     /// Dynamically allocated per-CPU data (a program's stats) is at its pointer plus that; the
     /// base the programs find from `runqueues` also holds `__per_cpu_start`, which is not zero
@@ -567,8 +605,8 @@ pub struct KernelLayout {
     pub softirq_offset: u32,
     /// Non-zero once userspace filled this in.
     pub valid: u32,
-    /// Non-zero when `nivcsw` directly follows `nvcsw` (one read fetches both).
-    pub switches_adjacent: u32,
+    /// Non-zero when `sum_exec_runtime` directly follows `exec_start` (one read fetches both).
+    pub clock_adjacent: u32,
     /// Non-zero when the programs read the preempt count directly: the loader has replaced
     /// every [`PERCPU_VAR_MARKER`] load with the BTF id of the per-CPU variable holding it
     /// (`bpf_this_cpu_ptr`, a plain load). Zero: through `bpf_probe_read_kernel`.
@@ -593,8 +631,11 @@ pub struct KernelLayout {
     pub kn_id: u64,
     /// Non-zero when the four offsets above were found (and direct task reads are on).
     pub direct_cgroup: u32,
-    /// Keeps the struct free of implicit padding.
-    pub _pad: u32,
+    /// Non-zero when the scheduler's task clock (`rq->clock_task`, in which `exec_start` and
+    /// `sum_exec_runtime` are kept) reads the same on every CPU: the kernel subtracts neither
+    /// interrupt nor steal time from it (no `rq.prev_irq_time`, no `rq.prev_steal_time_rq`).
+    /// Otherwise a migrated call's time off the CPU is not known.
+    pub cross_cpu_clock: u32,
 }
 
 /// The 64-bit immediate the programs load where they need the address of the per-CPU variable

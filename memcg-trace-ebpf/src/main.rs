@@ -46,11 +46,12 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
-    bucket_index, cell, classify, ctx_check_index, irq_slot, task_slot_hint, test_op,
+    bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu, task_slot_hint, test_op,
     workload_cell, Config, Counters, CpuState, Deferred, Hist, KernelLayout, Pending, PendingSet,
     CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN,
-    DEFERRED_MIGRATED, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, NUM_BUCKETS, NUM_CTX,
-    PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER, TASK_SLOTS, WINDOW_OPEN,
+    DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES,
+    NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER, TASK_SLOTS,
+    WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -61,8 +62,8 @@ static LAYOUT: KernelLayout = KernelLayout {
     task_se_cfs_rq: 0,
     cfs_rq_rq: 0,
     rq_cpu: 0,
-    task_nvcsw: 0,
-    task_nivcsw: 0,
+    task_exec_start: 0,
+    task_sum_exec: 0,
     this_cpu_off: 0,
     prog_aux: 0,
     prog_stats: 0,
@@ -72,7 +73,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     hardirq_mask: 0,
     softirq_offset: 0,
     valid: 0,
-    switches_adjacent: 0,
+    clock_adjacent: 0,
     direct_preempt: 0,
     preempt_member: 0,
     direct_task: 0,
@@ -82,7 +83,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     cgroup_kn: 0,
     kn_id: 0,
     direct_cgroup: 0,
-    _pad: 0,
+    cross_cpu_clock: 0,
 };
 
 /// Settings, filled in by userspace before load.
@@ -305,31 +306,35 @@ fn cgroup_id(task: u64) -> u64 {
     unsafe { bpf_get_current_cgroup_id() }
 }
 
-/// `nvcsw + nivcsw` of `task` (from `current_task`): changes whenever the task leaves the CPU.
+/// The off-CPU clock of `task` (from `current_task`): `se.exec_start - se.sum_exec_runtime`,
+/// which moves by exactly the time the task is away from the CPU (see
+/// `memcg_trace_common::off_cpu`).
 #[inline(always)]
-fn read_switches(task: u64) -> u64 {
+fn read_off_clock(task: u64) -> u64 {
     let l = layout();
     if l.direct_task != 0 {
         // SAFETY: the verifier's trusted task_struct pointer; it checks both loads against the
         // type.
         unsafe {
             let t = task as *const u8;
-            let v = *(t.add(l.task_nvcsw as usize) as *const u64);
-            let iv = *(t.add(l.task_nivcsw as usize) as *const u64);
-            return v.wrapping_add(iv);
+            let x = *(t.add(l.task_exec_start as usize) as *const u64);
+            let s = *(t.add(l.task_sum_exec as usize) as *const u64);
+            return x.wrapping_sub(s);
         }
     }
     // SAFETY: reads of kernel memory through bpf_probe_read_kernel.
     unsafe {
-        if l.switches_adjacent != 0 {
-            // One helper call instead of two: nivcsw follows nvcsw in every kernel so far.
-            let [v, iv]: [u64; 2] =
-                bpf_probe_read_kernel((task + l.task_nvcsw) as *const [u64; 2]).unwrap_or([0, 0]);
-            return v.wrapping_add(iv);
+        if l.clock_adjacent != 0 {
+            // One helper call instead of two: sum_exec_runtime follows exec_start in every
+            // kernel so far.
+            let [x, s]: [u64; 2] =
+                bpf_probe_read_kernel((task + l.task_exec_start) as *const [u64; 2])
+                    .unwrap_or([0, 0]);
+            return x.wrapping_sub(s);
         }
-        let v: u64 = bpf_probe_read_kernel((task + l.task_nvcsw) as *const u64).unwrap_or(0);
-        let iv: u64 = bpf_probe_read_kernel((task + l.task_nivcsw) as *const u64).unwrap_or(0);
-        v.wrapping_add(iv)
+        let x: u64 = bpf_probe_read_kernel((task + l.task_exec_start) as *const u64).unwrap_or(0);
+        let s: u64 = bpf_probe_read_kernel((task + l.task_sum_exec) as *const u64).unwrap_or(0);
+        x.wrapping_sub(s)
     }
 }
 
@@ -343,7 +348,7 @@ trait Env {
     fn context(&self) -> Option<u32>;
     /// The current task (read once per run, passed to the two below).
     fn task(&self) -> u64;
-    /// The current task's switch count.
+    /// The current task's off-CPU clock (`read_off_clock`).
     fn switches(&self, task: u64) -> u64;
     /// Whether the current task belongs to the workload's cgroup.
     fn in_workload(&self, task: u64) -> bool;
@@ -352,6 +357,9 @@ trait Env {
     fn atomic(&self) -> bool;
     /// The recursion misses of `probe`'s fentry program on this CPU, when known.
     fn entry_misses(&self, probe: u32) -> Option<u64>;
+    /// Whether the task clocks of different CPUs are comparable (a migrated call's time off
+    /// the CPU is known).
+    fn cross_cpu_clock(&self) -> bool;
     /// The self-test, whose sequences run with no program attached.
     fn testing(&self) -> bool {
         false
@@ -385,7 +393,11 @@ impl Env for Kernel {
     }
     #[inline(always)]
     fn switches(&self, task: u64) -> u64 {
-        read_switches(task)
+        read_off_clock(task)
+    }
+    #[inline(always)]
+    fn cross_cpu_clock(&self) -> bool {
+        layout().cross_cpu_clock != 0
     }
     #[inline(always)]
     fn in_workload(&self, task: u64) -> bool {
@@ -490,7 +502,7 @@ fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, atomic: boo
 
 /// Hands a pair to userspace for confirmation; false when the ring buffer is full.
 #[inline(always)]
-fn defer(probe: u32, ctx: u32, start: u64, end: u64, flags: u8) -> bool {
+fn defer(probe: u32, ctx: u32, start: u64, end: u64, flags: u8, off_ns: u64) -> bool {
     match DEFERRED.reserve::<Deferred>(0) {
         Some(mut e) => {
             e.write(Deferred {
@@ -500,6 +512,7 @@ fn defer(probe: u32, ctx: u32, start: u64, end: u64, flags: u8) -> bool {
                 ctx: ctx as u8,
                 flags,
                 _pad: 0,
+                off_ns,
             });
             e.submit(BPF_RB_NO_WAKEUP as u64);
             true
@@ -828,17 +841,37 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             None => deferred = true,
         }
     }
-    if ctx == CTX_TASK && (migrated || env.switches(task) != call.switches) {
-        flags |= DEFERRED_SWITCHED;
-        add(&mut cs.switched, 1, atomic);
-        if migrated {
-            flags |= DEFERRED_MIGRATED;
-            add(&mut cs.migrated, 1, atomic);
+    let mut off = 0;
+    if ctx == CTX_TASK {
+        let clock = env.switches(task);
+        if migrated || clock != call.switches {
+            flags |= DEFERRED_SWITCHED;
+            add(&mut cs.switched, 1, atomic);
+            if migrated {
+                flags |= DEFERRED_MIGRATED;
+                add(&mut cs.migrated, 1, atomic);
+                if !env.cross_cpu_clock() {
+                    flags |= DEFERRED_OFF_UNKNOWN;
+                }
+            }
+            if flags & DEFERRED_OFF_UNKNOWN == 0 {
+                off = off_cpu(call.switches, clock, ns);
+            }
+            deferred = config().preemptible != 0;
+            if !deferred {
+                if flags & DEFERRED_OFF_UNKNOWN != 0 {
+                    add(&mut cs.off_cpu_unknown, 1, atomic);
+                } else {
+                    add(&mut cs.off_cpu_ns, off, atomic);
+                    if off > cs.off_cpu_max_ns {
+                        cs.off_cpu_max_ns = off;
+                    }
+                }
+            }
         }
-        deferred = config().preemptible != 0;
     }
     if deferred {
-        if defer(probe, ctx, call.ts, now, flags) {
+        if defer(probe, ctx, call.ts, now, flags, off) {
             add(&mut cs.deferred, 1, atomic);
         } else {
             add(&mut cs.deferred_lost, 1, atomic);
@@ -1179,6 +1212,7 @@ struct Given {
     switches: u64,
     workload: bool,
     misses: Option<u64>,
+    cross_cpu_clock: bool,
 }
 
 impl Env for Given {
@@ -1196,6 +1230,9 @@ impl Env for Given {
     }
     fn switches(&self, _task: u64) -> u64 {
         self.switches
+    }
+    fn cross_cpu_clock(&self) -> bool {
+        self.cross_cpu_clock
     }
     fn in_workload(&self, _task: u64) -> bool {
         self.workload
@@ -1233,6 +1270,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         switches: a(5),
         workload: a(7) & 1 != 0,
         misses: (a(9) != 0).then(|| a(8)),
+        cross_cpu_clock: a(10) == 0,
     };
     match a(0) {
         test_op::ENTRY => pair_entry(&given, probe, Key::given(a(2)), a(7) & 2 != 0),

@@ -100,6 +100,10 @@ pub struct Meta {
     pub tracer: DaemonCost,
     /// The preempt_count masks the context split used.
     pub context_masks: Option<kernel::ContextMasks>,
+    /// How the time task calls spent off the CPU was told (the contexts' `off_cpu_*` and
+    /// `on_cpu_ns`); absent in recordings made before memcg-trace told it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_cpu: Option<String>,
     /// What could not be calibrated, one line each (empty: everything was measured).
     #[serde(default)]
     pub calibration: Vec<String>,
@@ -235,6 +239,22 @@ pub struct ContextOut {
     /// Of those, calls whose exit ran on another CPU.
     #[serde(default)]
     pub migrated: u64,
+    /// Time the timed calls spent off the CPU (asleep, preempted, waiting to run), ns, summed:
+    /// the scheduler's own accounting of the task's time away (`se.exec_start` and
+    /// `se.sum_exec_runtime`). Only task-context calls that left the CPU have any.
+    #[serde(default)]
+    pub off_cpu_ns: u64,
+    /// The longest time off the CPU of one call, ns.
+    #[serde(default)]
+    pub off_cpu_max_ns: u64,
+    /// Timed calls that left the CPU whose time off it is not known: migrated, on a kernel
+    /// whose CPUs' task clocks are not comparable (interrupt or steal time accounting). They
+    /// add nothing to `off_cpu_ns`.
+    #[serde(default)]
+    pub off_cpu_unknown: u64,
+    /// Time on the CPU: `latency.sum_ns - off_cpu_ns` (absent for counts-only backends).
+    #[serde(default)]
+    pub on_cpu_ns: Option<u64>,
     /// Exits without their own entry.
     #[serde(alias = "unmatched")]
     pub orphans: u64,
@@ -412,6 +432,8 @@ pub struct RunMeta {
     pub start: SystemTime,
     /// The preempt_count masks the context split used.
     pub masks: Option<kernel::ContextMasks>,
+    /// How time off the CPU was told (`Meta::off_cpu`).
+    pub off_cpu: Option<String>,
     /// The daemon's own cost.
     pub daemon: DaemonCost,
     /// The workload, when the session ran one.
@@ -455,6 +477,7 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
             bpf_stats: snap.bpf_stats,
             tracer: run.daemon.clone(),
             context_masks: run.masks.clone(),
+            off_cpu: run.off_cpu.clone(),
             calibration: run.calibration.clone(),
             floors: run.floors.clone(),
             workload: run.workload.clone(),
@@ -537,6 +560,10 @@ fn probes_out(
                             ambiguous: k.ambiguous,
                             switched: k.switched,
                             migrated: k.migrated,
+                            off_cpu_ns: k.off_cpu_ns,
+                            off_cpu_max_ns: k.off_cpu_max_ns,
+                            off_cpu_unknown: k.off_cpu_unknown,
+                            on_cpu_ns: timed.then(|| c.hist.sum_ns.saturating_sub(k.off_cpu_ns)),
                             orphans: k.orphans,
                             outside: k.outside,
                             stale: k.stale,
@@ -805,6 +832,9 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                             deferred_lost: c.deferred_lost,
                             switched: c.switched,
                             migrated: c.migrated,
+                            off_cpu_ns: c.off_cpu_ns,
+                            off_cpu_max_ns: c.off_cpu_max_ns,
+                            off_cpu_unknown: c.off_cpu_unknown,
                             orphans: c.orphans,
                             outside: c.outside,
                             stale: c.stale,

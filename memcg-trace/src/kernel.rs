@@ -265,7 +265,7 @@ pub fn var_id(btf: &Btf, name: &str) -> Option<u32> {
         .find(|id| matches!(btf.resolve_type_by_id(*id), Ok(Type::Var(_))))
 }
 
-/// The offsets the eBPF programs need to read preempt_count and the task's switch counts.
+/// The offsets the eBPF programs need to read preempt_count and the task's off-CPU clock.
 pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     let percpu = percpu_vars(btf)?;
     // Up to 6.1 and again from 6.15: `__preempt_count`; 6.2-6.14: `pcpu_hot.preempt_count`.
@@ -284,8 +284,13 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         .get("runqueues")
         .ok_or_else(|| anyhow!("per-CPU variable runqueues not in BTF"))?;
     let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
-    let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
-    let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
+    // The task's off-CPU clock (see memcg_trace_common::off_cpu).
+    let task_exec_start = field_path_offset(btf, "task_struct", &["se", "exec_start"])?;
+    let task_sum_exec = field_path_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?;
+    // rq->clock_task, the clock of both, is rq->clock minus interrupt and steal time where the
+    // kernel accounts those per CPU; then two CPUs' task clocks differ.
+    let cross_cpu_clock = field_path_offset(btf, "rq", &["prev_irq_time"]).is_err()
+        && field_path_offset(btf, "rq", &["prev_steal_time_rq"]).is_err();
     // Where a BPF program keeps its per-CPU recursion-miss counter (0: not found; the fentry
     // interrupt pairs are then confirmed in userspace instead).
     let off = |s: &str, f: &str| field_path_offset(btf, s, &[f]).unwrap_or(0);
@@ -312,7 +317,7 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         prog_stats: off("bpf_prog", "stats"),
         prog_aux_id: off("bpf_prog_aux", "id"),
         stats_misses: off("bpf_prog_stats", "misses"),
-        switches_adjacent: (task_nivcsw == task_nvcsw + 8) as u32,
+        clock_adjacent: (task_sum_exec == task_exec_start + 8) as u32,
         // Set by the loader once it has patched the programs (tracer::load_object).
         direct_preempt: 0,
         preempt_member,
@@ -329,20 +334,31 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         cgroup_kn: cg.2,
         kn_id: cg.3,
         direct_cgroup: (cg != (0, 0, 0, 0)) as u32,
-        _pad: 0,
+        cross_cpu_clock: cross_cpu_clock as u32,
         preempt_count,
         runqueues,
         task_se_cfs_rq: field_path_offset(btf, "task_struct", &["se", "cfs_rq"])
             .context("task_struct.se.cfs_rq (needs CONFIG_FAIR_GROUP_SCHED)")?,
         cfs_rq_rq: field_path_offset(btf, "cfs_rq", &["rq"])?,
         rq_cpu: field_path_offset(btf, "rq", &["cpu"])?,
-        task_nvcsw,
-        task_nivcsw,
+        task_exec_start,
+        task_sum_exec,
         nmi_mask,
         hardirq_mask,
         softirq_offset,
         valid: 1,
     })
+}
+
+/// How the programs tell a task call's time off the CPU on this kernel, in words for the
+/// recording.
+pub fn off_cpu_source(layout: &KernelLayout) -> String {
+    let migrated = if layout.cross_cpu_clock != 0 {
+        "migrated calls too (the CPUs' task clocks agree)"
+    } else {
+        "migrated calls unknown (interrupt or steal time is taken out of each CPU's task clock)"
+    };
+    format!("scheduler: se.exec_start - se.sum_exec_runtime at entry and exit; {migrated}")
 }
 
 /// Kernel build options that change what the charging path costs.

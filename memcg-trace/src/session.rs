@@ -558,6 +558,7 @@ pub struct Session {
     notes: HashMap<String, Vec<String>>,
     failed: Vec<NotAttached>,
     masks: Option<kernel::ContextMasks>,
+    off_cpu: String,
     floors: Vec<Floor>,
     calibration: Vec<String>,
     started: SystemTime,
@@ -642,6 +643,7 @@ impl Session {
         }
         let failed = tracer.failed.clone();
         let masks = tracer.masks.clone();
+        let off_cpu = tracer.off_cpu.clone();
         let startup = t0.elapsed();
         let cpu0 = cpu_time();
         let started = SystemTime::now();
@@ -680,6 +682,7 @@ impl Session {
             notes,
             failed,
             masks,
+            off_cpu,
             floors,
             calibration,
             started,
@@ -756,6 +759,7 @@ impl Session {
         RunMeta {
             start: self.started,
             masks: self.masks.clone(),
+            off_cpu: Some(self.off_cpu.clone()),
             daemon: DaemonCost {
                 startup_ns: self.startup.as_nanos() as u64,
                 detach_ns: detach.as_nanos() as u64,

@@ -207,6 +207,55 @@ pub fn check_invariants(doc: &Document, summary: &str) {
                 c.context
             );
         }
+        for c in &p.contexts {
+            // Time off the CPU: only task calls that left it have any, never more than their
+            // latency; the calls whose time off it is unknown are migrated ones.
+            assert!(
+                c.off_cpu_unknown <= c.migrated && c.migrated <= c.switched,
+                "{} {}: off-CPU unknown {} / migrated {} / switched {}",
+                p.name,
+                c.context,
+                c.off_cpu_unknown,
+                c.migrated,
+                c.switched
+            );
+            if c.switched == 0 {
+                assert_eq!(
+                    (c.off_cpu_ns, c.off_cpu_max_ns),
+                    (0, 0),
+                    "{} {}: time off the CPU without a call that left it",
+                    p.name,
+                    c.context
+                );
+            }
+            assert!(
+                c.off_cpu_max_ns <= c.off_cpu_ns,
+                "{} {}: longest off-CPU {} > sum {}",
+                p.name,
+                c.context,
+                c.off_cpu_max_ns,
+                c.off_cpu_ns
+            );
+            if let (Some(l), Some(_)) = (&c.latency, &doc.meta.off_cpu) {
+                assert!(
+                    c.off_cpu_ns <= l.sum_ns && c.off_cpu_max_ns <= l.max_ns,
+                    "{} {}: off the CPU {} ns (longest {}) beyond the latencies' sum {} / max {}",
+                    p.name,
+                    c.context,
+                    c.off_cpu_ns,
+                    c.off_cpu_max_ns,
+                    l.sum_ns,
+                    l.max_ns
+                );
+                assert_eq!(
+                    c.on_cpu_ns,
+                    Some(l.sum_ns - c.off_cpu_ns),
+                    "{} {}: on-CPU time",
+                    p.name,
+                    c.context
+                );
+            }
+        }
         assert_eq!(p.lost, sum(|c| c.lost), "{}: lost", p.name);
         assert_eq!(p.count, sum(|c| c.count), "{}: count", p.name);
         for c in &p.contexts {
@@ -341,7 +390,7 @@ pub fn check_selftest(stdout: &str) {
         .lines()
         .filter(|l| l.starts_with("selftest: pairing: "))
         .collect();
-    assert!(pairing.len() >= 14, "pairing cases missing:\n{stdout}");
+    assert!(pairing.len() >= 18, "pairing cases missing:\n{stdout}");
     for l in &pairing {
         assert!(l.ends_with(": ok") || l.contains("skipped"), "{l}");
     }

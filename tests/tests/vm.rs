@@ -289,12 +289,27 @@ fn vm_reclaim_6_12() {
         "try_charge calls lost: {}",
         memcg_trace::table::probe_footnote(p)
     );
+    // The reclaiming calls slept or were preempted: they are timed wall-clock, and the time
+    // they spent off the CPU is told apart from the time on it.
+    assert!(
+        task.switched > 0 && task.off_cpu_ns > 0 && task.off_cpu_max_ns > 0,
+        "no try_charge call left the CPU, or no time off it: {}",
+        memcg_trace::table::probe_footnote(p)
+    );
+    let on_cpu = task.on_cpu_ns.expect("on-CPU time");
+    assert!(
+        on_cpu > 0 && on_cpu < l.sum_ns,
+        "on-CPU {on_cpu} ns of {} ns",
+        l.sum_ns
+    );
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!(
-            "{name}: memory.max reached {hit_max} times; try_charge p50 {p50} ns, p99 {} ns, max {} ns; {}\n",
+            "{name}: memory.max reached {hit_max} times; try_charge p50 {p50} ns, p99 {} ns, max {} ns; wall {} ns = on-CPU {on_cpu} + off-CPU {} ns; {}\n",
             l.percentiles[2].ns,
             l.max_ns,
+            l.sum_ns,
+            task.off_cpu_ns,
             memcg_trace::table::probe_footnote(p)
         )
         .as_bytes(),

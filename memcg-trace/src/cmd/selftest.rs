@@ -10,14 +10,14 @@ use std::time::Duration;
 use anyhow::Result;
 use memcg_trace_common::{
     bucket_index, CtxUse, Deferred, KernelLayout, CTX_HARDIRQ, CTX_NAMES, CTX_SOFTIRQ, CTX_TASK,
-    DEFERRED_MIGRATED, DEFERRED_SWITCHED, NUM_CTX, TASK_SLOTS,
+    DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, NUM_CTX, TASK_SLOTS,
 };
 
 use crate::{
     calibrate, kernel,
     session::check_privileges,
     tracer::{
-        checks::{self, Outcome, Step},
+        checks::{self, Outcome, RigKind, Step},
         deferred::{Mark, Verifier},
         possible_cpus,
     },
@@ -28,9 +28,22 @@ struct Case {
     name: &'static str,
     /// CPUs the case needs.
     cpus: usize,
+    /// The kind of kernel the programs are loaded for.
+    kernel: RigKind,
     steps: Vec<Step>,
     check: fn(&Outcome) -> Result<(), String>,
 }
+
+/// A preemptible kernel whose CPUs' task clocks are comparable (Debian's).
+const PREEMPT: RigKind = RigKind {
+    preemptible: true,
+    cross_cpu_clock: true,
+};
+/// A kernel that is not preemptible: task calls that left the CPU are timed in the kernel.
+const NO_PREEMPT: RigKind = RigKind {
+    preemptible: false,
+    cross_cpu_clock: true,
+};
 
 const T: u64 = 0xffff_8880_0000_1000;
 const T2: u64 = 0xffff_8880_0000_2000;
@@ -100,6 +113,16 @@ fn deferred(o: &Outcome, want: &[(u64, u64, u32, u8)]) -> Result<(), String> {
     }
 }
 
+/// The time off the CPU each deferred pair carries.
+fn off_cpu(o: &Outcome, want: &[u64]) -> Result<(), String> {
+    let got: Vec<u64> = o.deferred.iter().map(|d| d.off_ns).collect();
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("deferred off-CPU ns {got:?}, expected {want:?}"))
+    }
+}
+
 fn cases() -> Vec<Case> {
     let task = CTX_TASK;
     let soft = CTX_SOFTIRQ;
@@ -108,12 +131,14 @@ fn cases() -> Vec<Case> {
         Case {
             name: "a task call is paired with its own entry",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![E(0xa0, task, T, 5, 1000, false, 0), XK(0xa0, task, T, 5, 1600, 0)],
             check: |o| timed(o, CTX_TASK, 1, 600),
         },
         Case {
             name: "exit skipped, then a new call at the same frame",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 0),
                 E(0xa0, task, T, 5, 2000, false, 0),
@@ -127,6 +152,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "entry skipped: the exit is an orphan, never a sample",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![XK(0xa0, task, T, 5, 3000, 0)],
             check: |o| {
                 expect("orphan exits", o.counters[0].orphans, 1)?;
@@ -136,6 +162,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "fentry hardirq pair (could be a stale entry and an orphan exit): deferred, not counted",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
                 E(0xb0, hard, 0, 0, 1000, false, 0),
                 XF(0xb0, hard, 0, None, 5000, 0),
@@ -148,6 +175,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "fentry hardirq pair, entry program's misses on this CPU unmoved: the call's own entry, counted",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
                 EF(0xb0, hard, 7, 1000, 0),
                 XF(0xb0, hard, 0, Some(7), 1300, 0),
@@ -160,6 +188,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "fentry hardirq pair, entry program missed a run on this CPU meanwhile: not counted",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
                 EF(0xb0, hard, 7, 1000, 0),
                 XF(0xb0, hard, 0, Some(8), 5000, 0),
@@ -173,6 +202,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "the same function nested in task context",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 0),
                 E(0x90, task, T, 5, 1100, false, 0),
@@ -184,6 +214,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "a task call interrupted by the same function in softirq",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 0),
                 E(0xc0, soft, 0, 0, 1200, false, 0),
@@ -198,6 +229,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "a task call interrupted by the same function in hardirq (fentry)",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 0),
                 E(0xb0, hard, 0, 0, 1200, false, 0),
@@ -212,6 +244,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "a softirq call whose exit was skipped: stale at the next softirq entry",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 0),
                 E(0xc0, soft, 0, 0, 1100, false, 0),
@@ -226,36 +259,108 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
-            name: "a task call that left the CPU is timed wall-clock, confirmed by userspace",
+            name: "a task call that left the CPU is timed wall-clock with its time off the CPU, confirmed by userspace",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
-                E(0xa0, task, T, 5, 1000, false, 0),
-                XK(0xa0, task, T, 7, 9000, 0),
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                XK(0xa0, task, T, 8000, 9000, 0),
             ],
             check: |o| {
                 expect("switched", o.counters[0].switched, 1)?;
                 timed(o, CTX_TASK, 0, 0)?;
-                deferred(o, &[(1000, 9000, CTX_TASK, DEFERRED_SWITCHED)])
+                deferred(o, &[(1000, 9000, CTX_TASK, DEFERRED_SWITCHED)])?;
+                off_cpu(o, &[3000])
             },
         },
         Case {
             name: "a task call that migrated: its exit finds the entry on the other CPU",
             cpus: 2,
+            kernel: PREEMPT,
             steps: vec![
-                E(0xa0, task, T, 5, 1000, false, 0),
-                XK(0xa0, task, T, 8, 9000, 1),
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                XK(0xa0, task, T, 8000, 9000, 1),
             ],
             check: |o| {
                 expect("migrated", o.counters[0].migrated, 1)?;
                 deferred(
                     o,
                     &[(1000, 9000, CTX_TASK, DEFERRED_SWITCHED | DEFERRED_MIGRATED)],
-                )
+                )?;
+                off_cpu(o, &[3000])
+            },
+        },
+        Case {
+            name: "a migrated call where the CPUs' task clocks differ: time off the CPU unknown, not made up",
+            cpus: 2,
+            kernel: RigKind {
+                preemptible: true,
+                cross_cpu_clock: false,
+            },
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                XK(0xa0, task, T, 8000, 9000, 1),
+            ],
+            check: |o| {
+                deferred(
+                    o,
+                    &[(
+                        1000,
+                        9000,
+                        CTX_TASK,
+                        DEFERRED_SWITCHED | DEFERRED_MIGRATED | DEFERRED_OFF_UNKNOWN,
+                    )],
+                )?;
+                off_cpu(o, &[0])
+            },
+        },
+        Case {
+            name: "not preemptible: calls that left the CPU are timed in the kernel, time off the CPU summed, clamped to the call",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                XK(0xa0, task, T, 8000, 9000, 0),
+                // The clock moved by more than the call lasted: off for all of it, no more.
+                E(0xb0, task, T, 20_000, 10_000, false, 0),
+                XK(0xb0, task, T, 90_000, 12_000, 0),
+                // Unmoved: never left the CPU.
+                E(0xc0, task, T, 90_000, 13_000, false, 0),
+                XK(0xc0, task, T, 90_000, 13_500, 0),
+            ],
+            check: |o| {
+                let c = &o.counters[0];
+                timed(o, CTX_TASK, 3, 8000 + 2000 + 500)?;
+                expect("switched", c.switched, 2)?;
+                expect("off-CPU ns", c.off_cpu_ns, 3000 + 2000)?;
+                expect("off-CPU max ns", c.off_cpu_max_ns, 3000)?;
+                expect("off-CPU unknown", c.off_cpu_unknown, 0)?;
+                deferred(o, &[])
+            },
+        },
+        Case {
+            name: "not preemptible, migrated where the CPUs' task clocks differ: counted as unknown",
+            cpus: 2,
+            kernel: RigKind {
+                preemptible: false,
+                cross_cpu_clock: false,
+            },
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                XK(0xa0, task, T, 8000, 9000, 1),
+            ],
+            check: |o| {
+                let c = &o.counters[0];
+                timed(o, CTX_TASK, 1, 8000)?;
+                expect("migrated", c.migrated, 1)?;
+                expect("off-CPU ns", c.off_cpu_ns, 0)?;
+                expect("off-CPU unknown", c.off_cpu_unknown, 1)
             },
         },
         Case {
             name: "another task's exit at a reused frame is an orphan",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 0),
                 XK(0xa0, task, T2, 5, 2000, 0),
@@ -269,6 +374,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "a full set of pending calls evicts the oldest",
             cpus: 1,
+            kernel: PREEMPT,
             steps: {
                 let n = TASK_SLOTS as u64 + 1;
                 let mut s: Vec<Step> = (0..n)
@@ -286,6 +392,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "the workload's calls are counted apart",
             cpus: 1,
+            kernel: PREEMPT,
             steps: vec![E(0xa0, task, T, 5, 1000, true, 0), XK(0xa0, task, T, 5, 1400, 0)],
             check: |o| {
                 expect("workload calls", o.workload.count, 1)?;
@@ -297,7 +404,7 @@ fn cases() -> Vec<Case> {
 
 /// The deferred pairs of an outcome through the real verifier: confirmed when the entry
 /// program's misses did not move around them, rejected when they did.
-fn verify(d: &[Deferred], misses_moved: bool) -> (u64, u64) {
+fn verify(d: &[Deferred], misses_moved: bool) -> (u64, u64, u64) {
     let mut v = Verifier::new(1);
     let mark = |at: u64, misses: u64| Mark {
         before: at,
@@ -312,7 +419,8 @@ fn verify(d: &[Deferred], misses_moved: bool) -> (u64, u64) {
     v.settle();
     let confirmed = v.outcomes[0].iter().map(|o| o.hist.count).sum();
     let rejected = v.outcomes[0].iter().map(|o| o.rejected).sum();
-    (confirmed, rejected)
+    let off = v.outcomes[0].iter().map(|o| o.off_cpu_ns).sum();
+    (confirmed, rejected, off)
 }
 
 fn pairing(layout: &KernelLayout) -> Result<u32> {
@@ -326,15 +434,20 @@ fn pairing(layout: &KernelLayout) -> Result<u32> {
             );
             continue;
         }
-        let o = checks::pairing(layout, &case.steps)?;
+        let o = checks::pairing(layout, &case.steps, case.kernel)?;
         let mut r = accounted(&o).and_then(|_| (case.check)(&o));
         if r.is_ok() && !o.deferred.is_empty() {
             let n = o.deferred.len() as u64;
-            let (c, x) = verify(&o.deferred, false);
-            let (c2, x2) = verify(&o.deferred, true);
+            let (c, x, off) = verify(&o.deferred, false);
+            let (c2, x2, off2) = verify(&o.deferred, true);
+            let sent: u64 = o.deferred.iter().map(|d| d.off_ns).sum();
             if (c, x, c2, x2) != (n, 0, 0, n) {
                 r = Err(format!(
                     "verifier: without misses {c} confirmed {x} rejected; with a miss {c2} confirmed {x2} rejected"
+                ));
+            } else if (off, off2) != (sent, 0) {
+                r = Err(format!(
+                    "verifier: time off the CPU {off} ns confirmed ({off2} ns with a miss), {sent} ns sent"
                 ));
             }
         }

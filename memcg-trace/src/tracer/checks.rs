@@ -30,12 +30,12 @@ struct TestRig {
 }
 
 impl TestRig {
-    fn new(layout: &KernelLayout) -> Result<TestRig> {
+    fn new(layout: &KernelLayout, preemptible: bool) -> Result<TestRig> {
         let mut ebpf = load_object(
             layout,
             &LoadOptions {
                 probes: MAX_PROBES as u32,
-                preemptible: true,
+                preemptible,
                 ..Default::default()
             },
         )?;
@@ -51,16 +51,16 @@ impl TestRig {
         })
     }
 
-    /// Runs the test program once with `args` (op, probe, key, ctx, task, switches, now,
-    /// flags, misses, misses known) on `cpu`.
-    fn run(&self, cpu: Option<u32>, args: [u64; 10]) -> Result<i32> {
+    /// Runs the test program once with `args` (op, probe, key, ctx, task, off-CPU clock, now,
+    /// flags, misses, misses known, CPU clocks not comparable) on `cpu`.
+    fn run(&self, cpu: Option<u32>, args: [u64; 11]) -> Result<i32> {
         let prog: &RawTracePoint = self
             .ebpf
             .program(names::SELFTEST)
             .context("selftest program")?
             .try_into()?;
         let mut opts = RawTracePointRunOptions::new();
-        opts.args[..10].copy_from_slice(&args);
+        opts.args[..11].copy_from_slice(&args);
         opts.cpu = cpu;
         let r = prog
             .test_run(opts)
@@ -113,11 +113,11 @@ impl TestRig {
 pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Option<usize>)>> {
     let mut out = Vec::new();
     for chunk in values.chunks(MAX_PROBES) {
-        let rig = TestRig::new(layout)?;
+        let rig = TestRig::new(layout, true)?;
         for (probe, &v) in chunk.iter().enumerate() {
             rig.run(
                 None,
-                [test_op::BUCKET, probe as u64, v, 0, 0, 0, 0, 0, 0, 0],
+                [test_op::BUCKET, probe as u64, v, 0, 0, 0, 0, 0, 0, 0, 0],
             )?;
         }
         for (probe, &v) in chunk.iter().enumerate() {
@@ -130,8 +130,8 @@ pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Opti
 
 /// The context a program run from a syscall sees (the caller runs in task context), or None.
 pub fn syscall_context(layout: &KernelLayout) -> Result<Option<u32>> {
-    let rig = TestRig::new(layout)?;
-    let r = rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0])?;
+    let rig = TestRig::new(layout, true)?;
+    let r = rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])?;
     Ok(u32::try_from(r).ok())
 }
 
@@ -139,16 +139,25 @@ pub fn syscall_context(layout: &KernelLayout) -> Result<Option<u32>> {
 #[derive(Clone, Copy, Debug)]
 pub enum Step {
     /// An entry run as the kprobe program makes it (and the fentry program where its miss
-    /// counter is unknown): (key, context, task, switch count, time, workload, CPU).
+    /// counter is unknown): (key, context, task, off-CPU clock, time, workload, CPU).
     Entry(u64, u32, u64, u64, u64, bool, u32),
     /// An interrupt-context entry run of the fentry program, its recursion misses on this CPU
     /// known: (key, context, misses, time, CPU).
     EntryFentry(u64, u32, u64, u64, u32),
     /// An exit run of the fexit program: (key, context, task, the entry program's misses on
-    /// this CPU if known, time, CPU); task calls keep their switch count of 5.
+    /// this CPU if known, time, CPU); task calls keep their off-CPU clock of 5.
     ExitFentry(u64, u32, u64, Option<u64>, u64, u32),
-    /// An exit run of the kretprobe program: (key, context, task, switch count, time, CPU).
+    /// An exit run of the kretprobe program: (key, context, task, off-CPU clock, time, CPU).
     ExitKprobe(u64, u32, u64, u64, u64, u32),
+}
+
+/// The kind of kernel a pairing sequence is run for.
+#[derive(Clone, Copy, Debug)]
+pub struct RigKind {
+    /// Preemptible: task calls that left the CPU are deferred to userspace.
+    pub preemptible: bool,
+    /// The CPUs' task clocks are comparable: a migrated call's time off the CPU is known.
+    pub cross_cpu_clock: bool,
 }
 
 /// What the real pairing code made of a sequence, per context.
@@ -168,9 +177,11 @@ pub struct Outcome {
 
 /// Runs a sequence of entries and exits through the real pairing code of the programs
 /// (BPF_PROG_TEST_RUN of the test program, which takes the inputs a real program reads from the
-/// kernel as arguments), in a fresh object, on the given CPUs.
-pub fn pairing(layout: &KernelLayout, steps: &[Step]) -> Result<Outcome> {
-    let mut rig = TestRig::new(layout)?;
+/// kernel as arguments), in a fresh object, on the given CPUs. `rig`: the kind of kernel the
+/// programs are loaded for.
+pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Outcome> {
+    let kind = rig;
+    let mut rig = TestRig::new(layout, kind.preemptible)?;
     let probe = 0u64;
     for s in steps {
         // (op, key, ctx, task, switches, now, flags, misses, cpu): flags bit 0 workload, bit 1
@@ -208,6 +219,7 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step]) -> Result<Outcome> {
                 flags,
                 misses.unwrap_or(0),
                 misses.is_some() as u64,
+                !kind.cross_cpu_clock as u64,
             ],
         )?;
         if r != 0 {

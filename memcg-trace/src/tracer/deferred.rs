@@ -7,7 +7,9 @@
 
 use std::collections::VecDeque;
 
-use memcg_trace_common::{Deferred, DEFERRED_WORKLOAD, NUM_CTX};
+use memcg_trace_common::{
+    Deferred, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, NUM_CTX,
+};
 
 use crate::snapshot::HistData;
 
@@ -40,6 +42,12 @@ pub struct Outcome {
     pub hist: HistData,
     /// Calls rejected: the entry program missed a run while they were in flight.
     pub rejected: u64,
+    /// Of the confirmed calls that left the CPU: their time off it, ns, summed.
+    pub off_cpu_ns: u64,
+    /// The longest time off the CPU of one confirmed call, ns.
+    pub off_cpu_max_ns: u64,
+    /// Confirmed calls that left the CPU whose time off it is unknown.
+    pub off_cpu_unknown: u64,
 }
 
 /// The verifier of one tracer: marks per probe, calls waiting for a later mark, outcomes.
@@ -121,6 +129,12 @@ impl Verifier {
             if ok {
                 let ns = d.end - d.start;
                 add(&mut out.hist, ns);
+                if d.flags & DEFERRED_OFF_UNKNOWN != 0 {
+                    out.off_cpu_unknown += 1;
+                } else if d.flags & DEFERRED_SWITCHED != 0 {
+                    out.off_cpu_ns += d.off_ns;
+                    out.off_cpu_max_ns = out.off_cpu_max_ns.max(d.off_ns);
+                }
                 if d.flags & DEFERRED_WORKLOAD != 0 {
                     add(&mut self.workload[p], ns);
                 }
@@ -154,6 +168,7 @@ mod tests {
             ctx: ctx as u8,
             flags: 0,
             _pad: 0,
+            off_ns: 0,
         }
     }
 
@@ -178,6 +193,40 @@ mod tests {
         assert_eq!(v.outcomes[0][0].hist.count, 1);
         assert_eq!(v.outcomes[0][0].hist.sum_ns, 800);
         assert_eq!(v.outcomes[0][0].rejected, 0);
+    }
+
+    #[test]
+    fn confirmed_calls_that_left_the_cpu_carry_their_time_off_it() {
+        let mut v = Verifier::new(1);
+        v.mark(0, mark(0, 7));
+        let mut a = call(100, 900, CTX_TASK);
+        a.flags = DEFERRED_SWITCHED;
+        a.off_ns = 500;
+        let mut b = call(1000, 1900, CTX_TASK);
+        b.flags = DEFERRED_SWITCHED;
+        b.off_ns = 300;
+        let mut c = call(2000, 2900, CTX_TASK);
+        c.flags = DEFERRED_SWITCHED | DEFERRED_OFF_UNKNOWN;
+        v.push(a);
+        v.push(b);
+        v.push(c);
+        v.mark(0, mark(3000, 7));
+        v.settle();
+        let o = &v.outcomes[0][0];
+        assert_eq!(o.hist.count, 3);
+        assert_eq!(
+            (o.off_cpu_ns, o.off_cpu_max_ns, o.off_cpu_unknown),
+            (800, 500, 1)
+        );
+        // Rejected calls add nothing.
+        let mut d = call(4000, 4900, CTX_TASK);
+        d.flags = DEFERRED_SWITCHED;
+        d.off_ns = 900;
+        v.push(d);
+        v.mark(0, mark(5000, 8));
+        v.settle();
+        let o = &v.outcomes[0][0];
+        assert_eq!((o.rejected, o.off_cpu_ns), (1, 800));
     }
 
     #[test]

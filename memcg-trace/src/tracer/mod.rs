@@ -298,6 +298,8 @@ pub struct Tracer {
     pub failed: Vec<NotAttached>,
     /// The preempt_count masks the programs were loaded with.
     pub masks: Option<crate::kernel::ContextMasks>,
+    /// How the programs tell the time a task call spent off the CPU (`kernel::off_cpu_source`).
+    pub off_cpu: String,
     /// Programs attached besides the probes (the bench floors).
     extra: Vec<&'static str>,
     /// What could not be set up as planned, one line each.
@@ -365,6 +367,7 @@ impl Tracer {
             attached: Vec::new(),
             failed: Vec::new(),
             masks: None,
+            off_cpu: crate::kernel::off_cpu_source(layout),
             extra: Vec::new(),
             calibration: Vec::new(),
             started: Instant::now(),
@@ -755,6 +758,12 @@ impl Tracer {
                 stats.hist.merge(&out.hist);
                 stats.confirmed = out.hist.count;
                 stats.rejected = out.rejected;
+                // The snapshot's off-CPU figures cover every timed call: the kernel's and the
+                // confirmed ones.
+                let c = &mut stats.counters;
+                c.off_cpu_ns += out.off_cpu_ns;
+                c.off_cpu_max_ns = c.off_cpu_max_ns.max(out.off_cpu_max_ns);
+                c.off_cpu_unknown += out.off_cpu_unknown;
             }
             let workload = self.workload.then(|| {
                 let mut w = HistData::default();

@@ -154,35 +154,52 @@ fn config() -> &'static Config {
     opaque(&CONFIG)
 }
 
-/// This CPU's state, with the address of its preempt count found on first use. The per-CPU base
-/// is `this_rq - &runqueues`, with this_rq reached through `current->se.cfs_rq->rq` and proven
-/// right by `rq->cpu` matching the CPU we run on. (aya cannot emit `__ksym` per-CPU references.)
+/// This CPU's state, with the address of its preempt count found on first use (see
+/// `find_cpu_base`).
 #[inline(always)]
 fn cpu_state<C: EbpfContext>(c: &C) -> Option<St> {
     let ptr = CPU_STATE.get_ptr_mut(0)?;
+    // SAFETY: pointer from a successful map lookup; only programs on this CPU write it.
+    if unsafe { (*ptr).preempt_addr } != 0 || find_cpu_base(c, ptr) {
+        return Some(St(ptr));
+    }
+    None
+}
+
+/// Finds this CPU's per-CPU base, once per CPU: `this_rq - &runqueues`, with this_rq reached
+/// through `current->se.cfs_rq->rq` and proven right by `rq->cpu` matching the CPU we run on.
+/// (aya cannot emit `__ksym` per-CPU references.) Out of line and cold: the hot path of every
+/// program is only the check above, which keeps the programs' code that runs on every call
+/// small.
+#[cold]
+#[inline(never)]
+fn find_cpu_base<C: EbpfContext>(c: &C, ptr: *mut CpuState) -> bool {
     // SAFETY: pointer from a successful map lookup; only programs on this CPU write it. This
     // reference ends before the state is handed out.
     let st = unsafe { &mut *ptr };
-    if st.preempt_addr != 0 {
-        return Some(St(ptr));
-    }
     let l = layout();
     if l.valid == 0 {
-        return None;
+        return false;
     }
     // SAFETY: reads of kernel memory through bpf_probe_read_kernel, which faults safely.
     unsafe {
         let task = bpf_get_current_task();
-        let cfs_rq: u64 = bpf_probe_read_kernel((task + l.task_se_cfs_rq) as *const u64).ok()?;
-        let rq: u64 = bpf_probe_read_kernel((cfs_rq + l.cfs_rq_rq) as *const u64).ok()?;
-        let cpu: u32 = bpf_probe_read_kernel((rq + l.rq_cpu) as *const u32).ok()?;
+        let Ok(cfs_rq) = bpf_probe_read_kernel((task + l.task_se_cfs_rq) as *const u64) else {
+            return false;
+        };
+        let Ok(rq) = bpf_probe_read_kernel((cfs_rq + l.cfs_rq_rq) as *const u64) else {
+            return false;
+        };
+        let Ok(cpu) = bpf_probe_read_kernel((rq + l.rq_cpu) as *const u32) else {
+            return false;
+        };
         let this_cpu = bpf_get_smp_processor_id();
         if cpu != this_cpu {
             warn!(
                 c,
                 "per-CPU base not found: rq->cpu {} on CPU {}", cpu, this_cpu
             );
-            return None;
+            return false;
         }
         let base = rq - l.runqueues;
         st.cpu = this_cpu;
@@ -197,7 +214,7 @@ fn cpu_state<C: EbpfContext>(c: &C) -> Option<St> {
             "CPU {}: per-CPU base {:x}, preempt_count at {:x}", this_cpu, base, st.preempt_addr
         );
     }
-    Some(St(ptr))
+    true
 }
 
 /// This CPU's state: a pointer into the per-CPU map, read through short-lived references

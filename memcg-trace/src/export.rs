@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{anyhow, Context as _, Result};
 use base64::Engine as _;
-use hdrhistogram::serialization::{Serializer as _, V2Serializer};
+use hdrhistogram::serialization::{Serializer as _, V2DeflateSerializer};
 use memcg_trace_common::{bucket_bounds, bucket_index, Counters, CTX_NAMES, NUM_BUCKETS, NUM_CTX};
 use serde::{Deserialize, Serialize};
 
@@ -306,7 +306,11 @@ pub struct Latency {
     pub percentiles_floor_corrected: Vec<Quantile>,
     /// Non-empty buckets.
     pub buckets: Vec<Bucket>,
-    /// HdrHistogram V2 encoding, base64.
+    /// The histogram in HdrHistogram's interchange form, base64: the compressed V2 encoding
+    /// (cookie 0x1c849314, zlib; strings start `HISTF`) that every port's `decode` reads,
+    /// at 1 significant digit (16 sub-buckets per power of two: pairs of memcg-trace's buckets
+    /// merged, the resolution the header states), min and max recorded as themselves.
+    /// Recordings made before hold the uncompressed form (`HISTE`) at a claimed 3 digits.
     pub hdr_v2: String,
 }
 
@@ -375,8 +379,8 @@ pub struct NotAttachedOut {
 /// backend's instrumentation floor (median), ns.
 fn latency_out(h: &HistData, secs: Duration, floor: Option<u64>) -> Latency {
     let mut buf = Vec::new();
-    V2Serializer::new()
-        .serialize(&figures::hdr(h), &mut buf)
+    V2DeflateSerializer::new()
+        .serialize(&figures::hdr_with(h, figures::INTERCHANGE_DIGITS), &mut buf)
         .expect("serialize hdr");
     let l = figures::latency(h, secs, &QUANTILES);
     let percentiles: Vec<Quantile> = l
@@ -893,6 +897,38 @@ mod tests {
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn hdr_strings_are_the_compressed_interchange_form_at_the_stated_resolution() {
+        use base64::Engine as _;
+        use hdrhistogram::serialization::Deserializer;
+        let h = HistData::of(&[480, 500, 1_000, 1_500, 2_000, 90_000]);
+        let l = latency_out(&h, Duration::from_secs(1), None);
+        assert!(l.hdr_v2.starts_with("HISTF"), "{}", &l.hdr_v2[..8]);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&l.hdr_v2)
+            .unwrap();
+        // The compressed V2 cookie (base 0x1c849304, word-size bits 0x10).
+        assert_eq!(&bytes[..4], &0x1c84_9314u32.to_be_bytes());
+        let d: hdrhistogram::Histogram<u64> =
+            Deserializer::new().deserialize(&mut &bytes[..]).unwrap();
+        assert_eq!(d.sigfig(), figures::INTERCHANGE_DIGITS);
+        assert_eq!(d.len(), 6);
+        // The extremes in their own buckets, not at a bucket midpoint.
+        assert!(
+            d.equivalent(d.min(), h.min_ns),
+            "{} vs {}",
+            d.min(),
+            h.min_ns
+        );
+        assert!(
+            d.equivalent(d.max(), h.max_ns),
+            "{} vs {}",
+            d.max(),
+            h.max_ns
+        );
+        assert!(d.equivalent(d.value_at_quantile(0.5), 1_000));
     }
 
     #[test]

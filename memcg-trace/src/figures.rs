@@ -25,21 +25,45 @@ pub fn rate(n: u64, d: Duration) -> Option<f64> {
 /// The histogram as an HdrHistogram: each bucket's calls recorded at the bucket midpoint
 /// (clamped to the observed min and max), so percentiles are within half a bucket (1.6%).
 pub fn hdr(h: &HistData) -> Histogram<u64> {
-    let mut out = Histogram::<u64>::new_with_bounds(1, 1 << 40, 3).expect("valid hdr bounds");
+    hdr_with(h, 3)
+}
+
+/// Significant digits of the HdrHistogram that recordings carry (`hdr_v2`): the resolution the
+/// data really has. memcg-trace's buckets split each power of two into 32; HdrHistogram's
+/// 2 digits would claim 128 (finer than the data), its 1 digit is 16 per power of two, which
+/// merges pairs of buckets exactly (both split the octave linearly).
+pub const INTERCHANGE_DIGITS: u8 = 1;
+
+/// The histogram at `digits` significant digits (see `hdr`), with the observed minimum and
+/// maximum recorded as themselves (one call each), so that a reader finds them in the right
+/// bucket.
+pub fn hdr_with(h: &HistData, digits: u8) -> Histogram<u64> {
+    let mut out = Histogram::<u64>::new_with_bounds(1, 1 << 40, digits).expect("valid hdr bounds");
     // A recording from elsewhere may say min > max; a call may take longer than the 18
     // minutes (2^40 ns) the histogram tracks: kept in range, never a panic.
     let (min, max) = (h.min_ns.max(1), h.max_ns.max(h.min_ns).max(1));
+    let first = h.buckets.iter().position(|&n| n > 0);
+    let last = h.buckets.iter().rposition(|&n| n > 0);
     for (i, &n) in h.buckets.iter().enumerate() {
         if n == 0 {
             continue;
         }
         let (lo, hi) = bucket_bounds(i);
         let mut v = lo + (hi - 1 - lo) / 2;
+        let mut rest = n;
         if h.max_ns > 0 {
             v = v.clamp(min, max);
+            // The extremes, where they lie in their buckets (a recording from elsewhere may
+            // put them elsewhere: then only the midpoint).
+            for (at, x) in [(first, min), (last, max)] {
+                if at == Some(i) && rest > 0 && (lo..hi).contains(&x) {
+                    let _ = out.record(x.clamp(1, out.high()));
+                    rest -= 1;
+                }
+            }
         }
         let v = v.clamp(1, out.high());
-        if out.record_n(v, n).is_err() {
+        if rest > 0 && out.record_n(v, rest).is_err() {
             // Only a count beyond u64 fails; the rest of the histogram still stands.
             break;
         }

@@ -332,6 +332,36 @@ pub fn check_invariants(doc: &Document, summary: &str) {
     }
 }
 
+/// Every histogram of the recording at `path`, decoded by an independent reader
+/// (HdrHistogram_py, in the venv `cargo xtask setup` makes: `tests/hdr_check.py`): total count,
+/// min, max, p50 and p99 agree with the recording's own figures within the resolution the
+/// histogram's header states.
+pub fn check_hdr_independently(path: &Path) {
+    let py = xtask::setup::pyenv().join("bin/python3");
+    assert!(
+        py.exists(),
+        "{} is missing: run `cargo xtask setup` (cargo xtask test does)",
+        py.display()
+    );
+    let out = std::process::Command::new(&py)
+        .arg(xtask::workspace_root().join("tests/hdr_check.py"))
+        .arg(path)
+        .output()
+        .expect("run hdr_check.py");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "HdrHistogram_py disagrees with {}:\n{text}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("histograms decoded, 0 failures") && !last.contains(" 0 histograms"),
+        "{last}"
+    );
+}
+
 /// The probe named `name`, which must be attached.
 pub fn probe<'a>(doc: &'a Document, name: &str) -> &'a memcg_trace::export::ProbeOut {
     doc.probes

@@ -77,6 +77,7 @@ fn vm_matrix(short: &str) {
         let doc = load_recording(&r.out_dir.join(format!("{run}.json")));
         let summary = fs::read_to_string(r.out_dir.join(format!("{run}.txt"))).expect("summary");
         check_invariants(&doc, &summary);
+        check_hdr_independently(&r.out_dir.join(format!("{run}.json")));
         assert_eq!(doc.meta.kernel_release, kernel.release);
         assert_eq!(
             doc.meta.bpf_stats,
@@ -266,6 +267,7 @@ fn vm_reclaim_6_12() {
     let doc = load_recording(&r.out_dir.join("reclaim.json"));
     let summary = fs::read_to_string(r.out_dir.join("reclaim.txt")).expect("summary");
     check_invariants(&doc, &summary);
+    check_hdr_independently(&r.out_dir.join("reclaim.json"));
     let events = fs::read_to_string(r.out_dir.join("memory.events")).expect("memory.events");
     let hit_max: u64 = events
         .lines()

@@ -23,7 +23,18 @@ pub const APT_PACKAGES: &[&str] = &[
     "debian-archive-keyring",
     // The peer of `cargo xtask bench`: a typical bpftrace latency script (Debian 12: 0.17).
     "bpftrace",
+    // The venv of the independent HdrHistogram reader (where python3 is Debian's).
+    "python3-venv",
 ];
+
+/// HdrHistogram_py, the independent reader the tests decode recordings' histograms with, and
+/// what it needs; pinned.
+pub const PY_PACKAGES: &[&str] = &["hdrhistogram==0.10.3", "pbr==6.1.1"];
+
+/// The venv holding `PY_PACKAGES`.
+pub fn pyenv() -> std::path::PathBuf {
+    crate::workspace_root().join("target/pyenv")
+}
 
 /// bpf-linker version; 0.13 builds against LLVM 22, the LLVM of the preinstalled nightly.
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -117,6 +128,38 @@ pub fn setup() -> Result<()> {
                 "--features",
                 &format!("llvm-{LLVM_MAJOR}"),
             ]))
+    })?;
+    step("HdrHistogram_py venv", || {
+        let env = pyenv();
+        let py = env.join("bin/python3");
+        let check = || {
+            Command::new(&py)
+                .args([
+                    "-c",
+                    "import hdrh.histogram, hdrh.log; print(hdrh.__name__)",
+                ])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        };
+        if check() {
+            eprintln!("setup: HdrHistogram_py present in {}", env.display());
+            return Ok(());
+        }
+        eprintln!(
+            "setup: python3 -m venv {} and pip install {}",
+            env.display(),
+            PY_PACKAGES.join(" ")
+        );
+        let _ = std::fs::remove_dir_all(&env);
+        run(Command::new("python3").arg("-m").arg("venv").arg(&env))?;
+        run(Command::new(env.join("bin/pip"))
+            .args(["install", "-q", "--disable-pip-version-check"])
+            .args(PY_PACKAGES))?;
+        if !check() {
+            bail!("HdrHistogram_py does not import from {}", env.display());
+        }
+        Ok(())
     })?;
     eprintln!("setup: done");
     Ok(())

@@ -586,7 +586,7 @@ fn probes_out(
 
 /// A file created for writing exactly where asked: never through a symlink planted at that
 /// name, never over an existing file (O_CREAT | O_EXCL | O_NOFOLLOW), mode 0644.
-fn create_new(path: &Path) -> std::io::Result<fs::File> {
+pub(crate) fn create_new(path: &Path) -> std::io::Result<fs::File> {
     use std::os::unix::fs::OpenOptionsExt as _;
     fs::OpenOptions::new()
         .write(true)
@@ -597,7 +597,7 @@ fn create_new(path: &Path) -> std::io::Result<fs::File> {
 }
 
 /// A temporary name next to `path` that nobody can guess.
-fn temp_name(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
+pub(crate) fn temp_name(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
     let mut rnd = [0u8; 8];
     // SAFETY: getrandom fills the buffer it is given; on failure the time stands in.
     let n = unsafe { libc::getrandom(rnd.as_mut_ptr().cast(), rnd.len(), 0) };
@@ -609,7 +609,7 @@ fn temp_name(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
     dir.join(format!(".{}.{r:016x}.tmp", name.to_string_lossy()))
 }
 
-fn parent_dir(path: &Path) -> PathBuf {
+pub(crate) fn parent_dir(path: &Path) -> PathBuf {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

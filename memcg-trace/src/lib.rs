@@ -27,6 +27,7 @@ pub mod cmd;
 pub mod collector;
 pub mod export;
 pub mod figures;
+pub mod hdrlog;
 pub mod kernel;
 pub mod probes;
 pub mod session;

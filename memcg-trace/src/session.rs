@@ -18,6 +18,7 @@ use futures_util::FutureExt as _;
 use memcg_trace_common::MAX_PROBES;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
+use crate::hdrlog::HdrLog;
 use crate::{
     calibrate,
     collector::{Collector, Final},
@@ -80,6 +81,11 @@ pub struct LiveArgs {
     /// measured on this kernel (instead of saying so and going on).
     #[arg(long)]
     pub strict: bool,
+    /// Also write an HdrHistogram interval log here: each tick's histogram of every (probe,
+    /// context) and workload row, tagged `probe.context`, in the format HdrHistogram's ports
+    /// read (put in place when the run ends).
+    #[arg(long, value_name = "FILE")]
+    pub hdr_log: Option<PathBuf>,
     /// Workload to run in a fresh memcg; tracing ends when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -96,6 +102,7 @@ impl Default for LiveArgs {
             bpf_stats: false,
             probe_read: false,
             strict: false,
+            hdr_log: None,
             command: Vec::new(),
         }
     }
@@ -566,6 +573,7 @@ pub struct Session {
     phases: Vec<Phase>,
     cpu0: Duration,
     tick: Duration,
+    hdr_log: Option<HdrLog>,
 }
 
 /// What a finished session leaves: the final figures and what a recording says about the run.
@@ -576,6 +584,23 @@ pub struct Finished {
     pub meta: RunMeta,
     /// The process exit status to return.
     pub exit_code: i32,
+    /// The interval log (`--hdr-log`): where it was written, or why it could not be.
+    pub hdr_log: Option<Result<PathBuf, String>>,
+}
+
+impl Finished {
+    /// Says where the interval log went; an error if it could not be written (the caller has
+    /// written everything else first).
+    pub fn report_hdr_log(&self) -> Result<()> {
+        match &self.hdr_log {
+            Some(Ok(p)) => {
+                eprintln!("memcg-trace: wrote {}", p.display());
+                Ok(())
+            }
+            Some(Err(e)) => Err(anyhow!("{e}")),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Session {
@@ -591,6 +616,8 @@ impl Session {
         let t0 = Instant::now();
         let mut signals = Signals::install()?;
         check_privileges()?;
+        // Before anything is created: a path that cannot be written fails here.
+        let mut hdr_log = args.hdr_log.as_deref().map(HdrLog::create).transpose()?;
         let argv = args.argv()?;
         let memcg = if argv.is_empty() {
             None
@@ -647,6 +674,16 @@ impl Session {
         let startup = t0.elapsed();
         let cpu0 = cpu_time();
         let started = SystemTime::now();
+        if let Some(l) = hdr_log.as_mut() {
+            l.begin(
+                started,
+                &format!(
+                    "memcg-trace {} on {}: interval histograms of the charging functions",
+                    env!("CARGO_PKG_VERSION"),
+                    kernel::release()
+                ),
+            );
+        }
         let collector = Collector::spawn(tracer, args.tick)?;
         let snapshots = collector.subscribe();
         let child = match &memcg {
@@ -690,6 +727,7 @@ impl Session {
             phases,
             cpu0,
             tick: args.tick,
+            hdr_log,
         })
     }
 
@@ -702,7 +740,11 @@ impl Session {
                 if self.inject_panic {
                     panic!("injected by {INJECT_PANIC}");
                 }
-                Ok(Event::Tick(self.snapshots.borrow_and_update().clone()))
+                let snap = self.snapshots.borrow_and_update().clone();
+                if let Some(l) = self.hdr_log.as_mut() {
+                    l.interval(&snap);
+                }
+                Ok(Event::Tick(snap))
             }
             st = async { self.child.as_mut().expect("guarded").wait().await }, if self.child.is_some() => {
                 use std::os::unix::process::ExitStatusExt as _;
@@ -831,10 +873,17 @@ impl Session {
             End::Signal(sig) if workload => 128 + sig,
             End::Signal(_) | End::Deadline | End::Quit => self.exit_status.unwrap_or(0),
         };
+        let hdr_log = self.hdr_log.take().map(|l| {
+            let dest = l.dest().to_path_buf();
+            l.finish(&snapshot)
+                .map(|_| dest)
+                .map_err(|e| format!("{e:#}"))
+        });
         Ok(Finished {
             snapshot,
             meta,
             exit_code,
+            hdr_log,
         })
     }
 }

@@ -362,6 +362,33 @@ pub fn check_hdr_independently(path: &Path) {
     );
 }
 
+/// The HdrHistogram interval log at `log`, read by an independent reader (HdrHistogram_py's
+/// `HistogramLogReader`: `tests/hdr_log_check.py`): per tag, the intervals add up exactly to
+/// the recording's count of that row, their max is in the bucket of the recording's, and they
+/// follow each other in time.
+pub fn check_hdr_log_independently(log: &Path, recording: &Path) {
+    let py = xtask::setup::pyenv().join("bin/python3");
+    assert!(
+        py.exists(),
+        "{} is missing: run `cargo xtask setup` (cargo xtask test does)",
+        py.display()
+    );
+    let out = std::process::Command::new(&py)
+        .arg(xtask::workspace_root().join("tests/hdr_log_check.py"))
+        .arg(log)
+        .arg(recording)
+        .output()
+        .expect("run hdr_log_check.py");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "HdrHistogram_py's log reader disagrees with {} / {}:\n{text}{}",
+        log.display(),
+        recording.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The probe named `name`, which must be attached.
 pub fn probe<'a>(doc: &'a Document, name: &str) -> &'a memcg_trace::export::ProbeOut {
     doc.probes

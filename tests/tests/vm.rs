@@ -78,6 +78,10 @@ fn vm_matrix(short: &str) {
         let summary = fs::read_to_string(r.out_dir.join(format!("{run}.txt"))).expect("summary");
         check_invariants(&doc, &summary);
         check_hdr_independently(&r.out_dir.join(format!("{run}.json")));
+        check_hdr_log_independently(
+            &r.out_dir.join(format!("{run}.hlog")),
+            &r.out_dir.join(format!("{run}.json")),
+        );
         assert_eq!(doc.meta.kernel_release, kernel.release);
         assert_eq!(
             doc.meta.bpf_stats,

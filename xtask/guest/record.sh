@@ -8,7 +8,7 @@ for b in $BACKENDS; do
   flags=""
   [ "$b" = auto ] || flags="$STATS"
   echo "guest: record --attach $b $flags -- hackbench $HACKBENCH"
-  if ! memcg-trace record --attach "$b" $flags -q -o "/out/$b.json" -- hackbench $HACKBENCH >"/out/$b.txt" 2>"/out/$b.err"; then
+  if ! memcg-trace record --attach "$b" $flags -q -o "/out/$b.json" --hdr-log "/out/$b.hlog" -- hackbench $HACKBENCH >"/out/$b.txt" 2>"/out/$b.err"; then
     echo "guest: record --attach $b failed:"
     cat "/out/$b.err" "/out/$b.txt"
     exit 1

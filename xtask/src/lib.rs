@@ -121,8 +121,8 @@ pub fn hackbench() -> Result<PathBuf> {
 /// The guest script of the VM tests and the demo: `memcg-trace record` with each backend in
 /// `backends` while `hackbench <args>` runs in a fresh memcg; runs of a forced backend get
 /// `--bpf-stats` when `stats` (the kernel then counts every program run, for the tests'
-/// accounting check). Leaves `<backend>.json`, `<backend>.txt` (the summary), `<backend>.err`
-/// and `leftover-memcgs` in /out.
+/// accounting check). Leaves `<backend>.json`, `<backend>.hlog` (the HdrHistogram interval
+/// log), `<backend>.txt` (the summary), `<backend>.err` and `leftover-memcgs` in /out.
 pub fn record_script(backends: &str, hackbench: &str, stats: bool) -> String {
     format!(
         "BACKENDS='{backends}'\nHACKBENCH='{hackbench}'\nSTATS='{}'\n{}",

@@ -21,7 +21,7 @@ pub struct RecordArgs {
     /// Stop after this long (e.g. 10s, 500ms, 2m); default: until the workload exits or Ctrl-C.
     #[arg(long, short = 'd', value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// Write the recording here (JSON, schema memcg-trace/1).
+    /// Write the recording here (JSON, schema memcg-trace/2).
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
     /// Print no progress lines.
@@ -90,5 +90,6 @@ pub async fn run(args: RecordArgs) -> Result<i32> {
         export::write_atomic(o, &doc)?;
         eprintln!("memcg-trace: wrote {}", o.display());
     }
+    fin.report_hdr_log()?;
     Ok(fin.exit_code)
 }

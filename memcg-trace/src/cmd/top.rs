@@ -66,6 +66,7 @@ pub async fn top(args: TopArgs) -> Result<i32> {
         .finish(end.as_ref().copied().unwrap_or(session::End::Quit))
         .await?;
     end?;
+    fin.report_hdr_log()?;
     Ok(fin.exit_code)
 }
 

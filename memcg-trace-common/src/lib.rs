@@ -467,24 +467,27 @@ pub const DEFERRED_WORKLOAD: u8 = 1;
 pub const DEFERRED_SWITCHED: u8 = 2;
 /// The exit ran on another CPU than the entry.
 pub const DEFERRED_MIGRATED: u8 = 4;
-/// Migrated on a kernel whose CPUs' task clocks are not comparable: time off the CPU unknown.
+/// Time off the CPU unknown: migrated on a kernel whose CPUs' task clocks are not comparable,
+/// or the task's off-CPU clock went back (see [`off_cpu`]).
 pub const DEFERRED_OFF_UNKNOWN: u8 = 8;
 
 /// The time a task spent off the CPU during a call, from its off-CPU clock at entry and at exit
-/// (`Pending::switches`), clamped to the call's wall time `wall`. The scheduler adds the time
+/// (`Pending::switches`), clamped to the call's wall time `wall`; None when the clock went
+/// back (it never does for one task on one CPU: a read that raced with the scheduler updating
+/// the task from another CPU, or two CPUs' clocks), so that no time is made up. The scheduler adds the time
 /// a task ran to `se.sum_exec_runtime` and sets `se.exec_start` to the same instant whenever it
 /// accounts a running task (ticks, switch-out), so `exec_start - sum_exec_runtime` stays put
 /// while the task runs and jumps by the time it was away when it is switched back in
 /// (`exec_start` = the switch-in time, the sum unchanged).
 #[inline(always)]
-pub const fn off_cpu(entry: u64, exit: u64, wall: u64) -> u64 {
+pub const fn off_cpu(entry: u64, exit: u64, wall: u64) -> Option<u64> {
     let d = exit.wrapping_sub(entry) as i64;
-    if d <= 0 {
-        0
+    if d < 0 {
+        None
     } else if d as u64 > wall {
-        wall
+        Some(wall)
     } else {
-        d as u64
+        Some(d as u64)
     }
 }
 

@@ -325,34 +325,48 @@ fn cgroup_id(task: u64) -> u64 {
 
 /// The off-CPU clock of `task` (from `current_task`): `se.exec_start - se.sum_exec_runtime`,
 /// which moves by exactly the time the task is away from the CPU (see
-/// `memcg_trace_common::off_cpu`).
+/// `memcg_trace_common::off_cpu`). The scheduler updates the two together, and can do so
+/// between this program's two reads: a tick on this CPU interrupting it, or another CPU reading
+/// the task's runtime. Every update moves `exec_start`, so a pair is taken only when
+/// `exec_start` reads the same before and after `sum_exec_runtime` (a second try at most).
 #[inline(always)]
 fn read_off_clock(task: u64) -> u64 {
     let l = layout();
+    let (xo, so) = (l.task_exec_start, l.task_sum_exec);
+    let (mut x, mut s) = if l.direct_task == 0 && l.clock_adjacent != 0 {
+        // One helper call for both: sum_exec_runtime follows exec_start in every kernel so far.
+        // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
+        let [x, s]: [u64; 2] =
+            unsafe { bpf_probe_read_kernel((task + xo) as *const [u64; 2]) }.unwrap_or([0, 0]);
+        (x, s)
+    } else {
+        let x = read_task_u64(l, task, xo);
+        (x, read_task_u64(l, task, so))
+    };
+    for _ in 0..2 {
+        let again = read_task_u64(l, task, xo);
+        if again == x {
+            break;
+        }
+        x = again;
+        s = read_task_u64(l, task, so);
+    }
+    x.wrapping_sub(s)
+}
+
+/// A u64 of `task` (from `current_task`) at offset `off`: a plain load where the layout allows
+/// (volatile, so that two reads of one field stay two reads), else the fault-safe helper.
+#[inline(always)]
+fn read_task_u64(l: &KernelLayout, task: u64, off: u64) -> u64 {
     if l.direct_task != 0 {
-        // SAFETY: the verifier's trusted task_struct pointer; it checks both loads against the
+        // SAFETY: the verifier's trusted task_struct pointer; it checks the load against the
         // type.
-        unsafe {
-            let t = task as *const u8;
-            let x = *(t.add(l.task_exec_start as usize) as *const u64);
-            let s = *(t.add(l.task_sum_exec as usize) as *const u64);
-            return x.wrapping_sub(s);
-        }
+        return unsafe {
+            core::ptr::read_volatile((task as *const u8).add(off as usize) as *const u64)
+        };
     }
-    // SAFETY: reads of kernel memory through bpf_probe_read_kernel.
-    unsafe {
-        if l.clock_adjacent != 0 {
-            // One helper call instead of two: sum_exec_runtime follows exec_start in every
-            // kernel so far.
-            let [x, s]: [u64; 2] =
-                bpf_probe_read_kernel((task + l.task_exec_start) as *const [u64; 2])
-                    .unwrap_or([0, 0]);
-            return x.wrapping_sub(s);
-        }
-        let x: u64 = bpf_probe_read_kernel((task + l.task_exec_start) as *const u64).unwrap_or(0);
-        let s: u64 = bpf_probe_read_kernel((task + l.task_sum_exec) as *const u64).unwrap_or(0);
-        x.wrapping_sub(s)
-    }
+    // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
+    unsafe { bpf_probe_read_kernel((task + off) as *const u64) }.unwrap_or(0)
 }
 
 /// What the pairing reads from the running kernel, or, in the self-test, from given inputs.
@@ -872,7 +886,10 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
                 }
             }
             if flags & DEFERRED_OFF_UNKNOWN == 0 {
-                off = off_cpu(call.switches, clock, ns);
+                match off_cpu(call.switches, clock, ns) {
+                    Some(o) => off = o,
+                    None => flags |= DEFERRED_OFF_UNKNOWN,
+                }
             }
             deferred = config().preemptible != 0;
             if !deferred {

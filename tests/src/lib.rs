@@ -447,7 +447,7 @@ pub fn check_selftest(stdout: &str) {
         .lines()
         .filter(|l| l.starts_with("selftest: pairing: "))
         .collect();
-    assert!(pairing.len() >= 18, "pairing cases missing:\n{stdout}");
+    assert!(pairing.len() >= 19, "pairing cases missing:\n{stdout}");
     for l in &pairing {
         assert!(l.ends_with(": ok") || l.contains("skipped"), "{l}");
     }

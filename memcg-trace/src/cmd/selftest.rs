@@ -339,6 +339,22 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "not preemptible: an off-CPU clock that went back is unknown, never made-up time",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                XK(0xa0, task, T, 4000, 9000, 0),
+            ],
+            check: |o| {
+                let c = &o.counters[0];
+                timed(o, CTX_TASK, 1, 8000)?;
+                expect("switched", c.switched, 1)?;
+                expect("off-CPU ns", c.off_cpu_ns, 0)?;
+                expect("off-CPU unknown", c.off_cpu_unknown, 1)
+            },
+        },
+        Case {
             name: "not preemptible, migrated where the CPUs' task clocks differ: counted as unknown",
             cpus: 2,
             kernel: RigKind {

@@ -43,9 +43,11 @@ enum Command {
     ///
     /// Example: memcg-trace report run.json
     Report(report::ReportArgs),
-    /// Compare two recordings (A/B), per probe and context: calls/s, p50, p99, mean, change.
+    /// Compare recordings (A/B), per probe and context: calls/s, p50, p99, mean, change; with
+    /// several runs per side, each figure's spread and whether the change is beyond the noise.
     ///
-    /// Example: memcg-trace diff base.json patched.json
+    /// Examples: memcg-trace diff base.json patched.json;
+    /// memcg-trace diff --format markdown a1.json a2.json a3.json -- b1.json b2.json b3.json
     Diff(report::DiffArgs),
     /// Run the in-kernel histogram and context code on fixed inputs (BPF_PROG_TEST_RUN) and
     /// compare with the userspace bucket layout.

@@ -25,6 +25,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod cmd;
 pub mod collector;
+pub mod compare;
 pub mod export;
 pub mod figures;
 pub mod hdrlog;

@@ -66,3 +66,95 @@ fn diff_shows_a_change() {
         .expect("charge task row");
     assert!(row.contains("+100.0%"), "{row}");
 }
+
+/// Several runs a side: a change of 15% with 1% run-to-run noise is called beyond the noise,
+/// figures that did not move are within it, and the statistics are the ones stated (means,
+/// relative standard deviations, Welch's p) in the JSON, the table and the markdown.
+#[test]
+fn diff_of_runs_tells_a_change_from_the_noise() {
+    let f = fixture();
+    let dir = scratch("diff_of_runs_tells_a_change_from_the_noise");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    let r0 = base["probes"][0]["contexts"][0]["rate_per_s"]
+        .as_f64()
+        .unwrap();
+    let write = |name: &str, factor: f64| {
+        let mut v = base.clone();
+        v["probes"][0]["contexts"][0]["rate_per_s"] = serde_json::json!(r0 * factor);
+        let p = dir.join(name);
+        std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let a = [
+        write("a1.json", 0.99),
+        write("a2.json", 1.0),
+        write("a3.json", 1.01),
+    ];
+    let b = [
+        write("b1.json", 1.14),
+        write("b2.json", 1.15),
+        write("b3.json", 1.16),
+    ];
+    let args = |format: &str| -> Vec<String> {
+        let mut v = vec!["diff".to_string(), "--format".into(), format.into()];
+        v.extend(a.iter().cloned());
+        v.push("--".into());
+        v.extend(b.iter().cloned());
+        v
+    };
+    let run_with = |format: &str| {
+        let argv = args(format);
+        let out = run(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&run_with("json")).unwrap();
+    let figs = json["figures"].as_array().unwrap();
+    let find = |probe: &str, ctx: &str, fig: &str| {
+        figs.iter()
+            .find(|x| x["probe"] == probe && x["context"] == ctx && x["figure"] == fig)
+            .unwrap_or_else(|| panic!("{probe} {ctx} {fig} missing"))
+    };
+    let moved = find("charge", "task", "calls/s");
+    assert_eq!(moved["beyond_noise"], true, "{moved}");
+    let change = moved["change"].as_f64().unwrap();
+    assert!((change - 0.15).abs() < 1e-9, "{change}");
+    // rsd of 0.99, 1.0, 1.01 (sample sd 0.01).
+    let rsd = moved["a"]["rsd"].as_f64().unwrap();
+    assert!((rsd - 0.01).abs() < 1e-9, "{rsd}");
+    let p = moved["welch"]["p"].as_f64().unwrap();
+    assert!(p < 1e-3, "{p}");
+    // Identical on both sides: no change, p = 1.
+    let same = find("charge", "task", "p50");
+    assert_eq!(same["beyond_noise"], false, "{same}");
+    assert_eq!(same["welch"]["p"].as_f64(), Some(1.0));
+    assert_eq!(find("stat", "task", "calls/s")["beyond_noise"], false);
+    assert_eq!(json["a_files"].as_array().unwrap().len(), 3);
+    // The table and the markdown say the same.
+    let table = run_with("table");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("charge") && l.contains(" task ") && l.contains("calls/s"))
+        .expect("charge task calls/s row");
+    assert!(
+        row.contains("+15.0%") && row.contains("beyond noise") && row.contains("±1.0%"),
+        "{row}"
+    );
+    let md = run_with("markdown");
+    assert!(
+        md.lines()
+            .any(|l| l.starts_with("| charge | task | calls/s |") && l.contains("| beyond noise |")),
+        "{md}"
+    );
+    // A side without its other half is one clear line.
+    let out = run(&["diff", &a[0]]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("diff compares two sides"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

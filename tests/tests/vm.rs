@@ -321,3 +321,81 @@ fn vm_reclaim_6_12() {
         .as_bytes(),
     );
 }
+
+/// The A/B workflow end to end on the switch the kmem-accounting debate was about: Debian's
+/// 6.12 booted twice as it is and twice with `cgroup.memory=nokmem`, `record --attach auto`
+/// under hackbench each time, then `memcg-trace diff A1 A2 -- B1 B2`. With kmem accounting
+/// off, `obj_cgroup_charge` is never called: its calls/s drop to 0, beyond the noise; page
+/// charging goes on (`rstat` still has calls on both sides).
+#[test]
+fn vm_compare_kmem_6_12() {
+    let name = "vm_compare_kmem_6_12";
+    let short = "6.12";
+    let wanted = std::env::var("MEMCG_TRACE_KERNELS").unwrap_or_else(|_| kernels::MATRIX.join(","));
+    if !wanted.split(',').any(|k| k.trim() == short) {
+        skip(
+            name,
+            &format!("kernel {short} not in MEMCG_TRACE_KERNELS={wanted}"),
+        );
+        return;
+    }
+    if !is_root() {
+        skip(name, "needs root (apt-get download of the kernel)");
+        return;
+    }
+    let spec = kernels::select(short).expect("known kernel")[0];
+    let kernel = kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}"));
+    let out = xtask::workspace_root().join("target/vm/compare-test");
+    let _ = fs::remove_dir_all(&out);
+    let runs = xtask::compare::kmem_runs(
+        &kernel,
+        &[
+            bin(),
+            memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
+        ],
+        2,
+        "-g 2 -l 50",
+        accel(),
+        &out,
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    for f in runs.a.iter().chain(&runs.b) {
+        load_recording(f);
+    }
+    let diff = |format: &str| {
+        let o = std::process::Command::new(bin())
+            .args(["diff", "--format", format])
+            .args(&runs.a)
+            .arg("--")
+            .args(&runs.b)
+            .output()
+            .expect("run memcg-trace diff");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&diff("json")).unwrap();
+    let figs = json["figures"].as_array().unwrap();
+    let find = |probe: &str, ctx: &str, fig: &str| {
+        figs.iter()
+            .find(|x| x["probe"] == probe && x["context"] == ctx && x["figure"] == fig)
+            .unwrap_or_else(|| panic!("{probe} {ctx} {fig} missing: {json}"))
+    };
+    let charge = find("charge", "task", "calls/s");
+    assert!(charge["a"]["mean"].as_f64().unwrap() > 0.0, "{charge}");
+    assert_eq!(charge["b"]["mean"].as_f64(), Some(0.0), "{charge}");
+    assert_eq!(charge["beyond_noise"], true, "{charge}");
+    let rstat = find("rstat", "task", "calls/s");
+    assert!(
+        rstat["a"]["mean"].as_f64().unwrap() > 0.0 && rstat["b"]["mean"].as_f64().unwrap() > 0.0,
+        "{rstat}"
+    );
+    let dur = find("run", "-", "duration");
+    assert_eq!(
+        (dur["a"]["n"].as_u64(), dur["b"]["n"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("{name}:\n{}", diff("table")).as_bytes(),
+    );
+}

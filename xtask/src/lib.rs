@@ -2,6 +2,7 @@
 //! `tests/` can boot stock kernels the same way `cargo xtask vm` does.
 
 pub mod bench;
+pub mod compare;
 pub mod kernels;
 pub mod setup;
 pub mod soak;

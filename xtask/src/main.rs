@@ -66,6 +66,14 @@ enum Cmd {
         /// hackbench arguments.
         #[arg(long, default_value = "-g 2 -l 200")]
         hackbench: String,
+        /// A/B instead: the kernel booted --runs times as it is and --runs times with
+        /// cgroup.memory=nokmem (kmem accounting off), then `memcg-trace diff` of the two sides
+        /// (table; markdown and JSON in target/demo/compare/).
+        #[arg(long)]
+        compare: bool,
+        /// Runs per side of --compare.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
     },
     /// What tracing costs: per-call cost against two floors, hackbench slowdown, daemon CPU,
     /// RSS, start-up and detach; host and VM; writes target/bench/report.{json,md} (the smoke run: target/bench-smoke).
@@ -128,7 +136,15 @@ fn main() {
             kernel,
             accel,
             hackbench,
-        } => demo(host, &kernel, accel, &hackbench),
+            compare,
+            runs,
+        } => {
+            if compare {
+                demo_compare(&kernel, accel, &hackbench, runs)
+            } else {
+                demo(host, &kernel, accel, &hackbench)
+            }
+        }
         Cmd::Test {
             kernel,
             accel,
@@ -307,6 +323,56 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
             println!("demo: the recording is at {}", dst.display());
         }
     }
+    Ok(())
+}
+
+/// `cargo xtask demo --compare`: kmem accounting on against off, `runs` boots each, and the
+/// verdict of `memcg-trace diff` (table on stdout; markdown and JSON next to the recordings).
+fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Result<()> {
+    if runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let bin = build_release()?;
+    let spec = kernels::select(kernel)?[0];
+    let k = kernels::fetch(spec)?;
+    let out = workspace_root().join("target/demo/compare");
+    let _ = fs::remove_dir_all(&out);
+    let r = xtask::compare::kmem_runs(
+        &k,
+        &[bin.clone(), xtask::hackbench()?],
+        runs,
+        hackbench,
+        accel,
+        &out,
+    )?;
+    let diff = |format: &str| -> Result<String> {
+        let o = Command::new(&bin)
+            .args(["diff", "--format", format])
+            .args(&r.a)
+            .arg("--")
+            .args(&r.b)
+            .output()?;
+        if !o.status.success() {
+            bail!(
+                "memcg-trace diff failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    println!(
+        "== {} ({}): A = kmem accounting on, B = {} ==",
+        spec.short,
+        k.release,
+        xtask::compare::NOKMEM
+    );
+    print!("{}", diff("table")?);
+    fs::write(out.join("verdict.md"), diff("markdown")?)?;
+    fs::write(out.join("verdict.json"), diff("json")?)?;
+    println!(
+        "demo: recordings, verdict.md and verdict.json are in {}",
+        out.display()
+    );
     Ok(())
 }
 

@@ -1,0 +1,448 @@
+//! A/B with the noise: several recordings per side (`diff A1 A2 A3 -- B1 B2 B3`), and per
+//! probe, context and figure the mean over the runs of each side, its relative standard
+//! deviation, the change of the means, and whether the change is beyond the run-to-run noise:
+//! Welch's t-test on the per-run values (two-sided; unequal variances), its p-value from the
+//! Student t distribution (statrs). The figures: calls/s, p50, p99 and mean latency per (probe,
+//! context) and per workload row, and the run's duration (for a workload, its run time under
+//! the tracer).
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use statrs::distribution::{ContinuousCDF, StudentsT};
+
+use crate::{
+    export::{ContextOut, Document, Latency},
+    units::{fmt_count, fmt_ns},
+};
+
+/// The significance level a change must reach to be called beyond the noise, unless given.
+pub const ALPHA: f64 = 0.05;
+
+/// Mean, sample standard deviation and number of one side's per-run values.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Spread {
+    /// Runs that had the figure.
+    pub n: usize,
+    /// Mean over the runs.
+    pub mean: f64,
+    /// Sample standard deviation (n - 1); 0 for one run.
+    pub sd: f64,
+    /// `sd / mean` (None when the mean is 0).
+    pub rsd: Option<f64>,
+    /// The per-run values, in the order the files were given.
+    pub runs: Vec<f64>,
+}
+
+impl Spread {
+    /// The spread of `v`; None when empty.
+    pub fn of(v: &[f64]) -> Option<Spread> {
+        let n = v.len();
+        if n == 0 {
+            return None;
+        }
+        let mean = v.iter().sum::<f64>() / n as f64;
+        let sd = if n > 1 {
+            (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+        } else {
+            0.0
+        };
+        Some(Spread {
+            n,
+            mean,
+            sd,
+            rsd: (mean != 0.0).then(|| sd / mean.abs()),
+            runs: v.to_vec(),
+        })
+    }
+}
+
+/// Welch's t-test of B against A.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Welch {
+    /// t statistic.
+    pub t: f64,
+    /// Welch-Satterthwaite degrees of freedom.
+    pub df: f64,
+    /// Two-sided p-value.
+    pub p: f64,
+}
+
+/// Welch's t-test; None with fewer than two runs on a side (no variance to compare with).
+/// Two sides without any spread: p = 0 when their means differ, 1 when they are equal.
+pub fn welch(a: &Spread, b: &Spread) -> Option<Welch> {
+    if a.n < 2 || b.n < 2 {
+        return None;
+    }
+    let (va, vb) = (a.sd.powi(2) / a.n as f64, b.sd.powi(2) / b.n as f64);
+    let se2 = va + vb;
+    let diff = b.mean - a.mean;
+    if se2 == 0.0 {
+        let p = if diff == 0.0 { 1.0 } else { 0.0 };
+        let t = if diff == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY.copysign(diff)
+        };
+        return Some(Welch {
+            t,
+            df: (a.n + b.n - 2) as f64,
+            p,
+        });
+    }
+    let t = diff / se2.sqrt();
+    let df = se2.powi(2) / (va.powi(2) / (a.n - 1) as f64 + vb.powi(2) / (b.n - 1) as f64);
+    let dist = StudentsT::new(0.0, 1.0, df).ok()?;
+    let p = (2.0 * (1.0 - dist.cdf(t.abs()))).clamp(0.0, 1.0);
+    Some(Welch { t, df, p })
+}
+
+/// One figure of one row, both sides.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Figure {
+    /// Probe (or `run` for the run-wide figures).
+    pub probe: String,
+    /// Context, `workload`, or `-` for the run-wide figures.
+    pub context: String,
+    /// `calls/s`, `p50`, `p99`, `mean` or `duration`.
+    pub figure: String,
+    /// Unit of the values: `ns`, `calls/s`, `s`.
+    pub unit: String,
+    /// Side A.
+    pub a: Option<Spread>,
+    /// Side B.
+    pub b: Option<Spread>,
+    /// `(mean B - mean A) / mean A`.
+    pub change: Option<f64>,
+    /// The test, where both sides have two runs or more.
+    pub welch: Option<Welch>,
+    /// `p < alpha`.
+    pub beyond_noise: Option<bool>,
+}
+
+/// The whole comparison.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Comparison {
+    /// The level used for `beyond_noise`.
+    pub alpha: f64,
+    /// The files of side A, as given.
+    pub a_files: Vec<String>,
+    /// The files of side B.
+    pub b_files: Vec<String>,
+    /// Kernel release and workload of each side (the first run's; a note when runs differ).
+    pub a_about: String,
+    /// Side B's.
+    pub b_about: String,
+    /// Rows in order: probes as they come, contexts in the usual order, then the workload
+    /// row, then the run-wide figures.
+    pub figures: Vec<Figure>,
+}
+
+/// What a side is: kernel, command line, workload.
+fn about(docs: &[Document]) -> String {
+    let d = &docs[0];
+    let w = d
+        .meta
+        .workload
+        .as_ref()
+        .map(|w| w.argv.join(" "))
+        .unwrap_or_else(|| "system-wide".into());
+    let mut s = format!("{} ({w})", d.meta.kernel_release);
+    if docs
+        .iter()
+        .any(|x| x.meta.kernel_release != d.meta.kernel_release)
+    {
+        s.push_str("; runs on different kernels");
+    }
+    s
+}
+
+fn pct(l: &Latency, q: f64) -> Option<f64> {
+    l.percentiles
+        .iter()
+        .find(|x| (x.q - q).abs() < 1e-9)
+        .map(|x| x.ns as f64)
+}
+
+/// One figure of one run: (name, unit, value).
+type RunFigure = (&'static str, &'static str, Option<f64>);
+
+/// The figures of one row of one run.
+fn row_figures(rate: Option<f64>, l: Option<&Latency>) -> Vec<RunFigure> {
+    vec![
+        ("calls/s", "calls/s", rate),
+        ("p50", "ns", l.and_then(|l| pct(l, 0.5))),
+        ("p99", "ns", l.and_then(|l| pct(l, 0.99))),
+        ("mean", "ns", l.and_then(|l| l.mean_ns)),
+    ]
+}
+
+/// Compares the runs of A with the runs of B.
+pub fn compare(
+    a: &[Document],
+    b: &[Document],
+    a_files: Vec<String>,
+    b_files: Vec<String>,
+    alpha: f64,
+) -> Comparison {
+    let mut probes: Vec<&str> = Vec::new();
+    for d in a.iter().chain(b) {
+        for p in &d.probes {
+            if !probes.contains(&p.name.as_str()) {
+                probes.push(&p.name);
+            }
+        }
+    }
+    let mut figures = Vec::new();
+    let mut push = |probe: &str, context: &str, per_run: &dyn Fn(&Document) -> Vec<RunFigure>| {
+        let names = per_run(&a[0]);
+        // A row no run has a call in is left out.
+        for (i, (name, unit, _)) in names.iter().enumerate() {
+            let side = |docs: &[Document]| {
+                let v: Vec<f64> = docs.iter().filter_map(|d| per_run(d)[i].2).collect();
+                Spread::of(&v)
+            };
+            let (sa, sb) = (side(a), side(b));
+            if sa.is_none() && sb.is_none() {
+                continue;
+            }
+            let change = match (&sa, &sb) {
+                (Some(x), Some(y)) if x.mean != 0.0 => Some((y.mean - x.mean) / x.mean),
+                _ => None,
+            };
+            let w = match (&sa, &sb) {
+                (Some(x), Some(y)) => welch(x, y),
+                _ => None,
+            };
+            figures.push(Figure {
+                probe: probe.to_string(),
+                context: context.to_string(),
+                figure: name.to_string(),
+                unit: unit.to_string(),
+                beyond_noise: w.as_ref().map(|w| w.p < alpha),
+                a: sa,
+                b: sb,
+                change,
+                welch: w,
+            });
+        }
+    };
+    for name in probes {
+        for ctx in memcg_trace_common::CTX_NAMES {
+            let get = |d: &Document| -> Option<ContextOut> {
+                d.probes
+                    .iter()
+                    .find(|p| p.name == name)
+                    .and_then(|p| p.contexts.iter().find(|c| c.context == ctx))
+                    .filter(|c| c.count > 0)
+                    .cloned()
+            };
+            if a.iter().chain(b).all(|d| get(d).is_none()) {
+                continue;
+            }
+            push(name, ctx, &|d: &Document| {
+                let c = get(d);
+                // A run where the probe was attached but saw no call here: 0 calls/s (kmem
+                // accounting off, say), not a missing run.
+                let attached = d.probes.iter().any(|p| p.name == name);
+                row_figures(
+                    c.as_ref()
+                        .and_then(|c| c.rate_per_s)
+                        .or(attached.then_some(0.0)),
+                    c.as_ref().and_then(|c| c.latency.as_ref()),
+                )
+            });
+        }
+        let wl = |d: &Document| {
+            d.probes
+                .iter()
+                .find(|p| p.name == name)
+                .and_then(|p| p.workload.clone())
+                .filter(|w| w.count > 0)
+        };
+        if a.iter().chain(b).any(|d| wl(d).is_some()) {
+            push(name, "workload", &|d: &Document| {
+                let w = wl(d);
+                let attached = d
+                    .probes
+                    .iter()
+                    .any(|p| p.name == name && p.workload.is_some());
+                row_figures(
+                    w.as_ref()
+                        .and_then(|w| w.rate_per_s)
+                        .or(attached.then_some(0.0)),
+                    w.as_ref().and_then(|w| w.latency.as_ref()),
+                )
+            });
+        }
+    }
+    push("run", "-", &|d: &Document| {
+        vec![("duration", "s", Some(d.meta.duration_ns as f64 / 1e9))]
+    });
+    Comparison {
+        alpha,
+        a_about: about(a),
+        b_about: about(b),
+        a_files,
+        b_files,
+        figures,
+    }
+}
+
+fn value(v: f64, unit: &str) -> String {
+    match unit {
+        "ns" => fmt_ns(v),
+        "calls/s" => fmt_count(v),
+        _ => format!("{v:.3}s"),
+    }
+}
+
+/// The cells of one figure: A mean, A rsd, B mean, B rsd, change, p, verdict.
+fn cells(f: &Figure) -> [String; 7] {
+    let mean = |s: &Option<Spread>| {
+        s.as_ref()
+            .map(|s| value(s.mean, &f.unit))
+            .unwrap_or_else(|| "-".into())
+    };
+    let rsd = |s: &Option<Spread>| match s {
+        Some(s) if s.n > 1 => s
+            .rsd
+            .map(|r| format!("±{:.1}%", r * 100.0))
+            .unwrap_or_else(|| "-".into()),
+        _ => "-".into(),
+    };
+    [
+        mean(&f.a),
+        rsd(&f.a),
+        mean(&f.b),
+        rsd(&f.b),
+        f.change
+            .map(|c| format!("{:+.1}%", c * 100.0))
+            .unwrap_or_else(|| "-".into()),
+        f.welch
+            .as_ref()
+            .map(|w| {
+                if w.p < 0.001 {
+                    "<0.001".to_string()
+                } else {
+                    format!("{:.3}", w.p)
+                }
+            })
+            .unwrap_or_else(|| "-".into()),
+        match (f.beyond_noise, &f.a, &f.b) {
+            (Some(true), ..) => "beyond noise".into(),
+            (Some(false), ..) => "within noise".into(),
+            (None, Some(_), Some(_)) => "n/a (1 run on a side)".into(),
+            _ => "n/a (no calls on a side)".into(),
+        },
+    ]
+}
+
+const HEADER: [&str; 10] = [
+    "probe", "context", "figure", "A mean", "A rsd", "B mean", "B rsd", "change", "p", "verdict",
+];
+
+fn preamble(c: &Comparison) -> String {
+    format!(
+        "A: {} runs, {}\nB: {} runs, {}\nWelch's t-test on the per-run values, two-sided; beyond noise: p < {}\n",
+        c.a_files.len(),
+        c.a_about,
+        c.b_files.len(),
+        c.b_about,
+        c.alpha
+    )
+}
+
+/// The comparison as a text table.
+pub fn table(c: &Comparison) -> String {
+    let mut out = preamble(c);
+    let line = |v: &[String]| {
+        format!(
+            "{:<16} {:<8} {:<8} {:>9} {:>7} {:>9} {:>7} {:>8} {:>7}  {}",
+            v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]
+        )
+    };
+    let _ = writeln!(out, "{}", line(&HEADER.map(String::from)));
+    for f in &c.figures {
+        let [am, ar, bm, br, ch, p, v] = cells(f);
+        let _ = writeln!(
+            out,
+            "{}",
+            line(&[
+                f.probe.clone(),
+                f.context.clone(),
+                f.figure.clone(),
+                am,
+                ar,
+                bm,
+                br,
+                ch,
+                p,
+                v
+            ])
+        );
+    }
+    out
+}
+
+/// The comparison as a markdown table (for a mail or a report).
+pub fn markdown(c: &Comparison) -> String {
+    let mut out = String::new();
+    for l in preamble(c).lines() {
+        let _ = writeln!(out, "{l}  ");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| {} |", HEADER.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(HEADER.len()));
+    for f in &c.figures {
+        let [am, ar, bm, br, ch, p, v] = cells(f);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {am} | {ar} | {bm} | {br} | {ch} | {p} | {v} |",
+            f.probe, f.context, f.figure
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_is_the_sample_standard_deviation() {
+        let s = Spread::of(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]).unwrap();
+        assert_eq!(s.mean, 5.0);
+        // Sample sd (n - 1): sqrt(32 / 7).
+        assert!((s.sd - (32.0f64 / 7.0).sqrt()).abs() < 1e-12);
+        assert!(Spread::of(&[]).is_none());
+        assert_eq!(Spread::of(&[3.0]).unwrap().sd, 0.0);
+    }
+
+    #[test]
+    fn welch_matches_a_reference_implementation() {
+        // scipy.stats.ttest_ind([1, 2, 3, 4], [5, 6, 7, 12], equal_var=False):
+        // t = -2.970442628930023, df = 4.0046189376443415, p = 0.04106668924202211.
+        let a = Spread::of(&[5.0, 6.0, 7.0, 12.0]).unwrap();
+        let b = Spread::of(&[1.0, 2.0, 3.0, 4.0]).unwrap();
+        let w = welch(&a, &b).unwrap();
+        assert!((w.t - -2.970442628930023).abs() < 1e-9, "{w:?}");
+        assert!((w.df - 4.0046189376443415).abs() < 1e-9, "{w:?}");
+        assert!((w.p - 0.04106668924202211).abs() < 1e-6, "{w:?}");
+    }
+
+    #[test]
+    fn noise_and_a_real_change_are_told_apart() {
+        let a = Spread::of(&[100.0, 102.0, 98.0]).unwrap();
+        let same = Spread::of(&[101.0, 99.0, 100.5]).unwrap();
+        let up = Spread::of(&[113.0, 114.5, 113.8]).unwrap();
+        assert!(welch(&a, &same).unwrap().p > 0.5);
+        assert!(welch(&a, &up).unwrap().p < 0.01);
+        // One run a side: no verdict.
+        assert!(welch(&Spread::of(&[1.0]).unwrap(), &up).is_none());
+        // No spread at all: equal means are the same, different ones differ.
+        let c = Spread::of(&[5.0, 5.0]).unwrap();
+        assert_eq!(welch(&c, &c).unwrap().p, 1.0);
+        assert_eq!(welch(&c, &Spread::of(&[6.0, 6.0]).unwrap()).unwrap().p, 0.0);
+    }
+}

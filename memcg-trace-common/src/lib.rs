@@ -332,15 +332,16 @@ pub struct Counters {
     /// as `entries`, so counting them costs no second lookup).
     pub workload_hits: u64,
     /// Of the switched calls timed in the kernel: time the task spent off the CPU during them,
-    /// ns, summed (the scheduler's own accounting: see `Pending::switches`). Their on-CPU
+    /// ns, summed (the scheduler's own accounting: see `Pending::clock`). Their on-CPU
     /// time is their latency minus this. (Userspace's snapshots add the deferred calls it
     /// confirmed to this and the two below.)
     pub off_cpu_ns: u64,
     /// The longest such time of one call, ns.
     pub off_cpu_max_ns: u64,
-    /// Of the switched calls timed in the kernel: migrated calls whose time off the CPU cannot
-    /// be told (the scheduler's task clocks of two CPUs are not comparable on this kernel,
-    /// see `KernelLayout::cross_cpu_clock`); they add nothing to `off_cpu_ns`.
+    /// Of the switched calls timed in the kernel: calls whose time off the CPU cannot be told:
+    /// migrated where two CPUs' task clocks are not comparable (see
+    /// `KernelLayout::cross_cpu_clock`), or whose clock read went back (see [`off_cpu`]); they
+    /// add nothing to `off_cpu_ns`.
     pub off_cpu_unknown: u64,
 }
 
@@ -406,12 +407,14 @@ pub struct Pending {
     pub ts: u64,
     /// Task context: the task (its `task_struct` address).
     pub task: u64,
-    /// Task context: the task's off-CPU clock at entry, `se.exec_start - se.sum_exec_runtime`
-    /// (see [`off_cpu_clock`]): it moves exactly by the time the task spends off the CPU, so
-    /// unchanged at exit proves the task never left the CPU in between, and the difference is
-    /// how long it was off. Interrupt contexts (fentry): the entry program's recursion misses
-    /// on this CPU at entry.
+    /// Task context: the task's `nvcsw + nivcsw` at entry; unchanged at exit proves the task
+    /// never left the CPU in between. Interrupt contexts (fentry): the entry program's
+    /// recursion misses on this CPU at entry.
     pub switches: u64,
+    /// Task context: the task's off-CPU clock just after `ts`, `se.exec_start -
+    /// se.sum_exec_runtime`: it moves by the time the task spends off the CPU (see
+    /// [`off_cpu`]); read again at exit for a call that left the CPU.
+    pub clock: u64,
     /// The context at entry (`CTX_*`).
     pub ctx: u32,
     /// `PENDING_*` flags.
@@ -472,7 +475,7 @@ pub const DEFERRED_MIGRATED: u8 = 4;
 pub const DEFERRED_OFF_UNKNOWN: u8 = 8;
 
 /// The time a task spent off the CPU during a call, from its off-CPU clock at entry and at exit
-/// (`Pending::switches`), clamped to the call's wall time `wall`; None when the clock went
+/// (`Pending::clock`), clamped to the call's wall time `wall`; None when the clock went
 /// back (it never does for one task on one CPU: a read that raced with the scheduler updating
 /// the task from another CPU, or two CPUs' clocks), so that no time is made up. The scheduler adds the time
 /// a task ran to `se.sum_exec_runtime` and sets `se.exec_start` to the same instant whenever it
@@ -583,6 +586,10 @@ pub struct KernelLayout {
     pub cfs_rq_rq: u64,
     /// `offsetof(struct rq, cpu)`.
     pub rq_cpu: u64,
+    /// `offsetof(struct task_struct, nvcsw)`; `nivcsw` follows it.
+    pub task_nvcsw: u64,
+    /// `offsetof(struct task_struct, nivcsw)`.
+    pub task_nivcsw: u64,
     /// `offsetof(struct task_struct, se) + offsetof(struct sched_entity, exec_start)`.
     pub task_exec_start: u64,
     /// `offsetof(struct task_struct, se) + offsetof(struct sched_entity, sum_exec_runtime)`.
@@ -639,6 +646,10 @@ pub struct KernelLayout {
     /// interrupt nor steal time from it (no `rq.prev_irq_time`, no `rq.prev_steal_time_rq`).
     /// Otherwise a migrated call's time off the CPU is not known.
     pub cross_cpu_clock: u32,
+    /// Non-zero when `nivcsw` directly follows `nvcsw` (one read fetches both).
+    pub switches_adjacent: u32,
+    /// Keeps the struct free of implicit padding.
+    pub _pad: u32,
 }
 
 /// The 64-bit immediate the programs load where they need the address of the per-CPU variable

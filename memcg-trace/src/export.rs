@@ -247,12 +247,13 @@ pub struct ContextOut {
     /// The longest time off the CPU of one call, ns.
     #[serde(default)]
     pub off_cpu_max_ns: u64,
-    /// Timed calls that left the CPU whose time off it is not known: migrated, on a kernel
-    /// whose CPUs' task clocks are not comparable (interrupt or steal time accounting). They
-    /// add nothing to `off_cpu_ns`.
+    /// Timed calls that left the CPU whose time off it is not known: migrated where two CPUs'
+    /// task clocks are not comparable (interrupt or steal time accounting, an unstable clock),
+    /// or whose clock read went back. They add nothing to `off_cpu_ns`.
     #[serde(default)]
     pub off_cpu_unknown: u64,
-    /// Time on the CPU: `latency.sum_ns - off_cpu_ns` (absent for counts-only backends).
+    /// Time on the CPU: `latency.sum_ns - off_cpu_ns`; absent for counts-only backends, for
+    /// recordings made before memcg-trace told time off the CPU, and where any is unknown.
     #[serde(default)]
     pub on_cpu_ns: Option<u64>,
     /// Exits without their own entry.
@@ -567,7 +568,9 @@ fn probes_out(
                             off_cpu_ns: k.off_cpu_ns,
                             off_cpu_max_ns: k.off_cpu_max_ns,
                             off_cpu_unknown: k.off_cpu_unknown,
-                            on_cpu_ns: timed.then(|| c.hist.sum_ns.saturating_sub(k.off_cpu_ns)),
+                            // Unknown where any call's time off the CPU is.
+                            on_cpu_ns: (timed && k.off_cpu_unknown == 0)
+                                .then(|| c.hist.sum_ns.saturating_sub(k.off_cpu_ns)),
                             orphans: k.orphans,
                             outside: k.outside,
                             stale: k.stale,

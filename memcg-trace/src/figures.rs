@@ -71,6 +71,21 @@ pub fn hdr_with(h: &HistData, digits: u8) -> Histogram<u64> {
     out
 }
 
+#[cfg(test)]
+mod hdr_tests {
+    use super::*;
+
+    #[test]
+    fn the_extremes_are_recorded_as_themselves() {
+        // 3 digits: finer than a memcg-trace bucket, so a midpoint would show.
+        let h = HistData::of(&[1_025, 1_100, 5_000, 9_000, 60_001]);
+        let d = hdr_with(&h, 3);
+        assert_eq!(d.min(), d.lowest_equivalent(h.min_ns));
+        assert_eq!(d.max(), d.highest_equivalent(h.max_ns));
+        assert_eq!(d.len(), 5);
+    }
+}
+
 /// Latency figures of one histogram.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Latency {

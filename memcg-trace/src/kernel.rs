@@ -284,13 +284,18 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         .get("runqueues")
         .ok_or_else(|| anyhow!("per-CPU variable runqueues not in BTF"))?;
     let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
+    let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
+    let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
     // The task's off-CPU clock (see memcg_trace_common::off_cpu).
     let task_exec_start = field_path_offset(btf, "task_struct", &["se", "exec_start"])?;
     let task_sum_exec = field_path_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?;
     // rq->clock_task, the clock of both, is rq->clock minus interrupt and steal time where the
     // kernel accounts those per CPU; then two CPUs' task clocks differ.
+    // And sched_clock, under both, must agree between CPUs: it does where the kernel keeps a
+    // synchronised counter as its clocksource (it drops the TSC when it finds it unstable).
     let cross_cpu_clock = field_path_offset(btf, "rq", &["prev_irq_time"]).is_err()
-        && field_path_offset(btf, "rq", &["prev_steal_time_rq"]).is_err();
+        && field_path_offset(btf, "rq", &["prev_steal_time_rq"]).is_err()
+        && clocksource().is_some_and(|c| SYNCED_CLOCKSOURCES.contains(&c.as_str()));
     // Where a BPF program keeps its per-CPU recursion-miss counter (0: not found; the fentry
     // interrupt pairs are then confirmed in userspace instead).
     let off = |s: &str, f: &str| field_path_offset(btf, s, &[f]).unwrap_or(0);
@@ -335,6 +340,10 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         kn_id: cg.3,
         direct_cgroup: (cg != (0, 0, 0, 0)) as u32,
         cross_cpu_clock: cross_cpu_clock as u32,
+        switches_adjacent: (task_nivcsw == task_nvcsw + 8) as u32,
+        _pad: 0,
+        task_nvcsw,
+        task_nivcsw,
         preempt_count,
         runqueues,
         task_se_cfs_rq: field_path_offset(btf, "task_struct", &["se", "cfs_rq"])
@@ -350,15 +359,26 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     })
 }
 
+/// Clocksources whose readings agree between CPUs (the kernel keeps the TSC only while it is).
+const SYNCED_CLOCKSOURCES: &[&str] = &["tsc", "kvm-clock", "arch_sys_counter"];
+
+/// The kernel's current clocksource.
+pub fn clocksource() -> Option<String> {
+    std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
 /// How the programs tell a task call's time off the CPU on this kernel, in words for the
 /// recording.
 pub fn off_cpu_source(layout: &KernelLayout) -> String {
+    let cs = clocksource().unwrap_or_else(|| "unknown".into());
     let migrated = if layout.cross_cpu_clock != 0 {
-        "migrated calls too (the CPUs' task clocks agree)"
+        format!("migrated calls too (the CPUs' task clocks agree; clocksource {cs})")
     } else {
-        "migrated calls unknown (interrupt or steal time is taken out of each CPU's task clock)"
+        format!("migrated calls unknown (interrupt or steal time taken out of each CPU's task clock, or clocksource {cs} not known to be synchronised)")
     };
-    format!("scheduler: se.exec_start - se.sum_exec_runtime at entry and exit; {migrated}")
+    format!("scheduler: se.exec_start - se.sum_exec_runtime after entry and at exit, for calls whose nvcsw + nivcsw moved; {migrated}")
 }
 
 /// Kernel build options that change what the charging path costs.

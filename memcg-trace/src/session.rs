@@ -673,7 +673,11 @@ impl Session {
         let off_cpu = tracer.off_cpu.clone();
         let startup = t0.elapsed();
         let cpu0 = cpu_time();
-        let started = SystemTime::now();
+        // When the first probe was attached: the zero of every snapshot's elapsed time, so
+        // that the recording's start + duration and the interval log's timestamps are right.
+        let started = SystemTime::now()
+            .checked_sub(tracer.elapsed())
+            .unwrap_or_else(SystemTime::now);
         if let Some(l) = hdr_log.as_mut() {
             l.begin(
                 started,

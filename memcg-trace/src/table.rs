@@ -99,7 +99,7 @@ fn row(
 pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
     let sum = |f: fn(&crate::export::ContextOut) -> u64| p.contexts.iter().map(f).sum::<u64>();
     format!(
-        "{} via {}: {} calls, {} lost (orphan exits {}, lost exits {}, evicted {}, unproven {}, ring full {}, no context {}), {} recursion misses, {} kprobe misses; loss at most {}; {} left the CPU ({} migrated), off it {} (longest {}{}); {} outside the window",
+        "{} via {}: {} calls, {} lost (orphan exits {}, lost exits {}, evicted {}, unproven {}, ring full {}, no context {}), {} recursion misses, {} kprobe misses; loss at most {}; {} left the CPU ({} migrated){}; {} outside the window",
         p.target,
         p.backend,
         p.count,
@@ -117,11 +117,23 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
             .unwrap_or_else(|| "-".into()),
         sum(|c| c.switched),
         sum(|c| c.migrated),
-        fmt_ns(sum(|c| c.off_cpu_ns) as f64),
-        fmt_ns(p.contexts.iter().map(|c| c.off_cpu_max_ns).max().unwrap_or(0) as f64),
-        match sum(|c| c.off_cpu_unknown) {
-            0 => String::new(),
-            n => format!(", {n} unknown"),
+        // Recordings made before memcg-trace told time off the CPU say nothing about it.
+        if p
+            .contexts
+            .iter()
+            .any(|c| c.on_cpu_ns.is_some() || c.off_cpu_unknown > 0)
+        {
+            format!(
+                ", off it {} (longest {}{})",
+                fmt_ns(sum(|c| c.off_cpu_ns) as f64),
+                fmt_ns(p.contexts.iter().map(|c| c.off_cpu_max_ns).max().unwrap_or(0) as f64),
+                match sum(|c| c.off_cpu_unknown) {
+                    0 => String::new(),
+                    n => format!(", {n} unknown"),
+                }
+            )
+        } else {
+            String::new()
         },
         sum(|c| c.outside),
     )

@@ -136,7 +136,7 @@ pub fn setup() -> Result<()> {
             Command::new(&py)
                 .args([
                     "-c",
-                    "import hdrh.histogram, hdrh.log; print(hdrh.__name__)",
+                    "import hdrh.histogram, hdrh.log, importlib.metadata as m; assert m.version('hdrhistogram') == '0.10.3'",
                 ])
                 .output()
                 .map(|o| o.status.success())

@@ -48,7 +48,9 @@ const NO_PREEMPT: RigKind = RigKind {
 const T: u64 = 0xffff_8880_0000_1000;
 const T2: u64 = 0xffff_8880_0000_2000;
 
-use Step::{Entry as E, EntryFentry as EF, ExitFentry as XF, ExitKprobe as XK};
+use Step::{
+    Entry as E, EntryFentry as EF, ExitFentry as XF, ExitKprobe as XK, ExitKprobeClock as XKC,
+};
 
 /// Every entry and exit run is accounted for: entries = paired + ambiguous + deferred +
 /// deferred_lost + stale + evicted + pending, exits = paired + ambiguous + deferred +
@@ -339,12 +341,28 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "not preemptible: a clock that moved without a switch (a read torn by another CPU) makes no time off the CPU",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                XKC(0xa0, task, T, 5000, 7000, 9000, 0),
+            ],
+            check: |o| {
+                let c = &o.counters[0];
+                timed(o, CTX_TASK, 1, 8000)?;
+                expect("switched", c.switched, 0)?;
+                expect("off-CPU ns", c.off_cpu_ns, 0)?;
+                expect("off-CPU unknown", c.off_cpu_unknown, 0)
+            },
+        },
+        Case {
             name: "not preemptible: an off-CPU clock that went back is unknown, never made-up time",
             cpus: 1,
             kernel: NO_PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5000, 1000, false, 0),
-                XK(0xa0, task, T, 4000, 9000, 0),
+                XKC(0xa0, task, T, 5001, 4000, 9000, 0),
             ],
             check: |o| {
                 let c = &o.counters[0];

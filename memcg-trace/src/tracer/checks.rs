@@ -51,16 +51,16 @@ impl TestRig {
         })
     }
 
-    /// Runs the test program once with `args` (op, probe, key, ctx, task, off-CPU clock, now,
-    /// flags, misses, misses known, CPU clocks not comparable) on `cpu`.
-    fn run(&self, cpu: Option<u32>, args: [u64; 11]) -> Result<i32> {
+    /// Runs the test program once with `args` (op, probe, key, ctx, task, switch count, now,
+    /// flags, misses, misses known, CPU clocks not comparable, off-CPU clock) on `cpu`.
+    fn run(&self, cpu: Option<u32>, args: [u64; 12]) -> Result<i32> {
         let prog: &RawTracePoint = self
             .ebpf
             .program(names::SELFTEST)
             .context("selftest program")?
             .try_into()?;
         let mut opts = RawTracePointRunOptions::new();
-        opts.args[..11].copy_from_slice(&args);
+        opts.args[..12].copy_from_slice(&args);
         opts.cpu = cpu;
         let r = prog
             .test_run(opts)
@@ -117,7 +117,7 @@ pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Opti
         for (probe, &v) in chunk.iter().enumerate() {
             rig.run(
                 None,
-                [test_op::BUCKET, probe as u64, v, 0, 0, 0, 0, 0, 0, 0, 0],
+                [test_op::BUCKET, probe as u64, v, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             )?;
         }
         for (probe, &v) in chunk.iter().enumerate() {
@@ -131,7 +131,7 @@ pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Opti
 /// The context a program run from a syscall sees (the caller runs in task context), or None.
 pub fn syscall_context(layout: &KernelLayout) -> Result<Option<u32>> {
     let rig = TestRig::new(layout, true)?;
-    let r = rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])?;
+    let r = rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])?;
     Ok(u32::try_from(r).ok())
 }
 
@@ -147,8 +147,12 @@ pub enum Step {
     /// An exit run of the fexit program: (key, context, task, the entry program's misses on
     /// this CPU if known, time, CPU); task calls keep their off-CPU clock of 5.
     ExitFentry(u64, u32, u64, Option<u64>, u64, u32),
-    /// An exit run of the kretprobe program: (key, context, task, off-CPU clock, time, CPU).
+    /// An exit run of the kretprobe program: (key, context, task, switch count, time, CPU); the
+    /// off-CPU clock reads the same as the switch count (entries too).
     ExitKprobe(u64, u32, u64, u64, u64, u32),
+    /// An exit run of the kretprobe program with an off-CPU clock of its own: (key, context,
+    /// task, switch count, off-CPU clock, time, CPU).
+    ExitKprobeClock(u64, u32, u64, u64, u64, u64, u32),
 }
 
 /// The kind of kernel a pairing sequence is run for.
@@ -186,18 +190,21 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
     for s in steps {
         // (op, key, ctx, task, switches, now, flags, misses, cpu): flags bit 0 workload, bit 1
         // fentry entry.
-        let (op, key, ctx, task, sw, now, flags, misses, cpu) = match *s {
+        let (op, key, ctx, task, sw, clock, now, flags, misses, cpu) = match *s {
             Step::Entry(k, c, t, sw, now, wl, cpu) => {
-                (test_op::ENTRY, k, c, t, sw, now, wl as u64, None, cpu)
+                (test_op::ENTRY, k, c, t, sw, sw, now, wl as u64, None, cpu)
             }
             Step::EntryFentry(k, c, m, now, cpu) => {
-                (test_op::ENTRY, k, c, 0, 0, now, 2, Some(m), cpu)
+                (test_op::ENTRY, k, c, 0, 0, 0, now, 2, Some(m), cpu)
             }
             Step::ExitFentry(k, c, t, m, now, cpu) => {
-                (test_op::EXIT_FENTRY, k, c, t, 5, now, 0, m, cpu)
+                (test_op::EXIT_FENTRY, k, c, t, 5, 5, now, 0, m, cpu)
             }
             Step::ExitKprobe(k, c, t, sw, now, cpu) => {
-                (test_op::EXIT_KPROBE, k, c, t, sw, now, 0, None, cpu)
+                (test_op::EXIT_KPROBE, k, c, t, sw, sw, now, 0, None, cpu)
+            }
+            Step::ExitKprobeClock(k, c, t, sw, clock, now, cpu) => {
+                (test_op::EXIT_KPROBE, k, c, t, sw, clock, now, 0, None, cpu)
             }
         };
         if cpu as usize >= rig.cpus {
@@ -220,6 +227,7 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
                 misses.unwrap_or(0),
                 misses.is_some() as u64,
                 !kind.cross_cpu_clock as u64,
+                clock,
             ],
         )?;
         if r != 0 {

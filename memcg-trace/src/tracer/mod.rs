@@ -700,6 +700,11 @@ impl Tracer {
         }
     }
 
+    /// Time since the first probe was attached: the clock of every snapshot's `elapsed`.
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
     /// Detaches every program, then takes the final snapshot: no run is left uncounted between
     /// the read of the maps and the read of the run statistics, and every deferred pair is
     /// decided.

@@ -1,7 +1,8 @@
 """Reads a memcg-trace HdrHistogram interval log with HdrHistogram_py's HistogramLogReader, an
 independent reader, and checks it against the recording of the same run: per tag
 (`probe.context`, `probe.workload`) the intervals add up to the recording's count exactly, their
-maximum is in the bucket of the recording's max, and the intervals follow each other in time.
+maximum is in the bucket of the recording's max, the intervals follow each other in time, and in
+every interval a probe's workload calls are no more than its task-context calls (one snapshot).
 
 Usage: hdr_log_check.py LOG RECORDING.json
 Prints one line per tag and `hdr_log_check: N tags, M intervals, K failures`; exits 1 on any
@@ -35,6 +36,7 @@ def main():
     want = rows(doc)
     reader = HistogramLogReader(log_path, HdrHistogram(1, 1 << 40, 1))
     merged = {}
+    by_interval = {}
     last_start = {}
     per_tag = {}
     intervals = 0
@@ -50,6 +52,7 @@ def main():
             failures.append(f"{tag}: interval at {start} ms does not follow {last_start[tag]} ms")
         last_start[tag] = start
         per_tag[tag] = per_tag.get(tag, 0) + 1
+        by_interval.setdefault(start, {})[tag] = h.get_total_count()
         if tag not in merged:
             merged[tag] = HdrHistogram(1, 1 << 40, 1)
         merged[tag].add(h)
@@ -64,6 +67,13 @@ def main():
             continue
         if count:
             print(f"hdr_log_check: {tag}: {count} calls in {per_tag[tag]} intervals ok")
+    # One snapshot per interval: a probe's workload calls are among its task-context calls.
+    for start, counts in sorted(by_interval.items()):
+        for tag, n in counts.items():
+            if tag.endswith(".workload"):
+                task = counts.get(tag[: -len("workload")] + "task", 0)
+                if n > task:
+                    failures.append(f"{tag}: {n} calls in the interval at {start} ms, more than the task context's {task}")
     extra = sorted(set(merged) - set(want))
     if extra:
         failures.append(f"tags the recording does not have: {extra}")

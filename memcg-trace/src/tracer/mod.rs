@@ -748,6 +748,9 @@ impl Tracer {
             let workload_cells = |cpu: u32| {
                 (a.backend.has_latency()).then(|| workload_cell(cpu, self.probes, a.slot) as usize)
             };
+            // The workload's row from the very reads that go into the task context, so that
+            // it never holds calls the task context does not (the maps change while read).
+            let mut workload_read = HistData::default();
             for (ctx, stats) in contexts.iter_mut().enumerate() {
                 for cpu in 0..self.cpus as u32 {
                     let i = cell(cpu, self.probes, a.slot, ctx as u32) as usize;
@@ -755,7 +758,9 @@ impl Tracer {
                     stats.counters.add(&self.counters.get(i));
                     if ctx == CTX_TASK as usize {
                         if let Some(w) = workload_cells(cpu) {
-                            stats.hist.add_cpu(&self.workload_hist.get(w));
+                            let h = self.workload_hist.get(w);
+                            stats.hist.add_cpu(&h);
+                            workload_read.add_cpu(&h);
                         }
                     }
                 }
@@ -773,13 +778,7 @@ impl Tracer {
             let workload = self.workload.then(|| {
                 let mut w = HistData::default();
                 if a.backend.has_latency() {
-                    for cpu in 0..self.cpus as u32 {
-                        w.add_cpu(
-                            &self
-                                .workload_hist
-                                .get(workload_cell(cpu, self.probes, a.slot) as usize),
-                        );
-                    }
+                    w = workload_read.clone();
                     w.merge(&self.verifier.workload[a.slot as usize]);
                 } else {
                     // Counts only, kept next to the hits.

@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::cmd::{bench, probes, programs, record, report, selftest, top};
+use crate::cmd::{bench, plot, probes, programs, record, report, selftest, top};
 
 /// Live eBPF tracer of the memcg charging hot paths: how long obj_cgroup_charge,
 /// mod_memcg_state and the rstat update take, how often, and in which context.
@@ -49,6 +49,12 @@ enum Command {
     /// Examples: memcg-trace diff base.json patched.json;
     /// memcg-trace diff --format markdown a1.json a2.json a3.json -- b1.json b2.json b3.json
     Diff(report::DiffArgs),
+    /// Draw recordings: per probe and row, the percentile spectrum and the histogram, several
+    /// recordings overlaid; calls/s over time from an interval log.
+    ///
+    /// Examples: memcg-trace plot run.json -o plots;
+    /// memcg-trace plot base.json patched.json --probe charge; memcg-trace plot --hdr-log run.hlog
+    Plot(plot::PlotArgs),
     /// Run the in-kernel histogram and context code on fixed inputs (BPF_PROG_TEST_RUN) and
     /// compare with the userspace bucket layout.
     #[command(hide = true)]
@@ -67,6 +73,7 @@ async fn dispatch(command: Command) -> Result<i32> {
         Command::Programs(a) => programs::run(a),
         Command::Report(a) => report::report(a),
         Command::Diff(a) => report::diff(a),
+        Command::Plot(a) => plot::run(a),
         Command::Selftest => selftest::run(),
         Command::Bench(a) => bench::run(a).await,
     }

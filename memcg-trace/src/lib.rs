@@ -30,6 +30,7 @@ pub mod export;
 pub mod figures;
 pub mod hdrlog;
 pub mod kernel;
+pub mod plot;
 pub mod probes;
 pub mod session;
 pub mod snapshot;

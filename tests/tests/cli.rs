@@ -158,3 +158,174 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
     assert!(err.contains("diff compares two sides"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// The text of every `<text>` element of an SVG, which must be well-formed XML.
+fn svg_texts(path: &std::path::Path) -> (Vec<String>, usize) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc = roxmltree::Document::parse(&text)
+        .unwrap_or_else(|e| panic!("{} is not well-formed XML: {e}", path.display()));
+    let texts = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or_default().trim().to_string())
+        .collect();
+    let lines = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .count();
+    (texts, lines)
+}
+
+/// `plot` of two recordings: one image per row, valid SVG, each holding both recordings'
+/// series, named in the legend by file, kernel, function and backend, with readable axes.
+#[test]
+fn plot_overlays_recordings_with_their_labels() {
+    let f = fixture();
+    let dir = scratch("plot_overlays_recordings_with_their_labels");
+    // B: the same recording under another name, its charge calls twice as slow.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    let l = &mut v["probes"][0]["contexts"][0]["latency"];
+    for k in ["min_ns", "max_ns"] {
+        l[k] = serde_json::json!(l[k].as_u64().unwrap() * 2);
+    }
+    for b in l["buckets"].as_array_mut().unwrap() {
+        for k in ["min_ns", "max_ns"] {
+            b[k] = serde_json::json!(b[k].as_u64().unwrap() * 2);
+        }
+    }
+    let b = dir.join("slower.json");
+    std::fs::write(&b, serde_json::to_string(&v).unwrap()).unwrap();
+    let out_dir = dir.join("plots");
+    let out = run(&[
+        "plot",
+        f.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "-o",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    for row in [
+        "charge-task",
+        "stat-task",
+        "rstat-task",
+        "rstat-hardirq",
+        "charge-workload",
+    ] {
+        assert!(
+            listed.contains(&format!("{row}.svg")),
+            "{row} missing: {listed}"
+        );
+    }
+    let (texts, lines) = svg_texts(&out_dir.join("charge-task.svg"));
+    let has = |s: &str| texts.iter().any(|t| t.contains(s));
+    for want in [
+        "6.12-fentry: 6.12.117+deb12-amd64 obj_cgroup_charge via fentry (task)",
+        "slower: 6.12.117+deb12-amd64 obj_cgroup_charge via fentry (task)",
+        "percentile spectrum",
+        "histogram",
+        "percentile",
+        "latency",
+        "99%",
+        "99.9%",
+    ] {
+        assert!(has(want), "charge-task.svg lacks {want:?}: {texts:?}");
+    }
+    // Two recordings, two panels: at least four lines.
+    assert!(lines >= 4, "{lines} lines");
+    // Axis labels carry units.
+    assert!(
+        texts.iter().any(|t| t.ends_with("us") || t.ends_with("ns")),
+        "{texts:?}"
+    );
+    // Bad input: one clear line each.
+    let out = run(&["plot"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("plot needs recordings"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let mut tp = v.clone();
+    for p in tp["probes"].as_array_mut().unwrap() {
+        for c in p["contexts"].as_array_mut().unwrap() {
+            c["latency"] = serde_json::Value::Null;
+        }
+        p["workload"] = serde_json::Value::Null;
+    }
+    let tpf = dir.join("counts.json");
+    std::fs::write(&tpf, serde_json::to_string(&tp).unwrap()).unwrap();
+    let out = run(&[
+        "plot",
+        tpf.to_str().unwrap(),
+        "-o",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nothing to plot"), "{err}");
+}
+
+/// `plot --hdr-log`: calls/s over time from an interval log written by memcg-trace's own
+/// writer, one line per tag, the rate of each interval its calls over its length.
+#[test]
+fn plot_draws_calls_per_second_from_an_interval_log() {
+    use memcg_trace::{
+        hdrlog::HdrLog,
+        probes::Backend,
+        snapshot::{CtxStats, HistData, ProbeStats, Snapshot},
+    };
+    let dir = scratch("plot_draws_calls_per_second_from_an_interval_log");
+    let snap = |ms: u64, n: u64| {
+        let mut contexts: [CtxStats; memcg_trace_common::NUM_CTX] = Default::default();
+        contexts[0].hist = HistData::of(&vec![1_000; n as usize]);
+        Snapshot {
+            elapsed: std::time::Duration::from_millis(ms),
+            probes: vec![ProbeStats {
+                name: "charge".into(),
+                target: "obj_cgroup_charge".into(),
+                backend: Backend::Fentry,
+                contexts,
+                programs: Vec::new(),
+                workload: None,
+                kprobe_missed: 0,
+            }],
+            ..Default::default()
+        }
+    };
+    let log = dir.join("run.hlog");
+    let mut l = HdrLog::create(&log).unwrap();
+    l.begin(std::time::SystemTime::now(), "test");
+    l.interval(&snap(1000, 100));
+    l.interval(&snap(2000, 400));
+    l.finish(&snap(3000, 1000)).unwrap();
+    let out_dir = dir.join("plots");
+    let out = run(&[
+        "plot",
+        "--hdr-log",
+        log.to_str().unwrap(),
+        "-o",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (texts, lines) = svg_texts(&out_dir.join("rate.svg"));
+    assert!(texts.iter().any(|t| t == "charge.task"), "{texts:?}");
+    assert!(texts.iter().any(|t| t.contains("calls/s")), "{texts:?}");
+    assert!(lines >= 1);
+    // The y axis reaches the fastest interval's rate: 600 calls in 1 s.
+    assert!(texts.iter().any(|t| t == "600"), "{texts:?}");
+    let out = run(&[
+        "plot",
+        "--hdr-log",
+        dir.join("missing.hlog").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}

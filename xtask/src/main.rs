@@ -315,13 +315,35 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
                 r.tail(40)
             );
         }
+        let mut recordings = Vec::new();
         for b in ["fentry", "kprobe"] {
             let txt = fs::read_to_string(r.out_dir.join(format!("{b}.txt")))?;
             println!("== {} ({}), --attach {b} ==\n{txt}", spec.short, k.release);
             let dst = out.join(format!("{}-{b}.json", spec.short));
             fs::copy(r.out_dir.join(format!("{b}.json")), &dst)?;
+            fs::copy(
+                r.out_dir.join(format!("{b}.hlog")),
+                out.join(format!("{}-{b}.hlog", spec.short)),
+            )?;
             println!("demo: the recording is at {}", dst.display());
+            recordings.push(dst);
         }
+        // Pictures next to the recordings: fentry and kprobe overlaid, and calls/s over time.
+        let plots = out.join(format!("{}-plots", spec.short));
+        let _ = fs::remove_dir_all(&plots);
+        let status = Command::new(&bin)
+            .arg("plot")
+            .args(&recordings)
+            .arg("--hdr-log")
+            .arg(out.join(format!("{}-fentry.hlog", spec.short)))
+            .arg("-o")
+            .arg(&plots)
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("memcg-trace plot failed: {status}");
+        }
+        println!("demo: plots are in {}", plots.display());
     }
     Ok(())
 }

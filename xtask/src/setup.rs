@@ -25,6 +25,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "bpftrace",
     // The venv of the independent HdrHistogram reader (where python3 is Debian's).
     "python3-venv",
+    // The font `memcg-trace plot` lays its labels out with.
+    "fonts-dejavu-core",
 ];
 
 /// HdrHistogram_py, the independent reader the tests decode recordings' histograms with, and

@@ -2,6 +2,7 @@
 //! `session`, `export`, `table`, the dashboard); no command imports another.
 
 pub mod bench;
+pub mod plot;
 pub mod probes;
 pub mod programs;
 pub mod record;

@@ -2,9 +2,10 @@
 //! probe, context and figure the mean over the runs of each side, its relative standard
 //! deviation, the change of the means, and whether the change is beyond the run-to-run noise:
 //! Welch's t-test on the per-run values (two-sided; unequal variances), its p-value from the
-//! Student t distribution (statrs). The figures: calls/s, p50, p99 and mean latency per (probe,
-//! context) and per workload row, and the run's duration (for a workload, its run time under
-//! the tracer).
+//! Student t distribution (statrs). The figures: calls/s, calls per workload operation (where
+//! the workload reports its operations: hackbench's messages), p50, p99 and mean latency per
+//! (probe, context) and per workload row, and the run's duration (for a workload, its run time
+//! under the tracer).
 
 use std::fmt::Write as _;
 
@@ -100,7 +101,7 @@ pub struct Figure {
     pub probe: String,
     /// Context, `workload`, or `-` for the run-wide figures.
     pub context: String,
-    /// `calls/s`, `p50`, `p99`, `mean` or `duration`.
+    /// `calls/s`, `calls/op`, `p50`, `p99`, `mean` or `duration`.
     pub figure: String,
     /// Unit of the values: `ns`, `calls/s`, `s`.
     pub unit: String,
@@ -163,10 +164,20 @@ fn pct(l: &Latency, q: f64) -> Option<f64> {
 /// One figure of one run: (name, unit, value).
 type RunFigure = (&'static str, &'static str, Option<f64>);
 
-/// The figures of one row of one run.
-fn row_figures(rate: Option<f64>, l: Option<&Latency>) -> Vec<RunFigure> {
+/// The figures of one row of one run: `calls` with the workload's operations give calls/op.
+fn row_figures(
+    rate: Option<f64>,
+    calls: Option<u64>,
+    ops: Option<u64>,
+    l: Option<&Latency>,
+) -> Vec<RunFigure> {
     vec![
         ("calls/s", "calls/s", rate),
+        (
+            "calls/op",
+            "calls/op",
+            calls.zip(ops).map(|(c, o)| c as f64 / o as f64),
+        ),
         ("p50", "ns", l.and_then(|l| pct(l, 0.5))),
         ("p99", "ns", l.and_then(|l| pct(l, 0.99))),
         ("mean", "ns", l.and_then(|l| l.mean_ns)),
@@ -245,6 +256,8 @@ pub fn compare(
                     c.as_ref()
                         .and_then(|c| c.rate_per_s)
                         .or(attached.then_some(0.0)),
+                    c.as_ref().map(|c| c.count).or(attached.then_some(0)),
+                    ops(d),
                     c.as_ref().and_then(|c| c.latency.as_ref()),
                 )
             });
@@ -267,6 +280,8 @@ pub fn compare(
                     w.as_ref()
                         .and_then(|w| w.rate_per_s)
                         .or(attached.then_some(0.0)),
+                    w.as_ref().map(|w| w.count).or(attached.then_some(0)),
+                    ops(d),
                     w.as_ref().and_then(|w| w.latency.as_ref()),
                 )
             });
@@ -285,10 +300,20 @@ pub fn compare(
     }
 }
 
+/// The operations the run's workload reports (see `workload::operations`).
+fn ops(d: &Document) -> Option<u64> {
+    d.meta
+        .workload
+        .as_ref()
+        .and_then(|w| crate::workload::operations(&w.argv))
+        .map(|(n, _)| n)
+}
+
 fn value(v: f64, unit: &str) -> String {
     match unit {
         "ns" => fmt_ns(v),
         "calls/s" => fmt_count(v),
+        "calls/op" => format!("{v:.3}"),
         _ => format!("{v:.3}s"),
     }
 }

@@ -570,6 +570,50 @@ pub fn named(spec: &str) -> Result<Vec<String>> {
     }
 }
 
+/// The operations a workload reports, from its command line, with their name: hackbench's
+/// messages (each of a group's `--fds` senders writes `--loops` messages to each of its `--fds`
+/// receivers: groups x fds x fds x loops; defaults 10 groups, 20 fds, 100 loops). None for
+/// any other command, or a hackbench command line this does not understand.
+pub fn operations(argv: &[String]) -> Option<(u64, &'static str)> {
+    let name = Path::new(argv.first()?).file_name()?.to_str()?;
+    if name != "hackbench" {
+        return None;
+    }
+    let (mut groups, mut fds, mut loops) = (10u64, 20u64, 100u64);
+    let mut it = argv[1..].iter();
+    while let Some(a) = it.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (a.as_str(), None),
+        };
+        let target = match flag {
+            "-g" | "--groups" => &mut groups,
+            "-f" | "--fds" => &mut fds,
+            "-l" | "--loops" => &mut loops,
+            // Flags without a value, and valued ones that do not change the count.
+            "-p" | "--pipe" | "-T" | "--threads" | "-P" | "--process" => continue,
+            "-s" | "--datasize" => {
+                if inline.is_none() {
+                    it.next()?;
+                }
+                continue;
+            }
+            _ => return None,
+        };
+        let v = match inline {
+            Some(v) => v,
+            None => it.next()?.clone(),
+        };
+        *target = v.parse().ok()?;
+    }
+    groups
+        .checked_mul(fds)?
+        .checked_mul(fds)?
+        .checked_mul(loops)
+        .filter(|n| *n > 0)
+        .map(|n| (n, "hackbench messages"))
+}
+
 /// The error for a command that could not be started.
 pub fn cannot_run(argv: &[String], e: std::io::Error) -> anyhow::Error {
     anyhow!(
@@ -603,7 +647,26 @@ pub fn timed_run(cmd: &[String]) -> Result<f64> {
 
 #[cfg(test)]
 mod tests {
+    use super::operations;
     use super::ours;
+
+    #[test]
+    fn hackbench_reports_its_messages() {
+        let v = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        // 2 groups x 20 senders x 20 receivers x 200 loops.
+        assert_eq!(
+            operations(&v("/usr/bin/hackbench -g 2 -l 200")),
+            Some((160_000, "hackbench messages"))
+        );
+        assert_eq!(operations(&v("hackbench")).map(|o| o.0), Some(400_000));
+        assert_eq!(
+            operations(&v("hackbench --groups=1 --fds 10 -l 5 -T -s 100")).map(|o| o.0),
+            Some(500)
+        );
+        assert_eq!(operations(&v("hackbench -g x")), None);
+        assert_eq!(operations(&v("hackbench --unknown 3")), None);
+        assert_eq!(operations(&v("stress-ng -c 1")), None);
+    }
 
     #[test]
     fn names_of_our_memcgs() {

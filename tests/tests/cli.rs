@@ -137,7 +137,9 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
     // Calls per hackbench message: the recording's workload is hackbench -g 2 -l 100, 2 x 20
     // x 20 x 100 = 80,000 messages.
     let count = base["probes"][0]["contexts"][0]["count"].as_f64().unwrap();
-    let per_op = find("charge", "task", "calls/op")["a"]["mean"].as_f64().unwrap();
+    let per_op = find("charge", "task", "calls/op")["a"]["mean"]
+        .as_f64()
+        .unwrap();
     assert!((per_op - count / 80_000.0).abs() < 1e-9, "{per_op}");
     assert_eq!(json["a_files"].as_array().unwrap().len(), 3);
     // The table and the markdown say the same.

@@ -54,6 +54,56 @@ pub fn fmt_count(n: f64) -> String {
     }
 }
 
+/// Durations in at most 5 characters, unit included (`512ns`, `4.1us`, `131us`, `17ms`,
+/// `1.1s`): for labels under narrow bars.
+pub fn fmt_ns_short(ns: f64) -> String {
+    let unit = |v: f64, u: &str| {
+        if v < 9.95 {
+            format!("{v:.1}{u}")
+        } else {
+            format!("{v:.0}{u}")
+        }
+    };
+    if ns < 999.5 {
+        format!("{ns:.0}ns")
+    } else if ns < 999.5e3 {
+        unit(ns / 1e3, "us")
+    } else if ns < 999.5e6 {
+        unit(ns / 1e6, "ms")
+    } else if ns < 999.5e9 {
+        let s = ns / 1e9;
+        if s < 9.95 {
+            format!("{s:.1}s")
+        } else {
+            format!("{s:.0}s")
+        }
+    } else {
+        ">999s".into()
+    }
+}
+
+/// Counts in at most 5 characters (`950`, `9999`, `315k`, `1.2M`, `47M`, `1.3G`).
+pub fn fmt_count_short(n: f64) -> String {
+    let unit = |v: f64, u: &str| {
+        if v < 9.95 {
+            format!("{v:.1}{u}")
+        } else {
+            format!("{v:.0}{u}")
+        }
+    };
+    if n < 9_999.5 {
+        format!("{n:.0}")
+    } else if n < 999.5e3 {
+        unit(n / 1e3, "k")
+    } else if n < 999.5e6 {
+        unit(n / 1e6, "M")
+    } else if n < 999.5e9 {
+        unit(n / 1e9, "G")
+    } else {
+        ">999G".into()
+    }
+}
+
 /// Relative change from `a` to `b`, as "+12.3%" (or "-" when undefined).
 pub fn pct_change(a: Option<f64>, b: Option<f64>) -> String {
     match (a, b) {

@@ -187,7 +187,7 @@ fn tui_view_of_a_recording_made_in_a_vm() {
     assert!(screen.contains(&doc.meta.kernel_release), "{screen}");
     assert!(screen.contains("recording"), "{screen}");
     assert!(
-        screen.contains("latency (log-scaled counts)"),
+        screen.contains("latency: p50 p99 p99.9"),
         "histogram of the selected row: {screen}"
     );
     s.keys("s");

@@ -14,7 +14,7 @@ use ratatui::{
 };
 
 use super::app::{App, Mode, Row};
-use crate::units::{fmt_count, fmt_ns};
+use crate::units::{fmt_count, fmt_count_short, fmt_ns, fmt_ns_short};
 
 const KEYS: &str =
     "↑↓/jk select  Tab interval/total  p pause  r reset  s save  +/- tick  ? help  q";
@@ -227,11 +227,44 @@ pub fn octaves(r: &Row) -> Vec<(u64, u64)> {
     out
 }
 
+/// The octaves as at most `max_bars` bars that hide nothing: when there are more octaves than
+/// bars, neighbours are merged (each bar then spans the same number of octaves). Each bar:
+/// (lower bound ns, calls).
+pub fn bars(bins: &[(u64, u64)], max_bars: usize) -> Vec<(u64, u64)> {
+    let max_bars = max_bars.max(1);
+    if bins.len() <= max_bars {
+        return bins.to_vec();
+    }
+    let per = bins.len().div_ceil(max_bars);
+    bins.chunks(per)
+        .map(|c| (c[0].0, c.iter().map(|b| b.1).sum()))
+        .collect()
+}
+
+/// The bar holding the call of rank `q` (0..1) of `bars`.
+fn bar_of(bars: &[(u64, u64)], q: f64) -> Option<usize> {
+    let total: u64 = bars.iter().map(|b| b.1).sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+    let mut seen = 0;
+    bars.iter().position(|b| {
+        seen += b.1;
+        seen >= rank
+    })
+}
+
 fn draw_histogram(f: &mut Frame, r: &Row, area: Rect) {
-    let block = Block::bordered().title(format!(
-        " {} {} latency (log-scaled counts) ",
-        r.probe, r.context
-    ));
+    // The bars holding p50, p99 and p99.9 are drawn in the colours of their names here.
+    let block = Block::bordered()
+        .title(Line::from(vec![
+            Span::raw(format!(" {} {} latency: ", r.probe, r.context)),
+            Span::styled("p50 ", Style::new().fg(Color::Green)),
+            Span::styled("p99 ", Style::new().fg(Color::Yellow)),
+            Span::styled("p99.9 ", Style::new().fg(Color::Red)),
+        ]))
+        .title_bottom(" log-scaled counts ");
     let bins = octaves(r);
     if bins.is_empty() || !r.backend.has_latency() {
         let why = if r.backend.has_latency() {
@@ -243,14 +276,31 @@ fn draw_histogram(f: &mut Frame, r: &Row, area: Rect) {
         return;
     }
     let max_bars = ((area.width.saturating_sub(2)) / 7).max(1) as usize;
-    let skip = bins.len().saturating_sub(max_bars);
-    let bars: Vec<Bar> = bins[skip..]
+    // Every call is in some bar: octaves that do not fit are merged, never dropped.
+    let merged = bars(&bins, max_bars);
+    let marks = [
+        (bar_of(&merged, 0.999), Color::Red),
+        (bar_of(&merged, 0.99), Color::Yellow),
+        (bar_of(&merged, 0.5), Color::Green),
+    ];
+    let bars: Vec<Bar> = merged
         .iter()
-        .map(|(lo, n)| {
-            Bar::default()
+        .enumerate()
+        .map(|(i, (lo, n))| {
+            // The lowest of the marks that fall in this bar shows (p50 over p99 over p99.9).
+            let colour = marks
+                .iter()
+                .rev()
+                .find(|(b, _)| *b == Some(i))
+                .map(|(_, c)| *c);
+            let bar = Bar::default()
                 .value(((*n as f64).ln_1p() * 100.0) as u64)
-                .text_value(fmt_count(*n as f64))
-                .label(Line::from(fmt_ns(*lo as f64)))
+                .text_value(fmt_count_short(*n as f64))
+                .label(Line::from(fmt_ns_short(*lo as f64)));
+            match colour {
+                Some(c) => bar.style(Style::new().fg(c)),
+                None => bar,
+            }
         })
         .collect();
     let chart = BarChart::default()
@@ -383,6 +433,44 @@ mod tests {
             assert_eq!(s.lines().count(), h as usize);
         }
         insta::assert_snapshot!(render(&app, 40, 10));
+    }
+
+    #[test]
+    fn a_histogram_with_more_octaves_than_bars_hides_no_call() {
+        // 100 ns .. 17 s: 28 octaves.
+        let bins: Vec<(u64, u64)> = (6..34).map(|k| (1u64 << k, k as u64 * 1000)).collect();
+        let total: u64 = bins.iter().map(|b| b.1).sum();
+        for max in [1, 3, 5, 9, 27, 28, 40] {
+            let b = bars(&bins, max);
+            assert!(b.len() <= max.max(1), "{max}: {} bars", b.len());
+            assert_eq!(b.iter().map(|x| x.1).sum::<u64>(), total, "{max} bars");
+            assert_eq!(b[0].0, 64, "the fastest calls are still drawn ({max} bars)");
+        }
+        // p50 lies in the bar that holds the middle call.
+        let b = bars(&[(512, 10), (1024, 80), (2048, 10)], 3);
+        assert_eq!(bar_of(&b, 0.5), Some(1));
+        assert_eq!(bar_of(&b, 0.999), Some(2));
+    }
+
+    #[test]
+    fn bar_labels_fit_their_bars_with_their_units() {
+        for k in 0..40 {
+            let ns = (1u64 << k) as f64;
+            let l = crate::units::fmt_ns_short(ns);
+            assert!(l.chars().count() <= 5, "{l}");
+            assert!(
+                l.ends_with("ns") || l.ends_with("us") || l.ends_with("ms") || l.ends_with('s'),
+                "{l}"
+            );
+        }
+        for n in [
+            0.0, 950.0, 9_999.0, 10_000.0, 314_700.0, 999_499.0, 1.2e6, 47e6, 1.3e9, 2e13,
+        ] {
+            let c = crate::units::fmt_count_short(n);
+            assert!(c.chars().count() <= 5, "{n}: {c}");
+        }
+        assert_eq!(crate::units::fmt_count_short(314_700.0), "315k");
+        assert_eq!(crate::units::fmt_ns_short(131_072.0), "131us");
     }
 
     #[test]

@@ -182,7 +182,7 @@ fn tui_view_of_a_recording_made_in_a_vm() {
     let screen = s.wait_for(
         "the recording's rows and histogram",
         Duration::from_secs(20),
-        |sc| rate_of(sc, "charge", "task").is_some() && sc.contains("latency ("),
+        |sc| rate_of(sc, "charge", "task").is_some() && sc.contains("latency: p50"),
     );
     assert!(screen.contains(&doc.meta.kernel_release), "{screen}");
     assert!(screen.contains("recording"), "{screen}");

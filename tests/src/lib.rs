@@ -318,11 +318,9 @@ pub fn check_invariants(doc: &Document, summary: &str) {
     }
 }
 
-/// Every histogram of the recording at `path`, decoded by an independent reader
-/// (HdrHistogram_py, in the venv `cargo xtask setup` makes: `tests/hdr_check.py`): total count,
-/// min, max, p50 and p99 agree with the recording's own figures within the resolution the
-/// histogram's header states.
-pub fn check_hdr_independently(path: &Path) {
+/// Runs one of the tests' HdrHistogram_py scripts (in the venv `cargo xtask setup` makes) and
+/// returns its stdout; panics with its output when it fails.
+fn python_check(script: &str, args: &[&Path], what: &str) -> String {
     let py = xtask::setup::pyenv().join("bin/python3");
     assert!(
         py.exists(),
@@ -330,17 +328,28 @@ pub fn check_hdr_independently(path: &Path) {
         py.display()
     );
     let out = std::process::Command::new(&py)
-        .arg(xtask::workspace_root().join("tests/hdr_check.py"))
-        .arg(path)
+        .arg(xtask::workspace_root().join("tests").join(script))
+        .args(args)
         .output()
-        .expect("run hdr_check.py");
-    let text = String::from_utf8_lossy(&out.stdout);
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "HdrHistogram_py disagrees with {}:\n{text}{}",
-        path.display(),
+        "{what} disagrees with {}:\n{text}{}",
+        args.iter()
+            .map(|a| a.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" / "),
         String::from_utf8_lossy(&out.stderr)
     );
+    text
+}
+
+/// Every histogram of the recording at `path`, decoded by an independent reader
+/// (HdrHistogram_py: `tests/hdr_check.py`): total count, min, max, p50 and p99 agree with the
+/// recording's own figures within the resolution the histogram's header states.
+pub fn check_hdr_independently(path: &Path) {
+    let text = python_check("hdr_check.py", &[path], "HdrHistogram_py");
     let last = text.lines().last().unwrap_or_default();
     assert!(
         last.contains("histograms decoded, 0 failures") && !last.contains(" 0 histograms"),
@@ -350,28 +359,13 @@ pub fn check_hdr_independently(path: &Path) {
 
 /// The HdrHistogram interval log at `log`, read by an independent reader (HdrHistogram_py's
 /// `HistogramLogReader`: `tests/hdr_log_check.py`): per tag, the intervals add up exactly to
-/// the recording's count of that row, their max is in the bucket of the recording's, and they
-/// follow each other in time.
+/// the recording's count of that row, their max is in the bucket of the recording's, they
+/// follow each other in time, and no interval has more workload calls than task calls.
 pub fn check_hdr_log_independently(log: &Path, recording: &Path) {
-    let py = xtask::setup::pyenv().join("bin/python3");
-    assert!(
-        py.exists(),
-        "{} is missing: run `cargo xtask setup` (cargo xtask test does)",
-        py.display()
-    );
-    let out = std::process::Command::new(&py)
-        .arg(xtask::workspace_root().join("tests/hdr_log_check.py"))
-        .arg(log)
-        .arg(recording)
-        .output()
-        .expect("run hdr_log_check.py");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "HdrHistogram_py's log reader disagrees with {} / {}:\n{text}{}",
-        log.display(),
-        recording.display(),
-        String::from_utf8_lossy(&out.stderr)
+    python_check(
+        "hdr_log_check.py",
+        &[log, recording],
+        "HdrHistogram_py's log reader",
     );
 }
 

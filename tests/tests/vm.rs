@@ -222,6 +222,25 @@ fn vm_matrix_7_3() {
     vm_matrix("7.3");
 }
 
+/// The kernel `short` for a test that boots one kernel, fetched; None (with the skip recorded)
+/// when it is not selected or this is not root.
+fn one_kernel(name: &str, short: &str) -> Option<kernels::Kernel> {
+    let wanted = std::env::var("MEMCG_TRACE_KERNELS").unwrap_or_else(|_| kernels::MATRIX.join(","));
+    if !wanted.split(',').any(|k| k.trim() == short) {
+        skip(
+            name,
+            &format!("kernel {short} not in MEMCG_TRACE_KERNELS={wanted}"),
+        );
+        return None;
+    }
+    if !is_root() {
+        skip(name, "needs root (apt-get download of the kernel)");
+        return None;
+    }
+    let spec = kernels::select(short).expect("known kernel")[0];
+    Some(kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}")))
+}
+
 /// Charges that reclaim: a memcg at its memory.max with swap on zram, traced with the
 /// `try_charge` probe. The reclaiming calls are timed (latencies far above the fast path's),
 /// and none is lost for having slept or been preempted.
@@ -229,20 +248,9 @@ fn vm_matrix_7_3() {
 fn vm_reclaim_6_12() {
     let name = "vm_reclaim_6_12";
     let short = "6.12";
-    let wanted = std::env::var("MEMCG_TRACE_KERNELS").unwrap_or_else(|_| kernels::MATRIX.join(","));
-    if !wanted.split(',').any(|k| k.trim() == short) {
-        skip(
-            name,
-            &format!("kernel {short} not in MEMCG_TRACE_KERNELS={wanted}"),
-        );
+    let Some(kernel) = one_kernel(name, short) else {
         return;
-    }
-    if !is_root() {
-        skip(name, "needs root (apt-get download of the kernel)");
-        return;
-    }
-    let spec = kernels::select(short).expect("known kernel")[0];
-    let kernel = kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}"));
+    };
     let modules = kernels::modules(&kernel, &["zram"]).expect("the zram module");
     let r = vm::run(
         &kernel,
@@ -333,20 +341,9 @@ fn vm_reclaim_6_12() {
 fn vm_compare_kmem_6_12() {
     let name = "vm_compare_kmem_6_12";
     let short = "6.12";
-    let wanted = std::env::var("MEMCG_TRACE_KERNELS").unwrap_or_else(|_| kernels::MATRIX.join(","));
-    if !wanted.split(',').any(|k| k.trim() == short) {
-        skip(
-            name,
-            &format!("kernel {short} not in MEMCG_TRACE_KERNELS={wanted}"),
-        );
+    let Some(kernel) = one_kernel(name, short) else {
         return;
-    }
-    if !is_root() {
-        skip(name, "needs root (apt-get download of the kernel)");
-        return;
-    }
-    let spec = kernels::select(short).expect("known kernel")[0];
-    let kernel = kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}"));
+    };
     let out = xtask::workspace_root().join("target/vm/compare-test");
     let _ = fs::remove_dir_all(&out);
     let runs = xtask::compare::kmem_runs(

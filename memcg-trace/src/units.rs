@@ -54,29 +54,27 @@ pub fn fmt_count(n: f64) -> String {
     }
 }
 
+/// `v` with two significant digits (one decimal below 10) and its unit suffix, in at most 5
+/// characters for `v` < 999.5.
+fn two_digits(v: f64, unit: &str) -> String {
+    if v < 9.95 {
+        format!("{v:.1}{unit}")
+    } else {
+        format!("{v:.0}{unit}")
+    }
+}
+
 /// Durations in at most 5 characters, unit included (`512ns`, `4.1us`, `131us`, `17ms`,
 /// `1.1s`): for labels under narrow bars.
 pub fn fmt_ns_short(ns: f64) -> String {
-    let unit = |v: f64, u: &str| {
-        if v < 9.95 {
-            format!("{v:.1}{u}")
-        } else {
-            format!("{v:.0}{u}")
-        }
-    };
     if ns < 999.5 {
         format!("{ns:.0}ns")
     } else if ns < 999.5e3 {
-        unit(ns / 1e3, "us")
+        two_digits(ns / 1e3, "us")
     } else if ns < 999.5e6 {
-        unit(ns / 1e6, "ms")
+        two_digits(ns / 1e6, "ms")
     } else if ns < 999.5e9 {
-        let s = ns / 1e9;
-        if s < 9.95 {
-            format!("{s:.1}s")
-        } else {
-            format!("{s:.0}s")
-        }
+        two_digits(ns / 1e9, "s")
     } else {
         ">999s".into()
     }
@@ -84,21 +82,14 @@ pub fn fmt_ns_short(ns: f64) -> String {
 
 /// Counts in at most 5 characters (`950`, `9999`, `315k`, `1.2M`, `47M`, `1.3G`).
 pub fn fmt_count_short(n: f64) -> String {
-    let unit = |v: f64, u: &str| {
-        if v < 9.95 {
-            format!("{v:.1}{u}")
-        } else {
-            format!("{v:.0}{u}")
-        }
-    };
     if n < 9_999.5 {
         format!("{n:.0}")
     } else if n < 999.5e3 {
-        unit(n / 1e3, "k")
+        two_digits(n / 1e3, "k")
     } else if n < 999.5e6 {
-        unit(n / 1e6, "M")
+        two_digits(n / 1e6, "M")
     } else if n < 999.5e9 {
-        unit(n / 1e9, "G")
+        two_digits(n / 1e9, "G")
     } else {
         ">999G".into()
     }

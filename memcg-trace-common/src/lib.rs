@@ -187,6 +187,9 @@ pub mod names {
     pub const MAP_CTX_BITS: &str = "CTX_BITS";
     /// Floor (b) per-CPU state of the bench.
     pub const MAP_FLOOR: &str = "FLOOR";
+    /// Tracepoint hits by (probe, context), per CPU: (hits, workload hits), where
+    /// `Config::tp_percpu` is set.
+    pub const MAP_TP_HITS: &str = "TP_HITS";
     /// Read-only global: the kernel layout.
     pub const GLOBAL_LAYOUT: &str = "LAYOUT";
     /// Read-only global: the settings ([`super::Config`]).
@@ -292,6 +295,10 @@ pub struct Hist {
 pub struct Counters {
     /// Entry program runs in this context (each is recorded as a pending call).
     pub entries: u64,
+    /// Tracepoint backend, task context: hits by the workload's tasks (next to `entries`, in
+    /// its cache line: the mmap-able array's values are page aligned and a task cell, every
+    /// fourth, starts a line; counting them costs no second lookup and no second miss).
+    pub workload_hits: u64,
     /// Exit program runs attributed to this context (the pending call's, or the one read at
     /// exit for an orphan).
     pub exits: u64,
@@ -328,9 +335,6 @@ pub struct Counters {
     /// Exit runs that found no pending entry and whose context could not be read. Counted in
     /// the task row.
     pub no_context_exits: u64,
-    /// Tracepoint backend, task context: hits by the workload's tasks (in the same cache line
-    /// as `entries`, so counting them costs no second lookup).
-    pub workload_hits: u64,
     /// Of the switched calls timed in the kernel: time the task spent off the CPU during them,
     /// ns, summed (the scheduler's own accounting: see `Pending::clock`). Their on-CPU
     /// time is their latency minus this. (Userspace's snapshots add the deferred calls it
@@ -503,6 +507,9 @@ pub struct CpuState {
     /// This CPU's `__per_cpu_offset`: added to a dynamically allocated per-CPU pointer, it
     /// gives this CPU's instance.
     pub pcpu_offset: u64,
+    /// Address of this CPU's pointer to the running task (`KernelLayout::current_task` from
+    /// the per-CPU base); 0 when unknown.
+    pub current_addr: u64,
     /// The workload's `struct cgroup`, once a task of it was seen here (0 before): a task
     /// whose `cgroups->dfl_cgrp` is this is in the workload without reading the id. Only kept
     /// when memcg-trace created the cgroup (`Config::workload_owned`), which then outlives the
@@ -514,15 +521,12 @@ pub struct CpuState {
     pub _pad: u32,
 }
 
-/// Settings userspace patches into the programs' read-only globals before load.
+/// Settings userspace patches into the programs' read-only globals before load. The first 8
+/// bytes, which the tracepoint path never reads, are the ones outside the hot line (see
+/// [`KernelLayout`]).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct Config {
-    /// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks
-    /// are also counted in the workload histograms.
-    pub workload_cgroup: u64,
-    /// Probe slots in use: the stride of the per-CPU regions of the shared arrays.
-    pub probes: u32,
     /// Possible CPUs: the bound of the cross-CPU search for a migrated call.
     pub cpus: u32,
     /// Non-zero on preemptible kernels. There, another task can hold an entry program's
@@ -530,9 +534,21 @@ pub struct Config {
     /// (see [`Deferred`]); and fentry programs can interleave on one CPU, so they update
     /// counters atomically.
     pub preemptible: u32,
+    /// Probe slots in use: the stride of the per-CPU regions of the shared arrays.
+    pub probes: u32,
     /// Non-zero when memcg-trace created the workload's cgroup and removes it only after the
     /// programs are detached (see `CpuState::workload_cgrp`).
     pub workload_owned: u32,
+    /// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks
+    /// are also counted in the workload histograms.
+    pub workload_cgroup: u64,
+    /// Non-zero when the tracepoint programs count their hits in the per-CPU `TP_HITS`
+    /// instead of the shared `COUNTERS`: a per-CPU map's memory costs a run less to reach, but
+    /// userspace can read it only through the map syscalls, which would make kprobe programs
+    /// on that CPU miss their runs meanwhile. So only on kernels without kprobes.
+    pub tp_percpu: u32,
+    /// Keeps the struct free of implicit padding.
+    pub _pad: u32,
 }
 
 /// Entries per CPU of the shared (mmap-able) arrays: one per (probe, context).
@@ -572,9 +588,72 @@ pub mod test_op {
 
 /// Offsets and masks the eBPF programs need, read from the running kernel's BTF by userspace and
 /// written into the programs' read-only globals before load (Rust eBPF has no CO-RE).
+///
+/// Field order is cost: every program run loads the first eight fields (even those of branches
+/// the verifier dropped) and a workload's tasks the two after them. With [`Config`] before it
+/// in `.rodata`, whose first byte sits 8 bytes before a cache line (`struct bpf_array`'s
+/// values start at offset 312 of a 64-byte aligned allocation), they fill that one line.
+/// Each further line a run touches costs it a cache miss the floor does not pay.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct KernelLayout {
+    /// Non-zero when the programs read the preempt count directly: the loader has replaced
+    /// every [`PERCPU_VAR_MARKER`] load with the BTF id of the per-CPU variable holding it
+    /// (`bpf_this_cpu_ptr`, a plain load). Zero: through `bpf_probe_read_kernel`.
+    pub direct_preempt: u32,
+    /// Non-zero when the programs read kernel memory whose address they computed (the preempt
+    /// count found by `cpu_state`) with a plain fault-safe load instead of a
+    /// `bpf_probe_read_kernel` call: the loader has rewritten every call numbered
+    /// [`RDONLY_CAST_MARKER`] into a call of the kfunc `bpf_rdonly_cast` (6.2+), which the
+    /// verifier replaces by a register move, and the load through its result is a
+    /// `BPF_PROBE_MEM` load. For kernels whose kallsyms has no data symbols, where the preempt
+    /// count cannot be named (`direct_preempt` 0).
+    pub direct_untrusted: u32,
+    /// BTF id (in vmlinux) of the struct the address is cast to: `atomic_t`'s, whose `int
+    /// counter` at offset 0 is read. The verifier needs it as a constant.
+    pub cast_type_id: u32,
+    /// preempt_count masks, as `in_task()` uses them.
+    pub nmi_mask: u32,
+    /// HARDIRQ_MASK.
+    pub hardirq_mask: u32,
+    /// SOFTIRQ_OFFSET (serving a softirq, as opposed to bottom halves disabled).
+    pub softirq_offset: u32,
+    /// Non-zero when the programs read the task's switch counts directly through
+    /// `bpf_get_current_task_btf` (a plain load) instead of `bpf_probe_read_kernel`.
+    pub direct_task: u32,
+    /// Non-zero when the four offsets above were found (and direct task reads are on).
+    pub direct_cgroup: u32,
+    /// The path from a task to its cgroup v2 id, for the workload test without a helper call:
+    /// `offsetof(struct task_struct, cgroups)`,
+    pub task_cgroups: u64,
+    /// `offsetof(struct css_set, dfl_cgrp)`,
+    pub cset_dfl_cgrp: u64,
+    /// Non-zero once userspace filled this in.
+    pub valid: u32,
+    /// Non-zero when `sum_exec_runtime` directly follows `exec_start` (one read fetches both).
+    pub clock_adjacent: u32,
+    /// Non-zero when `nivcsw` directly follows `nvcsw` (one read fetches both).
+    pub switches_adjacent: u32,
+    /// Non-zero when the scheduler's task clock (`rq->clock_task`, in which `exec_start` and
+    /// `sum_exec_runtime` are kept) reads the same on every CPU: the kernel subtracts neither
+    /// interrupt nor steal time from it (no `rq.prev_irq_time`, no `rq.prev_steal_time_rq`).
+    /// Otherwise a migrated call's time off the CPU is not known.
+    pub cross_cpu_clock: u32,
+    /// BTF id (in vmlinux) of the per-CPU variable holding the preempt count; 0 when BTF has
+    /// none. For the loader; the programs do not read it.
+    pub preempt_var_id: u32,
+    /// BTF id (in vmlinux) of `bpf_rdonly_cast`; 0 when the kernel has none. For the loader.
+    pub cast_kfunc_id: u32,
+    /// BTF ids of the structs behind `atomic64_t` (an 8-byte `counter` at offset 0) and of
+    /// `struct task_struct`, for reading the current task from its per-CPU pointer through
+    /// casts (see `current_task`); 0 when absent.
+    pub cast_u64_type_id: u32,
+    /// See `cast_u64_type_id`.
+    pub cast_task_type_id: u32,
+    /// Per-CPU offset of the pointer to the running task (x86's `current_task`, or
+    /// `pcpu_hot.current_task` on 6.2-6.14); 0 when BTF has none. With `direct_untrusted`,
+    /// the programs read the current task from there instead of calling a helper.
+    pub current_task: u64,
     /// Per-CPU offset of the preempt count (`__preempt_count`, or `pcpu_hot.preempt_count` on
     /// 6.2-6.14).
     pub preempt_count: u64,
@@ -607,49 +686,13 @@ pub struct KernelLayout {
     pub prog_aux_id: u64,
     /// `offsetof(struct bpf_prog_stats, misses)`.
     pub stats_misses: u64,
-    /// preempt_count masks, as `in_task()` uses them.
-    pub nmi_mask: u32,
-    /// HARDIRQ_MASK.
-    pub hardirq_mask: u32,
-    /// SOFTIRQ_OFFSET (serving a softirq, as opposed to bottom halves disabled).
-    pub softirq_offset: u32,
-    /// Non-zero once userspace filled this in.
-    pub valid: u32,
-    /// Non-zero when `sum_exec_runtime` directly follows `exec_start` (one read fetches both).
-    pub clock_adjacent: u32,
-    /// Non-zero when the programs read the preempt count directly: the loader has replaced
-    /// every [`PERCPU_VAR_MARKER`] load with the BTF id of the per-CPU variable holding it
-    /// (`bpf_this_cpu_ptr`, a plain load). Zero: through `bpf_probe_read_kernel`.
-    pub direct_preempt: u32,
     /// Offset of the preempt count inside that variable (`pcpu_hot.preempt_count` on
     /// 6.2-6.14, 0 for `__preempt_count`).
     pub preempt_member: u64,
-    /// Non-zero when the programs read the task's switch counts directly through
-    /// `bpf_get_current_task_btf` (a plain load) instead of `bpf_probe_read_kernel`.
-    pub direct_task: u32,
-    /// BTF id (in vmlinux) of the per-CPU variable holding the preempt count; 0 when BTF has
-    /// none. For the loader; the programs do not read it.
-    pub preempt_var_id: u32,
-    /// The path from a task to its cgroup v2 id, for the workload test without a helper call:
-    /// `offsetof(struct task_struct, cgroups)`,
-    pub task_cgroups: u64,
-    /// `offsetof(struct css_set, dfl_cgrp)`,
-    pub cset_dfl_cgrp: u64,
     /// `offsetof(struct cgroup, kn)`,
     pub cgroup_kn: u64,
     /// `offsetof(struct kernfs_node, id)`; all four non-zero (or `direct_cgroup` is 0).
     pub kn_id: u64,
-    /// Non-zero when the four offsets above were found (and direct task reads are on).
-    pub direct_cgroup: u32,
-    /// Non-zero when the scheduler's task clock (`rq->clock_task`, in which `exec_start` and
-    /// `sum_exec_runtime` are kept) reads the same on every CPU: the kernel subtracts neither
-    /// interrupt nor steal time from it (no `rq.prev_irq_time`, no `rq.prev_steal_time_rq`).
-    /// Otherwise a migrated call's time off the CPU is not known.
-    pub cross_cpu_clock: u32,
-    /// Non-zero when `nivcsw` directly follows `nvcsw` (one read fetches both).
-    pub switches_adjacent: u32,
-    /// Keeps the struct free of implicit padding.
-    pub _pad: u32,
 }
 
 /// The 64-bit immediate the programs load where they need the address of the per-CPU variable
@@ -657,6 +700,13 @@ pub struct KernelLayout {
 /// rewrites each such `ld_imm64` into a `BPF_PSEUDO_BTF_ID` load of that variable; when it
 /// cannot, `KernelLayout::direct_preempt` stays 0 and the verifier drops the code using it.
 pub const PERCPU_VAR_MARKER: u64 = 0x6d65_6d63_6770_6301;
+
+/// The helper number of the `call` instructions the loader rewrites into calls of the kfunc
+/// `bpf_rdonly_cast` (`BPF_PSEUDO_KFUNC_CALL` of its BTF id): Rust eBPF cannot declare a kfunc.
+/// No helper has this number, so an unrewritten call never loads; the programs reach these
+/// calls only when `KernelLayout::direct_untrusted` is set, and the verifier, which knows the
+/// read-only layout, drops them otherwise.
+pub const RDONLY_CAST_MARKER: i32 = 0x6d63_7401;
 
 /// The preempt_count masks of every kernel so far (include/linux/preempt.h, non-RT).
 pub const PREEMPT_MASKS: (u32, u32, u32) = (0x00f0_0000, 0x000f_0000, 0x0000_0100);

@@ -50,8 +50,8 @@ use memcg_trace_common::{
     workload_cell, Config, Counters, CpuState, Deferred, Hist, KernelLayout, Pending, PendingSet,
     CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN,
     DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES,
-    NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER, TASK_SLOTS,
-    WINDOW_OPEN,
+    NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER,
+    RDONLY_CAST_MARKER, TASK_SLOTS, WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -87,7 +87,12 @@ static LAYOUT: KernelLayout = KernelLayout {
     direct_cgroup: 0,
     cross_cpu_clock: 0,
     switches_adjacent: 0,
-    _pad: 0,
+    direct_untrusted: 0,
+    cast_type_id: 0,
+    cast_kfunc_id: 0,
+    cast_u64_type_id: 0,
+    cast_task_type_id: 0,
+    current_task: 0,
 };
 
 /// Settings, filled in by userspace before load.
@@ -98,6 +103,8 @@ static CONFIG: Config = Config {
     cpus: 1,
     preemptible: 1,
     workload_owned: 0,
+    tp_percpu: 0,
+    _pad: 0,
 };
 
 /// Histograms by (CPU, probe, context); each CPU writes its own region, userspace maps the
@@ -213,6 +220,11 @@ fn find_cpu_base<C: EbpfContext>(c: &C, ptr: *mut CpuState) -> bool {
             base
         };
         st.preempt_addr = base + l.preempt_count;
+        st.current_addr = if l.current_task != 0 {
+            base + l.current_task
+        } else {
+            0
+        };
         info!(
             c,
             "CPU {}: per-CPU base {:x}, preempt_count at {:x}", this_cpu, base, st.preempt_addr
@@ -252,8 +264,37 @@ fn percpu_var() -> *const c_void {
     var as *const c_void
 }
 
+/// The 4-byte int at kernel address `addr`, by a plain load the verifier makes fault-safe
+/// (`BPF_PROBE_MEM`): `addr` cast by `bpf_rdonly_cast` to `atomic_t`'s struct (a `call` of
+/// [`RDONLY_CAST_MARKER`] that the loader rewrites into the kfunc, and the verifier into a
+/// register move). Only reached when `direct_untrusted` is set; otherwise the verifier, which
+/// knows the read-only layout, never explores it. A faulting address reads as 0.
+#[inline(always)]
+fn untrusted_u32(addr: u64) -> u32 {
+    // SAFETY: a fault-safe load through the cast (see `cast`).
+    unsafe { *(cast(addr, layout().cast_type_id) as *const u32) }
+}
+
+/// `bpf_rdonly_cast(addr, type_id)`: `addr` as a pointer to the vmlinux struct `type_id`,
+/// through which the verifier allows plain loads of that struct's members and makes them
+/// fault-safe. Only where `direct_untrusted` is set (see `untrusted_u32`).
+#[inline(always)]
+fn cast(addr: u64, type_id: u32) -> u64 {
+    let p: u64;
+    // SAFETY: the kfunc call takes r1 (the address) and r2 (the BTF id, a verifier-known
+    // constant from the read-only layout), returns in r0 and clobbers r1-r5, as declared.
+    unsafe {
+        core::arch::asm!("call {m}", m = const RDONLY_CAST_MARKER,
+            inout("r1") addr => _, inout("r2") type_id as u64 => _,
+            lateout("r0") p, lateout("r3") _, lateout("r4") _, lateout("r5") _,
+            options(nostack, readonly));
+    }
+    p
+}
+
 /// This CPU's preempt count: a plain load through `bpf_this_cpu_ptr` where the loader could
-/// name the variable, else a fault-safe read of the address found in cpu_state.
+/// name the variable, else a plain fault-safe load of the address found in cpu_state where
+/// the kernel can cast it (`untrusted_u32`), else a `bpf_probe_read_kernel` of that address.
 #[inline(always)]
 fn preempt_count(st: &CpuState) -> Option<u32> {
     let l = layout();
@@ -264,6 +305,9 @@ fn preempt_count(st: &CpuState) -> Option<u32> {
             let p = bpf_this_cpu_ptr(percpu_var()) as *const u8;
             return Some(*(p.add(l.preempt_member as usize) as *const u32));
         }
+    }
+    if l.direct_untrusted != 0 {
+        return Some(untrusted_u32(st.preempt_addr));
     }
     // SAFETY: address verified in cpu_state.
     unsafe { bpf_probe_read_kernel(st.preempt_addr as *const u32) }.ok()
@@ -279,9 +323,17 @@ fn read_context(st: &CpuState) -> Option<u32> {
 
 /// The current task, as a number that identifies it. Direct: `bpf_get_current_task_btf`, a
 /// pointer the verifier knows the type of, so its fields are plain loads (`read_switches`,
-/// `cgroup_id`); it must reach them unchanged.
+/// `cgroup_id`); it must reach them unchanged. Where the kernel can cast (`direct_untrusted`)
+/// and BTF names the per-CPU pointer to the running task, the same pointer without a helper
+/// call: loaded from this CPU's copy and cast to `task_struct`.
 #[inline(always)]
-fn current_task() -> u64 {
+fn current_task(st: &CpuState) -> u64 {
+    let l = layout();
+    if l.direct_task != 0 && l.direct_untrusted != 0 && st.current_addr != 0 {
+        // SAFETY: a fault-safe load through the cast (see `cast`).
+        let task = unsafe { *(cast(st.current_addr, l.cast_u64_type_id) as *const u64) };
+        return cast(task, l.cast_task_type_id);
+    }
     // SAFETY: helpers without preconditions.
     unsafe {
         if layout().direct_task != 0 {
@@ -442,7 +494,7 @@ impl Env for Kernel {
     }
     #[inline(always)]
     fn task(&self) -> u64 {
-        current_task()
+        current_task(&self.st)
     }
     #[inline(always)]
     fn switches(&self, task: u64) -> u64 {
@@ -970,6 +1022,18 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
         preemptible: false,
     };
     match env.context() {
+        Some(ctx) if config().tp_percpu != 0 => {
+            let i = probe * NUM_CTX as u32 + (ctx & (NUM_CTX as u32 - 1));
+            if let Some(hits) = TP_HITS.get_ptr_mut(i) {
+                // SAFETY: pointer from a successful map lookup; this CPU's copy, and a
+                // tracepoint program is not preempted.
+                let hits = unsafe { &mut *hits };
+                hits[0] += 1;
+                if ctx == CTX_TASK && env.in_workload(env.task()) {
+                    hits[1] += 1;
+                }
+            }
+        }
         Some(ctx) => {
             if let Some(cs) = counters(st.cpu, probe, ctx) {
                 cs.entries += 1;
@@ -1116,6 +1180,12 @@ probe_slot!(11, fentry_11, fexit_11, kprobe_11, kretprobe_11, tp_11);
 // Floors for `cargo xtask bench`, attached next to the real programs on the same function:
 // (a) empty programs of the same type; (b) the least any latency tracer must do, a clock read
 // at entry into a per-CPU slot and a clock read at exit added to a per-CPU sum.
+
+/// Tracepoint hits by (probe, context), per CPU: [hits, workload hits] (see
+/// `Config::tp_percpu`).
+#[map]
+static TP_HITS: PerCpuArray<[u64; 2]> =
+    PerCpuArray::with_max_entries(MAX_PROBES as u32 * NUM_CTX as u32, 0);
 
 /// Floor (b): [start, sum] per CPU.
 #[map]

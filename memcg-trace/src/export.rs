@@ -104,6 +104,10 @@ pub struct Meta {
     /// `on_cpu_ns`); absent in recordings made before memcg-trace told it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub off_cpu: Option<String>,
+    /// How the programs read the kernel (preempt count, current task) on this machine;
+    /// absent in recordings made before memcg-trace told it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reads: Option<String>,
     /// What could not be calibrated, one line each (empty: everything was measured).
     #[serde(default)]
     pub calibration: Vec<String>,
@@ -439,6 +443,8 @@ pub struct RunMeta {
     pub masks: Option<kernel::ContextMasks>,
     /// How time off the CPU was told (`Meta::off_cpu`).
     pub off_cpu: Option<String>,
+    /// How the programs read the kernel (`Meta::reads`).
+    pub reads: Option<String>,
     /// The daemon's own cost.
     pub daemon: DaemonCost,
     /// The workload, when the session ran one.
@@ -483,6 +489,7 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
             tracer: run.daemon.clone(),
             context_masks: run.masks.clone(),
             off_cpu: run.off_cpu.clone(),
+            reads: run.reads.clone(),
             calibration: run.calibration.clone(),
             floors: run.floors.clone(),
             workload: run.workload.clone(),

@@ -265,6 +265,52 @@ pub fn var_id(btf: &Btf, name: &str) -> Option<u32> {
         .find(|id| matches!(btf.resolve_type_by_id(*id), Ok(Type::Var(_))))
 }
 
+/// The BTF ids of the kfunc `bpf_rdonly_cast` (6.2+) and of the struct behind `atomic_t`,
+/// whose first member, an `int` at offset 0, is what the programs read through the cast.
+pub fn rdonly_cast_ids(btf: &Btf) -> Option<(u32, u32)> {
+    let func = btf
+        .resolve_ids_by_name("bpf_rdonly_cast")
+        .ok()?
+        .into_iter()
+        .find(|id| matches!(btf.resolve_type_by_id(*id), Ok(Type::Func(_))))?;
+    Some((func, typedef_struct_with_first(btf, "atomic_t", 4)?))
+}
+
+/// The id of the struct the typedef `name` stands for, if it is `size` bytes and its first
+/// member is an integer of that size at offset 0.
+fn typedef_struct_with_first(btf: &Btf, name: &str, size: usize) -> Option<u32> {
+    let strukt = btf
+        .resolve_ids_by_name(name)
+        .ok()?
+        .into_iter()
+        .find_map(|id| match btf.resolve_type_by_id(id) {
+            Ok(Type::Typedef(t)) => t.get_type_id(),
+            _ => None,
+        })?;
+    let Ok(Type::Struct(s)) = btf.resolve_type_by_id(strukt) else {
+        return None;
+    };
+    let first = s.members.first()?;
+    let mut t = btf.resolve_chained_type(first).ok()?;
+    // Through typedefs (`s64`), at most a few.
+    for _ in 0..8 {
+        match t {
+            Type::Typedef(td) => t = btf.resolve_chained_type(&td).ok()?,
+            _ => break,
+        }
+    }
+    let int = matches!(t, Type::Int(i) if i.size() == size);
+    (s.size() == size && first.bit_offset() == 0 && int).then_some(strukt)
+}
+
+/// The id of the named struct `name`.
+fn named_struct_id(btf: &Btf, name: &str) -> Option<u32> {
+    btf.resolve_ids_by_name(name)
+        .ok()?
+        .into_iter()
+        .find(|id| matches!(btf.resolve_type_by_id(*id), Ok(Type::Struct(_))))
+}
+
 /// The offsets the eBPF programs need to read preempt_count and the task's off-CPU clock.
 pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     let percpu = percpu_vars(btf)?;
@@ -316,6 +362,23 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         ))
     })()
     .unwrap_or((0, 0, 0, 0));
+    let cast = rdonly_cast_ids(btf);
+    // x86: `current` is a per-CPU pointer (`current_task`; `pcpu_hot.current_task` 6.2-6.14).
+    let task_cast = (|| {
+        cast?;
+        let at = match percpu.get("current_task") {
+            Some(o) => *o,
+            None => {
+                percpu.get("pcpu_hot")?
+                    + field_path_offset(btf, "pcpu_hot", &["current_task"]).ok()?
+            }
+        };
+        Some((
+            typedef_struct_with_first(btf, "atomic64_t", 8)?,
+            named_struct_id(btf, "task_struct")?,
+            at,
+        ))
+    })();
     Ok(KernelLayout {
         this_cpu_off,
         prog_aux: off("bpf_prog", "aux"),
@@ -341,7 +404,13 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         direct_cgroup: (cg != (0, 0, 0, 0)) as u32,
         cross_cpu_clock: cross_cpu_clock as u32,
         switches_adjacent: (task_nivcsw == task_nvcsw + 8) as u32,
-        _pad: 0,
+        // Set by the loader once it has patched the programs.
+        direct_untrusted: 0,
+        cast_type_id: cast.map_or(0, |c| c.1),
+        cast_kfunc_id: cast.map_or(0, |c| c.0),
+        cast_u64_type_id: task_cast.map_or(0, |t| t.0),
+        cast_task_type_id: task_cast.map_or(0, |t| t.1),
+        current_task: task_cast.map_or(0, |t| t.2),
         task_nvcsw,
         task_nivcsw,
         preempt_count,
@@ -379,6 +448,32 @@ pub fn off_cpu_source(layout: &KernelLayout) -> String {
         format!("migrated calls unknown (interrupt or steal time taken out of each CPU's task clock, or clocksource {cs} not known to be synchronised)")
     };
     format!("scheduler: se.exec_start - se.sum_exec_runtime after entry and at exit, for calls whose nvcsw + nivcsw moved; {migrated}")
+}
+
+/// How the loaded programs read the kernel (the layout as the loader left it), in words for
+/// the recording: what every run costs depends on it.
+pub fn reads_of(layout: &KernelLayout, tp_percpu: bool) -> String {
+    let cast = layout.direct_untrusted != 0;
+    let preempt = if layout.direct_preempt != 0 {
+        "preempt count by bpf_this_cpu_ptr and a plain load"
+    } else if cast {
+        "preempt count by a plain fault-safe load (bpf_rdonly_cast)"
+    } else {
+        "preempt count by bpf_probe_read_kernel"
+    };
+    let task = if layout.direct_task == 0 {
+        "task fields by bpf_probe_read_kernel"
+    } else if cast && layout.current_task != 0 {
+        "current task from its per-CPU pointer (bpf_rdonly_cast), its fields by plain loads"
+    } else {
+        "current task by bpf_get_current_task_btf, its fields by plain loads"
+    };
+    let hits = if tp_percpu {
+        "; tracepoint hits counted per CPU"
+    } else {
+        ""
+    };
+    format!("{preempt}; {task}{hits}")
 }
 
 /// Kernel build options that change what the charging path costs.

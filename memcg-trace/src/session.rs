@@ -388,6 +388,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             preemptible,
             ebpf_log: o.ebpf_log,
             probe_read: o.probe_read,
+            no_kprobes: !syms.kprobes,
         },
     )?;
     tracer.masks = Some(masks);
@@ -566,6 +567,8 @@ pub struct Session {
     failed: Vec<NotAttached>,
     masks: Option<kernel::ContextMasks>,
     off_cpu: String,
+    /// How the programs read the kernel (`Meta::reads`).
+    reads: String,
     floors: Vec<Floor>,
     calibration: Vec<String>,
     started: SystemTime,
@@ -671,6 +674,7 @@ impl Session {
         let failed = tracer.failed.clone();
         let masks = tracer.masks.clone();
         let off_cpu = tracer.off_cpu.clone();
+        let reads = tracer.reads.clone();
         let startup = t0.elapsed();
         let cpu0 = cpu_time();
         // When the first probe was attached: the zero of every snapshot's elapsed time, so
@@ -724,6 +728,7 @@ impl Session {
             failed,
             masks,
             off_cpu,
+            reads,
             floors,
             calibration,
             started,
@@ -806,6 +811,7 @@ impl Session {
             start: self.started,
             masks: self.masks.clone(),
             off_cpu: Some(self.off_cpu.clone()),
+            reads: Some(self.reads.clone()),
             daemon: DaemonCost {
                 startup_ns: self.startup.as_nanos() as u64,
                 detach_ns: detach.as_nanos() as u64,

@@ -250,6 +250,9 @@ pub fn summary(doc: &Document) -> String {
     for c in &m.calibration {
         let _ = writeln!(out, "WARNING: not calibrated: {c}");
     }
+    if let Some(r) = &m.reads {
+        let _ = writeln!(out, "programs read: {r}");
+    }
     let t = &m.tracer;
     let _ = writeln!(
         out,

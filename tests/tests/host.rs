@@ -83,6 +83,20 @@ fn host_record_tracepoint_with_hackbench_in_a_memcg() {
     let (doc, stdout) = record_tracepoint(name, &[&hb, "-g", "2", "-l", "100"]);
     let stat = probe(&doc, "stat");
     assert_eq!(stat.backend.to_string(), "tracepoint");
+    // This kernel (6.18, no data symbols in kallsyms, no kprobes): the cheapest reads, which
+    // the counts and the workload's rows below then prove right. Elsewhere it says which.
+    let reads = doc.meta.reads.as_deref().expect("meta.reads");
+    let has = memcg_trace::kernel::kallsyms_has;
+    if has("bpf_rdonly_cast") && !has("__preempt_count") && !has("pcpu_hot") {
+        assert!(
+            reads.contains("load (bpf_rdonly_cast)") && reads.contains("per-CPU pointer"),
+            "{reads}"
+        );
+    }
+    if !std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
+        assert!(reads.contains("tracepoint hits counted per CPU"), "{reads}");
+    }
+    assert!(stdout.contains("programs read: "), "{stdout}");
     assert!(
         ctx_count(stat, "task") > 0,
         "no task-context stat updates seen: {stat:?}"

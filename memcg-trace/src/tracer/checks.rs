@@ -31,7 +31,7 @@ struct TestRig {
 
 impl TestRig {
     fn new(layout: &KernelLayout, preemptible: bool) -> Result<TestRig> {
-        let mut ebpf = load_object(
+        let (mut ebpf, _) = load_object(
             layout,
             &LoadOptions {
                 probes: MAX_PROBES as u32,
@@ -309,7 +309,7 @@ pub fn context_check(
     early: bool,
     during: impl FnOnce(),
 ) -> Result<Vec<ContextCheck>> {
-    let mut ebpf = load_object(
+    let (mut ebpf, _) = load_object(
         layout,
         &LoadOptions {
             probes: 1,

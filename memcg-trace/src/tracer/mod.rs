@@ -22,7 +22,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
-    maps::{MapData, RingBuf},
+    maps::{MapData, PerCpuArray, RingBuf},
     programs::Program,
     Btf, Ebpf, EbpfLoader,
 };
@@ -90,6 +90,9 @@ pub struct LoadOptions {
     /// before direct reads (for the bench's before/after and as a way out should a kernel
     /// refuse them).
     pub probe_read: bool,
+    /// No kprobe program can be attached on this kernel: the tracepoint programs may count in
+    /// a per-CPU map (see `Config::tp_percpu`).
+    pub no_kprobes: bool,
 }
 
 /// The one way the object is loaded: kernel layout and settings patched into the programs'
@@ -98,7 +101,7 @@ pub struct LoadOptions {
 /// (`EbpfLoader::new` parses the kernel's BTF for itself, whatever it is given later, so the
 /// callers parse theirs for attaching only once the loader is gone: the two, tens of MiB each,
 /// are never alive together.)
-fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<Ebpf> {
+fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLayout)> {
     if EBPF_OBJECT.is_empty() {
         bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
     }
@@ -110,6 +113,8 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<Ebpf> {
         cpus,
         preemptible: o.preemptible as u32,
         workload_owned: o.workload_owned as u32,
+        tp_percpu: o.no_kprobes as u32,
+        _pad: 0,
     };
     let level: u8 = if o.ebpf_log { 0xff } else { 0 };
     let cells = cpus * probes * NUM_CTX as u32;
@@ -118,18 +123,21 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<Ebpf> {
     let mut object = None;
     if !o.probe_read {
         layout.direct_task = 1;
-        if layout.preempt_var_id != 0 {
-            // A copy aligned like the original, for the ELF parser.
-            let mut words = vec![0u64; EBPF_OBJECT.len().div_ceil(8)];
-            // SAFETY: a u64 buffer viewed as the bytes it holds.
-            let bytes: &mut [u8] = unsafe {
-                std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), EBPF_OBJECT.len())
-            };
-            bytes.copy_from_slice(EBPF_OBJECT);
-            if patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
-                layout.direct_preempt = 1;
-                object = Some(words);
-            }
+        // A copy aligned like the original, for the ELF parser.
+        let mut words = vec![0u64; EBPF_OBJECT.len().div_ceil(8)];
+        // SAFETY: a u64 buffer viewed as the bytes it holds.
+        let bytes: &mut [u8] =
+            unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), EBPF_OBJECT.len()) };
+        bytes.copy_from_slice(EBPF_OBJECT);
+        if layout.preempt_var_id != 0 && patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
+            layout.direct_preempt = 1;
+            object = Some(words);
+        } else if layout.cast_kfunc_id != 0 && patch::rdonly_cast(bytes, layout.cast_kfunc_id)? > 0
+        {
+            // The per-CPU variable cannot be named here (no data symbols in kallsyms): its
+            // address, found by the programs, is read by a cast and a plain load instead.
+            layout.direct_untrusted = 1;
+            object = Some(words);
         }
     }
     let bytes: &[u8] = match &object {
@@ -146,6 +154,7 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<Ebpf> {
         .map_max_entries(names::MAP_WORKLOAD_HIST, cpus * probes)
         .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
         .load(bytes)
+        .map(|ebpf| (ebpf, layout))
         .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
 }
 
@@ -300,6 +309,8 @@ pub struct Tracer {
     pub masks: Option<crate::kernel::ContextMasks>,
     /// How the programs tell the time a task call spent off the CPU (`kernel::off_cpu_source`).
     pub off_cpu: String,
+    /// How the programs read the kernel (`kernel::reads_of`).
+    pub reads: String,
     /// Programs attached besides the probes (the bench floors).
     extra: Vec<&'static str>,
     /// What could not be set up as planned, one line each.
@@ -314,6 +325,8 @@ pub struct Tracer {
     hist: Shared<Hist>,
     workload_hist: Shared<Hist>,
     counters: Shared<Counters>,
+    /// The tracepoint programs' per-CPU hits, where they count there (`Config::tp_percpu`).
+    tp_hits: Option<PerCpuArray<MapData, [u64; 2]>>,
     ring: RingBuf<MapData>,
     verifier: Verifier,
     /// Duplicates of the attached programs' fds: they keep the kernel's run statistics readable
@@ -332,7 +345,7 @@ pub struct Tracer {
 impl Tracer {
     /// Loads the object and maps its shared arrays.
     pub fn load(layout: &KernelLayout, opts: &LoadOptions) -> Result<Self> {
-        let mut ebpf = load_object(layout, opts)?;
+        let (mut ebpf, loaded) = load_object(layout, opts)?;
         let logger = if opts.ebpf_log {
             Some(
                 EbpfLogger::init_with_logger(&mut ebpf, StderrLog)
@@ -360,6 +373,14 @@ impl Tracer {
                 .ok_or_else(|| anyhow!("map {} missing", names::MAP_DEFERRED))?,
         )
         .context("the ring buffer of deferred pairs")?;
+        let tp_hits = if opts.no_kprobes {
+            let m = ebpf
+                .take_map(names::MAP_TP_HITS)
+                .ok_or_else(|| anyhow!("map {} missing", names::MAP_TP_HITS))?;
+            Some(PerCpuArray::try_from(m).context("the tracepoint hits")?)
+        } else {
+            None
+        };
         let btf = Btf::from_sys_fs().context("load kernel BTF")?;
         Ok(Tracer {
             ebpf,
@@ -368,6 +389,7 @@ impl Tracer {
             failed: Vec::new(),
             masks: None,
             off_cpu: crate::kernel::off_cpu_source(layout),
+            reads: crate::kernel::reads_of(&loaded, opts.no_kprobes),
             extra: Vec::new(),
             calibration: Vec::new(),
             started: Instant::now(),
@@ -378,6 +400,7 @@ impl Tracer {
             hist,
             workload_hist,
             counters,
+            tp_hits,
             ring,
             verifier: Verifier::new(probes as usize),
             prog_fds: HashMap::new(),
@@ -762,6 +785,17 @@ impl Tracer {
                             stats.hist.add_cpu(&h);
                             workload_read.add_cpu(&h);
                         }
+                    }
+                }
+                if let (Some(m), false) = (&self.tp_hits, a.backend.has_latency()) {
+                    // No kprobe program exists to miss runs while this syscall reads.
+                    let i = a.slot * NUM_CTX as u32 + ctx as u32;
+                    let per_cpu = m
+                        .get(&i, 0)
+                        .with_context(|| format!("read {}[{i}]", names::MAP_TP_HITS))?;
+                    for [hits, workload_hits] in per_cpu.iter() {
+                        stats.counters.entries += hits;
+                        stats.counters.workload_hits += workload_hits;
                     }
                 }
                 let out = &self.verifier.outcomes[a.slot as usize][ctx];

@@ -3,16 +3,24 @@
 //! kernel's per-CPU variable holding the preempt count, so the programs reach it with
 //! `bpf_this_cpu_ptr` and a plain load instead of a `bpf_probe_read_kernel` call.
 //!
+//! Each `call` of helper number [`RDONLY_CAST_MARKER`] likewise becomes a
+//! `BPF_PSEUDO_KFUNC_CALL` of the kernel's `bpf_rdonly_cast`, so the programs read an address
+//! they computed with a plain fault-safe load instead of a `bpf_probe_read_kernel` call.
+//!
 //! Only the instructions of executable sections are touched; the object's relocations, BTF and
 //! line info stay valid because an instruction's size and position do not change.
 
 use anyhow::{bail, Result};
-use memcg_trace_common::PERCPU_VAR_MARKER;
+use memcg_trace_common::{PERCPU_VAR_MARKER, RDONLY_CAST_MARKER};
 
 /// `BPF_LD | BPF_IMM | BPF_DW`: the first half of a 64-bit immediate load.
 const LD_IMM64: u8 = 0x18;
 /// `src_reg` of an `ld_imm64` whose immediate is a BTF id of a kernel variable.
 const BPF_PSEUDO_BTF_ID: u8 = 3;
+/// `BPF_JMP | BPF_CALL`.
+const CALL: u8 = 0x85;
+/// `src_reg` of a `call` whose immediate is the BTF id of a kernel function (a kfunc).
+const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
 /// `SHF_EXECINSTR`.
 const SHF_EXECINSTR: u64 = 0x4;
 
@@ -90,6 +98,33 @@ pub fn percpu_var(elf: &mut [u8], btf_id: u32) -> Result<usize> {
     Ok(n)
 }
 
+/// Rewrites every `call` of helper number [`RDONLY_CAST_MARKER`] in `elf` into a call of the
+/// vmlinux kfunc `btf_id`; returns how many it rewrote.
+pub fn rdonly_cast(elf: &mut [u8], btf_id: u32) -> Result<usize> {
+    let marker = RDONLY_CAST_MARKER.to_le_bytes();
+    let mut n = 0;
+    for (off, size) in code_sections(elf)? {
+        let code = &mut elf[off..off + size];
+        let mut i = 0;
+        while i + 8 <= code.len() {
+            let insn = &code[i..i + 8];
+            if insn[0] == CALL && insn[1] == 0 && insn[4..8] == marker {
+                // dst 0, src BPF_PSEUDO_KFUNC_CALL; off 0: the function is in vmlinux.
+                code[i + 1] = BPF_PSEUDO_KFUNC_CALL << 4;
+                code[i + 2..i + 4].copy_from_slice(&[0; 2]);
+                code[i + 4..i + 8].copy_from_slice(&btf_id.to_le_bytes());
+                n += 1;
+                i += 8;
+            } else if insn[0] == LD_IMM64 {
+                i += 16;
+            } else {
+                i += 8;
+            }
+        }
+    }
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,20 +158,13 @@ mod tests {
         );
     }
 
-    #[test]
-    fn rewrites_a_marker_in_place_and_keeps_the_register() {
-        // A minimal ELF64 with one executable section holding: mov r0, 0; ld_imm64 r3, marker;
-        // exit.
-        let mut code = vec![0xb7, 0x00, 0, 0, 0, 0, 0, 0];
-        code.extend([LD_IMM64, 0x03, 0, 0]);
-        code.extend((PERCPU_VAR_MARKER as u32).to_le_bytes());
-        code.extend([0, 0, 0, 0]);
-        code.extend(((PERCPU_VAR_MARKER >> 32) as u32).to_le_bytes());
-        code.extend([0x95, 0, 0, 0, 0, 0, 0, 0]);
+    /// A minimal ELF64 whose one executable section holds `code`: the file, the code's offset
+    /// and the section headers' offset.
+    fn one_section_elf(code: &[u8]) -> (Vec<u8>, usize, usize) {
         let mut elf = vec![0u8; 64];
         elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
         let code_off = elf.len();
-        elf.extend(&code);
+        elf.extend(code);
         let shoff = elf.len();
         elf[0x28..0x30].copy_from_slice(&(shoff as u64).to_le_bytes());
         elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
@@ -148,6 +176,70 @@ mod tests {
         sh[0x18..0x20].copy_from_slice(&(code_off as u64).to_le_bytes());
         sh[0x20..0x28].copy_from_slice(&(code.len() as u64).to_le_bytes());
         elf.extend(sh);
+        (elf, code_off, shoff)
+    }
+
+    #[test]
+    fn rewrites_every_cast_call_of_the_real_object_and_nothing_else() {
+        let orig = object();
+        if orig.is_empty() {
+            eprintln!("skipping rewrites_every_cast_call_of_the_real_object_and_nothing_else: built with AYA_BUILD_SKIP (no eBPF object)");
+            return;
+        }
+        let mut elf = orig.clone();
+        let n = rdonly_cast(&mut elf, 0x0abc_def1).expect("patch");
+        // One site per inlined preempt count read (as many as the per-CPU variable's loads),
+        // and two per current task read.
+        let loads = percpu_var(&mut orig.clone(), 1).unwrap();
+        assert!(n > loads, "{n} casts for {loads} preempt count reads");
+        let changed: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] != elf[i]).collect();
+        // Per site: the register byte and four immediate bytes.
+        assert!(changed.len() <= n * 5, "{} bytes changed", changed.len());
+        assert_eq!(
+            rdonly_cast(&mut elf, 1).unwrap(),
+            0,
+            "a marker call survived"
+        );
+    }
+
+    #[test]
+    fn rewrites_a_cast_call_in_place() {
+        // mov r2, 9; ld_imm64 r1, <bytes that look like the call>; call marker; exit.
+        let mut code = vec![0xb7, 0x02, 0, 0, 9, 0, 0, 0];
+        code.extend([LD_IMM64, 0x01, 0, 0]);
+        code.extend([CALL, 0, 0, 0]);
+        code.extend(RDONLY_CAST_MARKER.to_le_bytes());
+        code.extend([0, 0, 0, 0]);
+        code.extend([CALL, 0, 0, 0]);
+        code.extend(RDONLY_CAST_MARKER.to_le_bytes());
+        code.extend([0x95, 0, 0, 0, 0, 0, 0, 0]);
+        let (mut elf, code_off, _) = one_section_elf(&code);
+        let before = elf.clone();
+        assert_eq!(
+            rdonly_cast(&mut elf, 4242).unwrap(),
+            1,
+            "the ld_imm64's halves are data"
+        );
+        let insn = &elf[code_off + 24..code_off + 32];
+        assert_eq!(insn[0], CALL);
+        assert_eq!(insn[1], 0x20, "src BPF_PSEUDO_KFUNC_CALL");
+        assert_eq!(u32_at(insn, 4), Some(4242));
+        assert_eq!(elf[..code_off + 24], before[..code_off + 24]);
+        assert_eq!(elf[code_off + 32..], before[code_off + 32..]);
+        assert!(rdonly_cast(&mut [0u8; 8], 1).is_err());
+    }
+
+    #[test]
+    fn rewrites_a_marker_in_place_and_keeps_the_register() {
+        // A minimal ELF64 with one executable section holding: mov r0, 0; ld_imm64 r3, marker;
+        // exit.
+        let mut code = vec![0xb7, 0x00, 0, 0, 0, 0, 0, 0];
+        code.extend([LD_IMM64, 0x03, 0, 0]);
+        code.extend((PERCPU_VAR_MARKER as u32).to_le_bytes());
+        code.extend([0, 0, 0, 0]);
+        code.extend(((PERCPU_VAR_MARKER >> 32) as u32).to_le_bytes());
+        code.extend([0x95, 0, 0, 0, 0, 0, 0, 0]);
+        let (mut elf, code_off, shoff) = one_section_elf(&code);
         assert_eq!(percpu_var(&mut elf, 77).unwrap(), 1);
         let insn = &elf[code_off + 8..code_off + 24];
         assert_eq!(insn[0], LD_IMM64);

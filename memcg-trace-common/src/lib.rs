@@ -521,9 +521,9 @@ pub struct CpuState {
     pub _pad: u32,
 }
 
-/// Settings userspace patches into the programs' read-only globals before load. The first 8
-/// bytes, which the tracepoint path never reads, are the ones outside the hot line (see
-/// [`KernelLayout`]).
+/// Settings userspace patches into the programs' read-only globals before load (before
+/// [`KernelLayout`] in `.rodata`; the fields the tracepoint path reads are at its end, next
+/// to the layout's hot fields).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -589,11 +589,10 @@ pub mod test_op {
 /// Offsets and masks the eBPF programs need, read from the running kernel's BTF by userspace and
 /// written into the programs' read-only globals before load (Rust eBPF has no CO-RE).
 ///
-/// Field order is cost: every program run loads the first eight fields (even those of branches
-/// the verifier dropped) and a workload's tasks the two after them. With [`Config`] before it
-/// in `.rodata`, whose first byte sits 8 bytes before a cache line (`struct bpf_array`'s
-/// values start at offset 312 of a 64-byte aligned allocation), they fill that one line.
-/// Each further line a run touches costs it a cache miss the floor does not pay.
+/// Field order is cost: the fields the tracepoint path reads on every run (even those of
+/// branches the verifier dropped: the loads stay) come first, then those a workload's task
+/// calls add, so that they span as few cache lines as they can (each line a run touches is a
+/// miss the floor does not pay; measured in `cargo xtask bench`, see the README).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct KernelLayout {
@@ -612,6 +611,12 @@ pub struct KernelLayout {
     /// BTF id (in vmlinux) of the struct the address is cast to: `atomic_t`'s, whose `int
     /// counter` at offset 0 is read. The verifier needs it as a constant.
     pub cast_type_id: u32,
+    /// BTF ids of the structs behind `atomic64_t` (an 8-byte `counter` at offset 0) and of
+    /// `struct task_struct`, for reading the current task from its per-CPU pointer through
+    /// casts (see `current_task`); 0 when absent.
+    pub cast_u64_type_id: u32,
+    /// See `cast_u64_type_id`.
+    pub cast_task_type_id: u32,
     /// preempt_count masks, as `in_task()` uses them.
     pub nmi_mask: u32,
     /// HARDIRQ_MASK.
@@ -621,7 +626,8 @@ pub struct KernelLayout {
     /// Non-zero when the programs read the task's switch counts directly through
     /// `bpf_get_current_task_btf` (a plain load) instead of `bpf_probe_read_kernel`.
     pub direct_task: u32,
-    /// Non-zero when the four offsets above were found (and direct task reads are on).
+    /// Non-zero when `task_cgroups`, `cset_dfl_cgrp`, `cgroup_kn` and `kn_id` were all found
+    /// (and direct task reads are on).
     pub direct_cgroup: u32,
     /// The path from a task to its cgroup v2 id, for the workload test without a helper call:
     /// `offsetof(struct task_struct, cgroups)`,
@@ -644,12 +650,6 @@ pub struct KernelLayout {
     pub preempt_var_id: u32,
     /// BTF id (in vmlinux) of `bpf_rdonly_cast`; 0 when the kernel has none. For the loader.
     pub cast_kfunc_id: u32,
-    /// BTF ids of the structs behind `atomic64_t` (an 8-byte `counter` at offset 0) and of
-    /// `struct task_struct`, for reading the current task from its per-CPU pointer through
-    /// casts (see `current_task`); 0 when absent.
-    pub cast_u64_type_id: u32,
-    /// See `cast_u64_type_id`.
-    pub cast_task_type_id: u32,
     /// Per-CPU offset of the pointer to the running task (x86's `current_task`, or
     /// `pcpu_hot.current_task` on 6.2-6.14); 0 when BTF has none. With `direct_untrusted`,
     /// the programs read the current task from there instead of calling a helper.

@@ -329,7 +329,9 @@ fn read_context(st: &CpuState) -> Option<u32> {
 #[inline(always)]
 fn current_task(st: &CpuState) -> u64 {
     let l = layout();
-    if l.direct_task != 0 && l.direct_untrusted != 0 && st.current_addr != 0 {
+    // Gated on read-only fields only, so that the verifier drops the branch not taken (a
+    // cast to type id 0 does not load before 6.15).
+    if l.direct_task != 0 && l.direct_untrusted != 0 && l.current_task != 0 {
         // SAFETY: a fault-safe load through the cast (see `cast`).
         let task = unsafe { *(cast(st.current_addr, l.cast_u64_type_id) as *const u64) };
         return cast(task, l.cast_task_type_id);
@@ -1029,7 +1031,7 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
                 // tracepoint program is not preempted.
                 let hits = unsafe { &mut *hits };
                 hits[0] += 1;
-                if ctx == CTX_TASK && env.in_workload(env.task()) {
+                if ctx == CTX_TASK && config().workload_cgroup != 0 && env.in_workload(env.task()) {
                     hits[1] += 1;
                 }
             }
@@ -1037,7 +1039,7 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
         Some(ctx) => {
             if let Some(cs) = counters(st.cpu, probe, ctx) {
                 cs.entries += 1;
-                if ctx == CTX_TASK && env.in_workload(env.task()) {
+                if ctx == CTX_TASK && config().workload_cgroup != 0 && env.in_workload(env.task()) {
                     cs.workload_hits += 1;
                 }
             }

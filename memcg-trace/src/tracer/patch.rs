@@ -204,12 +204,11 @@ mod tests {
 
     #[test]
     fn rewrites_a_cast_call_in_place() {
-        // mov r2, 9; ld_imm64 r1, <bytes that look like the call>; call marker; exit.
+        // mov r2, 9; ld_imm64 r1 whose second half looks like the call; call marker; exit.
         let mut code = vec![0xb7, 0x02, 0, 0, 9, 0, 0, 0];
-        code.extend([LD_IMM64, 0x01, 0, 0]);
+        code.extend([LD_IMM64, 0x01, 0, 0, 0, 0, 0, 0]);
         code.extend([CALL, 0, 0, 0]);
         code.extend(RDONLY_CAST_MARKER.to_le_bytes());
-        code.extend([0, 0, 0, 0]);
         code.extend([CALL, 0, 0, 0]);
         code.extend(RDONLY_CAST_MARKER.to_le_bytes());
         code.extend([0x95, 0, 0, 0, 0, 0, 0, 0]);

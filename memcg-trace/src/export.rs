@@ -42,6 +42,10 @@ pub struct Document {
     pub probes: Vec<ProbeOut>,
     /// Probes that could not be attached, with reasons.
     pub not_attached: Vec<NotAttachedOut>,
+    /// The run tick by tick (absent in recordings made before memcg-trace kept it, and in
+    /// snapshots taken before the first tick).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<crate::history::History>,
     /// The schema the document was read from when it was older (not written).
     #[serde(skip)]
     pub upgraded_from: Option<String>,
@@ -457,6 +461,8 @@ pub struct RunMeta {
     pub floors: Vec<Floor>,
     /// What could not be calibrated, one line each.
     pub calibration: Vec<String>,
+    /// The run tick by tick, as far as it went.
+    pub history: Option<crate::history::History>,
 }
 
 fn unix_ns(t: SystemTime) -> u128 {
@@ -495,6 +501,7 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
             workload: run.workload.clone(),
         },
         probes: probes_out(snap, &run.notes, &run.floors),
+        history: run.history.clone().filter(|h| !h.t_ms.is_empty()),
         upgraded_from: None,
         not_attached: run
             .not_attached

@@ -588,6 +588,21 @@ pub fn model_from(config: Option<&BTreeMap<String, String>>, cmdline: &str) -> S
     .into()
 }
 
+/// A recording's preemption model in today's words: recordings made before memcg-trace said
+/// "PREEMPT_DYNAMIC, booted as voluntary" said "dynamic voluntary" or "dynamic (built none)".
+pub fn preemption_words(model: &str) -> String {
+    match model.strip_prefix("dynamic ") {
+        Some(rest) => {
+            let rest = rest.trim_matches(|c| c == '(' || c == ')');
+            match rest.strip_prefix("built ") {
+                Some(built) => format!("PREEMPT_DYNAMIC, built as {built}"),
+                None => format!("PREEMPT_DYNAMIC, booted as {rest}"),
+            }
+        }
+        None => model.to_string(),
+    }
+}
+
 /// Whether the kernel preempts tasks in kernel code, from the model as `preemption_model`
 /// words it (full, lazy, RT, or a dynamic kernel running as one of those). There, fentry
 /// programs can be preempted while they hold their recursion guard, and so can tasks holding a
@@ -815,6 +830,27 @@ mod tests {
             model_from(Some(&d), "root=/dev/vda preempt=full"),
             "PREEMPT_DYNAMIC, booted as full"
         );
+    }
+
+    #[test]
+    fn old_preemption_wording_is_said_in_todays_words() {
+        assert_eq!(
+            preemption_words("dynamic voluntary"),
+            "PREEMPT_DYNAMIC, booted as voluntary"
+        );
+        assert_eq!(
+            preemption_words("dynamic (built none)"),
+            "PREEMPT_DYNAMIC, built as none"
+        );
+        for today in [
+            "PREEMPT_DYNAMIC, booted as none",
+            "PREEMPT_DYNAMIC, running as lazy",
+            "PREEMPT_LAZY",
+            "PREEMPT (full)",
+            "PREEMPT_VOLUNTARY",
+        ] {
+            assert_eq!(preemption_words(today), today);
+        }
     }
 
     #[test]

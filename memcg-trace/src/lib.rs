@@ -29,6 +29,7 @@ pub mod compare;
 pub mod export;
 pub mod figures;
 pub mod hdrlog;
+pub mod history;
 pub mod kernel;
 pub mod plot;
 pub mod probes;

@@ -569,6 +569,8 @@ pub struct Session {
     off_cpu: String,
     /// How the programs read the kernel (`Meta::reads`).
     reads: String,
+    /// The run tick by tick.
+    history: crate::history::Recorder,
     floors: Vec<Floor>,
     calibration: Vec<String>,
     started: SystemTime,
@@ -729,6 +731,7 @@ impl Session {
             masks,
             off_cpu,
             reads,
+            history: Default::default(),
             floors,
             calibration,
             started,
@@ -753,6 +756,7 @@ impl Session {
                 if let Some(l) = self.hdr_log.as_mut() {
                     l.interval(&snap);
                 }
+                self.history.push(&snap);
                 Ok(Event::Tick(snap))
             }
             st = async { self.child.as_mut().expect("guarded").wait().await }, if self.child.is_some() => {
@@ -812,6 +816,7 @@ impl Session {
             masks: self.masks.clone(),
             off_cpu: Some(self.off_cpu.clone()),
             reads: Some(self.reads.clone()),
+            history: Some(self.history.history().clone()),
             daemon: DaemonCost {
                 startup_ns: self.startup.as_nanos() as u64,
                 detach_ns: detach.as_nanos() as u64,
@@ -868,6 +873,7 @@ impl Session {
         let cpu = cpu_time().saturating_sub(self.cpu0);
         let collector = self.collector.take().expect("a session finishes once");
         let Final { snapshot, detach } = collector.finish().await?;
+        self.history.push(&snapshot);
         if let Some(m) = self.memcg.as_mut() {
             if let Err(e) = m.remove() {
                 eprintln!("memcg-trace: warning: {e:#}");

@@ -203,6 +203,112 @@ fn tui_view_of_a_recording_made_in_a_vm() {
 }
 
 #[test]
+fn tui_view_of_two_recordings_shows_the_change() {
+    let name = "tui_view_of_two_recordings_shows_the_change";
+    if !tmux_ready(name) {
+        return;
+    }
+    let dir = scratch(name);
+    let a = xtask::workspace_root().join("tests/fixtures/6.12-fentry.json");
+    // B: the same calls over twice the time, half the rate.
+    let mut b: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&a).unwrap()).unwrap();
+    let d = b["meta"]["duration_ns"].as_u64().unwrap();
+    b["meta"]["duration_ns"] = (2 * d).into();
+    let bp = dir.join("b.json");
+    std::fs::write(&bp, serde_json::to_string(&b).unwrap()).unwrap();
+    let s = Session::start(
+        "memcg-trace-ab",
+        &format!("{} view {} {}", bin().display(), a.display(), bp.display()),
+    );
+    let screen = s.wait_for("the A/B table", Duration::from_secs(20), |sc| {
+        sc.contains("change") && sc.contains("B charge task latency")
+    });
+    assert!(screen.contains("A vs B"), "{screen}");
+    let charge = screen
+        .lines()
+        .find(|l| l.contains("charge") && l.contains("task"))
+        .unwrap_or_else(|| panic!("no charge task row: {screen}"));
+    assert!(charge.contains("-50.0%"), "calls/s halved: {charge}");
+    s.keys("q");
+    let end = s.wait_for("the exit status", Duration::from_secs(20), |sc| {
+        sc.contains("EXIT=")
+    });
+    assert!(end.contains("EXIT=0"), "{end}");
+}
+
+#[test]
+fn tui_view_of_a_recording_steps_through_its_history() {
+    let name = "tui_view_of_a_recording_steps_through_its_history";
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        skip(name, "needs root");
+        return;
+    }
+    if !tmux_ready(name) {
+        return;
+    }
+    let Some(hb) = hackbench_or_skip(name) else {
+        return;
+    };
+    let json = scratch(name).join("h.json");
+    let out = Command::new(bin())
+        .args(["record", "-q", "--tick", "200ms", "-o"])
+        .arg(&json)
+        .args(["--", &hb, "-g", "2", "-l", "300"])
+        .output()
+        .expect("record");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = load_recording(&json);
+    let h = doc
+        .history
+        .as_ref()
+        .expect("the recording keeps its history");
+    assert!(h.t_ms.len() >= 2, "{:?}", h.t_ms);
+    let first = &doc.probes[0];
+    let series = h
+        .rows
+        .iter()
+        .find(|s| s.probe == first.name && s.context == "task")
+        .expect("a task series");
+    let calls: u64 = series.calls.iter().sum();
+    let total = first
+        .contexts
+        .iter()
+        .find(|c| c.context == "task")
+        .unwrap()
+        .count;
+    assert_eq!(calls, total, "the ticks add up to the recording's calls");
+    let s = Session::start(
+        "memcg-trace-history",
+        &format!("{} view {}", bin().display(), json.display()),
+    );
+    let screen = s.wait_for("the rate pane", Duration::from_secs(20), |sc| {
+        sc.contains("calls/s, peak")
+    });
+    let peak = screen
+        .split("calls/s, peak ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("0");
+    assert_ne!(peak, "0", "an empty rate pane: {screen}");
+    assert!(screen.contains("p99 per tick") || first.backend.to_string() == "tracepoint");
+    s.keys("Left");
+    s.wait_for("a stepped tick", Duration::from_secs(10), |sc| {
+        sc.contains("calls/s at ")
+    });
+    s.keys("q");
+    let end = s.wait_for("the exit status", Duration::from_secs(20), |sc| {
+        sc.contains("EXIT=")
+    });
+    assert!(end.contains("EXIT=0"), "{end}");
+}
+
+#[test]
 fn tui_errors_come_before_the_terminal_is_touched() {
     let dir = scratch("tui_errors");
     let check = |args: &[&str], want: &str| {

@@ -10,7 +10,7 @@ use crate::{
     session::{self, LiveArgs, Options, Session, Verbosity},
     tui::{
         self,
-        app::{App, Header, Mode},
+        app::{App, Compare, Header, Mode},
     },
 };
 
@@ -27,8 +27,10 @@ pub struct TopArgs {
 /// `view` options.
 #[derive(clap::Args, Debug)]
 pub struct ViewArgs {
-    /// A JSON file written by `record` or saved from the dashboard.
-    pub file: PathBuf,
+    /// A JSON file written by `record` or saved from the dashboard; with a second file (B), the
+    /// rows of both and the change per figure, as `diff` computes it.
+    #[arg(num_args = 1..=2, required = true)]
+    pub files: Vec<PathBuf>,
 }
 
 /// `memcg-trace` / `memcg-trace top`: the live dashboard.
@@ -72,11 +74,24 @@ pub async fn top(args: TopArgs) -> Result<i32> {
 
 /// `memcg-trace view FILE.json`: the dashboard on a recording, read-only.
 pub async fn view(args: ViewArgs) -> Result<i32> {
-    let doc = export::read(&args.file)?;
+    let doc = export::read(&args.files[0])?;
+    let b = args.files.get(1).map(|f| export::read(f)).transpose()?;
     tui::require_tty()?;
-    let mut app = recording_app(&doc, &args.file.display().to_string());
+    let mut app = recording_app(&doc, &args.files[0].display().to_string());
+    if let (Some(b), Some(name)) = (b, args.files.get(1)) {
+        compare_with(&mut app, &b, &name.display().to_string());
+    }
     tui::view(&mut app).await?;
     Ok(0)
+}
+
+/// Makes `app` an A/B view with `b` as B.
+pub fn compare_with(app: &mut App, b: &export::Document, name: &str) {
+    let rows = recording_app(b, name).rows();
+    app.compare = Some(Compare {
+        name: name.to_string(),
+        rows,
+    });
 }
 
 /// The dashboard's state for a recording (`name`: what the header calls it).
@@ -84,7 +99,7 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
     let mut app = App::new(
         Header {
             kernel: doc.meta.kernel_release.clone(),
-            preemption: doc.meta.preemption_model.clone(),
+            preemption: kernel::preemption_words(&doc.meta.preemption_model),
             recording: Some(name.to_string()),
             floors: doc.meta.floors.clone(),
             calibration: doc.meta.calibration.clone(),
@@ -103,5 +118,28 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
         )
     });
     app.on_snapshot(export::to_snapshot(doc));
+    if let Some(h) = &doc.history {
+        // The run tick by tick: the rate and p99 panes, stepped through with the arrow keys.
+        app.times_ms = h.t_ms.clone();
+        for s in &h.rows {
+            let Some(context) = memcg_trace_common::CTX_NAMES
+                .iter()
+                .chain(&["workload"])
+                .find(|n| **n == s.context)
+                .copied()
+            else {
+                continue;
+            };
+            let key = (s.probe.clone(), context);
+            app.history.insert(
+                key.clone(),
+                (0..h.t_ms.len())
+                    .map(|i| s.rate(h, i).unwrap_or(0.0).round() as u64)
+                    .collect(),
+            );
+            app.p99_history
+                .insert(key, s.p99_ns.iter().copied().collect());
+        }
+    }
     app
 }

@@ -43,6 +43,10 @@ pub enum Key {
     Up,
     /// Down arrow or j.
     Down,
+    /// Left arrow: a tick back in a recording's history.
+    Left,
+    /// Right arrow: a tick forward.
+    Right,
     /// Tab.
     Tab,
     /// Any character.
@@ -97,8 +101,58 @@ pub struct Row {
     pub hist: HistData,
 }
 
-/// Rate history kept per row: one value per tick, this many ticks.
+/// Rate history kept per row: one value per tick, this many ticks (a recording's is kept
+/// whole).
 pub const HISTORY: usize = 600;
+
+/// What the rows are sorted by (`o` cycles through them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sort {
+    /// As the probes were given, contexts in kernel order.
+    #[default]
+    Probe,
+    /// Calls per second, most first.
+    Rate,
+    /// Share of a CPU, most first.
+    Cpu,
+    /// p99, slowest first.
+    P99,
+    /// Longest call, slowest first.
+    Max,
+}
+
+impl Sort {
+    fn next(self) -> Sort {
+        match self {
+            Sort::Probe => Sort::Rate,
+            Sort::Rate => Sort::Cpu,
+            Sort::Cpu => Sort::P99,
+            Sort::P99 => Sort::Max,
+            Sort::Max => Sort::Probe,
+        }
+    }
+
+    /// As the header names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sort::Probe => "probe",
+            Sort::Rate => "calls/s",
+            Sort::Cpu => "cpu%",
+            Sort::P99 => "p99",
+            Sort::Max => "max",
+        }
+    }
+}
+
+/// A second run shown beside the first (`view A.json B.json`): its rows, matched by probe and
+/// row name, and what the header calls it.
+#[derive(Clone, Debug)]
+pub struct Compare {
+    /// The file.
+    pub name: String,
+    /// Its rows (cumulative: the whole run).
+    pub rows: Vec<Row>,
+}
 
 /// The dashboard's state.
 #[derive(Debug)]
@@ -127,6 +181,22 @@ pub struct App {
     pub workload: Option<String>,
     /// Rates per row key over the last ticks.
     pub history: HashMap<(String, &'static str), VecDeque<u64>>,
+    /// Interval p99 per row key over the last ticks, ns (0: none timed).
+    pub p99_history: HashMap<(String, &'static str), VecDeque<u64>>,
+    /// A recording's tick ends, ms since start (empty live).
+    pub times_ms: Vec<u64>,
+    /// The tick the history panes point at (a recording's, moved with the arrow keys).
+    pub step: Option<usize>,
+    /// Row order.
+    pub sort: Sort,
+    /// Rows without calls hidden.
+    pub hide_empty: bool,
+    /// The percentile spectrum instead of the histogram.
+    pub spectrum: bool,
+    /// The B side of an A/B view.
+    pub compare: Option<Compare>,
+    /// The selected row's key, kept across ticks and sorts.
+    pub selected_key: Option<(String, &'static str)>,
     /// Something changed since the last draw.
     pub dirty: bool,
 }
@@ -151,6 +221,14 @@ impl App {
             message: None,
             workload: None,
             history: HashMap::new(),
+            p99_history: HashMap::new(),
+            times_ms: Vec::new(),
+            step: None,
+            sort: Sort::default(),
+            hide_empty: false,
+            spectrum: false,
+            compare: None,
+            selected_key: None,
             dirty: true,
         }
     }
@@ -163,19 +241,20 @@ impl App {
         self.previous = self.current.take();
         self.current = Some(snap);
         if self.previous.is_some() {
-            // Rates only: the percentiles are computed once, when the frame is drawn.
-            for r in self.rows_in(Mode::Interval, false) {
-                let h = self.history.entry(key_of(&r)).or_default();
-                h.push_back(r.rate.unwrap_or(0.0).round() as u64);
-                while h.len() > HISTORY {
-                    h.pop_front();
+            for r in self.rows_in(Mode::Interval, true) {
+                for (hist, v) in [
+                    (&mut self.history, r.rate.unwrap_or(0.0).round() as u64),
+                    (&mut self.p99_history, r.p99.unwrap_or(0)),
+                ] {
+                    let h = hist.entry(key_of(&r)).or_default();
+                    h.push_back(v);
+                    while h.len() > HISTORY {
+                        h.pop_front();
+                    }
                 }
             }
         }
-        let n = self.rows().len();
-        if n > 0 && self.selected >= n {
-            self.selected = n - 1;
-        }
+        self.follow_selection();
         self.dirty = true;
     }
 
@@ -185,12 +264,39 @@ impl App {
         let n = self.rows().len();
         match key {
             Key::Char('q') | Key::Esc | Key::CtrlC => return Action::Quit,
-            Key::Up | Key::Char('k') => self.selected = self.selected.saturating_sub(1),
+            Key::Up | Key::Char('k') => {
+                self.selected = self.selected.saturating_sub(1);
+                self.remember_selection();
+            }
             Key::Down | Key::Char('j') => {
                 if self.selected + 1 < n {
                     self.selected += 1;
                 }
+                self.remember_selection();
             }
+            Key::Left | Key::Right => {
+                let ticks = self.times_ms.len();
+                if ticks == 0 {
+                    self.message =
+                        Some("no history to step through (live, or an old recording)".into());
+                } else {
+                    let at = self.step.unwrap_or(ticks - 1);
+                    self.step = Some(if key == Key::Left {
+                        at.saturating_sub(1)
+                    } else {
+                        (at + 1).min(ticks - 1)
+                    });
+                }
+            }
+            Key::Char('o') => {
+                self.sort = self.sort.next();
+                self.follow_selection();
+            }
+            Key::Char('e') => {
+                self.hide_empty = !self.hide_empty;
+                self.follow_selection();
+            }
+            Key::Char('h') => self.spectrum = !self.spectrum,
             Key::Tab => {
                 self.mode = match self.mode {
                     Mode::Interval => Mode::Cumulative,
@@ -201,6 +307,7 @@ impl App {
             Key::Char('r') => {
                 self.base = self.current.clone();
                 self.history.clear();
+                self.p99_history.clear();
                 self.message = Some("cumulative figures reset".into());
             }
             Key::Char('s') => {
@@ -227,9 +334,52 @@ impl App {
         Action::Tick(self.tick)
     }
 
-    /// Rows in the current mode.
+    /// Rows in the current mode, sorted and filtered as asked.
     pub fn rows(&self) -> Vec<Row> {
-        self.rows_in(self.mode, true)
+        let mut rows = self.rows_in(self.mode, true);
+        if self.hide_empty {
+            rows.retain(|r| r.hist.count > 0);
+        }
+        // Largest first, rows without the figure last; ties keep the probe order (stable).
+        let by = |f: fn(&Row) -> Option<f64>| {
+            move |a: &Row, b: &Row| f(b).partial_cmp(&f(a)).unwrap_or(std::cmp::Ordering::Equal)
+        };
+        match self.sort {
+            Sort::Probe => {}
+            Sort::Rate => rows.sort_by(by(|r| r.rate)),
+            Sort::Cpu => rows.sort_by(by(|r| r.cpu)),
+            Sort::P99 => rows.sort_by(by(|r| r.p99.map(|v| v as f64))),
+            Sort::Max => rows.sort_by(by(|r| r.max.map(|v| v as f64))),
+        }
+        rows
+    }
+
+    /// B's row matching `r` (A/B view).
+    pub fn compare_row(&self, r: &Row) -> Option<&Row> {
+        self.compare
+            .as_ref()?
+            .rows
+            .iter()
+            .find(|b| b.probe == r.probe && b.context == r.context)
+    }
+
+    fn remember_selection(&mut self) {
+        self.selected_key = self.rows().get(self.selected).map(key_of);
+    }
+
+    /// Puts the selection back on the row it was on (rows move when sorted, appear, vanish).
+    fn follow_selection(&mut self) {
+        let rows = self.rows();
+        if let Some(k) = &self.selected_key {
+            if let Some(i) = rows.iter().position(|r| &key_of(r) == k) {
+                self.selected = i;
+                return;
+            }
+        }
+        if !rows.is_empty() && self.selected >= rows.len() {
+            self.selected = rows.len() - 1;
+        }
+        self.selected_key = rows.get(self.selected).map(key_of);
     }
 
     fn rows_in(&self, mode: Mode, latency: bool) -> Vec<Row> {

@@ -63,6 +63,8 @@ fn map_key(k: KeyEvent) -> Option<Key> {
         KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => Key::CtrlC,
         KeyCode::Up => Key::Up,
         KeyCode::Down => Key::Down,
+        KeyCode::Left => Key::Left,
+        KeyCode::Right => Key::Right,
         KeyCode::Tab => Key::Tab,
         KeyCode::Esc => Key::Esc,
         KeyCode::Char(c) => Key::Char(c),

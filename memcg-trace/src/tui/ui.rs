@@ -5,19 +5,20 @@
 use ratatui::{
     layout::{Constraint, Layout, Rect},
     style::{Color, Modifier, Style},
+    symbols,
     text::{Line, Span},
     widgets::{
-        Bar, BarChart, BarGroup, Block, Cell, Clear, Paragraph, Row as TRow, Sparkline, Table,
-        TableState, Wrap,
+        Axis, Bar, BarChart, BarGroup, Block, Cell, Chart, Clear, Dataset, GraphType, Paragraph,
+        Row as TRow, Sparkline, Table, TableState, Wrap,
     },
     Frame,
 };
 
-use super::app::{App, Mode, Row};
-use crate::units::{fmt_count, fmt_count_short, fmt_ns, fmt_ns_short};
+use super::app::{App, Mode, Row, Sort};
+use crate::units::{fmt_count, fmt_count_short, fmt_ns, fmt_ns_short, pct_change};
 
 const KEYS: &str =
-    "↑↓/jk select  Tab interval/total  p pause  r reset  s save  +/- tick  ? help  q";
+    "↑↓ row  Tab interval/total  o sort  e empty  h spectrum  ←→ step  ? more keys  q";
 
 fn opt_ns(v: Option<u64>) -> String {
     v.map(|n| fmt_ns(n as f64)).unwrap_or_else(|| "-".into())
@@ -46,7 +47,26 @@ pub fn draw(f: &mut Frame, app: &App) {
             let [hist, spark] =
                 Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)])
                     .areas(bottom);
-            draw_histogram(f, r, hist);
+            // A/B: the two runs' distributions side by side.
+            let b = app.compare_row(r);
+            let (ha, hb) = match b {
+                Some(_) => {
+                    let [x, y] = Layout::horizontal([Constraint::Percentage(50); 2]).areas(hist);
+                    (x, Some(y))
+                }
+                None => (hist, None),
+            };
+            let side = |s: &str| {
+                if b.is_some() {
+                    s.to_string()
+                } else {
+                    String::new()
+                }
+            };
+            draw_distribution(f, app, r, &side("A "), ha);
+            if let (Some(b), Some(hb)) = (b, hb) {
+                draw_distribution(f, app, b, "B ", hb);
+            }
             draw_sparkline(f, app, r, spark);
         }
     }
@@ -89,10 +109,17 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
         Mode::Interval => "interval",
         Mode::Cumulative => "cumulative",
     };
-    let state = if app.paused { " PAUSED" } else { "" };
-    let source = match &h.recording {
-        Some(f) => format!("recording {f}"),
-        None => format!("live, tick {}", fmt_ns(app.tick.as_nanos() as f64)),
+    let mut state = if app.paused { " PAUSED" } else { "" }.to_string();
+    if app.sort != Sort::Probe {
+        state.push_str(&format!(" | sorted by {}", app.sort.name()));
+    }
+    if app.hide_empty {
+        state.push_str(" | empty rows hidden");
+    }
+    let source = match (&h.recording, &app.compare) {
+        (Some(f), Some(b)) => format!("A {f} vs B {}", b.name),
+        (Some(f), None) => format!("recording {f}"),
+        (None, _) => format!("live, tick {}", fmt_ns(app.tick.as_nanos() as f64)),
     };
     // Per traced call: the programs' run time when bpf stats are on, else what a call costs
     // in all as measured at start-up.
@@ -148,6 +175,9 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
 }
 
 fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
+    if app.compare.is_some() {
+        return draw_ab_table(f, app, rows, area);
+    }
     let wide = area.width >= 100;
     let mut head = vec!["probe", "context", "calls/s", "p50", "p99"];
     if wide {
@@ -210,6 +240,64 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
     f.render_stateful_widget(table, area, &mut state);
 }
 
+/// A/B: per row, each figure in A and in B and the change (as `diff` prints it).
+fn draw_ab_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
+    let wide = area.width >= 110;
+    let mut head = vec!["probe", "context", "calls/s A", "B", "change"];
+    if wide {
+        head.extend(["p50 A", "B", "change"]);
+    }
+    head.extend(["p99 A", "B", "change"]);
+    let ns = |v: Option<u64>| v.map(|n| n as f64);
+    let body: Vec<TRow> = rows
+        .iter()
+        .map(|a| {
+            let b = app.compare_row(a);
+            let mut cells = vec![
+                Cell::from(a.probe.clone()),
+                Cell::from(a.context),
+                Cell::from(a.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
+                Cell::from(
+                    b.and_then(|b| b.rate)
+                        .map(fmt_count)
+                        .unwrap_or_else(|| "-".into()),
+                ),
+                Cell::from(pct_change(a.rate, b.and_then(|b| b.rate))),
+            ];
+            let mut fig = |get: fn(&Row) -> Option<u64>| {
+                cells.push(Cell::from(opt_ns(get(a))));
+                cells.push(Cell::from(opt_ns(b.and_then(get))));
+                cells.push(Cell::from(pct_change(ns(get(a)), ns(b.and_then(get)))));
+            };
+            if wide {
+                fig(|r| r.p50);
+            }
+            fig(|r| r.p99);
+            TRow::new(cells)
+        })
+        .collect();
+    let mut widths = vec![
+        Constraint::Length(16),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(8),
+    ];
+    for _ in 0..if wide { 2 } else { 1 } {
+        widths.extend([
+            Constraint::Length(9),
+            Constraint::Length(9),
+            Constraint::Length(8),
+        ]);
+    }
+    let table = Table::new(body, widths)
+        .header(TRow::new(head).style(Style::new().add_modifier(Modifier::BOLD)))
+        .block(Block::bordered().title(" charging path, A vs B (whole runs) "))
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
+    let mut state = TableState::default().with_selected((!rows.is_empty()).then_some(app.selected));
+    f.render_stateful_widget(table, area, &mut state);
+}
+
 /// Buckets regrouped by power of two for display: (lower bound ns, calls).
 pub fn octaves(r: &Row) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
@@ -255,11 +343,65 @@ fn bar_of(bars: &[(u64, u64)], q: f64) -> Option<usize> {
     })
 }
 
-fn draw_histogram(f: &mut Frame, r: &Row, area: Rect) {
+fn draw_distribution(f: &mut Frame, app: &App, r: &Row, side: &str, area: Rect) {
+    if app.spectrum {
+        draw_spectrum(f, r, side, area);
+    } else {
+        draw_histogram(f, r, side, area);
+    }
+}
+
+/// The percentile spectrum as HdrHistogram plots it: latency against the percentile, on a
+/// log scale of 1 / (1 - percentile) (0%, 90%, 99%, 99.9%, 99.99%).
+fn draw_spectrum(f: &mut Frame, r: &Row, side: &str, area: Rect) {
+    let block = Block::bordered().title(format!(
+        " {side}{} {} percentile spectrum ",
+        r.probe, r.context
+    ));
+    if r.hist.timed() == 0 || !r.backend.has_latency() {
+        f.render_widget(Paragraph::new("no calls timed").block(block), area);
+        return;
+    }
+    let xs: Vec<f64> = (0..=80).map(|i| i as f64 * 0.05).collect();
+    let qs: Vec<f64> = xs.iter().map(|x| 1.0 - 10f64.powf(-x)).collect();
+    let Some(l) = crate::figures::latency(&r.hist, std::time::Duration::ZERO, &qs) else {
+        f.render_widget(Paragraph::new("no calls timed").block(block), area);
+        return;
+    };
+    // Latency on a log scale too: the tail spans decades.
+    let points: Vec<(f64, f64)> = xs
+        .iter()
+        .zip(&qs)
+        .filter_map(|(x, q)| Some((*x, (l.at(*q)?.max(1) as f64).log10())))
+        .collect();
+    let top = points.iter().map(|p| p.1).fold(f64::MIN, f64::max).ceil();
+    let bottom = points.iter().map(|p| p.1).fold(f64::MAX, f64::min).floor();
+    let (bottom, top) = (bottom.min(top - 1.0), top);
+    let data = [Dataset::default()
+        .marker(symbols::Marker::Braille)
+        .graph_type(GraphType::Line)
+        .style(Style::new().fg(Color::Yellow))
+        .data(&points)];
+    let chart = Chart::new(data.to_vec())
+        .block(block)
+        .x_axis(
+            Axis::default()
+                .bounds([0.0, 4.0])
+                .labels(["0%", "90%", "99%", "99.9%", "99.99%"]),
+        )
+        .y_axis(Axis::default().bounds([bottom, top]).labels([
+            fmt_ns_short(10f64.powf(bottom)),
+            fmt_ns_short(10f64.powf((bottom + top) / 2.0)),
+            fmt_ns_short(10f64.powf(top)),
+        ]));
+    f.render_widget(chart, area);
+}
+
+fn draw_histogram(f: &mut Frame, r: &Row, side: &str, area: Rect) {
     // The bars holding p50, p99 and p99.9 are drawn in the colours of their names here.
     let block = Block::bordered()
         .title(Line::from(vec![
-            Span::raw(format!(" {} {} latency: ", r.probe, r.context)),
+            Span::raw(format!(" {side}{} {} latency: ", r.probe, r.context)),
             Span::styled("p50 ", Style::new().fg(Color::Green)),
             Span::styled("p99 ", Style::new().fg(Color::Yellow)),
             Span::styled("p99.9 ", Style::new().fg(Color::Red)),
@@ -311,21 +453,76 @@ fn draw_histogram(f: &mut Frame, r: &Row, area: Rect) {
     f.render_widget(chart, area);
 }
 
+/// The selected row's rate and interval p99 over time; in a recording with history, up to the
+/// tick the arrow keys point at.
 fn draw_sparkline(f: &mut Frame, app: &App, r: &Row, area: Rect) {
-    let data: Vec<u64> = app
-        .history
-        .get(&(r.probe.clone(), r.context))
-        .map(|h| {
-            let w = area.width.saturating_sub(2) as usize;
-            h.iter().skip(h.len().saturating_sub(w)).copied().collect()
-        })
-        .unwrap_or_default();
-    let peak = data.iter().max().copied().unwrap_or(0);
-    let spark = Sparkline::default()
-        .block(Block::bordered().title(format!(" calls/s, peak {} ", fmt_count(peak as f64))))
-        .data(&data)
-        .style(Style::new().fg(Color::Green));
-    f.render_widget(spark, area);
+    if app.header.recording.is_some() && app.times_ms.is_empty() {
+        let text =
+            "no history: this recording was made before memcg-trace kept the run tick by tick";
+        f.render_widget(
+            Paragraph::new(text)
+                .wrap(Wrap { trim: true })
+                .block(Block::bordered().title(" over time ")),
+            area,
+        );
+        return;
+    }
+    let [top, bottom] = Layout::vertical([Constraint::Percentage(50); 2]).areas(area);
+    let key = (r.probe.clone(), r.context);
+    let w = area.width.saturating_sub(2) as usize;
+    // The window ends at the step (or the latest tick).
+    let window = |h: Option<&std::collections::VecDeque<u64>>| -> (Vec<u64>, Option<u64>) {
+        let Some(h) = h else {
+            return (Vec::new(), None);
+        };
+        let end = app.step.map_or(h.len(), |s| (s + 1).min(h.len()));
+        let data: Vec<u64> = h
+            .iter()
+            .take(end)
+            .skip(end.saturating_sub(w))
+            .copied()
+            .collect();
+        let at = data.last().copied();
+        (data, at)
+    };
+    let when = match app.step.and_then(|s| app.times_ms.get(s)) {
+        Some(ms) => format!(" at {:.1}s", *ms as f64 / 1e3),
+        None => String::new(),
+    };
+    let (rates, rate_at) = window(app.history.get(&key));
+    let peak = rates.iter().max().copied().unwrap_or(0);
+    let title = match rate_at {
+        Some(v) if !when.is_empty() => format!(
+            " calls/s{when}: {}, peak {} ",
+            fmt_count(v as f64),
+            fmt_count(peak as f64)
+        ),
+        _ => format!(" calls/s, peak {} ", fmt_count(peak as f64)),
+    };
+    f.render_widget(
+        Sparkline::default()
+            .block(Block::bordered().title(title))
+            .data(&rates)
+            .style(Style::new().fg(Color::Green)),
+        top,
+    );
+    let (p99s, p99_at) = window(app.p99_history.get(&key));
+    let worst = p99s.iter().max().copied().unwrap_or(0);
+    let title = match p99_at {
+        Some(v) if !when.is_empty() => format!(
+            " p99{when}: {}, worst {} ",
+            fmt_ns(v as f64),
+            fmt_ns(worst as f64)
+        ),
+        _ => format!(" p99 per tick, worst {} ", fmt_ns(worst as f64)),
+    };
+    f.render_widget(
+        Sparkline::default()
+            .block(Block::bordered().title(title))
+            .data(&p99s)
+            .style(Style::new().fg(Color::Yellow)),
+        bottom,
+    );
 }
 
 fn draw_help(f: &mut Frame, area: Rect) {
@@ -336,6 +533,10 @@ fn draw_help(f: &mut Frame, area: Rect) {
         Line::from("r              reset cumulative figures"),
         Line::from("s              save a JSON snapshot"),
         Line::from("+ / -          slower / faster tick"),
+        Line::from("o              sort by calls/s, cpu%, p99, max, probe"),
+        Line::from("e              hide / show rows without calls"),
+        Line::from("h              histogram / percentile spectrum"),
+        Line::from("left / right   step through a recording's ticks"),
         Line::from("?              this help"),
         Line::from("q, Esc, Ctrl-C quit"),
         Line::from("interval: the last tick; total: since start or reset"),
@@ -471,6 +672,153 @@ mod tests {
         }
         assert_eq!(crate::units::fmt_count_short(314_700.0), "315k");
         assert_eq!(crate::units::fmt_ns_short(131_072.0), "131us");
+    }
+
+    fn fixture() -> crate::export::Document {
+        crate::export::read(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/6.12-fentry.json"
+        )))
+        .expect("the committed recording")
+    }
+
+    fn fixture_app() -> App {
+        crate::cmd::top::recording_app(&fixture(), "6.12-fentry.json")
+    }
+
+    #[test]
+    fn the_committed_recording_80x24() {
+        insta::assert_snapshot!(render(&fixture_app(), 80, 24));
+    }
+
+    #[test]
+    fn the_committed_recording_120x36() {
+        insta::assert_snapshot!(render(&fixture_app(), 120, 36));
+    }
+
+    #[test]
+    fn the_committed_recording_as_a_spectrum_120x36() {
+        let mut app = fixture_app();
+        app.on_key(Key::Char('h'));
+        insta::assert_snapshot!(render(&app, 120, 36));
+    }
+
+    #[test]
+    fn every_call_of_the_recording_is_in_a_drawn_bar_with_p50_in_one() {
+        let app = fixture_app();
+        for width in [80u16, 120] {
+            // The histogram pane is 60% of the width, its bars 7 columns each.
+            let pane = width * 60 / 100;
+            let max_bars = (pane.saturating_sub(2) / 7).max(1) as usize;
+            for r in app.rows().iter().filter(|r| r.backend.has_latency()) {
+                let b = bars(&octaves(r), max_bars);
+                if r.hist.timed() == 0 {
+                    continue;
+                }
+                assert!(b.len() <= max_bars);
+                assert_eq!(
+                    b.iter().map(|x| x.1).sum::<u64>(),
+                    r.hist.buckets.iter().sum::<u64>(),
+                    "{} {}: bars hold every call",
+                    r.probe,
+                    r.context
+                );
+                let p50 = bar_of(&b, 0.5).expect("p50 in a bar");
+                let (lo, _) = b[p50];
+                let hi = b.get(p50 + 1).map_or(u64::MAX, |x| x.0);
+                let p = r.p50.expect("p50");
+                assert!(
+                    lo <= p && p < hi.max(lo * 2),
+                    "{} {}: p50 {p} outside bar {lo}..{hi}",
+                    r.probe,
+                    r.context
+                );
+            }
+        }
+        // The charge task row, the one the issue was about, starts below 1 us.
+        let charge = app
+            .rows()
+            .into_iter()
+            .find(|r| r.probe == "charge" && r.context == "task")
+            .expect("charge task row");
+        assert!(octaves(&charge)[0].0 < 1024, "{:?}", octaves(&charge));
+        let screen = render(&app, 120, 36);
+        assert!(screen.contains("charge task latency"), "{screen}");
+    }
+
+    #[test]
+    fn sorting_keeps_the_selected_row_selected() {
+        let mut app = fixture_app();
+        let rows = app.rows();
+        // Select the last row, then sort every way: the same row stays selected.
+        for _ in 0..rows.len() {
+            app.on_key(Key::Down);
+        }
+        let want = {
+            let r = &app.rows()[app.selected];
+            (r.probe.clone(), r.context)
+        };
+        for _ in 0..5 {
+            app.on_key(Key::Char('o'));
+            let r = &app.rows()[app.selected];
+            assert_eq!((r.probe.clone(), r.context), want, "sort {:?}", app.sort);
+            if app.sort == super::Sort::P99 {
+                let p99s: Vec<u64> = app.rows().iter().map(|r| r.p99.unwrap_or(0)).collect();
+                let mut sorted = p99s.clone();
+                sorted.sort_by(|a, b| b.cmp(a));
+                assert_eq!(p99s, sorted, "sorted by p99, slowest first");
+            }
+        }
+        assert_eq!(app.sort, super::Sort::Probe, "o cycles back");
+        // Empty rows hidden: every row left has calls.
+        app.on_key(Key::Char('e'));
+        assert!(app.rows().iter().all(|r| r.hist.count > 0));
+    }
+
+    #[test]
+    fn ab_view_shows_both_runs_and_the_change() {
+        let a = fixture();
+        let mut b = fixture();
+        // B ran twice as long with the same calls: half the rate.
+        b.meta.duration_ns *= 2;
+        let mut app = crate::cmd::top::recording_app(&a, "a.json");
+        crate::cmd::top::compare_with(&mut app, &b, "b.json");
+        let screen = render(&app, 120, 36);
+        assert!(screen.contains("A a.json vs B b.json"), "{screen}");
+        assert!(screen.contains("change"), "{screen}");
+        assert!(screen.contains("-50.0%"), "half the rate: {screen}");
+        assert!(
+            screen.contains("A charge task latency") && screen.contains("B charge task latency"),
+            "{screen}"
+        );
+        insta::assert_snapshot!(screen);
+        // Narrow: still the change of calls/s and p99.
+        let narrow = render(&app, 80, 24);
+        assert!(narrow.contains("-50.0%"), "{narrow}");
+    }
+
+    #[test]
+    fn a_recording_with_history_shows_rate_and_p99_and_steps() {
+        let mut rec = crate::history::Recorder::default();
+        for i in 1..=5 {
+            // The rate grows tick by tick: 45k, 90k, ... calls per second.
+            rec.push(&snap(i, 45_000 * i * (i + 1) / 2, 700, i * 30));
+        }
+        let mut doc = fixture();
+        doc.history = Some(rec.history().clone());
+        doc.probes.retain(|p| p.name == "charge");
+        let mut app = crate::cmd::top::recording_app(&doc, "h.json");
+        let screen = render(&app, 120, 36);
+        assert!(screen.contains("calls/s, peak 225.0k"), "{screen}");
+        assert!(screen.contains("p99 per tick, worst"), "{screen}");
+        app.on_key(Key::Left);
+        app.on_key(Key::Left);
+        let screen = render(&app, 120, 36);
+        assert!(screen.contains("calls/s at 3.0s: 135.0k"), "{screen}");
+        for _ in 0..10 {
+            app.on_key(Key::Right);
+        }
+        assert_eq!(app.step, Some(4), "stops at the last tick");
     }
 
     #[test]

@@ -1,0 +1,237 @@
+//! A run's history, tick by tick: per probe and row (context, or the workload), the calls and
+//! the interval p50, p99 and max of each tick. Kept by the live session, written into the
+//! recording (`history`), shown by `view` (the rate and p99 panes, stepped through with the
+//! arrow keys). Compact: four numbers per row and tick; the full interval histograms are the
+//! interval log's (`--hdr-log`).
+
+use std::time::Duration;
+
+use memcg_trace_common::CTX_NAMES;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    figures,
+    snapshot::{HistData, Snapshot},
+};
+
+/// At most this many ticks are kept (about 28 hours at a 1 s tick); beyond, every second tick
+/// is merged into its neighbour, halving the resolution of the whole run.
+pub const MAX_TICKS: usize = 100_000;
+
+/// The history of a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    /// End of each tick, ms since tracing started.
+    pub t_ms: Vec<u64>,
+    /// One series per probe and row.
+    pub rows: Vec<Series>,
+}
+
+/// One row's series, aligned with [`History::t_ms`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    /// Probe name.
+    pub probe: String,
+    /// Context name, or "workload".
+    pub context: String,
+    /// Calls in each tick.
+    pub calls: Vec<u64>,
+    /// p50 of the calls timed in each tick, ns (0: none timed, or counts only).
+    pub p50_ns: Vec<u64>,
+    /// p99, likewise.
+    pub p99_ns: Vec<u64>,
+    /// Longest call of each tick, ns, likewise.
+    pub max_ns: Vec<u64>,
+}
+
+impl Series {
+    fn push(&mut self, calls: u64, p50: u64, p99: u64, max: u64) {
+        self.calls.push(calls);
+        self.p50_ns.push(p50);
+        self.p99_ns.push(p99);
+        self.max_ns.push(max);
+    }
+
+    /// Calls per second in tick `i` of `h`.
+    pub fn rate(&self, h: &History, i: usize) -> Option<f64> {
+        let end = *h.t_ms.get(i)?;
+        let start = if i == 0 { 0 } else { h.t_ms[i - 1] };
+        figures::rate(
+            *self.calls.get(i)?,
+            Duration::from_millis(end.saturating_sub(start)),
+        )
+    }
+}
+
+/// Builds a [`History`] from the snapshots of a live session.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    last: Option<Snapshot>,
+    history: History,
+}
+
+impl Recorder {
+    /// Takes in the next snapshot (cumulative, as the collector sends them).
+    pub fn push(&mut self, snap: &Snapshot) {
+        if let Some(last) = &self.last {
+            if snap.elapsed <= last.elapsed {
+                return;
+            }
+        }
+        let ticks = self.history.t_ms.len();
+        let empty = HistData::default();
+        for p in &snap.probes {
+            let before = self
+                .last
+                .as_ref()
+                .and_then(|l| l.probes.iter().find(|q| q.name == p.name));
+            let mut rows: Vec<(&str, HistData, u64)> = Vec::new();
+            for (i, c) in p.contexts.iter().enumerate() {
+                let calls = p
+                    .ctx_calls(i)
+                    .saturating_sub(before.map_or(0, |b| b.ctx_calls(i)));
+                let h = c.hist.since(before.map_or(&empty, |b| &b.contexts[i].hist));
+                rows.push((CTX_NAMES[i], h, calls));
+            }
+            if let Some(w) = &p.workload {
+                let h = w.since(before.and_then(|b| b.workload.as_ref()).unwrap_or(&empty));
+                let calls = h.count;
+                rows.push(("workload", h, calls));
+            }
+            for (context, h, calls) in rows {
+                let at = self
+                    .history
+                    .rows
+                    .iter()
+                    .position(|s| s.probe == p.name && s.context == context);
+                if at.is_none() && calls == 0 {
+                    continue;
+                }
+                let s = match at {
+                    Some(i) => &mut self.history.rows[i],
+                    None => {
+                        // A row seen first now: nothing in the ticks before.
+                        self.history.rows.push(Series {
+                            probe: p.name.clone(),
+                            context: context.into(),
+                            calls: vec![0; ticks],
+                            p50_ns: vec![0; ticks],
+                            p99_ns: vec![0; ticks],
+                            max_ns: vec![0; ticks],
+                        });
+                        self.history.rows.last_mut().expect("just pushed")
+                    }
+                };
+                let l = p
+                    .backend
+                    .has_latency()
+                    .then(|| figures::latency(&h, Duration::ZERO, &[0.5, 0.99]))
+                    .flatten();
+                s.push(
+                    calls,
+                    l.as_ref().and_then(|l| l.at(0.5)).unwrap_or(0),
+                    l.as_ref().and_then(|l| l.at(0.99)).unwrap_or(0),
+                    l.as_ref().map_or(0, |l| l.max_ns),
+                );
+            }
+        }
+        self.history.t_ms.push(snap.elapsed.as_millis() as u64);
+        // Rows without a snapshot row this tick (a probe gone) stay aligned.
+        let n = self.history.t_ms.len();
+        for s in &mut self.history.rows {
+            while s.calls.len() < n {
+                s.push(0, 0, 0, 0);
+            }
+        }
+        if n > MAX_TICKS {
+            self.halve();
+        }
+        self.last = Some(snap.clone());
+    }
+
+    /// Merges each pair of ticks into one: calls add, the percentiles of the pair are the
+    /// larger of the two (an upper bound: the pair's histograms are not kept).
+    fn halve(&mut self) {
+        let h = &mut self.history;
+        let pairs = |v: &[u64], f: fn(u64, u64) -> u64| -> Vec<u64> {
+            v.chunks(2)
+                .map(|c| c.iter().copied().reduce(f).unwrap_or(0))
+                .collect()
+        };
+        h.t_ms = h
+            .t_ms
+            .chunks(2)
+            .map(|c| *c.last().expect("non-empty"))
+            .collect();
+        for s in &mut h.rows {
+            s.calls = pairs(&s.calls, |a, b| a + b);
+            s.p50_ns = pairs(&s.p50_ns, u64::max);
+            s.p99_ns = pairs(&s.p99_ns, u64::max);
+            s.max_ns = pairs(&s.max_ns, u64::max);
+        }
+    }
+
+    /// The history so far.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tui::app::tests::snap;
+
+    #[test]
+    fn ticks_hold_interval_calls_and_percentiles() {
+        let mut r = Recorder::default();
+        // 45k task calls of 700 ns per second, 30 softirq calls per second.
+        for i in 1..=4 {
+            r.push(&snap(i, i * 45_000, 700, i * 30));
+        }
+        let h = r.history();
+        assert_eq!(h.t_ms, vec![1000, 2000, 3000, 4000]);
+        let task = h
+            .rows
+            .iter()
+            .find(|s| s.context == "task")
+            .expect("task row");
+        assert_eq!(task.calls, vec![45_000; 4]);
+        assert!(
+            task.p50_ns.iter().all(|&p| (512..1024).contains(&p)),
+            "{task:?}"
+        );
+        assert_eq!(task.rate(h, 2), Some(45_000.0));
+        let soft = h
+            .rows
+            .iter()
+            .find(|s| s.context == "softirq")
+            .expect("softirq");
+        assert_eq!(soft.calls.iter().sum::<u64>(), 120);
+        // A repeated snapshot adds no tick.
+        r.push(&snap(4, 4 * 45_000, 700, 120));
+        assert_eq!(r.history().t_ms.len(), 4);
+    }
+
+    #[test]
+    fn a_long_run_is_halved_not_cut() {
+        let mut r = Recorder::default();
+        for i in 1..=(MAX_TICKS as u64 + 1) {
+            r.history.t_ms.push(i);
+            let _ = i;
+        }
+        r.history.rows.push(Series {
+            probe: "x".into(),
+            context: "task".into(),
+            calls: vec![1; MAX_TICKS + 1],
+            p50_ns: vec![5; MAX_TICKS + 1],
+            p99_ns: vec![9; MAX_TICKS + 1],
+            max_ns: vec![9; MAX_TICKS + 1],
+        });
+        r.halve();
+        let h = r.history();
+        assert_eq!(h.t_ms.len(), MAX_TICKS / 2 + 1);
+        assert_eq!(h.rows[0].calls.iter().sum::<u64>(), MAX_TICKS as u64 + 1);
+        assert_eq!(*h.t_ms.last().unwrap(), MAX_TICKS as u64 + 1);
+    }
+}

@@ -599,10 +599,16 @@ impl Tracer {
                 p90_ns: l.at(0.9).unwrap_or(0),
                 min_ns: h.min_ns,
                 programs_ns: figures::ratio(time as f64, per_pair_runs),
-                per_call_ns: figures::ratio(
-                    traced.as_nanos() as f64 - bare.as_nanos() as f64,
-                    calls as f64,
-                ),
+                // Not resolved when the traced batches were not slower than the bare ones (a
+                // disturbed machine, emulation): unknown, never a negative cost.
+                per_call_ns: (traced > bare)
+                    .then(|| {
+                        figures::ratio(
+                            traced.as_nanos() as f64 - bare.as_nanos() as f64,
+                            calls as f64,
+                        )
+                    })
+                    .flatten(),
             })
         })();
         // Entry first, as always: a call in flight still gets its exit.

@@ -446,9 +446,23 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
     };
     // Both tools trace the same functions on the same workload: their call counts must agree,
     // or the rounds compare different work (bpftrace misses what its programs skip).
+    // A bpftrace killed after it would not leave printed no histogram (see peer.sh).
+    let hangs = fs::read_to_string(dir.join("peer-hangs.txt")).unwrap_or_default();
+    let killed = |what: String| hangs.lines().any(|l| l == what);
+    rows.push(Row(
+        "bpftrace runs killed after not leaving on SIGINT (their hackbench times stand)".into(),
+        place.clone(),
+        if hangs.trim().is_empty() {
+            "none".into()
+        } else {
+            hangs.lines().collect::<Vec<_>>().join(", ")
+        },
+        "report".into(),
+        "reported",
+    ));
     let agree: Vec<f64> = rounds
         .iter()
-        .filter(|r| r.calls[1] > 0)
+        .filter(|r| r.calls[1] > 0 && !killed(format!("round {}: B", r.round)))
         .map(|r| r.calls[0] as f64 / r.calls[1] as f64)
         .collect();
     let agree_m = median(&agree);

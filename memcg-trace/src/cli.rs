@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use crate::cmd::{bench, plot, probes, programs, record, report, selftest, top};
+use crate::cmd::{bench, plot, probes, programs, record, report, selftest, serve, top};
 
 /// Live eBPF tracer of the memcg charging hot paths: how long obj_cgroup_charge,
 /// mod_memcg_state and the rstat update take, how often, and in which context.
@@ -30,6 +30,10 @@ enum Command {
     ///
     /// Example: memcg-trace record -o run.json -- hackbench -g 2 -l 100
     Record(record::RecordArgs),
+    /// Trace like `record` until stopped, and serve the figures to Prometheus on /metrics.
+    ///
+    /// Example: memcg-trace serve --listen 127.0.0.1:9464
+    Serve(serve::ServeArgs),
     /// Show what each probe resolves to on this kernel and which backend attaches it, and why.
     ///
     /// Example: memcg-trace probes --attach kprobe
@@ -69,6 +73,7 @@ async fn dispatch(command: Command) -> Result<i32> {
         Command::Top(a) => top::top(a).await,
         Command::View(a) => top::view(a).await,
         Command::Record(a) => record::run(a).await,
+        Command::Serve(a) => serve::run(a).await,
         Command::Probes(s) => probes::run(s),
         Command::Programs(a) => programs::run(a),
         Command::Report(a) => report::report(a),

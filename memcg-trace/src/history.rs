@@ -14,9 +14,10 @@ use crate::{
     snapshot::{HistData, Snapshot},
 };
 
-/// At most this many ticks are kept (about 28 hours at a 1 s tick); beyond, every second tick
-/// is merged into its neighbour, halving the resolution of the whole run.
-pub const MAX_TICKS: usize = 100_000;
+/// At most this many ticks are kept (2 h 16 min at a 1 s tick; 32 bytes per row and tick, so
+/// a few MiB at most); beyond, every second tick is merged into its neighbour, halving the
+/// resolution of the whole run.
+pub const MAX_TICKS: usize = 8192;
 
 /// The history of a run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

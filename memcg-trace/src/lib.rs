@@ -31,6 +31,7 @@ pub mod figures;
 pub mod hdrlog;
 pub mod history;
 pub mod kernel;
+pub mod metrics;
 pub mod plot;
 pub mod probes;
 pub mod session;

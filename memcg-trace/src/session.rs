@@ -571,6 +571,8 @@ pub struct Session {
     reads: String,
     /// The run tick by tick.
     history: crate::history::Recorder,
+    /// Whether to keep it (not for `serve`, which has no recording).
+    keep_history: bool,
     floors: Vec<Floor>,
     calibration: Vec<String>,
     started: SystemTime,
@@ -732,6 +734,7 @@ impl Session {
             off_cpu,
             reads,
             history: Default::default(),
+            keep_history: true,
             floors,
             calibration,
             started,
@@ -756,7 +759,9 @@ impl Session {
                 if let Some(l) = self.hdr_log.as_mut() {
                     l.interval(&snap);
                 }
-                self.history.push(&snap);
+                if self.keep_history {
+                    self.history.push(&snap);
+                }
                 Ok(Event::Tick(snap))
             }
             st = async { self.child.as_mut().expect("guarded").wait().await }, if self.child.is_some() => {
@@ -769,6 +774,12 @@ impl Session {
             }
             s = self.signals.recv() => Ok(Event::Signal(s)),
         }
+    }
+
+    /// Keep no history: nothing will be recorded (`serve`).
+    pub fn without_history(&mut self) {
+        self.keep_history = false;
+        self.history = Default::default();
     }
 
     /// The latest snapshot.
@@ -816,7 +827,7 @@ impl Session {
             masks: self.masks.clone(),
             off_cpu: Some(self.off_cpu.clone()),
             reads: Some(self.reads.clone()),
-            history: Some(self.history.history().clone()),
+            history: self.keep_history.then(|| self.history.history().clone()),
             daemon: DaemonCost {
                 startup_ns: self.startup.as_nanos() as u64,
                 detach_ns: detach.as_nanos() as u64,
@@ -873,7 +884,9 @@ impl Session {
         let cpu = cpu_time().saturating_sub(self.cpu0);
         let collector = self.collector.take().expect("a session finishes once");
         let Final { snapshot, detach } = collector.finish().await?;
-        self.history.push(&snapshot);
+        if self.keep_history {
+            self.history.push(&snapshot);
+        }
         if let Some(m) = self.memcg.as_mut() {
             if let Err(e) = m.remove() {
                 eprintln!("memcg-trace: warning: {e:#}");

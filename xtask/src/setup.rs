@@ -27,6 +27,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "python3-venv",
     // The font `memcg-trace plot` lays its labels out with.
     "fonts-dejavu-core",
+    // The real scraper of `memcg-trace serve` in the tests, and promtool (Debian 12: 2.42).
+    "prometheus",
 ];
 
 /// HdrHistogram_py, the independent reader the tests decode recordings' histograms with, and

@@ -8,4 +8,5 @@ pub mod programs;
 pub mod record;
 pub mod report;
 pub mod selftest;
+pub mod serve;
 pub mod top;

@@ -1,0 +1,341 @@
+//! The figures as Prometheus metrics (`memcg-trace serve`): made from the recording's
+//! [`Document`], the same path the table and the JSON take, and encoded by `prometheus-client`
+//! as the Prometheus text format (0.0.4) or OpenMetrics.
+//!
+//! Label sets are bounded: probe, context (task, softirq, hardirq, nmi, or workload), symbol
+//! (the function or tracepoint traced) and backend, a few dozen series per metric at most.
+//! The latency histogram's buckets are the octaves of the in-kernel histogram, whose bucket
+//! bounds fall on powers of two: its counts at `le` are exact, not interpolated.
+
+use std::sync::Arc;
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _, NoLabelSet},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    registry::{Registry, Unit},
+};
+
+use crate::export::{Document, Latency};
+
+/// The histogram's bucket bounds: 2^7 ns (128 ns) to 2^34 ns (17.2 s), one per octave, and
+/// +Inf: 29 buckets.
+pub const BUCKET_OCTAVES: std::ops::RangeInclusive<u32> = 7..=34;
+
+/// The OpenMetrics content type.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The exposition format a scraper asked for (its `Accept` header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Prometheus text 0.0.4 (what `promtool check metrics` reads).
+    Text,
+    /// OpenMetrics 1.0.
+    OpenMetrics,
+}
+
+impl Format {
+    /// From an `Accept` header.
+    pub fn from_accept(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Text,
+        }
+    }
+
+    /// The `Content-Type` of the answer.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Text => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            Format::OpenMetrics => OPENMETRICS,
+        }
+    }
+}
+
+/// The exposition of `doc` (None: nothing traced yet, during start-up: only `memcg_trace_up 0`).
+pub fn encode(doc: Option<&Document>, format: Format) -> String {
+    let mut registry = Registry::with_prefix("memcg_trace");
+    registry.register_collector(Box::new(Figures(doc.cloned().map(Arc::new))));
+    let mut out = String::new();
+    let r = match format {
+        Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry),
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry),
+    };
+    // Writing into a String does not fail.
+    r.expect("encode into a String");
+    out
+}
+
+/// Per bucket (not cumulative) counts at the octave bounds, in seconds, and +Inf.
+pub fn buckets(l: &Latency) -> Vec<(f64, u64)> {
+    let mut out: Vec<(f64, u64)> = BUCKET_OCTAVES
+        .map(|k| ((1u64 << k) as f64 / 1e9, 0))
+        .collect();
+    out.push((f64::INFINITY, 0));
+    for b in &l.buckets {
+        // In-kernel buckets never straddle an octave bound: all of it is below the first
+        // bound above its lower end.
+        let i = BUCKET_OCTAVES
+            .clone()
+            .position(|k| b.min_ns < (1u64 << k) && b.max_ns <= (1u64 << k))
+            .unwrap_or(out.len() - 1);
+        out[i].1 += b.count;
+    }
+    out
+}
+
+#[derive(Debug)]
+struct Figures(Option<Arc<Document>>);
+
+/// One row's series: its labels and figures (lost and unmatched: None for workload rows).
+struct Row<'a> {
+    labels: [(&'static str, &'a str); 4],
+    calls: u64,
+    lost: Option<u64>,
+    unmatched: Option<u64>,
+    latency: Option<&'a Latency>,
+}
+
+impl Collector for Figures {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        {
+            let up = e.encode_descriptor(
+                "up",
+                "1 once the probes are attached and figures are served, 0 during start-up",
+                None,
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(self.0.is_some() as i64).encode(up)?;
+        }
+        let Some(d) = &self.0 else {
+            return Ok(());
+        };
+        let masks = d
+            .meta
+            .context_masks
+            .as_ref()
+            .map(|m| m.source.clone())
+            .unwrap_or_else(|| "none".into());
+        {
+            let mut m = e.encode_descriptor(
+                "build",
+                "The kernel, its preemption model, memcg-trace's version and where the context masks came from",
+                None,
+                MetricType::Info,
+            )?;
+            m.encode_info(&[
+                ("kernel_release", d.meta.kernel_release.as_str()),
+                ("preemption_model", d.meta.preemption_model.as_str()),
+                ("version", d.meta.tool_version.as_str()),
+                ("context_masks", masks.as_str()),
+            ])?;
+        }
+        // Every row: the probe's contexts and its workload row.
+        let backends: Vec<String> = d.probes.iter().map(|p| p.backend.to_string()).collect();
+        let rows = || {
+            d.probes.iter().zip(&backends).flat_map(|(p, b)| {
+                let ctx = p.contexts.iter().map(move |c| Row {
+                    labels: [
+                        ("probe", p.name.as_str()),
+                        ("context", c.context.as_str()),
+                        ("symbol", p.target.as_str()),
+                        ("backend", b.as_str()),
+                    ],
+                    calls: c.count,
+                    lost: Some(c.lost),
+                    unmatched: Some(c.orphans),
+                    latency: c.latency.as_ref(),
+                });
+                let w = p.workload.iter().map(move |w| Row {
+                    labels: [
+                        ("probe", p.name.as_str()),
+                        ("context", "workload"),
+                        ("symbol", p.target.as_str()),
+                        ("backend", b.as_str()),
+                    ],
+                    calls: w.count,
+                    lost: None,
+                    unmatched: None,
+                    latency: w.latency.as_ref(),
+                });
+                ctx.chain(w)
+            })
+        };
+        let counter = |e: &mut DescriptorEncoder,
+                       name: &str,
+                       help: &str,
+                       f: &dyn Fn(&Row) -> Option<u64>|
+         -> Result<(), std::fmt::Error> {
+            let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for r in rows() {
+                if let Some(v) = f(&r) {
+                    ConstCounter::new(v).encode(m.encode_family(&r.labels)?)?;
+                }
+            }
+            Ok(())
+        };
+        counter(
+            &mut e,
+            "calls",
+            "Calls of the traced function per context (tracepoints: hits), since serve started",
+            &|r| Some(r.calls),
+        )?;
+        counter(
+            &mut e,
+            "lost",
+            "Calls lost in any way the tracer counts (not workload rows)",
+            &|r| r.lost,
+        )?;
+        counter(
+            &mut e,
+            "unmatched",
+            "Exits that found no entry of their own (not workload rows)",
+            &|r| r.unmatched,
+        )?;
+        {
+            let mut m = e.encode_descriptor(
+                "latency",
+                "Latency of the calls timed, entry to exit (wall clock), per context",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            for r in rows() {
+                if let Some(l) = r.latency {
+                    let b = buckets(l);
+                    let count = b.iter().map(|x| x.1).sum();
+                    m.encode_family(&r.labels)?.encode_histogram::<NoLabelSet>(
+                        l.sum_ns as f64 / 1e9,
+                        count,
+                        &b,
+                        None,
+                    )?;
+                }
+            }
+        }
+        {
+            let mut m = e.encode_descriptor(
+                "recursion_misses",
+                "Runs of the probe's programs the kernel skipped (recursion guard)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (p, b) in d.probes.iter().zip(&backends) {
+                let labels = [
+                    ("probe", p.name.as_str()),
+                    ("symbol", p.target.as_str()),
+                    ("backend", b.as_str()),
+                ];
+                ConstCounter::new(p.recursion_misses).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        let t = &d.meta.tracer;
+        {
+            let m = e.encode_descriptor(
+                "daemon_cpu",
+                "CPU time of the memcg-trace daemon since it started tracing",
+                Some(&Unit::Seconds),
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(t.cpu_ns as f64 / 1e9).encode(m)?;
+        }
+        {
+            let m = e.encode_descriptor(
+                "daemon_peak_rss",
+                "Peak resident memory of the memcg-trace daemon",
+                Some(&Unit::Bytes),
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(t.peak_rss_kib as i64 * 1024).encode(m)?;
+        }
+        if let Some(f) = d
+            .meta
+            .floors
+            .iter()
+            .filter_map(|f| f.per_call_ns)
+            .reduce(f64::max)
+        {
+            let m = e.encode_descriptor(
+                "tracer_cost_per_call",
+                "What one traced call costs in all (programs, trampoline or kprobe), measured at start-up",
+                Some(&Unit::Seconds),
+                MetricType::Gauge,
+            )?;
+            ConstGauge::new(f / 1e9).encode(m)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> Document {
+        crate::export::read(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/6.12-fentry.json"
+        )))
+        .expect("the committed recording")
+    }
+
+    #[test]
+    fn buckets_hold_every_call_at_exact_octave_bounds() {
+        let d = fixture();
+        for p in &d.probes {
+            for c in &p.contexts {
+                let Some(l) = &c.latency else { continue };
+                let b = buckets(l);
+                assert_eq!(b.len(), BUCKET_OCTAVES.count() + 1);
+                let all: u64 = l.buckets.iter().map(|x| x.count).sum();
+                assert_eq!(
+                    b.iter().map(|x| x.1).sum::<u64>(),
+                    all,
+                    "{} {}",
+                    p.name,
+                    c.context
+                );
+                // The calls below 1.024 us by the in-kernel buckets, and by the exposition.
+                let below: u64 = l
+                    .buckets
+                    .iter()
+                    .filter(|x| x.max_ns <= 1024)
+                    .map(|x| x.count)
+                    .sum();
+                let upto: u64 = b.iter().take_while(|x| x.0 <= 1.024e-6).map(|x| x.1).sum();
+                assert_eq!(below, upto, "{} {}", p.name, c.context);
+            }
+        }
+    }
+
+    #[test]
+    fn the_recording_as_prometheus_text() {
+        let d = fixture();
+        let t = encode(Some(&d), Format::Text);
+        assert!(t.contains("# TYPE memcg_trace_calls_total counter"), "{t}");
+        let charge = d.probes.iter().find(|p| p.name == "charge").unwrap();
+        let task = charge
+            .contexts
+            .iter()
+            .find(|c| c.context == "task")
+            .unwrap();
+        let line = format!(
+            "memcg_trace_calls_total{{probe=\"charge\",context=\"task\",symbol=\"{}\",backend=\"fentry\"}} {}",
+            charge.target, task.count
+        );
+        assert!(t.contains(&line), "{line}\n{t}");
+        assert!(t.contains("memcg_trace_latency_seconds_bucket{"), "{t}");
+        assert!(t.contains("le=\"+Inf\""), "{t}");
+        assert!(t.contains("memcg_trace_build_info{"), "{t}");
+        assert!(t.contains("memcg_trace_up 1"), "{t}");
+        assert!(!t.contains("# EOF"), "{t}");
+        let om = encode(Some(&d), Format::OpenMetrics);
+        assert!(om.ends_with("# EOF\n"), "{om}");
+        let starting = encode(None, Format::Text);
+        assert!(starting.contains("memcg_trace_up 0"), "{starting}");
+        assert_eq!(
+            starting.lines().filter(|l| !l.starts_with('#')).count(),
+            1,
+            "{starting}"
+        );
+    }
+}

@@ -1,0 +1,288 @@
+//! `memcg-trace serve` scraped by a real Prometheus (Debian's `prometheus` package) on this
+//! machine's kernel: its rate of the calls agrees with memcg-trace's own, `promtool check
+//! metrics` accepts a scrape, start-up and shutdown answer instead of hanging.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use memcg_trace_tests::*;
+
+/// A GET over HTTP/1.1 with `Connection: close`: (status, body).
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    // Chunked bodies (Prometheus's API) are decoded; ours has a length.
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((len, after)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(len.trim(), 16).ok()?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(after.get(..n)?);
+            rest = after.get(n + 2..)?;
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    Some((status, body))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Percent-encoding of a PromQL query for a URL.
+fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' | b'-' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The value of the series `name{labels}` in a Prometheus text exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// One instant query: the first result's value.
+fn query(port: u16, q: &str, at: f64) -> Option<f64> {
+    let (_, body) = get(
+        port,
+        &format!("/api/v1/query?query={}&time={at:.3}", encode(q)),
+    )?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+}
+
+/// A child stopped (SIGTERM) and reaped when the test ends, however it ends.
+struct Killed(Option<Child>);
+
+impl Killed {
+    /// SIGTERM now; its exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.0.take().expect("running");
+        // SAFETY: kill(2) of our child, not yet reaped.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        c.wait().expect("wait")
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[test]
+fn serve_is_scraped_by_a_real_prometheus() {
+    let name = "serve_is_scraped_by_a_real_prometheus";
+    if !is_root() {
+        skip(name, "needs root");
+        return;
+    }
+    let (prometheus, promtool) = (
+        Path::new("/usr/bin/prometheus"),
+        Path::new("/usr/bin/promtool"),
+    );
+    if !prometheus.exists() || !promtool.exists() {
+        skip(name, "prometheus missing (cargo xtask setup installs it)");
+        return;
+    }
+    let Some(hb) = hackbench_or_skip(name) else {
+        return;
+    };
+    let dir = scratch(name);
+    let (port, prom_port) = (free_port(), free_port());
+    let listen = format!("127.0.0.1:{port}");
+    let serve = Command::new(bin())
+        .args(["serve", "--listen", &listen, "--tick", "500ms", "--"])
+        .args([
+            "sh",
+            "-c",
+            &format!("while :; do {hb} -g 1 -l 200 >/dev/null; done"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start serve");
+    let mut serve = Killed(Some(serve));
+    // Start-up and then serving: every scrape is answered; up turns 1.
+    let t0 = Instant::now();
+    let text = loop {
+        if let Some((status, body)) = get(port, "/metrics") {
+            assert_eq!(status, 200, "{body}");
+            assert!(body.contains("memcg_trace_up "), "{body}");
+            if body.contains("memcg_trace_up 1") {
+                break body;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "serve never came up"
+        );
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(get(port, "/nothing").map(|r| r.0), Some(404));
+    // promtool accepts a scrape.
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let series = "memcg_trace_calls_total{probe=\"stat\",context=\"task\"";
+    assert!(text.contains(series), "{text}");
+    // A real Prometheus scraping every second.
+    let cfg = dir.join("prometheus.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: memcg-trace\n    static_configs:\n      - targets: ['{listen}']\n"
+        ),
+    )
+    .unwrap();
+    let prom = Command::new(prometheus)
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start prometheus");
+    let _prom = Killed(Some(prom));
+    let sel = "memcg_trace_calls_total{probe=\"stat\",context=\"task\"}";
+    let t0 = Instant::now();
+    loop {
+        let n = query(
+            prom_port,
+            &format!("count_over_time({sel}[1m])"),
+            unix_now(),
+        );
+        if n.is_some_and(|n| n >= 4.0) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "prometheus did not scrape serve 4 times (last count {n:?})"
+        );
+        thread::sleep(Duration::from_millis(500));
+    }
+    // memcg-trace's own rate over a window, from two scrapes of ours, and Prometheus's over
+    // the same window.
+    let ours = |t: &str| sample(t, series).expect("the stat task series");
+    let (ta, a) = (unix_now(), ours(&get(port, "/metrics").unwrap().1));
+    thread::sleep(Duration::from_secs(8));
+    let (tb, b) = (unix_now(), ours(&get(port, "/metrics").unwrap().1));
+    let own = (b - a) / (tb - ta);
+    // Let the scrape after tb land.
+    thread::sleep(Duration::from_secs(2));
+    let window = (tb - ta).round() as u64;
+    let prom_rate =
+        query(prom_port, &format!("rate({sel}[{window}s])"), tb).expect("prometheus's rate");
+    assert!(own > 0.0, "no calls counted: {a} -> {b}");
+    let diff = (prom_rate - own).abs() / own;
+    summary(
+        name,
+        &format!("calls/s over {window} s: memcg-trace {own:.0}, Prometheus rate() {prom_rate:.0} ({:+.1}%); scrape {} bytes, {} series", (prom_rate - own) / own * 100.0, text.len(), text.lines().filter(|l| !l.starts_with('#')).count()),
+    );
+    assert!(
+        diff <= 0.10,
+        "Prometheus's rate {prom_rate:.1}/s vs memcg-trace's {own:.1}/s: {:.1}% apart",
+        diff * 100.0
+    );
+    // Shutdown: SIGTERM ends serve cleanly (0), its memcg removed.
+    let st = serve.stop();
+    assert_eq!(st.code(), Some(0), "serve's exit");
+    assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
+    assert!(
+        get(port, "/metrics").is_none(),
+        "still listening after exit"
+    );
+}
+
+#[test]
+fn the_fleet_rules_check_and_evaluate() {
+    let name = "the_fleet_rules_check_and_evaluate";
+    let promtool = Path::new("/usr/bin/promtool");
+    if !promtool.exists() {
+        skip(
+            name,
+            "promtool missing (cargo xtask setup installs prometheus)",
+        );
+        return;
+    }
+    let dir = xtask::workspace_root().join("contrib/prometheus");
+    for args in [
+        ["check", "rules", "memcg-trace.rules.yml"],
+        ["test", "rules", "memcg-trace.rules.test.yml"],
+    ] {
+        let out = Command::new(promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -241,6 +241,126 @@ fn one_kernel(name: &str, short: &str) -> Option<kernels::Kernel> {
     Some(kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}")))
 }
 
+/// `serve` in a VM, where latencies exist: one scrape after the workload ended, then the
+/// recording of the same run (`-o`). The exposition's calls equal the recording's, and
+/// Prometheus's `histogram_quantile(0.99, ...)` computed on the scraped buckets falls in the
+/// octave that holds the recording's p99.
+#[test]
+fn vm_serve_6_12() {
+    let name = "vm_serve_6_12";
+    let short = "6.12";
+    let Some(kernel) = one_kernel(name, short) else {
+        return;
+    };
+    let r = vm::run(
+        &kernel,
+        &VmSpec {
+            name: format!("{short}-serve"),
+            script: xtask::serve_script(),
+            bins: vec![
+                bin(),
+                memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
+            ],
+            accel: accel(),
+            timeout: Duration::from_secs(900),
+            echo: false,
+            modules: Vec::new(),
+            mem_mb: 0,
+        },
+    )
+    .expect("start the VM");
+    assert!(
+        r.success,
+        "{short}: {}\n--- last console lines ({}) ---\n{}",
+        r.failure.as_deref().unwrap_or(""),
+        r.log.display(),
+        r.tail(60)
+    );
+    let doc = load_recording(&r.out_dir.join("serve.json"));
+    let text = fs::read_to_string(r.out_dir.join("metrics.txt")).expect("the scrape");
+    let charge = probe(&doc, "charge");
+    let task = charge
+        .contexts
+        .iter()
+        .find(|c| c.context == "task")
+        .expect("charge task");
+    let series = |suffix: &str, extra: &str| {
+        format!(
+            "memcg_trace_{suffix}{{probe=\"charge\",context=\"task\",symbol=\"{}\",backend=\"{}\"{extra}}} ",
+            charge.target, charge.backend
+        )
+    };
+    let value = |s: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(s))
+            .unwrap_or_else(|| panic!("{s} not in the scrape:\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // The scrape came after the workload; the recording adds what ran until the stop.
+    let scraped = value(&series("calls_total", ""));
+    assert!(
+        scraped > 0.0 && scraped <= task.count as f64 && scraped >= 0.95 * task.count as f64,
+        "scraped {scraped} vs recorded {}",
+        task.count
+    );
+    // histogram_quantile as Prometheus computes it: the bucket where the rank falls, linear
+    // inside it.
+    let les: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let rest =
+                l.strip_prefix(&series("latency_seconds_bucket", "").replace("\"} ", "\","))?;
+            let (le, v) = rest.strip_prefix("le=\"")?.split_once("\"} ")?;
+            Some((
+                if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                },
+                v.trim().parse().ok()?,
+            ))
+        })
+        .collect();
+    assert!(les.len() >= 20, "latency buckets: {les:?}\n{text}");
+    let total = les.last().unwrap().1;
+    let rank = 0.99 * total;
+    let i = les.iter().position(|b| b.1 >= rank).unwrap();
+    let (lo, below) = if i == 0 { (0.0, 0.0) } else { les[i - 1] };
+    let (hi, at) = les[i];
+    let q = lo + (hi - lo) * (rank - below) / (at - below);
+    let p99 = task
+        .latency
+        .as_ref()
+        .unwrap()
+        .percentiles
+        .iter()
+        .find(|x| (x.q - 0.99).abs() < 1e-9)
+        .expect("p99")
+        .ns as f64
+        / 1e9;
+    assert!(
+        lo < p99 && p99 <= hi * 1.0000001 && lo <= q && q <= hi,
+        "histogram_quantile(0.99) {q:e} s in ({lo:e}, {hi:e}], the recording's p99 {p99:e} s"
+    );
+    assert!(text.contains("memcg_trace_up 1"), "{text}");
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "{name}: scrape {} bytes, {} series; charge task: {scraped} calls scraped, {} recorded; histogram_quantile(0.99) {:.2} us, recording's p99 {:.2} us, both in ({:.2}, {:.2}] us\n",
+            text.len(),
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            task.count,
+            q * 1e6,
+            p99 * 1e6,
+            lo * 1e6,
+            hi * 1e6
+        )
+        .as_bytes(),
+    );
+}
+
 /// Charges that reclaim: a memcg at its memory.max with swap on zram, traced with the
 /// `try_charge` probe. The reclaiming calls are timed (latencies far above the fast path's),
 /// and none is lost for having slept or been preempted.

@@ -92,6 +92,11 @@ pub fn reclaim_script(memory_max: &str, seconds: u32) -> String {
     )
 }
 
+/// The guest script of the serve test (`xtask/guest/serve.sh`).
+pub fn serve_script() -> String {
+    include_str!("../guest/serve.sh").to_string()
+}
+
 /// A program on PATH (or in /usr/bin, /usr/sbin), with the apt package to install when missing.
 pub fn which(name: &str) -> Result<PathBuf> {
     for dir in std::env::var("PATH")

@@ -476,10 +476,9 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
             "--exclude",
             "memcg-trace-ebpf",
             "--",
+            // Every VM test runs in the VM step below (once).
             "--skip",
-            "vm_matrix_",
-            "--skip",
-            "vm_reclaim_",
+            "vm_",
         ])
         .env("MEMCG_TRACE_BIN", &bin)
         .env("MEMCG_TRACE_SKIP_FILE", &skip_file)

@@ -35,6 +35,9 @@ pub struct ServeArgs {
     /// figures to whoever can reach it.
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub listen: SocketAddr,
+    /// Also write the recording (JSON, as `record -o`) of the whole run when stopped.
+    #[arg(long, short = 'o')]
+    pub output: Option<std::path::PathBuf>,
 }
 
 /// A scrape's request for the latest figures.
@@ -42,6 +45,9 @@ type Ask = oneshot::Sender<Option<Arc<Document>>>;
 
 /// `memcg-trace serve`.
 pub async fn run(args: ServeArgs) -> Result<i32> {
+    if let Some(o) = &args.output {
+        export::check_writable(o)?;
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("--listen {}: cannot listen there", args.listen))?;
@@ -91,7 +97,10 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
     serving.store(false, Ordering::SeqCst);
     server.abort();
     let fin = s.finish(end).await?;
-    drop(fin);
+    if let Some(o) = &args.output {
+        export::write_atomic(o, &export::document(&fin.snapshot, &fin.meta))?;
+        eprintln!("memcg-trace: wrote {}", o.display());
+    }
     Ok(0)
 }
 

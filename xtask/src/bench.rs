@@ -35,6 +35,10 @@ pub struct Size {
     pub peer_hackbench: &'static str,
     /// Where the run goes, under target/: a smoke run never replaces a measurement.
     pub dir: &'static str,
+    /// `serve`'s cost: scrapes, and the seconds between them.
+    pub serve_scrapes: u32,
+    /// See `serve_scrapes`.
+    pub scrape_secs: u64,
 }
 
 /// The parts of the bench.
@@ -65,6 +69,8 @@ pub const FULL: Size = Size {
     rounds: 5,
     peer_hackbench: "-g 2 -l 200",
     dir: "bench",
+    serve_scrapes: 8,
+    scrape_secs: 15,
 };
 
 /// The smoke run of the test suite: one pair, tiny workloads; proves the bench runs.
@@ -76,6 +82,8 @@ pub const SMOKE: Size = Size {
     rounds: 1,
     peer_hackbench: "-g 1 -l 20",
     dir: "bench-smoke",
+    serve_scrapes: 2,
+    scrape_secs: 2,
 };
 
 fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
@@ -112,6 +120,85 @@ fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
             bail!("memcg-trace record --tick {tick} on the host failed: {status}");
         }
     }
+    serve_run(bin, out, size)
+}
+
+/// `serve` beside a looping hackbench, scraped every `scrape_secs` like Prometheus would: its
+/// own CPU (from /proc, the workload not included) over the scrapes and its peak RSS.
+fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
+    use std::io::{Read as _, Write as _};
+    let hb = crate::hackbench()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(bin)
+        .args(["serve", "--listen", &addr, "--", "sh", "-c"])
+        .arg(format!(
+            "while :; do {} {} >/dev/null; done",
+            hb.display(),
+            size.host_hackbench
+        ))
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let pid = child.id();
+    let scrape = || -> Option<String> {
+        let mut s = std::net::TcpStream::connect(&addr).ok()?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        Some(body)
+    };
+    let cpu = || -> Option<f64> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let f: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+        let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        // SAFETY: sysconf without side effects.
+        Some(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+    };
+    let result = (|| -> Result<serde_json::Value> {
+        let t0 = std::time::Instant::now();
+        while !scrape().is_some_and(|b| b.contains("memcg_trace_up 1")) {
+            if t0.elapsed() > std::time::Duration::from_secs(60) {
+                bail!("serve did not come up in 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let (start, cpu0) = (
+            std::time::Instant::now(),
+            cpu().context("serve's CPU time")?,
+        );
+        let mut bytes = 0;
+        for _ in 0..size.serve_scrapes {
+            std::thread::sleep(std::time::Duration::from_secs(size.scrape_secs));
+            bytes = scrape().context("a scrape")?.len();
+        }
+        let share = (cpu().context("serve's CPU time")? - cpu0) / start.elapsed().as_secs_f64();
+        let rss_kib: u64 = fs::read_to_string(format!("/proc/{pid}/status"))?
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .context("serve's VmHWM")?;
+        Ok(serde_json::json!({
+            "scrapes": size.serve_scrapes,
+            "scrape_secs": size.scrape_secs,
+            "cpu_share": share,
+            "peak_rss_kib": rss_kib,
+            "scrape_bytes": bytes,
+        }))
+    })();
+    // SAFETY: kill(2) of our child, not yet reaped.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let st = child.wait()?;
+    let v = result?;
+    if !st.success() {
+        bail!("serve ended with {st} after SIGTERM");
+    }
+    fs::write(out.join("serve.json"), serde_json::to_string_pretty(&v)?)?;
     Ok(())
 }
 
@@ -810,6 +897,31 @@ fn rows_for(
         ));
         if tick == "1s" {
             let rss = f(&v, "/meta/tracer/peak_rss_kib").unwrap_or(0.0) / 1024.0;
+            if tick == "1s" && host {
+                if let Ok(s) = read(&dir.join("serve.json")) {
+                    let share = f(&s, "/cpu_share").unwrap_or(f64::NAN);
+                    let srss = f(&s, "/peak_rss_kib").unwrap_or(f64::NAN) / 1024.0;
+                    let every = f(&s, "/scrape_secs").unwrap_or(0.0);
+                    rows.push(Row(
+                        format!("serve: daemon CPU, scraped every {every:.0} s beside hackbench"),
+                        place.into(),
+                        format!(
+                            "{:.3}% of a core ({} bytes a scrape)",
+                            share * 100.0,
+                            f(&s, "/scrape_bytes").unwrap_or(0.0)
+                        ),
+                        "<= 0.5%".into(),
+                        verdict(Some(share <= 0.005)),
+                    ));
+                    rows.push(Row(
+                        "serve: peak RSS".into(),
+                        place.into(),
+                        format!("{srss:.1} MiB"),
+                        "<= 32 MiB".into(),
+                        verdict(Some(srss <= 32.0)),
+                    ));
+                }
+            }
             let up = f(&v, "/meta/tracer/startup_ns").unwrap_or(0.0) / 1e9;
             let down = f(&v, "/meta/tracer/detach_ns").unwrap_or(0.0) / 1e9;
             rows.push(Row(

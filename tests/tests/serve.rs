@@ -141,6 +141,8 @@ fn serve_is_scraped_by_a_real_prometheus() {
             "-c",
             &format!("while :; do {hb} -g 1 -l 200 >/dev/null; done"),
         ])
+        // Start-up held for 3 s once the listener is up: scrapes meanwhile must be answered.
+        .env(memcg_trace::cmd::serve::SLOW_START, "3000")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -148,13 +150,18 @@ fn serve_is_scraped_by_a_real_prometheus() {
     let mut serve = Killed(Some(serve));
     // Start-up and then serving: every scrape is answered; up turns 1.
     let t0 = Instant::now();
+    let mut starting = 0;
     let text = loop {
         if let Some((status, body)) = get(port, "/metrics") {
             assert_eq!(status, 200, "{body}");
-            assert!(body.contains("memcg_trace_up "), "{body}");
-            if body.contains("memcg_trace_up 1") {
+            let up = sample(&body, "memcg_trace_up ");
+            if up == Some(1.0) {
                 break body;
             }
+            // Answered at once, with nothing but up 0.
+            assert_eq!(up, Some(0.0), "{body}");
+            assert!(!body.contains("memcg_trace_calls_total"), "{body}");
+            starting += 1;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(60),
@@ -162,6 +169,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
         );
         thread::sleep(Duration::from_millis(100));
     };
+    assert!(starting > 0, "no scrape was answered during start-up");
     assert_eq!(get(port, "/nothing").map(|r| r.0), Some(404));
     // promtool accepts a scrape.
     let mut check = Command::new(promtool)
@@ -240,7 +248,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
     let diff = (prom_rate - own).abs() / own;
     summary(
         name,
-        &format!("calls/s over {window} s: memcg-trace {own:.0}, Prometheus rate() {prom_rate:.0} ({:+.1}%); scrape {} bytes, {} series", (prom_rate - own) / own * 100.0, text.len(), text.lines().filter(|l| !l.starts_with('#')).count()),
+        &format!("calls/s over {window} s: memcg-trace {own:.0}, Prometheus rate() {prom_rate:.0} ({:+.1}%); scrape {} bytes, {} series; {starting} scrapes answered during start-up (up 0)", (prom_rate - own) / own * 100.0, text.len(), text.lines().filter(|l| !l.starts_with('#')).count()),
     );
     assert!(
         diff <= 0.10,
@@ -285,4 +293,43 @@ fn the_fleet_rules_check_and_evaluate() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[test]
+fn the_systemd_unit_verifies() {
+    let name = "the_systemd_unit_verifies";
+    let analyze = Path::new("/usr/bin/systemd-analyze");
+    if !analyze.exists() {
+        skip(name, "systemd-analyze missing (Debian's systemd package)");
+        return;
+    }
+    let unit = std::fs::read_to_string(xtask::workspace_root().join("contrib/memcg-trace.service"))
+        .unwrap();
+    assert!(
+        unit.contains("ExecStart=/usr/local/bin/memcg-trace serve"),
+        "{unit}"
+    );
+    assert!(unit.contains("DynamicUser=yes"), "not root: {unit}");
+    // The unit as installed, with this build as its binary.
+    let dir = scratch(name);
+    let path = dir.join("memcg-trace.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/local/bin/memcg-trace", bin().to_str().unwrap()),
+    )
+    .unwrap();
+    let out = Command::new(analyze)
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify: {said}"
+    );
 }

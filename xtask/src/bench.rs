@@ -162,7 +162,7 @@ fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
     };
     let result = (|| -> Result<serde_json::Value> {
         let t0 = std::time::Instant::now();
-        while !scrape().is_some_and(|b| b.contains("memcg_trace_up 1")) {
+        while !scrape().is_some_and(|b| b.lines().any(|l| l == "memcg_trace_up 1")) {
             if t0.elapsed() > std::time::Duration::from_secs(60) {
                 bail!("serve did not come up in 60 s");
             }

@@ -40,6 +40,10 @@ pub struct ServeArgs {
     pub output: Option<std::path::PathBuf>,
 }
 
+/// The tests' way to hold start-up for this many milliseconds after the listener is up, to
+/// prove scrapes meanwhile are answered (`memcg_trace_up 0`) rather than left hanging.
+pub const SLOW_START: &str = "MEMCG_TRACE_TEST_SLOW_START_MS";
+
 /// A scrape's request for the latest figures.
 type Ask = oneshot::Sender<Option<Arc<Document>>>;
 
@@ -56,6 +60,9 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
     // Set while the loop below answers: before (start-up) and after, scrapes get up 0 at once.
     let serving = Arc::new(AtomicBool::new(false));
     let server = tokio::spawn(accept(listener, ask_tx, serving.clone()));
+    if let Some(ms) = std::env::var(SLOW_START).ok().and_then(|v| v.parse().ok()) {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    }
     let opts = Options {
         verbosity: Verbosity::Normal,
         dashboard: false,

@@ -53,6 +53,22 @@ impl Series {
         self.max_ns.push(max);
     }
 
+    /// Adds a short tick to the last one: calls add, percentiles the larger (an upper bound).
+    fn merge_last(&mut self, calls: u64, p50: u64, p99: u64, max: u64) {
+        if let Some(c) = self.calls.last_mut() {
+            *c += calls;
+        }
+        for (v, x) in [
+            (&mut self.p50_ns, p50),
+            (&mut self.p99_ns, p99),
+            (&mut self.max_ns, max),
+        ] {
+            if let Some(l) = v.last_mut() {
+                *l = (*l).max(x);
+            }
+        }
+    }
+
     /// Calls per second in tick `i` of `h`.
     pub fn rate(&self, h: &History, i: usize) -> Option<f64> {
         let end = *h.t_ms.get(i)?;
@@ -80,6 +96,18 @@ impl Recorder {
             }
         }
         let ticks = self.history.t_ms.len();
+        let now_ms = snap.elapsed.as_millis() as u64;
+        // A tick shorter than half the one before (the final snapshot, taken at the stop,
+        // anywhere up to a tick after the last) joins it: no spiky rate, no zero-length tick.
+        let merge = ticks > 0 && {
+            let last = self.history.t_ms[ticks - 1];
+            let before = if ticks > 1 {
+                self.history.t_ms[ticks - 2]
+            } else {
+                0
+            };
+            2 * now_ms.saturating_sub(last) < last - before
+        };
         let empty = HistData::default();
         for p in &snap.probes {
             let before = self
@@ -128,15 +156,24 @@ impl Recorder {
                     .has_latency()
                     .then(|| figures::latency(&h, Duration::ZERO, &[0.5, 0.99]))
                     .flatten();
-                s.push(
+                let v = (
                     calls,
                     l.as_ref().and_then(|l| l.at(0.5)).unwrap_or(0),
                     l.as_ref().and_then(|l| l.at(0.99)).unwrap_or(0),
                     l.as_ref().map_or(0, |l| l.max_ns),
                 );
+                if merge {
+                    s.merge_last(v.0, v.1, v.2, v.3);
+                } else {
+                    s.push(v.0, v.1, v.2, v.3);
+                }
             }
         }
-        self.history.t_ms.push(snap.elapsed.as_millis() as u64);
+        if merge {
+            *self.history.t_ms.last_mut().expect("merge needs a tick") = now_ms;
+        } else {
+            self.history.t_ms.push(now_ms);
+        }
         // Rows without a snapshot row this tick (a probe gone) stay aligned.
         let n = self.history.t_ms.len();
         for s in &mut self.history.rows {
@@ -212,6 +249,15 @@ mod tests {
         // A repeated snapshot adds no tick.
         r.push(&snap(4, 4 * 45_000, 700, 120));
         assert_eq!(r.history().t_ms.len(), 4);
+        // The stop's snapshot 1 ms after the last tick joins it: the calls are kept, the
+        // tick is not a 1 ms spike.
+        let mut last = snap(4, 4 * 45_000 + 50, 700, 120);
+        last.elapsed += Duration::from_millis(1);
+        r.push(&last);
+        let h = r.history();
+        assert_eq!(h.t_ms, vec![1000, 2000, 3000, 4001]);
+        let task = h.rows.iter().find(|s| s.context == "task").unwrap();
+        assert_eq!(task.calls, vec![45_000, 45_000, 45_000, 45_050]);
     }
 
     #[test]

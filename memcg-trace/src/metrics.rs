@@ -5,7 +5,9 @@
 //! Label sets are bounded: probe, context (task, softirq, hardirq, nmi, or workload), symbol
 //! (the function or tracepoint traced) and backend, a few dozen series per metric at most.
 //! The latency histogram's buckets are the octaves of the in-kernel histogram, whose bucket
-//! bounds fall on powers of two: its counts at `le` are exact, not interpolated.
+//! bounds fall on powers of two: each `le` bucket holds exactly the calls shorter than its bound
+//! (a call of exactly 2^k ns, which `le` would put in the 2^k bucket, is in the next: the
+//! in-kernel buckets are half-open), not an interpolation.
 
 use std::sync::Arc;
 

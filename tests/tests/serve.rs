@@ -135,7 +135,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
     let (port, prom_port) = (free_port(), free_port());
     let listen = format!("127.0.0.1:{port}");
     let serve = Command::new(bin())
-        .args(["serve", "--listen", &listen, "--tick", "500ms", "--"])
+        .args(["serve", "--listen", &listen, "--tick", "250ms", "--"])
         .args([
             "sh",
             "-c",
@@ -151,8 +151,21 @@ fn serve_is_scraped_by_a_real_prometheus() {
     // Start-up and then serving: every scrape is answered; up turns 1.
     let t0 = Instant::now();
     let mut starting = 0;
+    let mut listening = false;
     let text = loop {
-        if let Some((status, body)) = get(port, "/metrics") {
+        let asked = Instant::now();
+        let got = get(port, "/metrics");
+        // Once the listener is up, every scrape is answered, and at once.
+        if listening {
+            assert!(got.is_some(), "a scrape during start-up was not answered");
+            assert!(
+                asked.elapsed() < Duration::from_secs(2),
+                "a scrape during start-up took {:?}",
+                asked.elapsed()
+            );
+        }
+        listening |= got.is_some();
+        if let Some((status, body)) = got {
             assert_eq!(status, 200, "{body}");
             let up = sample(&body, "memcg_trace_up ");
             if up == Some(1.0) {
@@ -170,6 +183,25 @@ fn serve_is_scraped_by_a_real_prometheus() {
         thread::sleep(Duration::from_millis(100));
     };
     assert!(starting > 0, "no scrape was answered during start-up");
+    // The thread that talks to the network holds no capability at all.
+    let pid = serve.0.as_ref().unwrap().id();
+    let http = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| t.ok())
+        .find(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "memcg-trace-htt")
+        })
+        .expect("the HTTP thread");
+    let status = std::fs::read_to_string(http.path().join("status")).unwrap();
+    for set in ["CapEff:", "CapPrm:", "CapInh:", "CapAmb:"] {
+        let v = status
+            .lines()
+            .find_map(|l| l.strip_prefix(set))
+            .unwrap_or("?")
+            .trim();
+        assert_eq!(v, "0000000000000000", "{set} of the HTTP thread");
+    }
     assert_eq!(get(port, "/nothing").map(|r| r.0), Some(404));
     // promtool accepts a scrape.
     let mut check = Command::new(promtool)
@@ -236,7 +268,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
     // the same window.
     let ours = |t: &str| sample(t, series).expect("the stat task series");
     let (ta, a) = (unix_now(), ours(&get(port, "/metrics").unwrap().1));
-    thread::sleep(Duration::from_secs(8));
+    thread::sleep(Duration::from_secs(12));
     let (tb, b) = (unix_now(), ours(&get(port, "/metrics").unwrap().1));
     let own = (b - a) / (tb - ta);
     // Let the scrape after tb land.

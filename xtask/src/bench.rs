@@ -144,6 +144,8 @@ fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
     let pid = child.id();
     let scrape = || -> Option<String> {
         let mut s = std::net::TcpStream::connect(&addr).ok()?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .ok()?;
         write!(
             s,
             "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"

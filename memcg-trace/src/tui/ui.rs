@@ -249,6 +249,38 @@ fn draw_ab_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
     }
     head.extend(["p99 A", "B", "change"]);
     let ns = |v: Option<u64>| v.map(|n| n as f64);
+    // A's rows with B's beside them, then rows only B has (A's cells empty; not selectable).
+    let only_b: Vec<&Row> = app
+        .compare
+        .as_ref()
+        .map(|c| {
+            c.rows
+                .iter()
+                .filter(|b| {
+                    !rows
+                        .iter()
+                        .any(|a| a.probe == b.probe && a.context == b.context)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let only_b_rows = only_b.iter().map(|b| {
+        let mut cells = vec![
+            Cell::from(b.probe.clone()),
+            Cell::from(b.context),
+            Cell::from("-"),
+            Cell::from(b.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
+            Cell::from("-"),
+        ];
+        let mut fig = |get: fn(&Row) -> Option<u64>| {
+            cells.extend([Cell::from("-"), Cell::from(opt_ns(get(b))), Cell::from("-")]);
+        };
+        if wide {
+            fig(|r| r.p50);
+        }
+        fig(|r| r.p99);
+        TRow::new(cells).style(Style::new().fg(Color::DarkGray))
+    });
     let body: Vec<TRow> = rows
         .iter()
         .map(|a| {
@@ -275,6 +307,7 @@ fn draw_ab_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
             fig(|r| r.p99);
             TRow::new(cells)
         })
+        .chain(only_b_rows)
         .collect();
     let mut widths = vec![
         Constraint::Length(16),
@@ -795,6 +828,37 @@ mod tests {
         // Narrow: still the change of calls/s and p99.
         let narrow = render(&app, 80, 24);
         assert!(narrow.contains("-50.0%"), "{narrow}");
+    }
+
+    #[test]
+    fn spectrum_and_ab_views_fit_any_terminal() {
+        let a = fixture();
+        let mut b = fixture();
+        // A row only B has.
+        b.probes[0].contexts.retain(|c| c.context == "task");
+        let mut extra = b.probes[0].clone();
+        extra.name = "only-in-b".into();
+        b.probes.push(extra);
+        let mut app = crate::cmd::top::recording_app(&a, "a.json");
+        crate::cmd::top::compare_with(&mut app, &b, "b.json");
+        let wide = render(&app, 120, 36);
+        assert!(wide.contains("only-in-b"), "{wide}");
+        for spectrum in [false, true] {
+            app.spectrum = spectrum;
+            for (w, h) in [
+                (120, 36),
+                (80, 24),
+                (40, 10),
+                (20, 5),
+                (10, 3),
+                (1, 1),
+                (80, 17),
+                (60, 18),
+            ] {
+                let s = render(&app, w, h);
+                assert_eq!(s.lines().count(), h as usize);
+            }
+        }
     }
 
     #[test]

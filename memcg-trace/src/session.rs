@@ -611,6 +611,25 @@ impl Finished {
 }
 
 impl Session {
+    /// [`Session::start`] for the commands whose exit status tells a start-up stopped by a
+    /// signal: then `Ok(Err(code))`, said on stderr.
+    pub async fn start_or_exit_code(
+        args: &LiveArgs,
+        opts: Options,
+        extra: impl FnOnce(&mut Tracer) -> Result<()>,
+    ) -> Result<std::result::Result<Session, i32>> {
+        match Session::start(args, opts, extra).await {
+            Ok(s) => Ok(Ok(s)),
+            Err(e) => match interrupted_exit_code(&e) {
+                Some(code) => {
+                    eprintln!("memcg-trace: {e:#}");
+                    Ok(Err(code))
+                }
+                None => Err(e),
+            },
+        }
+    }
+
     /// Starts a live trace: signal handlers first, then the workload's memcg, calibration and
     /// attach (`extra` may attach more programs before collection starts), the collector, and
     /// last the workload itself, so that its first call is already traced. A stop signal during

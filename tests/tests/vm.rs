@@ -241,6 +241,42 @@ fn one_kernel(name: &str, short: &str) -> Option<kernels::Kernel> {
     Some(kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}")))
 }
 
+/// Boots `kernel` with `script`, memcg-trace and hackbench in the initramfs (and `modules`),
+/// and fails with the tail of the guest console unless the script succeeded.
+fn boot(
+    kernel: &kernels::Kernel,
+    name: String,
+    script: String,
+    modules: Vec<std::path::PathBuf>,
+) -> vm::VmResult {
+    let r = vm::run(
+        kernel,
+        &VmSpec {
+            name,
+            script,
+            bins: vec![
+                bin(),
+                memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
+            ],
+            accel: accel(),
+            timeout: Duration::from_secs(900),
+            echo: false,
+            modules,
+            mem_mb: 0,
+        },
+    )
+    .expect("start the VM");
+    assert!(
+        r.success,
+        "{}: {}\n--- last console lines ({}) ---\n{}",
+        kernel.release,
+        r.failure.as_deref().unwrap_or(""),
+        r.log.display(),
+        r.tail(60)
+    );
+    r
+}
+
 /// `serve` in a VM, where latencies exist: one scrape after the workload ended, then the
 /// recording of the same run (`-o`). The exposition's calls equal the recording's, and
 /// Prometheus's `histogram_quantile(0.99, ...)` computed on the scraped buckets falls in the
@@ -252,29 +288,11 @@ fn vm_serve_6_12() {
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };
-    let r = vm::run(
+    let r = boot(
         &kernel,
-        &VmSpec {
-            name: format!("{short}-serve"),
-            script: xtask::serve_script(),
-            bins: vec![
-                bin(),
-                memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
-            ],
-            accel: accel(),
-            timeout: Duration::from_secs(900),
-            echo: false,
-            modules: Vec::new(),
-            mem_mb: 0,
-        },
-    )
-    .expect("start the VM");
-    assert!(
-        r.success,
-        "{short}: {}\n--- last console lines ({}) ---\n{}",
-        r.failure.as_deref().unwrap_or(""),
-        r.log.display(),
-        r.tail(60)
+        format!("{short}-serve"),
+        xtask::serve_script(),
+        Vec::new(),
     );
     let doc = load_recording(&r.out_dir.join("serve.json"));
     let text = fs::read_to_string(r.out_dir.join("metrics.txt")).expect("the scrape");
@@ -372,29 +390,11 @@ fn vm_reclaim_6_12() {
         return;
     };
     let modules = kernels::modules(&kernel, &["zram"]).expect("the zram module");
-    let r = vm::run(
+    let r = boot(
         &kernel,
-        &VmSpec {
-            name: format!("{short}-reclaim"),
-            script: xtask::reclaim_script("16M", 4),
-            bins: vec![
-                bin(),
-                memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
-            ],
-            accel: accel(),
-            timeout: Duration::from_secs(900),
-            echo: false,
-            modules,
-            mem_mb: 0,
-        },
-    )
-    .expect("start the VM");
-    assert!(
-        r.success,
-        "{short}: {}\n--- last console lines ({}) ---\n{}",
-        r.failure.as_deref().unwrap_or(""),
-        r.log.display(),
-        r.tail(60)
+        format!("{short}-reclaim"),
+        xtask::reclaim_script("16M", 4),
+        modules,
     );
     let doc = load_recording(&r.out_dir.join("reclaim.json"));
     let summary = fs::read_to_string(r.out_dir.join("reclaim.txt")).expect("summary");

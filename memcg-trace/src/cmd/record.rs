@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use crate::{
     export,
-    session::{self, End, Event, LiveArgs, Options, Session, Verbosity},
+    session::{End, Event, LiveArgs, Options, Session, Verbosity},
     snapshot::Snapshot,
     table,
     units::{fmt_count, parse_duration},
@@ -57,17 +57,9 @@ pub async fn run(args: RecordArgs) -> Result<i32> {
         dashboard: false,
         least_privilege: true,
     };
-    let mut s = match Session::start(&args.live, opts, |_| Ok(())).await {
+    let mut s = match Session::start_or_exit_code(&args.live, opts, |_| Ok(())).await? {
         Ok(s) => s,
-        Err(e) => {
-            return match session::interrupted_exit_code(&e) {
-                Some(code) => {
-                    eprintln!("memcg-trace: {e:#}");
-                    Ok(code)
-                }
-                None => Err(e),
-            }
-        }
+        Err(code) => return Ok(code),
     };
     let deadline = tokio::time::sleep(args.duration.unwrap_or(Duration::MAX / 4));
     tokio::pin!(deadline);

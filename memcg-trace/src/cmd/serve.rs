@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use crate::{
     export::{self, Document},
     metrics::{self, Format},
-    session::{self, End, Event, LiveArgs, Options, Session, Verbosity},
+    session::{End, Event, LiveArgs, Options, Session, Verbosity},
 };
 
 /// `serve` options.
@@ -83,17 +83,9 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
         dashboard: false,
         least_privilege: true,
     };
-    let mut s = match Session::start(&args.live, opts, |_| Ok(())).await {
+    let mut s = match Session::start_or_exit_code(&args.live, opts, |_| Ok(())).await? {
         Ok(s) => s,
-        Err(e) => {
-            return match session::interrupted_exit_code(&e) {
-                Some(code) => {
-                    eprintln!("memcg-trace: {e:#}");
-                    Ok(code)
-                }
-                None => Err(e),
-            };
-        }
+        Err(code) => return Ok(code),
     };
     s.without_history();
     serving.store(true, Ordering::SeqCst);

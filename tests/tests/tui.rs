@@ -255,7 +255,14 @@ fn tui_view_of_a_recording_steps_through_its_history() {
     let out = Command::new(bin())
         .args(["record", "-q", "--tick", "200ms", "-o"])
         .arg(&json)
-        .args(["--", &hb, "-g", "2", "-l", "300"])
+        // hackbench, then a second with no workload calls: several ticks whatever this
+        // machine's speed (hackbench alone took 0.25 s here, one 200 ms tick).
+        .args([
+            "--",
+            "sh",
+            "-c",
+            &format!("{hb} -g 2 -l 300 >/dev/null; sleep 1"),
+        ])
         .output()
         .expect("record");
     assert!(

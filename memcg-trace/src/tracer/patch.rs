@@ -64,65 +64,63 @@ fn code_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>> {
     Ok(out)
 }
 
+/// Walks every instruction of the executable sections of `elf` (an `ld_imm64` is one
+/// instruction of 16 bytes, others 8) and hands each to `rewrite`, which changes it in place
+/// and says whether it did; returns how many it changed.
+fn rewrite_insns(elf: &mut [u8], mut rewrite: impl FnMut(&mut [u8]) -> bool) -> Result<usize> {
+    let mut n = 0;
+    for (off, size) in code_sections(elf)? {
+        let code = &mut elf[off..off + size];
+        let mut i = 0;
+        while i + 8 <= code.len() {
+            let width = if code[i] == LD_IMM64 { 16 } else { 8 };
+            if i + width > code.len() {
+                break;
+            }
+            n += rewrite(&mut code[i..i + width]) as usize;
+            i += width;
+        }
+    }
+    Ok(n)
+}
+
 /// Rewrites every marker load in `elf` into a load of the kernel variable `btf_id`; returns
 /// how many it rewrote.
 pub fn percpu_var(elf: &mut [u8], btf_id: u32) -> Result<usize> {
     let lo = (PERCPU_VAR_MARKER as u32).to_le_bytes();
     let hi = ((PERCPU_VAR_MARKER >> 32) as u32).to_le_bytes();
-    let mut n = 0;
-    for (off, size) in code_sections(elf)? {
-        let code = &mut elf[off..off + size];
-        let mut i = 0;
-        while i + 16 <= code.len() {
-            let insn = &code[i..i + 16];
-            if insn[0] == LD_IMM64
-                && insn[1] >> 4 == 0
-                && insn[4..8] == lo
-                && insn[8..12] == [0; 4]
-                && insn[12..16] == hi
-            {
-                // dst_reg stays; src_reg = BPF_PSEUDO_BTF_ID; imm = the id; the second half's
-                // imm = 0: the id is in vmlinux, not a module.
-                code[i + 1] = (code[i + 1] & 0x0f) | (BPF_PSEUDO_BTF_ID << 4);
-                code[i + 4..i + 8].copy_from_slice(&btf_id.to_le_bytes());
-                code[i + 12..i + 16].copy_from_slice(&[0; 4]);
-                n += 1;
-                i += 16;
-            } else if insn[0] == LD_IMM64 {
-                i += 16;
-            } else {
-                i += 8;
-            }
+    rewrite_insns(elf, |insn| {
+        if insn.len() != 16
+            || insn[1] >> 4 != 0
+            || insn[4..8] != lo
+            || insn[8..12] != [0; 4]
+            || insn[12..16] != hi
+        {
+            return false;
         }
-    }
-    Ok(n)
+        // dst_reg stays; src_reg = BPF_PSEUDO_BTF_ID; imm = the id; the second half's imm =
+        // 0: the id is in vmlinux, not a module.
+        insn[1] = (insn[1] & 0x0f) | (BPF_PSEUDO_BTF_ID << 4);
+        insn[4..8].copy_from_slice(&btf_id.to_le_bytes());
+        insn[12..16].copy_from_slice(&[0; 4]);
+        true
+    })
 }
 
 /// Rewrites every `call` of helper number [`RDONLY_CAST_MARKER`] in `elf` into a call of the
 /// vmlinux kfunc `btf_id`; returns how many it rewrote.
 pub fn rdonly_cast(elf: &mut [u8], btf_id: u32) -> Result<usize> {
     let marker = RDONLY_CAST_MARKER.to_le_bytes();
-    let mut n = 0;
-    for (off, size) in code_sections(elf)? {
-        let code = &mut elf[off..off + size];
-        let mut i = 0;
-        while i + 8 <= code.len() {
-            let insn = &code[i..i + 8];
-            if insn[0] == CALL && insn[1] == 0 && insn[4..8] == marker {
-                // dst 0, src BPF_PSEUDO_KFUNC_CALL; off 0: the function is in vmlinux.
-                code[i + 1] = BPF_PSEUDO_KFUNC_CALL << 4;
-                code[i + 2..i + 4].copy_from_slice(&[0; 2]);
-                code[i + 4..i + 8].copy_from_slice(&btf_id.to_le_bytes());
-                n += 1;
-                i += 8;
-            } else if insn[0] == LD_IMM64 {
-                i += 16;
-            } else {
-                i += 8;
-            }
+    rewrite_insns(elf, |insn| {
+        if insn[0] != CALL || insn[1] != 0 || insn[4..8] != marker {
+            return false;
         }
-    }
-    Ok(n)
+        // dst 0, src BPF_PSEUDO_KFUNC_CALL; off 0: the function is in vmlinux.
+        insn[1] = BPF_PSEUDO_KFUNC_CALL << 4;
+        insn[2..4].copy_from_slice(&[0; 2]);
+        insn[4..8].copy_from_slice(&btf_id.to_le_bytes());
+        true
+    })
 }
 
 #[cfg(test)]

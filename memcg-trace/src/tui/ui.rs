@@ -522,39 +522,41 @@ fn draw_sparkline(f: &mut Frame, app: &App, r: &Row, area: Rect) {
         Some(ms) => format!(" at {:.1}s", *ms as f64 / 1e3),
         None => String::new(),
     };
-    let (rates, rate_at) = window(app.history.get(&key));
-    let peak = rates.iter().max().copied().unwrap_or(0);
-    let title = match rate_at {
-        Some(v) if !when.is_empty() => format!(
-            " calls/s{when}: {}, peak {} ",
-            fmt_count(v as f64),
-            fmt_count(peak as f64)
-        ),
-        _ => format!(" calls/s, peak {} ", fmt_count(peak as f64)),
+    // One pane per series: its title gives the value at the step and the largest shown.
+    let mut pane = |area: Rect,
+                    series: Option<&std::collections::VecDeque<u64>>,
+                    (name, stepped, most): (&str, &str, &str),
+                    fmt: fn(f64) -> String,
+                    colour: Color| {
+        let (data, at) = window(series);
+        let top = fmt(data.iter().max().copied().unwrap_or(0) as f64);
+        let title = match at {
+            Some(v) if !when.is_empty() => {
+                format!(" {stepped}{when}: {}, {most} {top} ", fmt(v as f64))
+            }
+            _ => format!(" {name}, {most} {top} "),
+        };
+        f.render_widget(
+            Sparkline::default()
+                .block(Block::bordered().title(title))
+                .data(&data)
+                .style(Style::new().fg(colour)),
+            area,
+        );
     };
-    f.render_widget(
-        Sparkline::default()
-            .block(Block::bordered().title(title))
-            .data(&rates)
-            .style(Style::new().fg(Color::Green)),
+    pane(
         top,
+        app.history.get(&key),
+        ("calls/s", "calls/s", "peak"),
+        fmt_count,
+        Color::Green,
     );
-    let (p99s, p99_at) = window(app.p99_history.get(&key));
-    let worst = p99s.iter().max().copied().unwrap_or(0);
-    let title = match p99_at {
-        Some(v) if !when.is_empty() => format!(
-            " p99{when}: {}, worst {} ",
-            fmt_ns(v as f64),
-            fmt_ns(worst as f64)
-        ),
-        _ => format!(" p99 per tick, worst {} ", fmt_ns(worst as f64)),
-    };
-    f.render_widget(
-        Sparkline::default()
-            .block(Block::bordered().title(title))
-            .data(&p99s)
-            .style(Style::new().fg(Color::Yellow)),
+    pane(
         bottom,
+        app.p99_history.get(&key),
+        ("p99 per tick", "p99", "worst"),
+        fmt_ns,
+        Color::Yellow,
     );
 }
 

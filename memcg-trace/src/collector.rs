@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{anyhow, Result};
 use tokio::{
-    sync::{mpsc, watch},
+    sync::{mpsc, oneshot, watch},
     task::JoinHandle,
     time::MissedTickBehavior,
 };
@@ -29,6 +29,8 @@ pub struct Final {
 
 enum Control {
     Tick(Duration),
+    /// Take a snapshot at once, publish it, and hand it back.
+    Now(oneshot::Sender<Arc<Snapshot>>),
     Stop,
 }
 
@@ -68,6 +70,16 @@ impl Collector {
         let _ = self.control.send(Control::Tick(tick));
     }
 
+    /// Takes a snapshot now (besides the ticks), publishes it like a tick's and returns it: for
+    /// figures that must include everything up to this moment (a workload that just exited).
+    pub async fn now(&self) -> Result<Arc<Snapshot>> {
+        let (tx, rx) = oneshot::channel();
+        self.control
+            .send(Control::Now(tx))
+            .map_err(|_| anyhow!("the collector stopped"))?;
+        rx.await.map_err(|_| anyhow!("the collector stopped"))
+    }
+
     /// Stops collecting: detaches every program and returns the final figures.
     pub async fn finish(self) -> Result<Final> {
         let _ = self.control.send(Control::Stop);
@@ -99,6 +111,12 @@ async fn run(
             }
             c = control.recv() => match c {
                 Some(Control::Tick(t)) => ticks = interval(t),
+                Some(Control::Now(reply)) => {
+                    tracer.flush_log();
+                    let snap = Arc::new(tracer.snapshot()?);
+                    let _ = tx.send(snap.clone());
+                    let _ = reply.send(snap);
+                }
                 Some(Control::Stop) | None => break,
             },
         }

@@ -795,6 +795,16 @@ impl Session {
         }
     }
 
+    /// Takes a snapshot now instead of waiting for the tick, so that `latest` includes every
+    /// call made until this moment. The snapshot also comes as the next `Tick` event.
+    pub async fn refresh(&self) -> Result<Arc<Snapshot>> {
+        self.collector
+            .as_ref()
+            .expect("refreshed before finishing")
+            .now()
+            .await
+    }
+
     /// Keep no history: nothing will be recorded (`serve`).
     pub fn without_history(&mut self) {
         self.keep_history = false;

@@ -1,5 +1,5 @@
 # Guest script of the serve test: `memcg-trace serve` with a workload, one scrape of /metrics
-# after the workload exited (the figures frozen), then SIGTERM, which writes the recording of
+# after the workload exited (its rows final), then SIGTERM, which writes the recording of
 # the same run (-o) for the host to compare the two.
 ifconfig lo 127.0.0.1 up
 memcg-trace serve --listen 127.0.0.1:9464 -o /out/serve.json -- hackbench -g 1 -l 100 \

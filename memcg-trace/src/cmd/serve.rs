@@ -94,8 +94,11 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
         tokio::select! {
             ev = s.next() => match ev? {
                 Event::Tick(_) => {}
-                // The figures freeze; serving goes on until stopped.
+                // The workload's rows are final now: take them at once rather than at the
+                // next tick, so a scrape from here on has all of them. Serving goes on until
+                // stopped (the system-wide rows keep counting).
                 Event::WorkloadExited(code) => {
+                    s.refresh().await?;
                     eprintln!(
                         "memcg-trace: the workload exited ({}); still serving",
                         code.map_or("killed".into(), |c| c.to_string())

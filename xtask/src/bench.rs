@@ -1057,6 +1057,17 @@ pub fn bench(
     )?;
     let peer = peer_rows(&peer_dir, kernel, &mut rows)?;
     let loss = loss_rows(&loss_dir, &mut rows)?;
+    // The smoke run's workloads last a fraction of a second: fixed costs (spawning the
+    // workload, the last read) dominate every figure. It proves the bench runs; verdicts come
+    // from the full run only.
+    let smoke = size.dir == SMOKE.dir;
+    if smoke {
+        for r in &mut rows {
+            if r.4 == "met" || r.4 == "MISSED" {
+                r.4 = "smoke: no verdict";
+            }
+        }
+    }
     let report = serde_json::json!({
         "host": host,
         "vm": { "kernel": kernel, "results": vm },
@@ -1068,7 +1079,12 @@ pub fn bench(
         root.join("report.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
-    let mut md = String::from("# memcg-trace bench\n\nHost: this machine's kernel (tracepoint backend). VM: Debian stock kernel under single-threaded TCG, where absolute costs are inflated 10-100x; read the ratios.\n\n| figure | where | value | target | verdict |\n|---|---|---|---|---|\n");
+    let mut md = String::from(if smoke {
+        "# memcg-trace bench (smoke run: tiny workloads, no verdicts)\n\n"
+    } else {
+        "# memcg-trace bench\n\n"
+    });
+    md.push_str("Host: this machine's kernel (tracepoint backend). VM: Debian stock kernel under single-threaded TCG, where absolute costs are inflated 10-100x; read the ratios.\n\n| figure | where | value | target | verdict |\n|---|---|---|---|---|\n");
     let mut summary = String::new();
     for r in &rows {
         let _ = writeln!(md, "| {} | {} | {} | {} | {} |", r.0, r.1, r.2, r.3, r.4);

@@ -190,6 +190,8 @@ pub mod names {
     /// Tracepoint hits by (probe, context), per CPU: (hits, workload hits), where
     /// `Config::tp_percpu` is set.
     pub const MAP_TP_HITS: &str = "TP_HITS";
+    /// Timed calls per call site, with `--callers` (see [`super::CallerKey`]).
+    pub const MAP_CALLERS: &str = "CALLERS";
     /// Read-only global: the kernel layout.
     pub const GLOBAL_LAYOUT: &str = "LAYOUT";
     /// Read-only global: the settings ([`super::Config`]).
@@ -347,7 +349,14 @@ pub struct Counters {
     /// `KernelLayout::cross_cpu_clock`), or whose clock read went back (see [`off_cpu`]); they
     /// add nothing to `off_cpu_ns`.
     pub off_cpu_unknown: u64,
+    /// With `Config::callers`: timed calls whose call site found no room in the bounded
+    /// `CALLERS` map (or lost a race for it); they are the "other" row, so that the sites' calls
+    /// and these add up to the timed calls.
+    pub callers_other: u64,
+    /// Keeps a cell 160 bytes long: every fourth (each task cell) starts a cache line.
+    pub _pad: u64,
 }
+const _: () = assert!((core::mem::size_of::<Counters>() * NUM_CTX).is_multiple_of(64));
 
 impl Counters {
     /// Adds another CPU's counters.
@@ -370,6 +379,7 @@ impl Counters {
         self.off_cpu_ns += o.off_cpu_ns;
         self.off_cpu_max_ns = self.off_cpu_max_ns.max(o.off_cpu_max_ns);
         self.off_cpu_unknown += o.off_cpu_unknown;
+        self.callers_other += o.callers_other;
     }
 }
 
@@ -423,6 +433,9 @@ pub struct Pending {
     pub ctx: u32,
     /// `PENDING_*` flags.
     pub flags: u32,
+    /// With `Config::callers`: the return address into the function that made the call (0
+    /// when it could not be read).
+    pub caller: u64,
 }
 
 /// The call was made by a task of the workload's cgroup.
@@ -466,6 +479,8 @@ pub struct Deferred {
     pub _pad: u16,
     /// Switched task calls: time off the CPU, ns (0 with `DEFERRED_OFF_UNKNOWN`).
     pub off_ns: u64,
+    /// The call site (`Pending::caller`).
+    pub caller: u64,
 }
 
 /// The call was made by a task of the workload's cgroup.
@@ -547,8 +562,88 @@ pub struct Config {
     /// userspace can read it only through the map syscalls, which would make kprobe programs
     /// on that CPU miss their runs meanwhile. So only on kernels without kprobes.
     pub tp_percpu: u32,
-    /// Keeps the struct free of implicit padding.
-    pub _pad: u32,
+    /// Non-zero with `--callers`: the entry programs read the call site and the exit programs
+    /// count each timed call under it in `CALLERS`.
+    pub callers: u32,
+}
+
+/// Call sites kept per run in the `CALLERS` map (all probes and contexts together); the calls
+/// of sites beyond it are counted in `Counters::callers_other`.
+pub const MAX_CALLERS: u32 = 1024;
+
+/// Linear sub-buckets per power of two of a call site's histogram, as a power of two: coarser
+/// than a probe's (a quarter octave, 19% wide at most), so that a thousand sites fit in 2 MiB.
+pub const CALLER_SUB_BITS: u32 = 2;
+/// Buckets of a call site's histogram: every u64 fits (`caller_bucket_index`).
+pub const CALLER_BUCKETS: usize = 256;
+const _: () = assert!(
+    (1 << CALLER_SUB_BITS) + (64 - CALLER_SUB_BITS as usize) * (1 << CALLER_SUB_BITS)
+        <= CALLER_BUCKETS
+);
+
+/// The bucket of a call site's histogram that counts `ns`.
+#[inline(always)]
+pub const fn caller_bucket_index(ns: u64) -> usize {
+    let sub = 1u64 << CALLER_SUB_BITS;
+    if ns < sub {
+        return ns as usize;
+    }
+    let p = ilog2(ns);
+    let s = (ns >> (p - CALLER_SUB_BITS)) & (sub - 1);
+    (sub + (p - CALLER_SUB_BITS) as u64 * sub + s) as usize
+}
+
+/// The half-open range `[lo, hi)` of nanoseconds counted in a call site's bucket `i` (the last
+/// one ends at `u64::MAX`).
+pub const fn caller_bucket_bounds(i: usize) -> (u64, u64) {
+    let sub = 1u64 << CALLER_SUB_BITS;
+    let i = i as u64;
+    if i < sub {
+        return (i, i + 1);
+    }
+    let p = (i - sub) / sub + CALLER_SUB_BITS as u64;
+    if p >= 64 {
+        return (u64::MAX, u64::MAX);
+    }
+    let s = (i - sub) % sub;
+    let width = 1u64 << (p - CALLER_SUB_BITS as u64);
+    let lo = (1u64 << p) + s * width;
+    (lo, lo.saturating_add(width))
+}
+
+/// A call site of one probe in one context: the key of `CALLERS`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq, Hash)]
+pub struct CallerKey {
+    /// The return address into the calling function (0: could not be read).
+    pub caller: u64,
+    /// Probe slot.
+    pub probe: u32,
+    /// Context (`CTX_*`).
+    pub ctx: u32,
+}
+
+/// The timed calls of one call site: the value of `CALLERS`. Updated atomically (the map is
+/// shared by every CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallerStat {
+    /// Calls.
+    pub count: u64,
+    /// Sum of their latencies, ns.
+    pub sum_ns: u64,
+    /// Calls per bucket (`caller_bucket_index`).
+    pub buckets: [u64; CALLER_BUCKETS],
+}
+
+impl Default for CallerStat {
+    fn default() -> Self {
+        CallerStat {
+            count: 0,
+            sum_ns: 0,
+            buckets: [0; CALLER_BUCKETS],
+        }
+    }
 }
 
 /// Entries per CPU of the shared (mmap-able) arrays: one per (probe, context).
@@ -736,4 +831,38 @@ mod pod {
     unsafe impl aya::Pod for super::CpuState {}
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::KernelLayout {}
+    unsafe impl aya::Pod for super::CallerKey {}
+    unsafe impl aya::Pod for super::CallerStat {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caller_buckets_hold_their_values_and_tile_the_range() {
+        let mut prev_hi = 0;
+        for i in 0..CALLER_BUCKETS {
+            let (lo, hi) = caller_bucket_bounds(i);
+            if lo == u64::MAX {
+                break;
+            }
+            assert_eq!(
+                lo,
+                prev_hi,
+                "bucket {i} starts where {} ended",
+                i.wrapping_sub(1)
+            );
+            assert_eq!(caller_bucket_index(lo), i);
+            assert_eq!(caller_bucket_index(hi - 1), i);
+            // A quarter octave: never wider than a quarter of its lower bound (from 4 ns).
+            assert!(lo < 4 || (hi - lo) * 4 <= lo, "bucket {i}: [{lo}, {hi})");
+            prev_hi = hi;
+        }
+        assert_eq!(
+            caller_bucket_bounds(caller_bucket_index(u64::MAX)).1,
+            u64::MAX
+        );
+        assert!(caller_bucket_index(u64::MAX) < CALLER_BUCKETS);
+    }
 }

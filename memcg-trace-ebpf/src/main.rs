@@ -33,11 +33,12 @@ use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_current_task_btf,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_loop, bpf_map_lookup_percpu_elem,
-        bpf_probe_read_kernel, bpf_seq_write, bpf_this_cpu_ptr,
+        bpf_get_func_arg_cnt, bpf_get_func_ip, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_loop, bpf_map_lookup_percpu_elem, bpf_probe_read_kernel, bpf_seq_write,
+        bpf_this_cpu_ptr,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
-    maps::{Array, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{
         BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RawTracePointContext,
         RetProbeContext,
@@ -46,12 +47,13 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
-    bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu, task_slot_hint, test_op,
-    workload_cell, Config, Counters, CpuState, Deferred, Hist, KernelLayout, Pending, PendingSet,
-    CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN,
-    DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES,
-    NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER,
-    RDONLY_CAST_MARKER, TASK_SLOTS, WINDOW_OPEN,
+    bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
+    task_slot_hint, test_op, workload_cell, CallerKey, CallerStat, Config, Counters, CpuState,
+    Deferred, Hist, KernelLayout, Pending, PendingSet, CALLER_BUCKETS, CTX_CHECK_COLS,
+    CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED,
+    DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, NUM_BUCKETS, NUM_CTX,
+    PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, TASK_SLOTS,
+    WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -104,7 +106,7 @@ static CONFIG: Config = Config {
     preemptible: 1,
     workload_owned: 0,
     tp_percpu: 0,
-    _pad: 0,
+    callers: 0,
 };
 
 /// Histograms by (CPU, probe, context); each CPU writes its own region, userspace maps the
@@ -135,6 +137,14 @@ static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 /// Per probe slot: WINDOW_OPEN while both programs of the slot are attached (set by userspace).
 #[map]
 static WINDOW: Array<u64> = Array::with_max_entries(MAX_PROBES as u32, 0);
+
+/// Timed calls per call site (`--callers`), sized by userspace: 1 entry when off.
+#[map]
+static CALLERS: HashMap<CallerKey, CallerStat> = HashMap::with_max_entries(1, 0);
+
+/// One zeroed `CallerStat`: the value a new call site starts from (too large for the stack).
+#[map]
+static CALLER_ZERO: Array<CallerStat> = Array::with_max_entries(1, 0);
 
 /// Per probe slot: the per-CPU address of the fentry program's recursion-miss counter (its
 /// `prog->stats` plus the offset of `misses`), filled in by userspace before the program is
@@ -611,9 +621,36 @@ fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, atomic: boo
     }
 }
 
+/// Counts a timed call under its call site (`--callers`); a site that finds no room (the map
+/// is full, or its insertion lost a race) goes to the "other" counter.
+#[inline(always)]
+fn count_caller(cs: &mut Counters, probe: u32, ctx: u32, caller: u64, ns: u64) {
+    let key = CallerKey { caller, probe, ctx };
+    let mut v = CALLERS.get_ptr_mut(&key);
+    if v.is_none() {
+        if let Some(zero) = CALLER_ZERO.get(0) {
+            // BPF_NOEXIST: a site inserted meanwhile by another CPU is kept, and found below.
+            let _ = CALLERS.insert(&key, zero, 1);
+            v = CALLERS.get_ptr_mut(&key);
+        }
+    }
+    match v {
+        Some(v) => {
+            // SAFETY: pointer from a successful map lookup; shared by every CPU, so every
+            // update is atomic.
+            let v = unsafe { &mut *v };
+            add(&mut v.count, 1, true);
+            add(&mut v.sum_ns, ns, true);
+            let i = caller_bucket_index(ns) & (CALLER_BUCKETS - 1);
+            add(&mut v.buckets[i], 1, true);
+        }
+        None => add(&mut cs.callers_other, 1, true),
+    }
+}
+
 /// Hands a pair to userspace for confirmation; false when the ring buffer is full.
 #[inline(always)]
-fn defer(probe: u32, ctx: u32, start: u64, end: u64, flags: u8, off_ns: u64) -> bool {
+fn defer(probe: u32, ctx: u32, start: u64, end: u64, flags: u8, off_ns: u64, caller: u64) -> bool {
     match DEFERRED.reserve::<Deferred>(0) {
         Some(mut e) => {
             e.write(Deferred {
@@ -624,6 +661,7 @@ fn defer(probe: u32, ctx: u32, start: u64, end: u64, flags: u8, off_ns: u64) -> 
                 flags,
                 _pad: 0,
                 off_ns,
+                caller,
             });
             e.submit(BPF_RB_NO_WAKEUP as u64);
             true
@@ -682,7 +720,8 @@ fn vacate(set: &mut PendingSet, i: usize) {
 
 /// Entry half: remember the call.
 #[inline(always)]
-fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool) {
+/// `caller`: the call site (`Pending::caller`), 0 without `--callers`.
+fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool, caller: u64) {
     let key = k.frame;
     let cpu = env.cpu();
     let atomic = env.atomic();
@@ -713,6 +752,7 @@ fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool) {
         };
         p.flags = flags;
         p.switches = misses;
+        p.caller = caller;
         p.key = key;
         p.ts = env.now();
         return;
@@ -773,6 +813,7 @@ fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool) {
     p.switches = switches;
     p.ctx = CTX_TASK;
     p.flags = flags;
+    p.caller = caller;
     p.ts = env.now();
     // After the timestamp: time off the CPU before it is not part of the call's latency.
     p.clock = env.clock(task);
@@ -986,7 +1027,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         }
     }
     if deferred {
-        if defer(probe, ctx, call.ts, now, flags, off) {
+        if defer(probe, ctx, call.ts, now, flags, off, call.caller) {
             add(&mut cs.deferred, 1, atomic);
         } else {
             add(&mut cs.deferred_lost, 1, atomic);
@@ -995,6 +1036,9 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     }
     add(&mut cs.paired, 1, atomic);
     count_paired(cpu, probe, ctx, call.flags, ns, atomic);
+    if config().callers != 0 {
+        count_caller(cs, probe, ctx, call.caller, ns);
+    }
 }
 
 /// A run that could not find this CPU's state (per-CPU base not verified): counted, nothing
@@ -1105,6 +1149,72 @@ impl Key {
     }
 }
 
+/// fentry: the call site, from the trampoline's frame. The trampoline saves the traced
+/// function's argument registers at the program's context, `nr` words (the count is in the word
+/// before them), then, if an exit program is attached, a word for the return value, then its
+/// frame pointer, then its return address: into the traced function just past its patched
+/// first instruction when the function *calls* the trampoline (and above it the return address
+/// into the caller), or, from 7.x on where the function *jumps* to it (an exit program
+/// attached, `DYNAMIC_FTRACE_WITH_JMP`), straight into the caller. Each layout is recognised
+/// by what it holds: a return address a few bytes into the traced function, or one right after
+/// a call of it. When neither checks, the site is unknown (0), never a guess.
+#[inline(always)]
+fn fentry_caller(ctx: &FEntryContext) -> u64 {
+    // SAFETY: helpers the verifier inlines into loads from the trampoline's frame.
+    let (nr, ip) = unsafe {
+        (
+            bpf_get_func_arg_cnt(ctx.as_ptr()) as usize,
+            bpf_get_func_ip(ctx.as_ptr()),
+        )
+    };
+    if nr > 12 {
+        return 0;
+    }
+    // SAFETY: a fault-safe read of the trampoline's stack frame.
+    let Ok(w) = (unsafe { bpf_probe_read_kernel(ctx.as_ptr() as *const [u64; 16]) }) else {
+        return 0;
+    };
+    let at = |i: usize| w.get(i).copied().unwrap_or(0);
+    let into_fn = |a: u64| a.wrapping_sub(ip).wrapping_sub(1) < 16;
+    if into_fn(at(nr + 1)) {
+        return at(nr + 2);
+    }
+    if into_fn(at(nr + 2)) {
+        return at(nr + 3);
+    }
+    let ret = at(nr + 2);
+    if calls_fn(ret, ip) {
+        ret
+    } else {
+        0
+    }
+}
+
+/// Whether the instruction before return address `ret` is a direct call (`e8 rel32`) of the
+/// function at `ip` (or of its call-depth thunk or endbr just before it).
+#[inline(always)]
+fn calls_fn(ret: u64, ip: u64) -> bool {
+    if ret < 8 {
+        return false;
+    }
+    // SAFETY: a fault-safe read of the code before the return address.
+    let Ok(code) = (unsafe { bpf_probe_read_kernel((ret - 8) as *const u64) }) else {
+        return false;
+    };
+    let op = (code >> 24) as u8;
+    let rel = (code >> 32) as u32 as i32 as i64 as u64;
+    let target = ret.wrapping_add(rel);
+    op == 0xe8 && ip.wrapping_sub(target).wrapping_add(16) < 48
+}
+
+/// kprobe at a function's entry: the stack pointer points at the return address into the
+/// caller.
+#[inline(always)]
+fn kprobe_caller(ctx: &ProbeContext) -> u64 {
+    // SAFETY: ctx.regs points at the probe's pt_regs; the stack is read fault-safely.
+    unsafe { bpf_probe_read_kernel((*ctx.regs).rsp as *const u64) }.unwrap_or(0)
+}
+
 macro_rules! probe_slot {
     ($n:expr, $fentry:ident, $fexit:ident, $kprobe:ident, $kretprobe:ident, $tp:ident) => {
         #[fentry]
@@ -1114,7 +1224,12 @@ macro_rules! probe_slot {
                     st,
                     preemptible: true,
                 };
-                pair_entry(&env, $n, Key::fentry(&ctx), true);
+                let caller = if config().callers != 0 {
+                    fentry_caller(&ctx)
+                } else {
+                    0
+                };
+                pair_entry(&env, $n, Key::fentry(&ctx), true, caller);
             } else {
                 no_state($n, false);
             }
@@ -1140,7 +1255,12 @@ macro_rules! probe_slot {
                     st,
                     preemptible: false,
                 };
-                pair_entry(&env, $n, Key::kprobe(&ctx), false);
+                let caller = if config().callers != 0 {
+                    kprobe_caller(&ctx)
+                } else {
+                    0
+                };
+                pair_entry(&env, $n, Key::kprobe(&ctx), false, caller);
             } else {
                 no_state($n, false);
             }
@@ -1411,7 +1531,8 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         cross_cpu_clock: a(10) == 0,
     };
     match a(0) {
-        test_op::ENTRY => pair_entry(&given, probe, Key::given(a(2)), a(7) & 2 != 0),
+        // The call site of a test call: its frame with the lowest bit set (frames are aligned).
+        test_op::ENTRY => pair_entry(&given, probe, Key::given(a(2)), a(7) & 2 != 0, a(2) | 1),
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),
         test_op::BUCKET => count_paired(st.cpu, probe, CTX_TASK, 0, a(2), false),

@@ -287,8 +287,43 @@ pub struct ContextOut {
     /// ambiguous + no_context_entries + no_context_exits.
     #[serde(default)]
     pub lost: u64,
+    /// With `--callers`: timed calls whose call site found no room in the kernel's bounded
+    /// map (the "other" row): the sites' calls of this context and these add up to `count`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub callers_other: u64,
     /// Latency figures; absent for counts-only backends.
     pub latency: Option<Latency>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// The timed calls of one call site of a probe in one context (`--callers`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CallerOut {
+    /// `task`, `softirq`, `hardirq` or `nmi`.
+    pub context: String,
+    /// The calling function, `function+0xoffset` of the return address (with ` [module]` for
+    /// module text); `unknown` when the return address could not be read.
+    pub site: String,
+    /// The return address, hex (this boot's; KASLR moves it between boots).
+    pub address: String,
+    /// Calls.
+    pub calls: u64,
+    /// Share of the context's timed calls.
+    pub share_of_calls: Option<f64>,
+    /// Sum of their latencies, ns.
+    pub sum_ns: u64,
+    /// Share of the context's summed latency.
+    pub share_of_time: Option<f64>,
+    /// Median latency, ns (interpolated in quarter-octave buckets).
+    pub p50_ns: Option<u64>,
+    /// 99th percentile, ns (likewise).
+    pub p99_ns: Option<u64>,
+    /// The histogram, sparse: [bucket, calls] pairs of the quarter-octave buckets
+    /// (`caller_bucket_bounds`).
+    pub buckets: Vec<[u64; 2]>,
 }
 
 /// Latency of one (probe, context) pair.
@@ -360,6 +395,9 @@ pub struct ProbeOut {
     /// The workload's share, when memcg-trace ran one: task-context calls made by tasks of the
     /// workload's cgroup.
     pub workload: Option<WorkloadOut>,
+    /// With `--callers`: the call sites of the timed calls, per context, costliest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub callers: Vec<CallerOut>,
 }
 
 /// Task-context calls made by tasks of the workload's cgroup.
@@ -592,7 +630,33 @@ fn probes_out(
                             no_context_entries: k.no_context_entries,
                             no_context_exits: k.no_context_exits,
                             lost: c.lost(),
+                            callers_other: k.callers_other,
                             latency: timed.then(|| latency_out(&c.hist, secs, floor)),
+                        }
+                    })
+                    .collect(),
+                callers: p
+                    .callers
+                    .iter()
+                    .map(|s| {
+                        let c = &p.contexts[(s.ctx as usize) % NUM_CTX];
+                        CallerOut {
+                            context: CTX_NAMES[(s.ctx as usize) % NUM_CTX].to_string(),
+                            site: s.name.clone(),
+                            address: format!("{:#x}", s.addr),
+                            calls: s.count,
+                            share_of_calls: ratio(s.count as f64, c.hist.count as f64),
+                            sum_ns: s.sum_ns,
+                            share_of_time: ratio(s.sum_ns as f64, c.hist.sum_ns as f64),
+                            p50_ns: s.quantile(0.5),
+                            p99_ns: s.quantile(0.99),
+                            buckets: s
+                                .buckets
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, n)| **n > 0)
+                                .map(|(i, n)| [i as u64, *n])
+                                .collect(),
                         }
                     })
                     .collect(),
@@ -863,6 +927,8 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                             ambiguous: c.ambiguous,
                             no_context_entries: c.no_context_entries,
                             no_context_exits: c.no_context_exits,
+                            callers_other: c.callers_other,
+                            _pad: 0,
                             // Kept for the tracepoint backend's task context; the recording
                             // has it as the workload's count.
                             workload_hits: match (&p.workload, timed, i) {
@@ -894,6 +960,26 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         .as_ref()
                         .map(|w| hist(w.count, w.latency.as_ref())),
                     kprobe_missed: p.kprobe_missed,
+                    callers: p
+                        .callers
+                        .iter()
+                        .map(|c| {
+                            let ctx =
+                                CTX_NAMES.iter().position(|n| *n == c.context).unwrap_or(0) as u32;
+                            let addr = u64::from_str_radix(c.address.trim_start_matches("0x"), 16)
+                                .unwrap_or(0);
+                            let mut s = crate::callers::Site::new(ctx, addr);
+                            s.name = c.site.clone();
+                            s.count = c.calls;
+                            s.sum_ns = c.sum_ns;
+                            for [i, n] in &c.buckets {
+                                if let Some(b) = s.buckets.get_mut(*i as usize) {
+                                    *b = *n;
+                                }
+                            }
+                            s
+                        })
+                        .collect(),
                 }
             })
             .collect(),

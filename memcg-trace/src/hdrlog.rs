@@ -209,6 +209,7 @@ mod tests {
                 programs: Vec::new(),
                 workload: None,
                 kprobe_missed: 0,
+                callers: Vec::new(),
             }],
             ..Default::default()
         }

@@ -22,6 +22,7 @@
 //! ```
 
 pub mod calibrate;
+pub mod callers;
 pub mod cli;
 pub mod cmd;
 pub mod collector;

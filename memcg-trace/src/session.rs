@@ -86,6 +86,11 @@ pub struct LiveArgs {
     /// read (put in place when the run ends).
     #[arg(long, value_name = "FILE")]
     pub hdr_log: Option<PathBuf>,
+    /// Also count every timed call under its call site (the return address into the calling
+    /// function), with a latency histogram per site and context, shown as function+offset.
+    /// fentry and kprobe backends; costs a stack read and a hash-map update per call.
+    #[arg(long)]
+    pub callers: bool,
     /// Workload to run in a fresh memcg; tracing ends when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -103,6 +108,7 @@ impl Default for LiveArgs {
             probe_read: false,
             strict: false,
             hdr_log: None,
+            callers: false,
             command: Vec::new(),
         }
     }
@@ -253,6 +259,8 @@ pub struct AttachOptions {
     pub probe_read: bool,
     /// Fail when something could not be calibrated.
     pub strict: bool,
+    /// Count timed calls per call site.
+    pub callers: bool,
     /// Measure the instrumentation floor of each latency backend in use.
     pub floor: bool,
     /// Fail unless every probe named with `--probe` attaches (the default set is best
@@ -273,6 +281,7 @@ impl AttachOptions {
             strict: false,
             floor: false,
             all_named: false,
+            callers: false,
         }
     }
 }
@@ -389,6 +398,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             ebpf_log: o.ebpf_log,
             probe_read: o.probe_read,
             no_kprobes: !syms.kprobes,
+            callers: o.callers,
         },
     )?;
     tracer.masks = Some(masks);
@@ -413,7 +423,14 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
                     eprintln!("memcg-trace:   ({n})");
                 }
             }
-            notes.insert(a.name.clone(), a.notes.clone());
+            let mut n = a.notes.clone();
+            if o.callers && !a.backend.has_latency() {
+                n.push(format!(
+                    "--callers: no call sites with {} (a tracepoint has no caller of its own to read); use --attach fentry or kprobe",
+                    a.backend
+                ));
+            }
+            notes.insert(a.name.clone(), n);
         } else {
             let f = tracer.failed.last().expect("just failed");
             if matches!(req, Request::Func(_)) || (o.all_named && !sel.probe.is_empty()) {
@@ -680,6 +697,7 @@ impl Session {
                 strict: args.strict,
                 floor: true,
                 all_named: true,
+                callers: args.callers,
             },
         )?;
         phases.extend(attach_phases);

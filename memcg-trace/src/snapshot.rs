@@ -184,6 +184,9 @@ pub struct ProbeStats {
     pub workload: Option<HistData>,
     /// Calls the kprobes themselves missed (kprobe backend; `kprobe_profile`): no program ran.
     pub kprobe_missed: u64,
+    /// With `--callers`: the timed calls by call site, costliest first (the calls no site had
+    /// room for are each context's `counters.callers_other`).
+    pub callers: Vec<crate::callers::Site>,
 }
 
 impl ProbeStats {

@@ -139,6 +139,77 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
     )
 }
 
+/// Call sites shown per probe and context in the summary (the JSON has all).
+pub const CALLERS_SHOWN: usize = 5;
+
+/// A probe's call sites (`--callers`), per context, the `top` costliest first: calls, share of
+/// the context's calls and time, p50 and p99; then how many more sites there are and the calls
+/// no site had room for, so that the rows account for every timed call.
+pub fn callers(p: &crate::export::ProbeOut, top: usize) -> String {
+    let mut out = String::new();
+    for c in &p.contexts {
+        let sites: Vec<_> = p
+            .callers
+            .iter()
+            .filter(|s| s.context == c.context)
+            .collect();
+        if sites.is_empty() && c.callers_other == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "{} {} call sites ({} calls): {:>9} {:>7} {:>7} {:>9} {:>9}",
+            p.name,
+            c.context,
+            fmt_count(c.count as f64),
+            "calls",
+            "calls%",
+            "time%",
+            "p50",
+            "p99"
+        );
+        let pc = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.1}%", v * 100.0));
+        let ns = |x: Option<u64>| x.map_or("-".into(), |v| fmt_ns(v as f64));
+        let width = sites
+            .iter()
+            .take(top)
+            .map(|s| s.site.len())
+            .max()
+            .unwrap_or(0)
+            .clamp(20, 56);
+        for s in sites.iter().take(top) {
+            let _ = writeln!(
+                out,
+                "  {:<width$} {:>9} {:>7} {:>7} {:>9} {:>9}",
+                s.site,
+                fmt_count(s.calls as f64),
+                pc(s.share_of_calls),
+                pc(s.share_of_time),
+                ns(s.p50_ns),
+                ns(s.p99_ns),
+            );
+        }
+        if sites.len() > top {
+            let rest: u64 = sites.iter().skip(top).map(|s| s.calls).sum();
+            let _ = writeln!(
+                out,
+                "  {:<width$} {:>9}",
+                format!("{} more sites", sites.len() - top),
+                fmt_count(rest as f64)
+            );
+        }
+        if c.callers_other > 0 {
+            let _ = writeln!(
+                out,
+                "  {:<width$} {:>9}",
+                "other (no room in the kernel's map)",
+                fmt_count(c.callers_other as f64)
+            );
+        }
+    }
+    out
+}
+
 /// The summary table: one row per (probe, context) with calls, then the workload's rows (its
 /// tasks' task-context calls, backend column "workload"), then footnotes: what was lost, the
 /// instrumentation floor, the tracer's cost, calibration problems, probes not attached.
@@ -209,6 +280,9 @@ pub fn summary(doc: &Document) -> String {
                 )
             );
         }
+    }
+    for p in &doc.probes {
+        out.push_str(&callers(p, CALLERS_SHOWN));
     }
     let _ = writeln!(out);
     let window = std::time::Duration::from_nanos(m.duration_ns);

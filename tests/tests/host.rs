@@ -986,3 +986,60 @@ fn host_ebpf_log_is_off_by_default_and_on_with_the_flag() {
         "eBPF diagnostics without the flag:\n{err}"
     );
 }
+
+/// `--callers` names call sites from a copy of the kernel's symbol table taken at start-up:
+/// checked against /proc/kallsyms itself, a site well inside a function is named after it,
+/// with its offset.
+#[test]
+fn host_call_sites_are_named_after_the_symbol_that_holds_them() {
+    let name = "host_call_sites_are_named_after_the_symbol_that_holds_them";
+    if !is_root() {
+        skip(name, "needs root (kallsyms addresses)");
+        return;
+    }
+    let (mut names, why) = memcg_trace::callers::Names::new();
+    if let Some(why) = why {
+        skip(name, &why);
+        return;
+    }
+    let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let mut syms: Vec<(u64, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let a = u64::from_str_radix(it.next()?, 16).ok()?;
+            let t = it.next()?;
+            let n = it.next()?;
+            // Module text is left out: modules come and go.
+            (matches!(t, "t" | "T") && it.next().is_none()).then(|| (a, n.to_string()))
+        })
+        .collect();
+    syms.sort();
+    syms.dedup_by_key(|s| s.0);
+    // Three quarters into every 97th function: well inside it, past any alias at its start.
+    let pick: Vec<(u64, String, u64)> = syms
+        .windows(2)
+        .step_by(97)
+        .filter(|w| w[1].0 > w[0].0 + 8)
+        .map(|w| (w[0].0, w[0].1.clone(), (w[1].0 - w[0].0) * 3 / 4))
+        .collect();
+    assert!(pick.len() > 100, "{} symbols", pick.len());
+    names.resolve(pick.iter().map(|(a, _, o)| a + o));
+    let wrong: Vec<String> = pick
+        .iter()
+        .filter(|(a, n, o)| names.name(a + o) != format!("{n}+{o:#x}"))
+        .map(|(a, n, o)| format!("{n}+{o:#x}: {}", names.name(a + o)))
+        .collect();
+    // Text at one address under two names (aliases, section markers) may take either name.
+    assert!(
+        wrong.len() * 100 <= pick.len(),
+        "{} of {} named wrong: {:?}",
+        wrong.len(),
+        pick.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+    summary(
+        name,
+        &format!("{} sites named, {} by an alias", pick.len(), wrong.len()),
+    );
+}

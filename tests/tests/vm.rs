@@ -528,3 +528,124 @@ fn vm_compare_kmem_6_12() {
         format!("{name}:\n{}", diff("table")).as_bytes(),
     );
 }
+
+/// `--callers` with fentry and with kprobe: every timed call is under a call site or the
+/// "other" row (their calls add up to the context's timed calls exactly, their time to its
+/// time), every site is named after a text symbol of the running kernel (none "unknown": the
+/// return address was found in every trampoline and kprobe frame), and each probe has more
+/// than one caller.
+fn callers_on(name: &str, short: &str) {
+    let Some(kernel) = one_kernel(name, short) else {
+        return;
+    };
+    let r = boot(
+        &kernel,
+        format!("{short}-callers"),
+        xtask::callers_script(),
+        Vec::new(),
+    );
+    let text: std::collections::HashSet<String> =
+        fs::read_to_string(r.out_dir.join("kallsyms-text"))
+            .expect("the guest's kallsyms")
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+            .collect();
+    assert!(text.len() > 10_000, "kallsyms: {} text symbols", text.len());
+    let mut report = String::new();
+    // The functions of each probe's main task-context sites (5% of its calls or more), per
+    // backend: the two read the return address in different ways and must find the same.
+    let mut main_sites: Vec<(String, std::collections::BTreeSet<String>)> = Vec::new();
+    for backend in ["fentry", "kprobe"] {
+        let doc = load_recording(&r.out_dir.join(format!("callers-{backend}.json")));
+        for p in &doc.probes {
+            assert_eq!(p.backend.to_string(), backend, "{}", p.name);
+            for c in &p.contexts {
+                let sites: Vec<_> = p
+                    .callers
+                    .iter()
+                    .filter(|s| s.context == c.context)
+                    .collect();
+                let calls: u64 = sites.iter().map(|s| s.calls).sum();
+                let ns: u64 = sites.iter().map(|s| s.sum_ns).sum();
+                assert_eq!(
+                    calls + c.callers_other,
+                    c.count,
+                    "{backend} {} {}: sites {calls} + other {} vs {} timed calls",
+                    p.name,
+                    c.context,
+                    c.callers_other,
+                    c.count
+                );
+                let timed_ns = c.latency.as_ref().map_or(0, |l| l.sum_ns);
+                assert_eq!(ns, timed_ns, "{backend} {} {}: time", p.name, c.context);
+            }
+            for s in &p.callers {
+                let func = s.site.split('+').next().unwrap_or("");
+                assert!(
+                    text.contains(func),
+                    "{backend} {}: site {} ({}, {} calls) is not a text symbol of the kernel",
+                    p.name,
+                    s.site,
+                    s.address,
+                    s.calls
+                );
+            }
+            let task: Vec<_> = p.callers.iter().filter(|s| s.context == "task").collect();
+            main_sites.push((
+                format!("{backend} {}", p.name),
+                task.iter()
+                    .filter(|s| s.share_of_calls.unwrap_or(0.0) >= 0.05)
+                    .map(|s| s.site.clone())
+                    .collect(),
+            ));
+            assert!(
+                task.len() >= 2,
+                "{backend} {}: task-context call sites {:?}",
+                p.name,
+                task.iter().map(|s| &s.site).collect::<Vec<_>>()
+            );
+            let top: Vec<String> = task
+                .iter()
+                .take(3)
+                .map(|s| {
+                    format!(
+                        "{} {:.0}% of calls, {:.0}% of time",
+                        s.site,
+                        s.share_of_calls.unwrap_or(0.0) * 100.0,
+                        s.share_of_time.unwrap_or(0.0) * 100.0
+                    )
+                })
+                .collect();
+            report.push_str(&format!(
+                "{backend} {} ({} sites): {}; ",
+                p.name,
+                p.callers.len(),
+                top.join(", ")
+            ));
+        }
+    }
+    let (fentry, kprobe) = main_sites.split_at(main_sites.len() / 2);
+    for ((fa, a), (kb, b)) in fentry.iter().zip(kprobe) {
+        // A site just around 5% in one run may fall just under it in the other: each main
+        // site of one must be a site of the other at all, and most must be main in both.
+        let common = a.intersection(b).count();
+        assert!(
+            common * 2 > a.len().max(b.len()),
+            "{fa}: main sites {a:?}; {kb}: {b:?}"
+        );
+    }
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("{name}: {report}\n").as_bytes(),
+    );
+}
+
+#[test]
+fn vm_callers_6_12() {
+    callers_on("vm_callers_6_12", "6.12");
+}
+
+#[test]
+fn vm_callers_7_3() {
+    callers_on("vm_callers_7_3", "7.3");
+}

@@ -97,6 +97,11 @@ pub fn serve_script() -> String {
     include_str!("../guest/serve.sh").to_string()
 }
 
+/// The guest script of the call-site test (`xtask/guest/callers.sh`).
+pub fn callers_script() -> String {
+    include_str!("../guest/callers.sh").to_string()
+}
+
 /// A program on PATH (or in /usr/bin, /usr/sbin), with the apt package to install when missing.
 pub fn which(name: &str) -> Result<PathBuf> {
     for dir in std::env::var("PATH")

@@ -76,6 +76,27 @@ fn accounted(o: &Outcome) -> Result<(), String> {
                 CTX_NAMES[ctx], h.count, o.counters[ctx].paired
             ));
         }
+        // Per call site (the test's site of a call is its frame with bit 0 set): the sites'
+        // calls and the "other" row add up to the paired calls, their time to the histogram's.
+        let sites = o.sites.iter().filter(|s| s.0 == ctx as u32);
+        let (calls, ns) = sites.clone().fold((0, 0), |a, s| (a.0 + s.2, a.1 + s.3));
+        if calls + o.counters[ctx].callers_other != h.count || ns != h.sum_ns {
+            return Err(format!(
+                "{}: call sites hold {calls} calls ({ns} ns) + {} other, the histogram {} ({} ns)",
+                CTX_NAMES[ctx], o.counters[ctx].callers_other, h.count, h.sum_ns
+            ));
+        }
+        if let Some(s) = sites.clone().find(|s| s.1 & 1 == 0) {
+            return Err(format!(
+                "{}: call site {:#x} is no entry's",
+                CTX_NAMES[ctx], s.1
+            ));
+        }
+    }
+    if let Some(d) = o.deferred.iter().find(|d| d.caller & 1 == 0) {
+        return Err(format!(
+            "deferred pair without its entry's call site: {d:?}"
+        ));
     }
     Ok(())
 }

@@ -36,6 +36,8 @@ impl TestRig {
             &LoadOptions {
                 probes: MAX_PROBES as u32,
                 preemptible,
+                // The sequences' calls go through the per-site counting too.
+                callers: true,
                 ..Default::default()
             },
         )?;
@@ -177,6 +179,8 @@ pub struct Outcome {
     pub pending: u64,
     /// The workload histogram.
     pub workload: HistData,
+    /// The per-site counts (`CALLERS`): (context, call site, calls, summed ns).
+    pub sites: Vec<(u32, u64, u64, u64)>,
 }
 
 /// Runs a sequence of entries and exits through the real pairing code of the programs
@@ -241,6 +245,22 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
         out.hist[ctx] = h;
     }
     out.deferred = rig.deferred()?;
+    let sites: aya::maps::HashMap<
+        _,
+        memcg_trace_common::CallerKey,
+        memcg_trace_common::CallerStat,
+    > = aya::maps::HashMap::try_from(
+        rig.ebpf
+            .map(names::MAP_CALLERS)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CALLERS))?,
+    )?;
+    for r in sites.iter() {
+        let (k, v) = r?;
+        if k.probe == probe as u32 {
+            out.sites.push((k.ctx, k.caller, v.count, v.sum_ns));
+        }
+    }
+    out.sites.sort();
     let sets: PerCpuArray<_, memcg_trace_common::PendingSet> = PerCpuArray::try_from(
         rig.ebpf
             .map(names::MAP_PENDING)

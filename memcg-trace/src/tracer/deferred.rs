@@ -62,6 +62,8 @@ pub struct Verifier {
     /// When false (no miss counts for this program type on this kernel), every deferred call
     /// is rejected.
     verifiable: Vec<bool>,
+    /// With `--callers`: confirmed calls by call site.
+    pub callers: Option<crate::callers::Confirmed>,
 }
 
 impl Verifier {
@@ -73,6 +75,7 @@ impl Verifier {
             outcomes: vec![Default::default(); probes],
             workload: vec![HistData::default(); probes],
             verifiable: vec![true; probes],
+            callers: None,
         }
     }
 
@@ -138,6 +141,9 @@ impl Verifier {
                 if d.flags & DEFERRED_WORKLOAD != 0 {
                     add(&mut self.workload[p], ns);
                 }
+                if let Some(c) = self.callers.as_mut() {
+                    c.add(d.probe, d.ctx as u32, d.caller, ns);
+                }
             } else {
                 out.rejected += 1;
             }
@@ -169,6 +175,7 @@ mod tests {
             flags: 0,
             _pad: 0,
             off_ns: 0,
+            caller: 0,
         }
     }
 

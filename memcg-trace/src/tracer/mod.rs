@@ -28,7 +28,8 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use memcg_trace_common::{
-    cell, names, workload_cell, Config, Counters, Deferred, Hist, KernelLayout, CTX_TASK, NUM_CTX,
+    cell, names, workload_cell, CallerKey, CallerStat, Config, Counters, Deferred, Hist,
+    KernelLayout, CTX_TASK, MAX_CALLERS, NUM_CTX,
 };
 
 use self::{
@@ -93,6 +94,8 @@ pub struct LoadOptions {
     /// No kprobe program can be attached on this kernel: the tracepoint programs may count in
     /// a per-CPU map (see `Config::tp_percpu`).
     pub no_kprobes: bool,
+    /// Count the timed calls per call site (`--callers`).
+    pub callers: bool,
 }
 
 /// The one way the object is loaded: kernel layout and settings patched into the programs'
@@ -114,7 +117,7 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLa
         preemptible: o.preemptible as u32,
         workload_owned: o.workload_owned as u32,
         tp_percpu: o.no_kprobes as u32,
-        _pad: 0,
+        callers: o.callers as u32,
     };
     let level: u8 = if o.ebpf_log { 0xff } else { 0 };
     let cells = cpus * probes * NUM_CTX as u32;
@@ -153,6 +156,7 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLa
         .map_max_entries(names::MAP_COUNTERS, cells)
         .map_max_entries(names::MAP_WORKLOAD_HIST, cpus * probes)
         .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
+        .map_max_entries(names::MAP_CALLERS, if o.callers { MAX_CALLERS } else { 1 })
         .load(bytes)
         .map(|ebpf| (ebpf, layout))
         .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
@@ -329,6 +333,11 @@ pub struct Tracer {
     tp_hits: Option<PerCpuArray<MapData, [u64; 2]>>,
     ring: RingBuf<MapData>,
     verifier: Verifier,
+    /// Timed calls per call site (`--callers`), read through the map syscalls (a hash map
+    /// cannot be mapped): see `Tracer::sites`.
+    callers: Option<aya::maps::HashMap<MapData, CallerKey, CallerStat>>,
+    /// Names of the call sites seen.
+    names: crate::callers::Names,
     /// Duplicates of the attached programs' fds: they keep the kernel's run statistics readable
     /// after the programs are detached, so the final figures cover every run.
     prog_fds: HashMap<&'static str, OwnedFd>,
@@ -381,6 +390,25 @@ impl Tracer {
         } else {
             None
         };
+        // The kernel's symbols are copied now, while they can be read.
+        let mut calibration = Vec::new();
+        let names = if opts.callers {
+            let (n, why) = crate::callers::Names::new();
+            if let Some(why) = why {
+                calibration.push(format!("--callers: call sites shown as addresses: {why}"));
+            }
+            n
+        } else {
+            Default::default()
+        };
+        let callers = if opts.callers {
+            let m = ebpf
+                .take_map(names::MAP_CALLERS)
+                .ok_or_else(|| anyhow!("map {} missing", names::MAP_CALLERS))?;
+            Some(aya::maps::HashMap::try_from(m).context("the call sites")?)
+        } else {
+            None
+        };
         let btf = Btf::from_sys_fs().context("load kernel BTF")?;
         Ok(Tracer {
             ebpf,
@@ -391,7 +419,7 @@ impl Tracer {
             off_cpu: crate::kernel::off_cpu_source(layout),
             reads: crate::kernel::reads_of(&loaded, opts.no_kprobes),
             extra: Vec::new(),
-            calibration: Vec::new(),
+            calibration,
             started: Instant::now(),
             workload: opts.workload_cgroup != 0,
             cpus,
@@ -402,7 +430,15 @@ impl Tracer {
             counters,
             tp_hits,
             ring,
-            verifier: Verifier::new(probes as usize),
+            verifier: {
+                let mut v = Verifier::new(probes as usize);
+                if opts.callers {
+                    v.callers = Some(Default::default());
+                }
+                v
+            },
+            callers,
+            names,
             prog_fds: HashMap::new(),
             kprobes: HashMap::new(),
             logger,
@@ -686,6 +722,47 @@ impl Tracer {
     }
 
     /// Takes in the deferred pairs and confirms those that can be.
+    /// Every call site's calls by probe slot, the kernel's and the confirmed ones, named, the
+    /// costliest first. Read through the map syscalls, which keep kprobe programs on the
+    /// reading CPU from running meanwhile (their misses are counted): only with `--callers`,
+    /// once a tick, a few microseconds per site.
+    fn sites(&mut self) -> HashMap<u32, Vec<crate::callers::Site>> {
+        use crate::callers::Site;
+        let mut by: HashMap<(u32, u32, u64), Site> = HashMap::new();
+        let Some(m) = &self.callers else {
+            return HashMap::new();
+        };
+        for (k, v) in m.iter().flatten() {
+            let s = by
+                .entry((k.probe, k.ctx, k.caller))
+                .or_insert_with(|| Site::new(k.ctx, k.caller));
+            s.count += v.count;
+            s.sum_ns += v.sum_ns;
+            for (a, b) in s.buckets.iter_mut().zip(v.buckets.iter()) {
+                *a += b;
+            }
+        }
+        if let Some(c) = &self.verifier.callers {
+            for slot in 0..self.probes {
+                for site in c.of(slot) {
+                    by.entry((slot, site.ctx, site.addr))
+                        .or_insert_with(|| Site::new(site.ctx, site.addr))
+                        .merge(site);
+                }
+            }
+        }
+        self.names.resolve(by.keys().map(|k| k.2));
+        let mut out: HashMap<u32, Vec<Site>> = HashMap::new();
+        for ((probe, _, _), mut site) in by {
+            site.name = self.names.name(site.addr);
+            out.entry(probe).or_default().push(site);
+        }
+        for v in out.values_mut() {
+            v.sort_by(|a, b| b.sum_ns.cmp(&a.sum_ns).then(a.addr.cmp(&b.addr)));
+        }
+        out
+    }
+
     fn settle_deferred(&mut self) {
         for slot in 0..self.attached.len() {
             self.mark(slot);
@@ -763,6 +840,7 @@ impl Tracer {
     /// far.
     pub fn snapshot(&mut self) -> Result<Snapshot> {
         self.settle_deferred();
+        let mut sites = self.sites();
         let mut probes = Vec::with_capacity(self.attached.len());
         for a in &self.attached {
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
@@ -835,6 +913,7 @@ impl Tracer {
                 contexts,
                 programs: a.programs.iter().map(|p| self.cost(p)).collect(),
                 kprobe_missed,
+                callers: sites.remove(&a.slot).unwrap_or_default(),
             });
         }
         Ok(Snapshot {

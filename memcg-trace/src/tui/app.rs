@@ -501,6 +501,7 @@ pub(crate) mod tests {
                 programs: vec![],
                 workload: None,
                 kprobe_missed: 0,
+                callers: Vec::new(),
             }],
             ..Default::default()
         }

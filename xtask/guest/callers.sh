@@ -1,0 +1,14 @@
+# Guest script of the call-site test: the default probes with --callers, with fentry and with
+# kprobe, while hackbench runs in a fresh memcg; the kernel's symbols go back with the
+# recordings, for the host to check every site against them.
+for b in fentry kprobe; do
+  echo "guest: record --attach $b --callers -- hackbench -g 1 -l 50"
+  if ! memcg-trace record --attach "$b" --callers -q -o "/out/callers-$b.json" -- hackbench -g 1 -l 50 \
+    >"/out/callers-$b.txt" 2>"/out/callers-$b.err"; then
+    echo "guest: record --attach $b --callers failed:"
+    cat "/out/callers-$b.err" "/out/callers-$b.txt"
+    exit 1
+  fi
+  cat "/out/callers-$b.txt"
+done
+grep -i ' t ' /proc/kallsyms >/out/kallsyms-text

@@ -299,6 +299,9 @@ fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
+/// The contexts in table order.
+pub const CTX_ORDER: [&str; 4] = ["task", "softirq", "hardirq", "nmi"];
+
 /// The timed calls of one call site of a probe in one context (`--callers`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CallerOut {

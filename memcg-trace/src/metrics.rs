@@ -89,6 +89,9 @@ pub fn buckets(l: &Latency) -> Vec<(f64, u64)> {
 #[derive(Debug)]
 struct Figures(Option<Arc<Document>>);
 
+/// Call-site series per probe and context (`--callers`), the costliest: a bounded label set.
+pub const CALLER_SERIES: usize = 10;
+
 /// One row's series: its labels and figures (lost and unmatched: None for workload rows).
 struct Row<'a> {
     labels: [(&'static str, &'a str); 4],
@@ -214,6 +217,49 @@ impl Collector for Figures {
                 }
             }
         }
+        // Call sites (`--callers`): the top CALLER_SERIES of each probe and context by time,
+        // so that the label set stays bounded (the JSON has every site).
+        if d.probes.iter().any(|p| !p.callers.is_empty()) {
+            fn top(p: &crate::export::ProbeOut) -> Vec<&crate::export::CallerOut> {
+                let mut v = Vec::new();
+                for c in crate::export::CTX_ORDER {
+                    v.extend(
+                        p.callers
+                            .iter()
+                            .filter(|s| s.context == c)
+                            .take(CALLER_SERIES),
+                    );
+                }
+                v
+            }
+            for (name, help, unit, f) in [
+                (
+                    "caller_calls",
+                    "Timed calls per call site (--callers; the top sites by time per probe and context)",
+                    None,
+                    (|s: &crate::export::CallerOut| s.calls as f64) as fn(&crate::export::CallerOut) -> f64,
+                ),
+                (
+                    "caller_latency",
+                    "Summed latency of the timed calls per call site (--callers; same sites)",
+                    Some(&Unit::Seconds),
+                    |s: &crate::export::CallerOut| s.sum_ns as f64 / 1e9,
+                ),
+            ] {
+                let mut m = e.encode_descriptor(name, help, unit, MetricType::Counter)?;
+                for (p, b) in d.probes.iter().zip(&backends) {
+                    for s in top(p) {
+                        let labels = [
+                            ("probe", p.name.as_str()),
+                            ("context", s.context.as_str()),
+                            ("site", s.site.as_str()),
+                            ("backend", b.as_str()),
+                        ];
+                        ConstCounter::new(f(s)).encode(m.encode_family(&labels)?)?;
+                    }
+                }
+            }
+        }
         {
             let mut m = e.encode_descriptor(
                 "recursion_misses",
@@ -307,6 +353,47 @@ mod tests {
                 assert_eq!(below, upto, "{} {}", p.name, c.context);
             }
         }
+    }
+
+    #[test]
+    fn call_sites_are_exposed_only_when_traced_and_at_most_the_top_per_context() {
+        let mut d = fixture();
+        let t = encode(Some(&d), Format::Text);
+        assert!(
+            !t.contains("memcg_trace_caller_"),
+            "no --callers, no series:\n{t}"
+        );
+        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        charge.callers = (0..CALLER_SERIES as u64 + 5)
+            .map(|i| crate::export::CallerOut {
+                context: "task".into(),
+                site: format!("caller_{i}+0x10"),
+                address: format!("{:#x}", 0xffff_ffff_8100_0000u64 + i),
+                calls: 1000 - i,
+                share_of_calls: None,
+                sum_ns: 2_000_000_000 - i,
+                share_of_time: None,
+                p50_ns: None,
+                p99_ns: None,
+                buckets: Vec::new(),
+            })
+            .collect();
+        let t = encode(Some(&d), Format::Text);
+        let calls: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("memcg_trace_caller_calls_total{"))
+            .collect();
+        assert_eq!(calls.len(), CALLER_SERIES, "{t}");
+        assert!(
+            calls[0].starts_with("memcg_trace_caller_calls_total{probe=\"charge\",context=\"task\",site=\"caller_0+0x10\",backend=\"fentry\"} 1000"),
+            "{}",
+            calls[0]
+        );
+        assert!(t.contains("memcg_trace_caller_latency_seconds_total{probe=\"charge\",context=\"task\",site=\"caller_0+0x10\",backend=\"fentry\"} 2"), "{t}");
+        assert!(
+            !t.contains("caller_14+"),
+            "beyond the top {CALLER_SERIES}: {t}"
+        );
     }
 
     #[test]

@@ -372,10 +372,41 @@ fn vm_serve_6_12() {
         "histogram_quantile(0.99) {q:e} s in ({lo:e}, {hi:e}], the recording's p99 {p99:e} s"
     );
     assert!(text.lines().any(|l| l == "memcg_trace_up 1"), "{text}");
+    // `--callers`: the top sites of each probe and context as counters; each is a site of the
+    // recording, with no more calls than the recording has there at the stop.
+    let mut sites = 0;
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with("memcg_trace_caller_calls_total{"))
+    {
+        let (labels, v) = l.rsplit_once("} ").expect("a sample");
+        let get = |k: &str| {
+            labels
+                .split(&format!("{k}=\""))
+                .nth(1)
+                .and_then(|x| x.split('"').next())
+                .unwrap_or("")
+                .to_string()
+        };
+        let p = probe(&doc, &get("probe"));
+        let site = p
+            .callers
+            .iter()
+            .find(|s| s.context == get("context") && s.site == get("site"))
+            .unwrap_or_else(|| panic!("scraped site not in the recording: {l}"));
+        let v: f64 = v.trim().parse().unwrap();
+        assert!(
+            v > 0.0 && v <= site.calls as f64,
+            "{l}: recording {}",
+            site.calls
+        );
+        sites += 1;
+    }
+    assert!(sites >= 3, "call-site series: {sites}\n{text}");
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!(
-            "{name}: scrape {} bytes, {} series; charge workload: {scraped} calls scraped, {} recorded (task: {scraped_task} scraped, {} recorded at the stop); histogram_quantile(0.99) {:.2} us, recording's p99 {:.2} us, both in ({:.2}, {:.2}] us\n",
+            "{name}: scrape {} bytes, {} series ({sites} call-site series); charge workload: {scraped} calls scraped, {} recorded (task: {scraped_task} scraped, {} recorded at the stop); histogram_quantile(0.99) {:.2} us, recording's p99 {:.2} us, both in ({:.2}, {:.2}] us\n",
             text.len(),
             text.lines().filter(|l| !l.starts_with('#')).count(),
             workload.count,

@@ -2,7 +2,7 @@
 # after the workload exited (its rows final), then SIGTERM, which writes the recording of
 # the same run (-o) for the host to compare the two.
 ifconfig lo 127.0.0.1 up
-memcg-trace serve --listen 127.0.0.1:9464 -o /out/serve.json -- hackbench -g 1 -l 100 \
+memcg-trace serve --callers --listen 127.0.0.1:9464 -o /out/serve.json -- hackbench -g 1 -l 100 \
   >/out/serve.txt 2>/out/serve.err &
 sp=$!
 n=0

@@ -101,6 +101,23 @@ pub struct Row {
     pub hist: HistData,
 }
 
+/// One call site in the callers pane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SiteRow {
+    /// `function+0xoff`.
+    pub name: String,
+    /// Calls per second over the window.
+    pub rate: Option<f64>,
+    /// Median latency, ns.
+    pub p50: Option<u64>,
+    /// 99th percentile, ns.
+    pub p99: Option<u64>,
+    /// Summed latency over the window, ns.
+    pub sum_ns: u64,
+    /// Share of the context's time spent in calls from here.
+    pub time_share: Option<f64>,
+}
+
 /// Rate history kept per row: one value per tick, this many ticks (a recording's is kept
 /// whole).
 pub const HISTORY: usize = 600;
@@ -193,6 +210,8 @@ pub struct App {
     pub hide_empty: bool,
     /// The percentile spectrum instead of the histogram.
     pub spectrum: bool,
+    /// The selected row's call sites instead of its histogram (`--callers`).
+    pub callers: bool,
     /// The B side of an A/B view.
     pub compare: Option<Compare>,
     /// The selected row's key, kept across ticks and sorts.
@@ -227,6 +246,7 @@ impl App {
             sort: Sort::default(),
             hide_empty: false,
             spectrum: false,
+            callers: false,
             compare: None,
             selected_key: None,
             dirty: true,
@@ -297,6 +317,7 @@ impl App {
                 self.follow_selection();
             }
             Key::Char('h') => self.spectrum = !self.spectrum,
+            Key::Char('c') => self.callers = !self.callers,
             Key::Tab => {
                 self.mode = match self.mode {
                     Mode::Interval => Mode::Cumulative,
@@ -335,6 +356,68 @@ impl App {
     }
 
     /// Rows in the current mode, sorted and filtered as asked.
+    /// The call sites of a row's probe and context (a workload row: the task context's, of
+    /// every task), costliest first, with calls/s, p50 and p99 over the row's window: the last
+    /// tick (interval) or since the start or reset (total).
+    pub fn sites_of(&self, r: &Row) -> Vec<SiteRow> {
+        let Some(cur) = self.current.as_ref() else {
+            return Vec::new();
+        };
+        let ctx = CTX_NAMES.iter().position(|c| *c == r.context).unwrap_or(0) as u32;
+        let find = |s: &Snapshot| {
+            s.probes
+                .iter()
+                .find(|p| p.name == r.probe)
+                .map(|p| p.callers.clone())
+                .unwrap_or_default()
+        };
+        let since = match self.mode {
+            Mode::Interval => self.previous.as_ref(),
+            Mode::Cumulative => self.base.as_ref(),
+        };
+        let before = since.map(find).unwrap_or_default();
+        let secs = cur
+            .elapsed
+            .saturating_sub(since.map_or(Duration::ZERO, |s| s.elapsed))
+            .as_secs_f64();
+        let total_ns: u64 = find(cur)
+            .iter()
+            .filter(|s| s.ctx == ctx)
+            .map(|s| s.sum_ns)
+            .sum::<u64>()
+            .saturating_sub(
+                before
+                    .iter()
+                    .filter(|s| s.ctx == ctx)
+                    .map(|s| s.sum_ns)
+                    .sum(),
+            );
+        let mut out: Vec<SiteRow> = find(cur)
+            .into_iter()
+            .filter(|s| s.ctx == ctx)
+            .map(|mut s| {
+                if let Some(b) = before.iter().find(|b| b.ctx == s.ctx && b.addr == s.addr) {
+                    s.count = s.count.saturating_sub(b.count);
+                    s.sum_ns = s.sum_ns.saturating_sub(b.sum_ns);
+                    for (x, y) in s.buckets.iter_mut().zip(&b.buckets) {
+                        *x = x.saturating_sub(*y);
+                    }
+                }
+                SiteRow {
+                    rate: (secs > 0.0).then(|| s.count as f64 / secs),
+                    p50: s.quantile(0.5),
+                    p99: s.quantile(0.99),
+                    time_share: (total_ns > 0).then(|| s.sum_ns as f64 / total_ns as f64),
+                    name: s.name,
+                    sum_ns: s.sum_ns,
+                }
+            })
+            .filter(|s| s.sum_ns > 0 || s.rate.unwrap_or(0.0) > 0.0)
+            .collect();
+        out.sort_by(|a, b| b.sum_ns.cmp(&a.sum_ns));
+        out
+    }
+
     pub fn rows(&self) -> Vec<Row> {
         let mut rows = self.rows_in(self.mode, true);
         if self.hide_empty {

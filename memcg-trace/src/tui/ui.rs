@@ -377,11 +377,73 @@ fn bar_of(bars: &[(u64, u64)], q: f64) -> Option<usize> {
 }
 
 fn draw_distribution(f: &mut Frame, app: &App, r: &Row, side: &str, area: Rect) {
-    if app.spectrum {
+    if app.callers {
+        draw_callers(f, app, r, side, area);
+    } else if app.spectrum {
         draw_spectrum(f, r, side, area);
     } else {
         draw_histogram(f, r, side, area);
     }
+}
+
+/// The selected row's call sites (`--callers`), costliest first: calls/s, p50, p99 and share
+/// of the context's time, over the row's window.
+fn draw_callers(f: &mut Frame, app: &App, r: &Row, side: &str, area: Rect) {
+    let window = match app.mode {
+        Mode::Interval => "last tick",
+        Mode::Cumulative => "total",
+    };
+    let sites = app.sites_of(r);
+    let block = Block::bordered().title(format!(
+        " {side}{} {} call sites ({window}) ",
+        r.probe,
+        if r.context == "workload" {
+            "task (all tasks)"
+        } else {
+            r.context
+        }
+    ));
+    if sites.is_empty() {
+        f.render_widget(
+            Paragraph::new("no call sites: run with --callers (fentry or kprobe)")
+                .block(block)
+                .wrap(Wrap { trim: true }),
+            area,
+        );
+        return;
+    }
+    let body: Vec<TRow> = sites
+        .iter()
+        .map(|s| {
+            TRow::new(vec![
+                Cell::from(s.name.clone()),
+                Cell::from(s.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
+                Cell::from(opt_ns(s.p50)),
+                Cell::from(opt_ns(s.p99)),
+                Cell::from(
+                    s.time_share
+                        .map(|x| format!("{:.1}", x * 100.0))
+                        .unwrap_or_else(|| "-".into()),
+                ),
+            ])
+        })
+        .collect();
+    let table = Table::new(
+        body,
+        [
+            Constraint::Min(12),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(8),
+            Constraint::Length(6),
+        ],
+    )
+    .header(
+        TRow::new(vec!["site", "calls/s", "p50", "p99", "time%"])
+            .style(Style::new().add_modifier(Modifier::BOLD)),
+    )
+    .block(block);
+    f.render_widget(table, area);
 }
 
 /// The percentile spectrum as HdrHistogram plots it: latency against the percentile, on a
@@ -571,6 +633,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
         Line::from("o              sort by calls/s, cpu%, p99, max, probe"),
         Line::from("e              hide / show rows without calls"),
         Line::from("h              histogram / percentile spectrum"),
+        Line::from("c              histogram / call sites (with --callers)"),
         Line::from("left / right   step through a recording's ticks"),
         Line::from("?              this help"),
         Line::from("q, Esc, Ctrl-C quit"),
@@ -659,6 +722,49 @@ mod tests {
         app.on_snapshot(snap(1, 0, 1, 0));
         app.on_snapshot(snap(2, 4_000_000_000, 2_000_000_000, 3_000_000_000));
         insta::assert_snapshot!(render(&app, 120, 30));
+    }
+
+    #[test]
+    fn the_callers_pane_lists_the_sites_of_the_selected_row() {
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        let with_sites = |n: u64, count: u64| {
+            let mut s = snap(n, 0, 0, 0);
+            let p = &mut s.probes[0];
+            let mut a = crate::callers::Site::new(0, 0xffff_ffff_8100_1000);
+            a.name = "__memcg_slab_post_alloc_hook+0xd8".into();
+            let mut b = crate::callers::Site::new(0, 0xffff_ffff_8100_2000);
+            b.name = "pcpu_alloc_noprof+0xd9".into();
+            for _ in 0..count {
+                a.add(1000);
+            }
+            for _ in 0..count / 10 {
+                b.add(4000);
+            }
+            p.callers = vec![a, b];
+            s
+        };
+        app.on_snapshot(with_sites(1, 100));
+        app.on_snapshot(with_sites(2, 300));
+        let rows = app.rows();
+        let r = rows.iter().find(|r| r.context == "task").expect("task row");
+        let sites = app.sites_of(r);
+        assert_eq!(sites.len(), 2);
+        // The last tick: 200 calls at 1 us from the first site, 20 at 4 us from the second.
+        assert_eq!(sites[0].name, "__memcg_slab_post_alloc_hook+0xd8");
+        let share = sites[0].time_share.unwrap();
+        assert!((share - 200_000.0 / 280_000.0).abs() < 1e-9, "{share}");
+        app.on_key(Key::Char('c'));
+        let screen = render(&app, 120, 30);
+        assert!(screen.contains("call sites (last tick)"), "{screen}");
+        assert!(
+            screen.contains("__memcg_slab_post_alloc_hook+0xd8"),
+            "{screen}"
+        );
+        assert!(screen.contains("71.4"), "{screen}");
+        // Without sites the pane says how to get them.
+        let mut plain = app_with_data();
+        plain.on_key(Key::Char('c'));
+        assert!(render(&plain, 120, 30).contains("run with --callers"));
     }
 
     #[test]

@@ -414,7 +414,7 @@ impl App {
             })
             .filter(|s| s.sum_ns > 0 || s.rate.unwrap_or(0.0) > 0.0)
             .collect();
-        out.sort_by(|a, b| b.sum_ns.cmp(&a.sum_ns));
+        out.sort_by_key(|s| std::cmp::Reverse(s.sum_ns));
         out
     }
 

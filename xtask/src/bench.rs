@@ -808,6 +808,19 @@ fn rows_for(
                 "reported"
             },
         ));
+        if let Some(rcc) = f(&v, "/ratio_to_clock_callers") {
+            let ns = f(&v, "/ours_callers/ns_per_call").unwrap_or(f64::NAN);
+            rows.push(Row(
+                format!("per-call cost / floor (b) with --callers, {b} (median run)"),
+                place.into(),
+                format!(
+                    "{rcc:.2}x ({ns:.0} ns; {:.2}x the cost without)",
+                    rc.map_or(f64::NAN, |r| rcc / r)
+                ),
+                "report".into(),
+                "reported",
+            ));
+        }
         rows.push(Row(
             format!("per-call cost / floor (a), {b}"),
             place.into(),

@@ -103,6 +103,17 @@ pub struct BenchOut {
     pub ratio_to_clock: Option<f64>,
     /// ours / floor (a).
     pub ratio_to_empty: Option<f64>,
+    /// memcg-trace's pair with `--callers` (function-tracing backends), measured the same way
+    /// in a third run of each repeat: the median run by its ratio to floor (b).
+    #[serde(default)]
+    pub ours_callers: Option<PairCost>,
+    /// That pair / floor (b) of the same run, each repeat.
+    #[serde(default)]
+    pub ratio_runs_callers: Vec<f64>,
+    /// The median of those: compare with `ratio_to_clock` (each normalised by the floor
+    /// measured beside it).
+    #[serde(default)]
+    pub ratio_to_clock_callers: Option<f64>,
     /// Workload slowdown with the default probes.
     pub slowdown: Slowdown,
 }
@@ -161,6 +172,15 @@ fn floors(b: Backend) -> (&'static [&'static str], &'static [&'static str]) {
     }
 }
 
+/// Which of memcg-trace's pairs a per-call run measures.
+#[derive(Clone, Copy)]
+struct Variant {
+    /// Reads through bpf_probe_read_kernel (`--probe-read`).
+    probe_read: bool,
+    /// `--callers`.
+    callers: bool,
+}
+
 /// What one per-call run measured.
 struct PerCall {
     /// The traced function or tracepoint.
@@ -180,7 +200,7 @@ async fn per_call(
     probe: &str,
     cmd: &[String],
     sel: &ProbeSel,
-    probe_read: bool,
+    variant: Variant,
     clock: &[&'static str],
     empty: &[&'static str],
 ) -> Result<PerCall> {
@@ -193,7 +213,8 @@ async fn per_call(
         // The per-call figures are the kernel's run-time stats: on for this run only (the
         // slowdown runs below have them off, like a default recording).
         bpf_stats: true,
-        probe_read,
+        probe_read: variant.probe_read,
+        callers: variant.callers,
         ..LiveArgs::default()
     };
     let opts = Options {
@@ -283,18 +304,34 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     //    memcg-trace's pair alone again with bpf_probe_read_kernel reads, for the before/after.
     let (clock, empty) = floors(args.attach);
     let mut runs = Vec::new();
+    let mut with_callers = Vec::new();
+    let ratio_of = |r: &PerCall| {
+        pair_cost(&r.costs, &r.ours)
+            .ns_per_call
+            .zip(pair_cost(&r.costs, clock).ns_per_call)
+            .and_then(|(a, b)| ratio(a, b))
+            .unwrap_or(f64::NAN)
+    };
     for _ in 0..args.repeats.max(1) {
-        let direct = per_call(&args, &probe, &cmd, &sel, false, clock, empty).await?;
-        let plain = per_call(&args, &probe, &cmd, &sel, true, clock, empty).await?;
-        let ratio_of = |r: &PerCall| {
-            pair_cost(&r.costs, &r.ours)
-                .ns_per_call
-                .zip(pair_cost(&r.costs, clock).ns_per_call)
-                .and_then(|(a, b)| ratio(a, b))
-                .unwrap_or(f64::NAN)
+        let v = |probe_read, callers| Variant {
+            probe_read,
+            callers,
         };
+        let direct = per_call(&args, &probe, &cmd, &sel, v(false, false), clock, empty).await?;
+        let plain = per_call(&args, &probe, &cmd, &sel, v(true, false), clock, empty).await?;
+        if args.attach != Backend::Tracepoint {
+            let c = per_call(&args, &probe, &cmd, &sel, v(false, true), clock, empty).await?;
+            with_callers.push((ratio_of(&c), pair_cost(&c.costs, &c.ours)));
+        }
         runs.push((ratio_of(&direct), direct, plain));
     }
+    let ratio_runs_callers: Vec<f64> = with_callers.iter().map(|r| r.0).collect();
+    with_callers.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mid = with_callers.len() / 2;
+    let (ratio_to_clock_callers, ours_callers) = match with_callers.into_iter().nth(mid) {
+        Some((r, c)) => (r.is_finite().then_some(r), Some(c)),
+        None => (None, None),
+    };
     let ratio_runs: Vec<f64> = runs.iter().map(|r| r.0).collect();
     // The median run (by ours / floor (b)) is the one reported.
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -355,6 +392,9 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
             .and_then(|(a, b)| ratio(a, b)),
         ours: ours_cost,
         ours_probe_read,
+        ours_callers,
+        ratio_runs_callers,
+        ratio_to_clock_callers,
         code,
         floor_clock,
         floor_empty,

@@ -121,28 +121,30 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLa
     };
     let level: u8 = if o.ebpf_log { 0xff } else { 0 };
     let cells = cpus * probes * NUM_CTX as u32;
-    // Direct reads (plain loads instead of bpf_probe_read_kernel calls) unless asked not to.
     let mut layout = *layout;
-    let mut object = None;
+    // A copy aligned like the original, for the ELF parser, patched below.
+    let mut words = vec![0u64; EBPF_OBJECT.len().div_ceil(8)];
+    // SAFETY: a u64 buffer viewed as the bytes it holds.
+    let bytes: &mut [u8] =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), EBPF_OBJECT.len()) };
+    bytes.copy_from_slice(EBPF_OBJECT);
+    // Source lines are only for the verifier's messages: kept with --ebpf-log.
+    let mut changed = !o.ebpf_log && patch::drop_line_info(bytes)?;
+    // Direct reads (plain loads instead of bpf_probe_read_kernel calls) unless asked not to.
     if !o.probe_read {
         layout.direct_task = 1;
-        // A copy aligned like the original, for the ELF parser.
-        let mut words = vec![0u64; EBPF_OBJECT.len().div_ceil(8)];
-        // SAFETY: a u64 buffer viewed as the bytes it holds.
-        let bytes: &mut [u8] =
-            unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), EBPF_OBJECT.len()) };
-        bytes.copy_from_slice(EBPF_OBJECT);
         if layout.preempt_var_id != 0 && patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
             layout.direct_preempt = 1;
-            object = Some(words);
+            changed = true;
         } else if layout.cast_kfunc_id != 0 && patch::rdonly_cast(bytes, layout.cast_kfunc_id)? > 0
         {
             // The per-CPU variable cannot be named here (no data symbols in kallsyms): its
             // address, found by the programs, is read by a cast and a plain load instead.
             layout.direct_untrusted = 1;
-            object = Some(words);
+            changed = true;
         }
     }
+    let object = changed.then_some(words);
     let bytes: &[u8] = match &object {
         // SAFETY: as above; the buffer outlives the load.
         Some(w) => unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), EBPF_OBJECT.len()) },
@@ -409,6 +411,8 @@ impl Tracer {
         } else {
             None
         };
+        // The loader's own parse of the kernel's BTF is gone: its memory goes back first.
+        crate::session::release_freed_memory();
         let btf = Btf::from_sys_fs().context("load kernel BTF")?;
         Ok(Tracer {
             ebpf,

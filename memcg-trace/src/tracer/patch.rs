@@ -64,6 +64,54 @@ fn code_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>> {
     Ok(out)
 }
 
+/// The (offset, size) of the section named `name` of a little-endian ELF64 object.
+fn section(elf: &[u8], name: &[u8]) -> Result<Option<(usize, usize)>> {
+    if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+        bail!("the eBPF object is not a little-endian ELF64 file");
+    }
+    let bad = || anyhow::anyhow!("the eBPF object's section headers are truncated");
+    let shoff = u64_at(elf, 0x28).ok_or_else(bad)? as usize;
+    let shentsize = u16_at(elf, 0x3a).ok_or_else(bad)? as usize;
+    let shnum = u16_at(elf, 0x3c).ok_or_else(bad)? as usize;
+    let shstrndx = u16_at(elf, 0x3e).ok_or_else(bad)? as usize;
+    let strtab = u64_at(elf, shoff + shstrndx * shentsize + 0x18).ok_or_else(bad)? as usize;
+    for i in 0..shnum {
+        let h = shoff + i * shentsize;
+        let n = strtab + u32_at(elf, h).ok_or_else(bad)? as usize;
+        let at = elf.get(n..n + name.len() + 1).ok_or_else(bad)?;
+        if &at[..name.len()] == name && at[name.len()] == 0 {
+            let off = u64_at(elf, h + 0x18).ok_or_else(bad)? as usize;
+            let size = u64_at(elf, h + 0x20).ok_or_else(bad)? as usize;
+            if off.checked_add(size).is_none_or(|end| end > elf.len()) {
+                bail!("the eBPF object's section {i} lies outside the file");
+            }
+            return Ok(Some((off, size)));
+        }
+    }
+    Ok(None)
+}
+
+/// Drops the line info of the object's `.BTF.ext` (source lines per instruction, for the
+/// verifier's messages): its length in the header becomes 0, so neither the loader nor the
+/// kernel reads the records. They are half of the object; the loader would keep a parsed copy
+/// of them through start-up, where the daemon's peak memory is set. Returns whether it did.
+pub fn drop_line_info(elf: &mut [u8]) -> Result<bool> {
+    let Some((off, size)) = section(elf, b".BTF.ext")? else {
+        return Ok(false);
+    };
+    // struct btf_ext_header: magic, version, flags, hdr_len, func_info_off, func_info_len,
+    // line_info_off, line_info_len, ...
+    if size < 24 || u16_at(elf, off) != Some(0xeb9f) {
+        bail!("the eBPF object's .BTF.ext has no valid header");
+    }
+    let len = off + 20;
+    if u32_at(elf, len) == Some(0) {
+        return Ok(false);
+    }
+    elf[len..len + 4].copy_from_slice(&0u32.to_le_bytes());
+    Ok(true)
+}
+
 /// Walks every instruction of the executable sections of `elf` (an `ld_imm64` is one
 /// instruction of 16 bytes, others 8) and hands each to `rewrite`, which changes it in place
 /// and says whether it did; returns how many it changed.
@@ -198,6 +246,45 @@ mod tests {
             0,
             "a marker call survived"
         );
+    }
+
+    #[test]
+    fn drops_the_line_info_of_the_real_object_and_nothing_else() {
+        let orig = object();
+        if orig.is_empty() {
+            eprintln!("skipping drops_the_line_info_of_the_real_object_and_nothing_else: built with AYA_BUILD_SKIP (no eBPF object)");
+            return;
+        }
+        let (off, _) = section(&orig, b".BTF.ext")
+            .unwrap()
+            .expect("the object has .BTF.ext");
+        assert_eq!(
+            u16_at(&orig, off),
+            Some(0xeb9f),
+            "the .BTF.ext header's magic"
+        );
+        let line_info_len = u32_at(&orig, off + 20).unwrap();
+        assert!(line_info_len > 0, "the object carries line info");
+        let mut elf = orig.clone();
+        assert!(drop_line_info(&mut elf).unwrap());
+        let changed: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] != elf[i]).collect();
+        assert!(
+            !changed.is_empty() && changed.iter().all(|i| (off + 20..off + 24).contains(i)),
+            "only the line info length changes: {changed:?}"
+        );
+        assert_eq!(u32_at(&elf, off + 20), Some(0));
+        // The function info stays (the kernel checks it with the subprograms).
+        assert_eq!(u32_at(&elf, off + 12), u32_at(&orig, off + 12));
+        assert!(!drop_line_info(&mut elf).unwrap(), "nothing left to drop");
+        // The loader still reads the object, with every program.
+        let count = |b: &[u8]| {
+            aya_obj::Object::parse(b)
+                .expect("aya reads it")
+                .programs
+                .len()
+        };
+        assert_eq!(count(&elf), count(&orig));
+        assert!(drop_line_info(&mut [0u8; 8]).is_err());
     }
 
     #[test]

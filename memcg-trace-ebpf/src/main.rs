@@ -718,9 +718,9 @@ fn vacate(set: &mut PendingSet, i: usize) {
     }
 }
 
-/// Entry half: remember the call.
+/// Entry half: remember the call. `caller`: its call site (`Pending::caller`), 0 without
+/// `--callers`.
 #[inline(always)]
-/// `caller`: the call site (`Pending::caller`), 0 without `--callers`.
 fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool, caller: u64) {
     let key = k.frame;
     let cpu = env.cpu();

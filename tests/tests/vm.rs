@@ -588,6 +588,28 @@ fn callers_on(name: &str, short: &str) {
     let mut main_sites: Vec<(String, std::collections::BTreeSet<String>)> = Vec::new();
     for backend in ["fentry", "kprobe"] {
         let doc = load_recording(&r.out_dir.join(format!("callers-{backend}.json")));
+        // The kernel's own call graph: every call of the stat function updates rstat first
+        // thing (memcg_rstat_updated), so rstat's calls from that function are the stat
+        // probe's calls, up to what either lost and the calls cut by the window's edges.
+        let stat = probe(&doc, "stat");
+        let rstat = probe(&doc, "rstat");
+        let from_stat: u64 = rstat
+            .callers
+            .iter()
+            .filter(|s| s.site.split('+').next() == Some(stat.target.as_str()))
+            .map(|s| s.calls)
+            .sum();
+        let slack = stat.lost_upper + rstat.lost_upper + stat.count / 100 + 10;
+        assert!(
+            from_stat.abs_diff(stat.count) <= slack,
+            "{backend}: rstat calls from {} {from_stat}, stat calls {} (slack {slack})",
+            stat.target,
+            stat.count
+        );
+        report.push_str(&format!(
+            "{backend}: rstat from {} {from_stat} calls, stat {}; ",
+            stat.target, stat.count
+        ));
         for p in &doc.probes {
             assert_eq!(p.backend.to_string(), backend, "{}", p.name);
             for c in &p.contexts {

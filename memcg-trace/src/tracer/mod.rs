@@ -725,7 +725,6 @@ impl Tracer {
         );
     }
 
-    /// Takes in the deferred pairs and confirms those that can be.
     /// Every call site's calls by probe slot, the kernel's and the confirmed ones, named, the
     /// costliest first. Read through the map syscalls, which keep kprobe programs on the
     /// reading CPU from running meanwhile (their misses are counted): only with `--callers`,
@@ -767,6 +766,7 @@ impl Tracer {
         out
     }
 
+    /// Takes in the deferred pairs and confirms those that can be.
     fn settle_deferred(&mut self) {
         for slot in 0..self.attached.len() {
             self.mark(slot);

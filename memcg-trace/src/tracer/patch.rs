@@ -36,15 +36,23 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// The (offset, size) of every executable section of a little-endian ELF64 object.
-fn code_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>> {
+/// The section header table of a little-endian ELF64 object: (offset, entry size, entries).
+fn section_table(elf: &[u8]) -> Result<(usize, usize, usize)> {
     if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
         bail!("the eBPF object is not a little-endian ELF64 file");
     }
     let bad = || anyhow::anyhow!("the eBPF object's section headers are truncated");
-    let shoff = u64_at(elf, 0x28).ok_or_else(bad)? as usize;
-    let shentsize = u16_at(elf, 0x3a).ok_or_else(bad)? as usize;
-    let shnum = u16_at(elf, 0x3c).ok_or_else(bad)? as usize;
+    Ok((
+        u64_at(elf, 0x28).ok_or_else(bad)? as usize,
+        u16_at(elf, 0x3a).ok_or_else(bad)? as usize,
+        u16_at(elf, 0x3c).ok_or_else(bad)? as usize,
+    ))
+}
+
+/// The (offset, size) of every executable section of a little-endian ELF64 object.
+fn code_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>> {
+    let bad = || anyhow::anyhow!("the eBPF object's section headers are truncated");
+    let (shoff, shentsize, shnum) = section_table(elf)?;
     let mut out = Vec::new();
     for i in 0..shnum {
         let h = shoff + i * shentsize;
@@ -66,13 +74,8 @@ fn code_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>> {
 
 /// The (offset, size) of the section named `name` of a little-endian ELF64 object.
 fn section(elf: &[u8], name: &[u8]) -> Result<Option<(usize, usize)>> {
-    if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
-        bail!("the eBPF object is not a little-endian ELF64 file");
-    }
     let bad = || anyhow::anyhow!("the eBPF object's section headers are truncated");
-    let shoff = u64_at(elf, 0x28).ok_or_else(bad)? as usize;
-    let shentsize = u16_at(elf, 0x3a).ok_or_else(bad)? as usize;
-    let shnum = u16_at(elf, 0x3c).ok_or_else(bad)? as usize;
+    let (shoff, shentsize, shnum) = section_table(elf)?;
     let shstrndx = u16_at(elf, 0x3e).ok_or_else(bad)? as usize;
     let strtab = u64_at(elf, shoff + shstrndx * shentsize + 0x18).ok_or_else(bad)? as usize;
     for i in 0..shnum {

@@ -286,18 +286,6 @@ impl AttachOptions {
     }
 }
 
-/// Gives the memory the allocator holds free back to the system (glibc keeps freed heap
-/// memory for reuse, where a fragmented heap makes the next large parse grow the process
-/// anew). Start-up parses the kernel's BTF several times, tens of MiB each, and the daemon's
-/// peak resident memory is set there.
-pub fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// Calls of the floor function per measurement batch.
 const FLOOR_CALLS: u32 = 250;
 
@@ -390,11 +378,11 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     // Every aya loader parses the kernel's BTF again (tens of MiB): ours (and, on kernels that
     // cannot mmap it, its copy in memory) is gone before the first.
     drop(btf);
-    release_freed_memory();
+    crate::tracer::release_freed_memory();
     let (layout, masks) = calibrate::masks(layout);
     // Each aya loader parses the kernel's BTF again; what the last one freed goes back to the
     // system first, so that the next parse does not stack on a heap left fragmented.
-    release_freed_memory();
+    crate::tracer::release_freed_memory();
     phases.end("masks");
     let mut calibration = Vec::new();
     if masks.source != "calibrated" {

@@ -98,6 +98,18 @@ pub struct LoadOptions {
     pub callers: bool,
 }
 
+/// Gives the memory the allocator holds free back to the system (glibc keeps freed heap
+/// memory for reuse, where a fragmented heap makes the next large parse grow the process
+/// anew). Start-up parses the kernel's BTF several times, tens of MiB each, and the daemon's
+/// peak resident memory is set there.
+pub fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The one way the object is loaded: kernel layout and settings patched into the programs'
 /// read-only globals, the shared arrays sized for the CPUs and probes. With the log level 0
 /// the verifier removes every log statement, so diagnostics cost nothing when off.
@@ -412,7 +424,7 @@ impl Tracer {
             None
         };
         // The loader's own parse of the kernel's BTF is gone: its memory goes back first.
-        crate::session::release_freed_memory();
+        release_freed_memory();
         let btf = Btf::from_sys_fs().context("load kernel BTF")?;
         Ok(Tracer {
             ebpf,

@@ -192,6 +192,12 @@ pub mod names {
     pub const MAP_TP_HITS: &str = "TP_HITS";
     /// Timed calls per call site, with `--callers` (see [`super::CallerKey`]).
     pub const MAP_CALLERS: &str = "CALLERS";
+    /// Calls per charged memcg, with `--by-memcg` (see [`super::MemcgKey`]).
+    pub const MAP_MEMCGS: &str = "MEMCGS";
+    /// Per probe slot: how to reach the charged memcg from the argument ([`super::MemcgPath`]).
+    pub const MAP_MEMCG_PATH: &str = "MEMCG_PATH";
+    /// The ids of the workload's memcg and its descendants (`Config::workload_memcg`).
+    pub const MAP_WORKLOAD_MEMCGS: &str = "WORKLOAD_MEMCGS";
     /// Read-only global: the kernel layout.
     pub const GLOBAL_LAYOUT: &str = "LAYOUT";
     /// Read-only global: the settings ([`super::Config`]).
@@ -353,8 +359,10 @@ pub struct Counters {
     /// `CALLERS` map (or lost a race for it); they are the "other" row, so that the sites' calls
     /// and these add up to the timed calls.
     pub callers_other: u64,
-    /// Keeps a cell 160 bytes long: every fourth (each task cell) starts a cache line.
-    pub _pad: u64,
+    /// With `--by-memcg`: calls whose memcg found no room in the `MEMCGS` map (or lost a race
+    /// for it); the "other" row of the per-memcg rows, which add up to the context's calls. It
+    /// keeps a cell 160 bytes long: every fourth (each task cell) starts a cache line.
+    pub memcgs_other: u64,
 }
 const _: () = assert!((core::mem::size_of::<Counters>() * NUM_CTX).is_multiple_of(64));
 
@@ -380,6 +388,7 @@ impl Counters {
         self.off_cpu_max_ns = self.off_cpu_max_ns.max(o.off_cpu_max_ns);
         self.off_cpu_unknown += o.off_cpu_unknown;
         self.callers_other += o.callers_other;
+        self.memcgs_other += o.memcgs_other;
     }
 }
 
@@ -436,6 +445,9 @@ pub struct Pending {
     /// With `Config::callers`: the return address into the function that made the call (0
     /// when it could not be read).
     pub caller: u64,
+    /// With `Config::by_memcg`: the id of the memcg the call charges, read from its argument
+    /// (0: not read).
+    pub memcg: u64,
 }
 
 /// The call was made by a task of the workload's cgroup.
@@ -481,6 +493,8 @@ pub struct Deferred {
     pub off_ns: u64,
     /// The call site (`Pending::caller`).
     pub caller: u64,
+    /// The memcg the call charges (`Pending::memcg`).
+    pub memcg: u64,
 }
 
 /// The call was made by a task of the workload's cgroup.
@@ -565,6 +579,13 @@ pub struct Config {
     /// Non-zero with `--callers`: the entry programs read the call site and the exit programs
     /// count each timed call under it in `CALLERS`.
     pub callers: u32,
+    /// Non-zero with `--by-memcg`: the entry programs read the memcg each call charges (see
+    /// [`MemcgPath`]) and the exit programs count the call under it in `MEMCGS`.
+    pub by_memcg: u32,
+    /// Non-zero when the workload is the memcg a call charges (its id or a descendant's in
+    /// `WORKLOAD_MEMCGS`), in every context, instead of the cgroup of the task making it; then
+    /// `WORKLOAD_HIST` has a cell per context (see [`workload_cell`]).
+    pub workload_memcg: u32,
 }
 
 /// Call sites kept per run in the `CALLERS` map (all probes and contexts together); the calls
@@ -623,7 +644,47 @@ pub struct CallerKey {
     pub ctx: u32,
 }
 
-/// The timed calls of one call site: the value of `CALLERS`. Updated atomically (the map is
+/// Memcgs kept per run in the `MEMCGS` map (all probes and contexts together); the calls of
+/// memcgs beyond it are counted in `Counters::memcgs_other`.
+pub const MAX_MEMCGS: u32 = 1024;
+
+/// Ids in the workload's set of memcgs (`WORKLOAD_MEMCGS`: its memcg and descendants).
+pub const MAX_WORKLOAD_MEMCGS: u32 = 4096;
+
+/// Pointer hops of a [`MemcgPath`] at most.
+pub const MEMCG_HOPS: usize = 4;
+
+/// How a probe's programs find the memcg a call charges, from the function's (or tracepoint's)
+/// first argument, a pointer: `hops` times, add `off[i]` and load the pointer there; then the
+/// u64 at `id_off` is the id (a `kernfs_node`'s, what `stat` gives as the cgroup directory's
+/// inode number, on cgroup v1 and v2). Offsets from the running kernel's BTF: e.g. a
+/// `struct mem_cgroup *` takes `css.cgroup`, then `cgroup.kn`, then `kernfs_node.id`. An
+/// entry of `MEMCG_PATH` by probe slot, written when the probe is attached; `hops == 0`: the
+/// probe's argument is not known to lead to a memcg.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct MemcgPath {
+    /// Pointer loads (1..=`MEMCG_HOPS`; 0: no path).
+    pub hops: u32,
+    /// Offset of the id in the last struct reached (a `kernfs_node`).
+    pub id_off: u32,
+    /// Offset added before each load (negative: a `container_of`).
+    pub off: [i32; MEMCG_HOPS],
+}
+
+/// A charged memcg of one probe in one context: the key of `MEMCGS`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq, Hash)]
+pub struct MemcgKey {
+    /// The memcg's id ([`MemcgPath`]; 0: could not be read).
+    pub memcg: u64,
+    /// Probe slot.
+    pub probe: u32,
+    /// Context (`CTX_*`).
+    pub ctx: u32,
+}
+
+/// The timed calls of one call site (the value of `CALLERS`), or of one memcg (of `MEMCGS`). Updated atomically (the map is
 /// shared by every CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -659,10 +720,27 @@ pub const fn cell(cpu: u32, probes: u32, probe: u32, ctx: u32) -> u32 {
     cpu * cells_per_cpu(probes) + probe * NUM_CTX as u32 + ctx
 }
 
-/// The index of (cpu, probe) in the workload histogram array (task context only).
+/// Contexts per (cpu, probe) of the workload histogram array: every context when the workload
+/// is the charged memcg (`Config::workload_memcg`), else the task context only.
 #[inline(always)]
-pub const fn workload_cell(cpu: u32, probes: u32, probe: u32) -> u32 {
-    cpu * probes + probe
+pub const fn workload_contexts(workload_memcg: bool) -> u32 {
+    if workload_memcg {
+        NUM_CTX as u32
+    } else {
+        1
+    }
+}
+
+/// The index of (cpu, probe, context) in the workload histogram array, which holds
+/// [`workload_contexts`] cells per (cpu, probe) (`ctx` must be `CTX_TASK` when that is 1).
+#[inline(always)]
+pub const fn workload_cell(cpu: u32, probes: u32, probe: u32, ctx: u32, contexts: u32) -> u32 {
+    (cpu * probes + probe) * contexts
+        + if contexts > 1 {
+            ctx & (NUM_CTX as u32 - 1)
+        } else {
+            0
+        }
 }
 
 /// Operations of the pairing self-test program, run through BPF_PROG_TEST_RUN with the inputs a
@@ -833,6 +911,8 @@ mod pod {
     unsafe impl aya::Pod for super::KernelLayout {}
     unsafe impl aya::Pod for super::CallerKey {}
     unsafe impl aya::Pod for super::CallerStat {}
+    unsafe impl aya::Pod for super::MemcgKey {}
+    unsafe impl aya::Pod for super::MemcgPath {}
 }
 
 #[cfg(test)]

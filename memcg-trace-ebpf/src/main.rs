@@ -48,12 +48,12 @@ use aya_ebpf::{
 use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
     bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
-    task_slot_hint, test_op, workload_cell, CallerKey, CallerStat, Config, Counters, CpuState,
-    Deferred, Hist, KernelLayout, Pending, PendingSet, CALLER_BUCKETS, CTX_CHECK_COLS,
-    CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED,
-    DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, NUM_BUCKETS, NUM_CTX,
-    PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, TASK_SLOTS,
-    WINDOW_OPEN,
+    task_slot_hint, test_op, workload_cell, workload_contexts, CallerKey, CallerStat, Config,
+    Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, Pending, PendingSet,
+    CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK,
+    CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, DEFERRED_WORKLOAD,
+    MAX_PROBES, MEMCG_HOPS, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD,
+    PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, TASK_SLOTS, WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -107,6 +107,8 @@ static CONFIG: Config = Config {
     workload_owned: 0,
     tp_percpu: 0,
     callers: 0,
+    by_memcg: 0,
+    workload_memcg: 0,
 };
 
 /// Histograms by (CPU, probe, context); each CPU writes its own region, userspace maps the
@@ -141,6 +143,20 @@ static WINDOW: Array<u64> = Array::with_max_entries(MAX_PROBES as u32, 0);
 /// Timed calls per call site (`--callers`), sized by userspace: 1 entry when off.
 #[map]
 static CALLERS: HashMap<CallerKey, CallerStat> = HashMap::with_max_entries(1, 0);
+
+/// Calls per charged memcg (`--by-memcg`), sized by userspace: 1 entry when off.
+#[map]
+static MEMCGS: HashMap<MemcgKey, CallerStat> = HashMap::with_max_entries(1, 0);
+
+/// Per probe slot: how to reach the charged memcg from the first argument (set by userspace
+/// when the probe is attached).
+#[map]
+static MEMCG_PATH: Array<MemcgPath> = Array::with_max_entries(MAX_PROBES as u32, 0);
+
+/// The ids of the workload's memcg and its descendants (`Config::workload_memcg`), kept by
+/// userspace; sized 1 when unused.
+#[map]
+static WORKLOAD_MEMCGS: HashMap<u64, u8> = HashMap::with_max_entries(1, 0);
 
 /// One zeroed `CallerStat`: the value a new call site starts from (too large for the stack).
 #[map]
@@ -610,8 +626,10 @@ fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, atomic: boo
     if probe >= probes {
         return;
     }
-    let h = if flags & PENDING_WORKLOAD != 0 && ctx == CTX_TASK {
-        WORKLOAD_HIST.get_ptr_mut(workload_cell(cpu, probes, probe))
+    let by_memcg = config().workload_memcg != 0;
+    let h = if flags & PENDING_WORKLOAD != 0 && (ctx == CTX_TASK || by_memcg) {
+        let contexts = workload_contexts(by_memcg);
+        WORKLOAD_HIST.get_ptr_mut(workload_cell(cpu, probes, probe, ctx, contexts))
     } else {
         HIST.get_ptr_mut(cell(cpu, probes, probe, ctx & (NUM_CTX as u32 - 1)))
     };
@@ -621,36 +639,118 @@ fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, atomic: boo
     }
 }
 
-/// Counts a timed call under its call site (`--callers`); a site that finds no room (the map
-/// is full, or its insertion lost a race) goes to the "other" counter.
+/// Counts a call in `map` under `key` (timed: with its latency `ns`); false when the key finds
+/// no room (the map is full, or its insertion lost a race): the caller counts it as "other".
 #[inline(always)]
-fn count_caller(cs: &mut Counters, probe: u32, ctx: u32, caller: u64, ns: u64) {
-    let key = CallerKey { caller, probe, ctx };
-    let mut v = CALLERS.get_ptr_mut(&key);
+fn count_under<K>(map: &HashMap<K, CallerStat>, key: &K, ns: u64, timed: bool) -> bool {
+    let mut v = map.get_ptr_mut(key);
     if v.is_none() {
         if let Some(zero) = CALLER_ZERO.get(0) {
-            // BPF_NOEXIST: a site inserted meanwhile by another CPU is kept, and found below.
-            let _ = CALLERS.insert(&key, zero, 1);
-            v = CALLERS.get_ptr_mut(&key);
+            // BPF_NOEXIST: a key inserted meanwhile by another CPU is kept, and found below.
+            let _ = map.insert(key, zero, 1);
+            v = map.get_ptr_mut(key);
         }
     }
-    match v {
-        Some(v) => {
-            // SAFETY: pointer from a successful map lookup; shared by every CPU, so every
-            // update is atomic.
-            let v = unsafe { &mut *v };
-            add(&mut v.count, 1, true);
-            add(&mut v.sum_ns, ns, true);
-            let i = caller_bucket_index(ns) & (CALLER_BUCKETS - 1);
-            add(&mut v.buckets[i], 1, true);
-        }
-        None => add(&mut cs.callers_other, 1, true),
+    let Some(v) = v else {
+        return false;
+    };
+    // SAFETY: pointer from a successful map lookup; shared by every CPU, so every update is
+    // atomic.
+    let v = unsafe { &mut *v };
+    add(&mut v.count, 1, true);
+    if timed {
+        add(&mut v.sum_ns, ns, true);
+        let i = caller_bucket_index(ns) & (CALLER_BUCKETS - 1);
+        add(&mut v.buckets[i], 1, true);
     }
+    true
+}
+
+/// Counts a timed call under its call site (`--callers`); one that finds no room goes to the
+/// "other" counter.
+#[inline(always)]
+fn count_caller(cs: &mut Counters, probe: u32, ctx: u32, caller: u64, ns: u64) {
+    if !count_under(&CALLERS, &CallerKey { caller, probe, ctx }, ns, true) {
+        add(&mut cs.callers_other, 1, true);
+    }
+}
+
+/// Counts a call under the memcg it charges (`--by-memcg`; timed: with its latency); one that
+/// finds no room goes to the "other" counter.
+#[inline(always)]
+fn count_memcg(cs: &mut Counters, probe: u32, ctx: u32, memcg: u64, ns: u64, timed: bool) {
+    if !count_under(&MEMCGS, &MemcgKey { memcg, probe, ctx }, ns, timed) {
+        add(&mut cs.memcgs_other, 1, true);
+    }
+}
+
+/// The id of the memcg a call of `probe` charges, from its first argument `arg` along the
+/// probe's `MEMCG_PATH` (fault-safe reads); 0 when the probe has no path or a pointer on it
+/// is null.
+#[inline(always)]
+fn charged_memcg(probe: u32, arg: u64) -> u64 {
+    // SAFETY: pointer from a successful map lookup; written by userspace before attaching.
+    let Some(path) = MEMCG_PATH.get_ptr(probe).map(|p| unsafe { *p }) else {
+        return 0;
+    };
+    let mut p = arg;
+    for i in 0..MEMCG_HOPS {
+        if i as u32 >= path.hops {
+            break;
+        }
+        if p == 0 {
+            return 0;
+        }
+        let at = p.wrapping_add(path.off[i] as i64 as u64);
+        // SAFETY: a fault-safe read of kernel memory.
+        p = unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0);
+    }
+    if path.hops == 0 || p == 0 {
+        return 0;
+    }
+    // SAFETY: as above.
+    unsafe { bpf_probe_read_kernel((p + path.id_off as u64) as *const u64) }.unwrap_or(0)
+}
+
+/// The first argument of a function (fentry) or BTF tracepoint from the program's context
+/// `ctx`, as a plain number: a load from the context would give the verifier's typed pointer,
+/// on which the path's offsets (from a map, so not constants) are not allowed.
+#[inline(always)]
+fn first_arg(ctx: *mut c_void) -> u64 {
+    // SAFETY: a fault-safe read of the context's first word.
+    unsafe { bpf_probe_read_kernel(ctx as *const u64) }.unwrap_or(0)
+}
+
+/// Whether memcg `id` is the workload's or one of its descendants (`Config::workload_memcg`).
+#[inline(always)]
+fn memcg_in_workload(id: u64) -> bool {
+    // SAFETY: a lookup that only tests presence.
+    id != 0 && unsafe { WORKLOAD_MEMCGS.get(&id) }.is_some()
+}
+
+/// Whether a call belongs to the workload: by the memcg it charges (`memcg`, where
+/// `Config::workload_memcg` says so and it was read), else by the cgroup of the task making it
+/// (task context only).
+#[inline(always)]
+fn workload_call<E: Env>(env: &E, ctx: u32, memcg: u64, task: u64) -> bool {
+    let c = config();
+    if c.workload_memcg != 0 && memcg != 0 {
+        return memcg_in_workload(memcg);
+    }
+    ctx == CTX_TASK && env.in_workload(task)
 }
 
 /// Hands a pair to userspace for confirmation; false when the ring buffer is full.
 #[inline(always)]
-fn defer(probe: u32, ctx: u32, start: u64, end: u64, flags: u8, off_ns: u64, caller: u64) -> bool {
+fn defer(
+    probe: u32,
+    ctx: u32,
+    start: u64,
+    end: u64,
+    flags: u8,
+    off_ns: u64,
+    call: &Pending,
+) -> bool {
     match DEFERRED.reserve::<Deferred>(0) {
         Some(mut e) => {
             e.write(Deferred {
@@ -661,7 +761,8 @@ fn defer(probe: u32, ctx: u32, start: u64, end: u64, flags: u8, off_ns: u64, cal
                 flags,
                 _pad: 0,
                 off_ns,
-                caller,
+                caller: call.caller,
+                memcg: call.memcg,
             });
             e.submit(BPF_RB_NO_WAKEUP as u64);
             true
@@ -719,9 +820,9 @@ fn vacate(set: &mut PendingSet, i: usize) {
 }
 
 /// Entry half: remember the call. `caller`: its call site (`Pending::caller`), 0 without
-/// `--callers`.
+/// `--callers`; `memcg`: the memcg it charges (`Pending::memcg`), 0 when not read.
 #[inline(always)]
-fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool, caller: u64) {
+fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool, caller: u64, memcg: u64) {
     let key = k.frame;
     let cpu = env.cpu();
     let atomic = env.atomic();
@@ -750,16 +851,18 @@ fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool, caller: u64) {
             Some(m) => (PENDING_MISSES_KNOWN, m),
             None => (0, 0),
         };
-        p.flags = flags;
+        let workload = config().workload_memcg != 0 && memcg_in_workload(memcg);
+        p.flags = flags | if workload { PENDING_WORKLOAD } else { 0 };
         p.switches = misses;
         p.caller = caller;
+        p.memcg = memcg;
         p.key = key;
         p.ts = env.now();
         return;
     }
     let task = env.task();
     let switches = env.switches(task);
-    let flags = if env.in_workload(task) {
+    let flags = if workload_call(env, CTX_TASK, memcg, task) {
         PENDING_WORKLOAD
     } else {
         0
@@ -814,6 +917,7 @@ fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool, caller: u64) {
     p.ctx = CTX_TASK;
     p.flags = flags;
     p.caller = caller;
+    p.memcg = memcg;
     p.ts = env.now();
     // After the timestamp: time off the CPU before it is not part of the call's latency.
     p.clock = env.clock(task);
@@ -1027,7 +1131,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         }
     }
     if deferred {
-        if defer(probe, ctx, call.ts, now, flags, off, call.caller) {
+        if defer(probe, ctx, call.ts, now, flags, off, &call) {
             add(&mut cs.deferred, 1, atomic);
         } else {
             add(&mut cs.deferred_lost, 1, atomic);
@@ -1038,6 +1142,9 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     count_paired(cpu, probe, ctx, call.flags, ns, atomic);
     if config().callers != 0 {
         count_caller(cs, probe, ctx, call.caller, ns);
+    }
+    if config().by_memcg != 0 {
+        count_memcg(cs, probe, ctx, call.memcg, ns, true);
     }
 }
 
@@ -1067,24 +1174,46 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
         st,
         preemptible: false,
     };
+    let cfg = config();
+    let memcg = if cfg.by_memcg != 0 || cfg.workload_memcg != 0 {
+        charged_memcg(probe, first_arg(c.as_ptr()))
+    } else {
+        0
+    };
+    // As `workload_call`, the task read only where it is needed.
+    let workload = |ctx: u32| {
+        if cfg.workload_memcg != 0 && memcg != 0 {
+            memcg_in_workload(memcg)
+        } else {
+            ctx == CTX_TASK && cfg.workload_cgroup != 0 && env.in_workload(env.task())
+        }
+    };
     match env.context() {
-        Some(ctx) if config().tp_percpu != 0 => {
+        Some(ctx) if cfg.tp_percpu != 0 => {
             let i = probe * NUM_CTX as u32 + (ctx & (NUM_CTX as u32 - 1));
             if let Some(hits) = TP_HITS.get_ptr_mut(i) {
                 // SAFETY: pointer from a successful map lookup; this CPU's copy, and a
                 // tracepoint program is not preempted.
                 let hits = unsafe { &mut *hits };
                 hits[0] += 1;
-                if ctx == CTX_TASK && config().workload_cgroup != 0 && env.in_workload(env.task()) {
+                if workload(ctx) {
                     hits[1] += 1;
+                }
+            }
+            if cfg.by_memcg != 0 {
+                if let Some(cs) = counters(st.cpu, probe, ctx) {
+                    count_memcg(cs, probe, ctx, memcg, 0, false);
                 }
             }
         }
         Some(ctx) => {
             if let Some(cs) = counters(st.cpu, probe, ctx) {
                 cs.entries += 1;
-                if ctx == CTX_TASK && config().workload_cgroup != 0 && env.in_workload(env.task()) {
+                if workload(ctx) {
                     cs.workload_hits += 1;
+                }
+                if cfg.by_memcg != 0 {
+                    count_memcg(cs, probe, ctx, memcg, 0, false);
                 }
             }
         }
@@ -1229,7 +1358,12 @@ macro_rules! probe_slot {
                 } else {
                     0
                 };
-                pair_entry(&env, $n, Key::fentry(&ctx), true, caller);
+                let memcg = if config().by_memcg != 0 || config().workload_memcg != 0 {
+                    charged_memcg($n, first_arg(ctx.as_ptr()))
+                } else {
+                    0
+                };
+                pair_entry(&env, $n, Key::fentry(&ctx), true, caller, memcg);
             } else {
                 no_state($n, false);
             }
@@ -1260,7 +1394,13 @@ macro_rules! probe_slot {
                 } else {
                     0
                 };
-                pair_entry(&env, $n, Key::kprobe(&ctx), false, caller);
+                let memcg = if config().by_memcg != 0 || config().workload_memcg != 0 {
+                    // SAFETY: ctx.regs points at the probe's pt_regs.
+                    charged_memcg($n, unsafe { (*ctx.regs).rdi })
+                } else {
+                    0
+                };
+                pair_entry(&env, $n, Key::kprobe(&ctx), false, caller, memcg);
             } else {
                 no_state($n, false);
             }
@@ -1532,7 +1672,15 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
     };
     match a(0) {
         // The call site of a test call: its frame with the lowest bit set (frames are aligned).
-        test_op::ENTRY => pair_entry(&given, probe, Key::given(a(2)), a(7) & 2 != 0, a(2) | 1),
+        // Its memcg: the frame with the two lowest bits set.
+        test_op::ENTRY => pair_entry(
+            &given,
+            probe,
+            Key::given(a(2)),
+            a(7) & 2 != 0,
+            a(2) | 1,
+            a(2) | 3,
+        ),
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),
         test_op::BUCKET => count_paired(st.cpu, probe, CTX_TASK, 0, a(2), false),

@@ -170,6 +170,11 @@ pub struct Workload {
     pub exit_status: Option<i32>,
     /// The memcg it ran in.
     pub cgroup: String,
+    /// Its calls are told by the memcg they charge: those charging its memcg or one below it,
+    /// in every context (`--by-memcg`, or a v1 `--cgroup`); else the task-context calls of
+    /// its tasks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_memcg: bool,
 }
 
 /// One program's statistics.
@@ -291,6 +296,10 @@ pub struct ContextOut {
     /// map (the "other" row): the sites' calls of this context and these add up to `count`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub callers_other: u64,
+    /// With `--by-memcg`: calls whose memcg found no room in the kernel's bounded map (the
+    /// "other" row): the memcgs' calls of this context and these add up to `count`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memcgs_other: u64,
     /// Latency figures; absent for counts-only backends.
     pub latency: Option<Latency>,
 }
@@ -317,6 +326,33 @@ pub struct CallerOut {
     /// Share of the context's timed calls.
     pub share_of_calls: Option<f64>,
     /// Sum of their latencies, ns.
+    pub sum_ns: u64,
+    /// Share of the context's summed latency.
+    pub share_of_time: Option<f64>,
+    /// Median latency, ns (interpolated in quarter-octave buckets).
+    pub p50_ns: Option<u64>,
+    /// 99th percentile, ns (likewise).
+    pub p99_ns: Option<u64>,
+    /// The histogram, sparse: [bucket, calls] pairs of the quarter-octave buckets
+    /// (`caller_bucket_bounds`).
+    pub buckets: Vec<[u64; 2]>,
+}
+
+/// The calls of a probe in one context that charge one memcg (`--by-memcg`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MemcgOut {
+    /// `task`, `softirq`, `hardirq` or `nmi`.
+    pub context: String,
+    /// The memcg's path in the memory controller's hierarchy (`/` the root; `unknown` when the
+    /// argument could not be read, `removed cgroup ID` when it was gone before it was named).
+    pub cgroup: String,
+    /// Its id: the inode number of its directory (its cgroup's kernfs id).
+    pub id: u64,
+    /// Calls.
+    pub calls: u64,
+    /// Share of the context's calls.
+    pub share_of_calls: Option<f64>,
+    /// Sum of their latencies, ns (0 for counts-only backends).
     pub sum_ns: u64,
     /// Share of the context's summed latency.
     pub share_of_time: Option<f64>,
@@ -396,11 +432,16 @@ pub struct ProbeOut {
     /// Per context.
     pub contexts: Vec<ContextOut>,
     /// The workload's share, when memcg-trace ran one: task-context calls made by tasks of the
-    /// workload's cgroup.
+    /// workload's cgroup, or, told by the memcg charged (`--by-memcg`, a v1 `--cgroup`), the
+    /// calls in every context that charge its memcg or one below it.
     pub workload: Option<WorkloadOut>,
     /// With `--callers`: the call sites of the timed calls, per context, costliest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub callers: Vec<CallerOut>,
+    /// With `--by-memcg`: the calls per charged memcg, per context, costliest (counts only:
+    /// most called) first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memcgs: Vec<MemcgOut>,
 }
 
 /// Task-context calls made by tasks of the workload's cgroup.
@@ -410,7 +451,8 @@ pub struct WorkloadOut {
     pub count: u64,
     /// Calls per second of the recording.
     pub rate_per_s: Option<f64>,
-    /// Fraction of all task-context calls of this probe.
+    /// Fraction of all task-context calls of this probe (of all its calls where the workload
+    /// is told by its memcg, `Workload::by_memcg`).
     pub share_of_task_calls: Option<f64>,
     /// Latency figures; absent for counts-only backends.
     pub latency: Option<Latency>,
@@ -541,7 +583,12 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
             floors: run.floors.clone(),
             workload: run.workload.clone(),
         },
-        probes: probes_out(snap, &run.notes, &run.floors),
+        probes: probes_out(
+            snap,
+            &run.notes,
+            &run.floors,
+            run.workload.as_ref().is_some_and(|w| w.by_memcg),
+        ),
         history: run.history.clone().filter(|h| !h.t_ms.is_empty()),
         upgraded_from: None,
         not_attached: run
@@ -556,10 +603,12 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
 }
 
 /// The per-probe part of the document.
+/// `workload_by_memcg`: the workload rows hold calls of every context (`Workload::by_memcg`).
 fn probes_out(
     snap: &Snapshot,
     notes: &HashMap<String, Vec<String>>,
     floors: &[Floor],
+    workload_by_memcg: bool,
 ) -> Vec<ProbeOut> {
     let secs = snap.elapsed;
     snap.probes
@@ -586,7 +635,14 @@ fn probes_out(
                 workload: p.workload.as_ref().map(|w| WorkloadOut {
                     count: w.count,
                     rate_per_s: rate(w.count, secs),
-                    share_of_task_calls: ratio(w.count as f64, p.ctx_calls(0) as f64),
+                    share_of_task_calls: ratio(
+                        w.count as f64,
+                        if workload_by_memcg {
+                            p.calls()
+                        } else {
+                            p.ctx_calls(0)
+                        } as f64,
+                    ),
                     latency: timed.then(|| latency_out(w, secs, floor)),
                 }),
                 programs: p
@@ -634,6 +690,7 @@ fn probes_out(
                             no_context_exits: k.no_context_exits,
                             lost: c.lost(),
                             callers_other: k.callers_other,
+                            memcgs_other: k.memcgs_other,
                             latency: timed.then(|| latency_out(&c.hist, secs, floor)),
                         }
                     })
@@ -653,6 +710,34 @@ fn probes_out(
                             share_of_time: ratio(s.sum_ns as f64, c.hist.sum_ns as f64),
                             p50_ns: s.quantile(0.5),
                             p99_ns: s.quantile(0.99),
+                            buckets: s
+                                .buckets
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, n)| **n > 0)
+                                .map(|(i, n)| [i as u64, *n])
+                                .collect(),
+                        }
+                    })
+                    .collect(),
+                memcgs: p
+                    .memcgs
+                    .iter()
+                    .map(|s| {
+                        let ctx = (s.ctx as usize) % NUM_CTX;
+                        let c = &p.contexts[ctx];
+                        MemcgOut {
+                            context: CTX_NAMES[ctx].to_string(),
+                            cgroup: s.name.clone(),
+                            id: s.addr,
+                            calls: s.count,
+                            share_of_calls: ratio(s.count as f64, p.ctx_calls(ctx) as f64),
+                            sum_ns: s.sum_ns,
+                            share_of_time: timed
+                                .then(|| ratio(s.sum_ns as f64, c.hist.sum_ns as f64))
+                                .flatten(),
+                            p50_ns: timed.then(|| s.quantile(0.5)).flatten(),
+                            p99_ns: timed.then(|| s.quantile(0.99)).flatten(),
                             buckets: s
                                 .buckets
                                 .iter()
@@ -931,7 +1016,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                             no_context_entries: c.no_context_entries,
                             no_context_exits: c.no_context_exits,
                             callers_other: c.callers_other,
-                            _pad: 0,
+                            memcgs_other: c.memcgs_other,
                             // Kept for the tracepoint backend's task context; the recording
                             // has it as the workload's count.
                             workload_hits: match (&p.workload, timed, i) {
@@ -976,6 +1061,24 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                             s.count = c.calls;
                             s.sum_ns = c.sum_ns;
                             for [i, n] in &c.buckets {
+                                if let Some(b) = s.buckets.get_mut(*i as usize) {
+                                    *b = *n;
+                                }
+                            }
+                            s
+                        })
+                        .collect(),
+                    memcgs: p
+                        .memcgs
+                        .iter()
+                        .map(|m| {
+                            let ctx =
+                                CTX_NAMES.iter().position(|n| *n == m.context).unwrap_or(0) as u32;
+                            let mut s = crate::callers::Site::new(ctx, m.id);
+                            s.name = m.cgroup.clone();
+                            s.count = m.calls;
+                            s.sum_ns = m.sum_ns;
+                            for [i, n] in &m.buckets {
                                 if let Some(b) = s.buckets.get_mut(*i as usize) {
                                     *b = *n;
                                 }

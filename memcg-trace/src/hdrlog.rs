@@ -210,6 +210,7 @@ mod tests {
                 workload: None,
                 kprobe_missed: 0,
                 callers: Vec::new(),
+                memcgs: Vec::new(),
             }],
             ..Default::default()
         }

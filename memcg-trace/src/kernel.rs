@@ -220,6 +220,90 @@ pub fn field_path_offset(btf: &Btf, root: &str, path: &[&str]) -> Result<u64> {
     Ok(total)
 }
 
+/// The struct a function's first parameter points to (`tracepoint`: the first argument of the
+/// BTF tracepoint `btf_trace_<name>`, after its `void *` data), by name; None when it is not a
+/// pointer to a struct or the name is not in BTF.
+pub fn first_arg_struct(btf: &Btf, name: &str, tracepoint: bool) -> Option<String> {
+    let proto = if tracepoint {
+        let td = btf
+            .resolve_types_by_name(&format!("btf_trace_{name}"))
+            .ok()?
+            .into_iter()
+            .find(|t| matches!(t, Type::Typedef(_)))?;
+        let Type::Ptr(p) = strip(btf, td).ok()? else {
+            return None;
+        };
+        match strip(btf, btf.resolve_chained_type(&p).ok()?).ok()? {
+            Type::FuncProto(fp) => fp,
+            _ => return None,
+        }
+    } else {
+        let Some(Type::Func(f)) = btf
+            .resolve_types_by_name(name)
+            .ok()?
+            .into_iter()
+            .find(|t| matches!(t, Type::Func(_)))
+        else {
+            return None;
+        };
+        match btf.resolve_chained_type(&f).ok()? {
+            Type::FuncProto(fp) => fp,
+            _ => return None,
+        }
+    };
+    let param = proto.parameters.get(usize::from(tracepoint))?;
+    let Type::Ptr(p) = strip(btf, btf.resolve_chained_type(param).ok()?).ok()? else {
+        return None;
+    };
+    match strip(btf, btf.resolve_chained_type(&p).ok()?).ok()? {
+        Type::Struct(s) => btf.resolve_name(&s).ok(),
+        _ => None,
+    }
+}
+
+/// The structs a charged memcg can be read from (see [`memcg_path`]).
+pub const MEMCG_ARGS: [&str; 5] = [
+    "mem_cgroup",
+    "obj_cgroup",
+    "lruvec",
+    "cgroup_subsys_state",
+    "cgroup",
+];
+
+/// How the programs reach the id of the memcg (its cgroup's `kernfs_node`) from a pointer to
+/// `arg` (one of [`MEMCG_ARGS`]), with this kernel's offsets: a `mem_cgroup` through its css's
+/// cgroup, an `obj_cgroup` through the memcg it charges now (its parent's once reparented), a
+/// memcg's `lruvec` through the per-node struct holding it (`container_of`), a css or a
+/// cgroup directly.
+pub fn memcg_path(btf: &Btf, arg: &str) -> Result<memcg_trace_common::MemcgPath> {
+    let off = |root: &str, path: &[&str]| -> Result<i32> {
+        let o = field_path_offset(btf, root, path)?;
+        i32::try_from(o).map_err(|_| anyhow!("{root}.{}: offset {o} too large", path.join(".")))
+    };
+    let css_cgroup = || off("cgroup_subsys_state", &["cgroup"]);
+    let memcg_cgroup = || Ok::<_, anyhow::Error>(off("mem_cgroup", &["css"])? + css_cgroup()?);
+    let kn = off("cgroup", &["kn"])?;
+    let hops: Vec<i32> = match arg {
+        "cgroup" => vec![kn],
+        "cgroup_subsys_state" => vec![css_cgroup()?, kn],
+        "mem_cgroup" => vec![memcg_cgroup()?, kn],
+        "obj_cgroup" => vec![off("obj_cgroup", &["memcg"])?, memcg_cgroup()?, kn],
+        "lruvec" => vec![
+            off("mem_cgroup_per_node", &["memcg"])? - off("mem_cgroup_per_node", &["lruvec"])?,
+            memcg_cgroup()?,
+            kn,
+        ],
+        other => bail!("a struct {other} does not lead to a memcg"),
+    };
+    let mut p = memcg_trace_common::MemcgPath {
+        hops: hops.len() as u32,
+        id_off: off("kernfs_node", &["id"])? as u32,
+        off: [0; memcg_trace_common::MEMCG_HOPS],
+    };
+    p.off[..hops.len()].copy_from_slice(&hops);
+    Ok(p)
+}
+
 /// Per-CPU variables and their offsets in the `.data..percpu` section.
 pub fn percpu_vars(btf: &Btf) -> Result<HashMap<String, u64>> {
     let mut out = HashMap::new();

@@ -32,6 +32,7 @@ pub mod figures;
 pub mod hdrlog;
 pub mod history;
 pub mod kernel;
+pub mod memcgs;
 pub mod metrics;
 pub mod plot;
 pub mod probes;

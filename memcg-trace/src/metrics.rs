@@ -92,6 +92,9 @@ struct Figures(Option<Arc<Document>>);
 /// Call-site series per probe and context (`--callers`), the costliest: a bounded label set.
 pub const CALLER_SERIES: usize = 10;
 
+/// A row of a breakdown of a probe's calls (call site, memcg): context, name, calls, summed ns.
+type Part = (String, String, u64, u64);
+
 /// One row's series: its labels and figures (lost and unmatched: None for workload rows).
 struct Row<'a> {
     labels: [(&'static str, &'a str); 4],
@@ -217,45 +220,61 @@ impl Collector for Figures {
                 }
             }
         }
-        // Call sites (`--callers`): the top CALLER_SERIES of each probe and context by time,
-        // so that the label set stays bounded (the JSON has every site).
-        if d.probes.iter().any(|p| !p.callers.is_empty()) {
-            fn top(p: &crate::export::ProbeOut) -> Vec<&crate::export::CallerOut> {
-                let mut v = Vec::new();
-                for c in crate::export::CTX_ORDER {
-                    v.extend(
-                        p.callers
-                            .iter()
-                            .filter(|s| s.context == c)
-                            .take(CALLER_SERIES),
-                    );
-                }
-                v
+        // Call sites (`--callers`) and charged memcgs (`--by-memcg`): the top CALLER_SERIES
+        // of each probe and context (by time; counts only: by calls), so that the label set
+        // stays bounded (the JSON has every row).
+        let callers = |p: &crate::export::ProbeOut| -> Vec<Part> {
+            p.callers
+                .iter()
+                .map(|s| (s.context.clone(), s.site.clone(), s.calls, s.sum_ns))
+                .collect()
+        };
+        let memcgs = |p: &crate::export::ProbeOut| -> Vec<Part> {
+            p.memcgs
+                .iter()
+                .map(|m| (m.context.clone(), m.cgroup.clone(), m.calls, m.sum_ns))
+                .collect()
+        };
+        for (prefix, label, flag, what, parts) in [
+            (
+                "caller",
+                "site",
+                "--callers",
+                "call site",
+                &callers as &dyn Fn(&crate::export::ProbeOut) -> Vec<Part>,
+            ),
+            ("memcg", "cgroup", "--by-memcg", "charged memcg", &memcgs),
+        ] {
+            let all: Vec<Vec<Part>> = d.probes.iter().map(parts).collect();
+            if all.iter().all(Vec::is_empty) {
+                continue;
             }
-            for (name, help, unit, f) in [
-                (
-                    "caller_calls",
-                    "Timed calls per call site (--callers; the top sites by time per probe and context)",
-                    None,
-                    (|s: &crate::export::CallerOut| s.calls as f64) as fn(&crate::export::CallerOut) -> f64,
-                ),
-                (
-                    "caller_latency",
-                    "Summed latency of the timed calls per call site (--callers; same sites)",
-                    Some(&Unit::Seconds),
-                    |s: &crate::export::CallerOut| s.sum_ns as f64 / 1e9,
-                ),
+            let top = |v: &[Part]| -> Vec<Part> {
+                let mut out = Vec::new();
+                for c in crate::export::CTX_ORDER {
+                    out.extend(v.iter().filter(|s| s.0 == c).take(CALLER_SERIES).cloned());
+                }
+                out
+            };
+            for (suffix, help, unit, timed) in [
+                ("calls", format!("Calls per {what} ({flag}; the top {CALLER_SERIES} by time per probe and context)"), None, false),
+                ("latency", format!("Summed latency of the timed calls per {what} ({flag}; the same rows)"), Some(&Unit::Seconds), true),
             ] {
-                let mut m = e.encode_descriptor(name, help, unit, MetricType::Counter)?;
-                for (p, b) in d.probes.iter().zip(&backends) {
-                    for s in top(p) {
+                let name = format!("{prefix}_{suffix}");
+                let mut m = e.encode_descriptor(&name, &help, unit, MetricType::Counter)?;
+                for ((p, b), v) in d.probes.iter().zip(&backends).zip(&all) {
+                    if timed && p.backend.to_string() == "tracepoint" {
+                        continue;
+                    }
+                    for s in top(v) {
                         let labels = [
                             ("probe", p.name.as_str()),
-                            ("context", s.context.as_str()),
-                            ("site", s.site.as_str()),
+                            ("context", s.0.as_str()),
+                            (label, s.1.as_str()),
                             ("backend", b.as_str()),
                         ];
-                        ConstCounter::new(f(s)).encode(m.encode_family(&labels)?)?;
+                        let value = if timed { s.3 as f64 / 1e9 } else { s.2 as f64 };
+                        ConstCounter::new(value).encode(m.encode_family(&labels)?)?;
                     }
                 }
             }
@@ -394,6 +413,44 @@ mod tests {
             !t.contains("caller_14+"),
             "beyond the top {CALLER_SERIES}: {t}"
         );
+    }
+
+    #[test]
+    fn charged_memcgs_are_exposed_only_when_traced_and_at_most_the_top_per_context() {
+        let mut d = fixture();
+        assert!(!encode(Some(&d), Format::Text).contains("memcg_trace_memcg_"));
+        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        charge.memcgs = (0..CALLER_SERIES as u64 + 3)
+            .map(|i| crate::export::MemcgOut {
+                context: "softirq".into(),
+                cgroup: format!("/m{i}"),
+                id: 100 + i,
+                calls: 500 - i,
+                share_of_calls: None,
+                sum_ns: 3_000_000_000 - i,
+                share_of_time: None,
+                p50_ns: None,
+                p99_ns: None,
+                buckets: Vec::new(),
+            })
+            .collect();
+        let t = encode(Some(&d), Format::Text);
+        let calls: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("memcg_trace_memcg_calls_total{"))
+            .collect();
+        assert_eq!(calls.len(), CALLER_SERIES, "{t}");
+        assert!(
+            calls[0].starts_with("memcg_trace_memcg_calls_total{probe=\"charge\",context=\"softirq\",cgroup=\"/m0\",backend=\"fentry\"} 500"),
+            "{}",
+            calls[0]
+        );
+        assert!(t.contains("memcg_trace_memcg_latency_seconds_total{probe=\"charge\",context=\"softirq\",cgroup=\"/m0\",backend=\"fentry\"} 3"), "{t}");
+        assert!(
+            !t.contains("cgroup=\"/m12\""),
+            "beyond the top {CALLER_SERIES}: {t}"
+        );
+        assert!(!t.contains("memcg_trace_caller_"), "{t}");
     }
 
     #[test]

@@ -91,6 +91,12 @@ pub struct LiveArgs {
     /// fentry and kprobe backends; costs a stack read and a hash-map update per call.
     #[arg(long)]
     pub callers: bool,
+    /// Also count every call under the memcg it charges (read from the function's own
+    /// argument, in every context; named by cgroup path), and tell the workload's calls the
+    /// same way: those charging its memcg or one below it. Costs a few reads and a hash-map
+    /// update per call.
+    #[arg(long)]
+    pub by_memcg: bool,
     /// Workload to run in a fresh memcg; tracing ends when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -109,6 +115,7 @@ impl Default for LiveArgs {
             strict: false,
             hdr_log: None,
             callers: false,
+            by_memcg: false,
             command: Vec::new(),
         }
     }
@@ -261,6 +268,11 @@ pub struct AttachOptions {
     pub strict: bool,
     /// Count timed calls per call site.
     pub callers: bool,
+    /// Count calls per charged memcg.
+    pub by_memcg: bool,
+    /// Tell the workload's calls by the memcg they charge (the caller then hands the tracer
+    /// the workload's memcg, `Tracer::set_workload_memcg`).
+    pub workload_memcg: bool,
     /// Measure the instrumentation floor of each latency backend in use.
     pub floor: bool,
     /// Fail unless every probe named with `--probe` attaches (the default set is best
@@ -282,6 +294,8 @@ impl AttachOptions {
             floor: false,
             all_named: false,
             callers: false,
+            by_memcg: false,
+            workload_memcg: false,
         }
     }
 }
@@ -358,6 +372,35 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
     Ok(out)
 }
 
+/// How each possible target of `reqs` (functions, by every backend; tracepoints) leads to the
+/// memcg its calls charge, by (tracepoint?, target): from its first argument's struct, with this
+/// kernel's offsets. Compiler clones (`foo.constprop.0`) are left out: their arguments may not
+/// be the function's.
+fn memcg_paths(
+    btf: &btf_rs::Btf,
+    reqs: &[Request],
+    syms: &Symbols,
+) -> HashMap<(bool, String), (String, memcg_trace_common::MemcgPath)> {
+    let all = [Backend::Fentry, Backend::Kprobe, Backend::Tracepoint];
+    let mut out = HashMap::new();
+    for req in reqs {
+        for plan in probes::resolve(req, &all, syms).plans {
+            let tp = plan.backend == Backend::Tracepoint;
+            let key = (tp, plan.target.clone());
+            if out.contains_key(&key) || plan.target.contains('.') {
+                continue;
+            }
+            let Some(arg) = kernel::first_arg_struct(btf, &plan.target, tp) else {
+                continue;
+            };
+            if let Ok(path) = kernel::memcg_path(btf, &arg) {
+                out.insert(key, (arg, path));
+            }
+        }
+    }
+    out
+}
+
 /// Resolves and attaches every request of `sel`: calibrates the context masks, loads the
 /// programs, attaches each probe with the first backend that works, and measures the
 /// instrumentation floor of each latency backend in use. Fails when nothing could be attached,
@@ -374,6 +417,11 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     phases.end("btf");
     let syms = Symbols::load(&btf, &interest(sel))?;
     let reqs = requests(sel, &syms)?;
+    let memcg_paths = if o.by_memcg || o.workload_memcg {
+        memcg_paths(&btf, &reqs, &syms)
+    } else {
+        HashMap::new()
+    };
     phases.end("symbols");
     // Every aya loader parses the kernel's BTF again (tens of MiB): ours (and, on kernels that
     // cannot mmap it, its copy in memory) is gone before the first.
@@ -403,9 +451,12 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             probe_read: o.probe_read,
             no_kprobes: !syms.kprobes,
             callers: o.callers,
+            by_memcg: o.by_memcg,
+            workload_memcg: o.workload_memcg,
         },
     )?;
     tracer.masks = Some(masks);
+    tracer.memcg_paths = memcg_paths;
     phases.end("load");
     if o.bpf_stats {
         // Before the first program is attached, so that the kernel counts every run.
@@ -432,6 +483,23 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
                 n.push(format!(
                     "--callers: no call sites with {} (a tracepoint has no caller of its own to read); use --attach fentry or kprobe",
                     a.backend
+                ));
+            }
+            if let Some(arg) = a
+                .memcg_arg
+                .as_ref()
+                .filter(|_| o.by_memcg || o.workload_memcg)
+            {
+                n.push(format!(
+                    "the charged memcg is read from its struct {arg} argument"
+                ));
+            }
+            if (o.by_memcg || o.workload_memcg) && a.memcg_arg.is_none() {
+                n.push(format!(
+                    "{}: the charged memcg is not read ({} takes no mem_cgroup, obj_cgroup, lruvec, css or cgroup first): its calls are under memcg \"unknown\"{}",
+                    if o.by_memcg { "--by-memcg" } else { "workload by memcg" },
+                    a.target,
+                    if o.workload_memcg { ", and the workload's are those of its tasks (v2 only)" } else { "" }
                 ));
             }
             notes.insert(a.name.clone(), n);
@@ -581,6 +649,8 @@ pub struct Session {
     collector: Option<Collector>,
     snapshots: tokio::sync::watch::Receiver<Arc<Snapshot>>,
     memcg: Option<Memcg>,
+    /// The workload's calls are told by the memcg they charge (`Workload::by_memcg`).
+    workload_memcg: bool,
     child: Option<tokio::process::Child>,
     argv: Vec<String>,
     exit_status: Option<i32>,
@@ -677,9 +747,10 @@ impl Session {
             peak_rss_kib: peak_rss_kib(),
         }];
         let cgid = memcg.as_ref().map(|m| m.cgroup_id).unwrap_or(0);
-        if memcg.is_some() && cgid == 0 && opts.verbosity == Verbosity::Normal {
-            eprintln!("memcg-trace: the workload's calls cannot be told apart (no cgroup v2 id); only system-wide figures");
-        }
+        // The workload's calls are those charging its memcg (in every context) with
+        // --by-memcg, and where its tasks have no cgroup v2 id to be told by (a v1 memcg
+        // given with --cgroup); else those its tasks make.
+        let workload_memcg = memcg.is_some() && (args.by_memcg || cgid == 0);
         if let Some(s) = signals.pending().await {
             return Err(Interrupted(s).into());
         }
@@ -702,8 +773,13 @@ impl Session {
                 floor: true,
                 all_named: true,
                 callers: args.callers,
+                by_memcg: args.by_memcg,
+                workload_memcg,
             },
         )?;
+        if let Some(m) = memcg.as_ref().filter(|_| workload_memcg) {
+            tracer.set_workload_memcg(&m.path)?;
+        }
         phases.extend(attach_phases);
         let t_extra = Instant::now();
         extra(&mut tracer)?;
@@ -766,6 +842,7 @@ impl Session {
             collector: Some(collector),
             snapshots,
             memcg,
+            workload_memcg,
             child,
             argv,
             exit_status: None,
@@ -892,6 +969,7 @@ impl Session {
                 argv: self.argv.clone(),
                 exit_status: self.exit_status,
                 cgroup: m.path.display().to_string(),
+                by_memcg: self.workload_memcg,
             }),
             notes: self.notes.clone(),
             not_attached: self.failed.clone(),

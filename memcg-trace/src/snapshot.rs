@@ -179,7 +179,9 @@ pub struct ProbeStats {
     pub contexts: [CtxStats; NUM_CTX],
     /// The programs, entry first, with the kernel's statistics.
     pub programs: Vec<ProgCost>,
-    /// Task-context calls made by tasks of the workload's cgroup, when a workload runs (for the
+    /// The workload's calls, when a workload runs: task-context calls made by tasks of its
+    /// cgroup, or, where the workload is told by the memcg charged (`--by-memcg`, a v1
+    /// `--cgroup`), the calls in every context that charge its memcg or one below (for the
     /// counts-only backend only `count` is filled).
     pub workload: Option<HistData>,
     /// Calls the kprobes themselves missed (kprobe backend; `kprobe_profile`): no program ran.
@@ -187,6 +189,10 @@ pub struct ProbeStats {
     /// With `--callers`: the timed calls by call site, costliest first (the calls no site had
     /// room for are each context's `counters.callers_other`).
     pub callers: Vec<crate::callers::Site>,
+    /// With `--by-memcg`: the calls by the memcg they charge (the id in `addr`, the cgroup path
+    /// in `name`), costliest first (counts-only backend: most calls first); the calls no memcg
+    /// had room for are each context's `counters.memcgs_other`.
+    pub memcgs: Vec<crate::callers::Site>,
 }
 
 impl ProbeStats {

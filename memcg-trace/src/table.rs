@@ -142,23 +142,37 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
 /// Call sites shown per probe and context in the summary (the JSON has all).
 pub const CALLERS_SHOWN: usize = 5;
 
-/// A probe's call sites (`--callers`), per context, the `top` costliest first: calls, share of
-/// the context's calls and time, p50 and p99; then how many more sites there are and the calls
-/// no site had room for, so that the rows account for every timed call.
-pub fn callers(p: &crate::export::ProbeOut, top: usize) -> String {
+/// One row of a breakdown of a probe's calls (a call site, a memcg).
+struct Part<'a> {
+    context: &'a str,
+    name: &'a str,
+    calls: u64,
+    share_of_calls: Option<f64>,
+    share_of_time: Option<f64>,
+    p50_ns: Option<u64>,
+    p99_ns: Option<u64>,
+}
+
+/// A breakdown of a probe's calls per context (`what`: "call sites", "memcgs"), the `top`
+/// first: calls, share of the context's calls and time, p50 and p99; then how many more rows
+/// there are and the calls none had room for (`other` of the context), so that the rows
+/// account for every call.
+fn breakdown(
+    p: &crate::export::ProbeOut,
+    what: &str,
+    parts: &[Part],
+    other: impl Fn(&crate::export::ContextOut) -> u64,
+    top: usize,
+) -> String {
     let mut out = String::new();
     for c in &p.contexts {
-        let sites: Vec<_> = p
-            .callers
-            .iter()
-            .filter(|s| s.context == c.context)
-            .collect();
-        if sites.is_empty() && c.callers_other == 0 {
+        let rows: Vec<_> = parts.iter().filter(|s| s.context == c.context).collect();
+        if rows.is_empty() && other(c) == 0 {
             continue;
         }
         let _ = writeln!(
             out,
-            "{} {} call sites ({} calls): {:>9} {:>7} {:>7} {:>9} {:>9}",
+            "{} {} {what} ({} calls): {:>9} {:>7} {:>7} {:>9} {:>9}",
             p.name,
             c.context,
             fmt_count(c.count as f64),
@@ -170,18 +184,18 @@ pub fn callers(p: &crate::export::ProbeOut, top: usize) -> String {
         );
         let pc = |x: Option<f64>| x.map_or("-".into(), |v| format!("{:.1}%", v * 100.0));
         let ns = |x: Option<u64>| x.map_or("-".into(), |v| fmt_ns(v as f64));
-        let width = sites
+        let width = rows
             .iter()
             .take(top)
-            .map(|s| s.site.len())
+            .map(|s| s.name.len())
             .max()
             .unwrap_or(0)
             .clamp(20, 56);
-        for s in sites.iter().take(top) {
+        for s in rows.iter().take(top) {
             let _ = writeln!(
                 out,
                 "  {:<width$} {:>9} {:>7} {:>7} {:>9} {:>9}",
-                s.site,
+                s.name,
                 fmt_count(s.calls as f64),
                 pc(s.share_of_calls),
                 pc(s.share_of_time),
@@ -189,29 +203,68 @@ pub fn callers(p: &crate::export::ProbeOut, top: usize) -> String {
                 ns(s.p99_ns),
             );
         }
-        if sites.len() > top {
-            let rest: u64 = sites.iter().skip(top).map(|s| s.calls).sum();
+        if rows.len() > top {
+            let rest: u64 = rows.iter().skip(top).map(|s| s.calls).sum();
             let _ = writeln!(
                 out,
                 "  {:<width$} {:>9}",
-                format!("{} more sites", sites.len() - top),
+                format!("{} more {what}", rows.len() - top),
                 fmt_count(rest as f64)
             );
         }
-        if c.callers_other > 0 {
+        if other(c) > 0 {
             let _ = writeln!(
                 out,
                 "  {:<width$} {:>9}",
                 "other (no room in the kernel's map)",
-                fmt_count(c.callers_other as f64)
+                fmt_count(other(c) as f64)
             );
         }
     }
     out
 }
 
+/// A probe's call sites (`--callers`), per context, the `top` costliest first (see
+/// [`breakdown`]).
+pub fn callers(p: &crate::export::ProbeOut, top: usize) -> String {
+    let parts: Vec<Part> = p
+        .callers
+        .iter()
+        .map(|s| Part {
+            context: &s.context,
+            name: &s.site,
+            calls: s.calls,
+            share_of_calls: s.share_of_calls,
+            share_of_time: s.share_of_time,
+            p50_ns: s.p50_ns,
+            p99_ns: s.p99_ns,
+        })
+        .collect();
+    breakdown(p, "call sites", &parts, |c| c.callers_other, top)
+}
+
+/// A probe's calls per charged memcg (`--by-memcg`), per context, the `top` costliest first
+/// (see [`breakdown`]), named by cgroup path.
+pub fn memcgs(p: &crate::export::ProbeOut, top: usize) -> String {
+    let parts: Vec<Part> = p
+        .memcgs
+        .iter()
+        .map(|m| Part {
+            context: &m.context,
+            name: &m.cgroup,
+            calls: m.calls,
+            share_of_calls: m.share_of_calls,
+            share_of_time: m.share_of_time,
+            p50_ns: m.p50_ns,
+            p99_ns: m.p99_ns,
+        })
+        .collect();
+    breakdown(p, "memcgs", &parts, |c| c.memcgs_other, top)
+}
+
 /// The summary table: one row per (probe, context) with calls, then the workload's rows (its
-/// tasks' task-context calls, backend column "workload"), then footnotes: what was lost, the
+/// tasks' task-context calls, or, told by the memcg charged, the calls of every context that
+/// charge its memcg; backend column "workload"), then footnotes: what was lost, the
 /// instrumentation floor, the tracer's cost, calibration problems, probes not attached.
 pub fn summary(doc: &Document) -> String {
     let mut out = String::new();
@@ -232,9 +285,14 @@ pub fn summary(doc: &Document) -> String {
             .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "workload: {} (exit {status}) in {}",
+            "workload: {} (exit {status}) in {}{}",
             w.argv.join(" "),
-            w.cgroup
+            w.cgroup,
+            if w.by_memcg {
+                "; its calls: those charging that memcg or one below it, in every context"
+            } else {
+                ""
+            }
         );
     }
     let _ = writeln!(
@@ -264,6 +322,12 @@ pub fn summary(doc: &Document) -> String {
             );
         }
     }
+    // Told by the memcg charged, the workload's calls are those of every context.
+    let workload_ctx = if m.workload.as_ref().is_some_and(|w| w.by_memcg) {
+        "all"
+    } else {
+        "task"
+    };
     for p in &doc.probes {
         if let Some(w) = &p.workload {
             let _ = writeln!(
@@ -271,7 +335,7 @@ pub fn summary(doc: &Document) -> String {
                 "{}",
                 row(
                     &p.name,
-                    "task",
+                    workload_ctx,
                     "workload",
                     w.count,
                     w.rate_per_s,
@@ -283,6 +347,7 @@ pub fn summary(doc: &Document) -> String {
     }
     for p in &doc.probes {
         out.push_str(&callers(p, CALLERS_SHOWN));
+        out.push_str(&memcgs(p, CALLERS_SHOWN));
     }
     let _ = writeln!(out);
     let window = std::time::Duration::from_nanos(m.duration_ns);

@@ -191,6 +191,26 @@ pub fn check_invariants(doc: &Document, summary: &str) {
                 );
             }
         }
+        // By memcg (`--by-memcg`): every call counted is under one memcg or "other", with its
+        // time.
+        if !p.memcgs.is_empty() || p.contexts.iter().any(|c| c.memcgs_other > 0) {
+            for c in &p.contexts {
+                let rows = p.memcgs.iter().filter(|m| m.context == c.context);
+                let calls: u64 = rows.clone().map(|m| m.calls).sum();
+                assert_eq!(
+                    calls + c.memcgs_other,
+                    c.count,
+                    "{} {}: memcgs {calls} + other {} vs {} calls",
+                    p.name,
+                    c.context,
+                    c.memcgs_other,
+                    c.count
+                );
+                let ns: u64 = rows.map(|m| m.sum_ns).sum();
+                let timed_ns = c.latency.as_ref().map_or(0, |l| l.sum_ns);
+                assert_eq!(ns, timed_ns, "{} {}: memcgs' time", p.name, c.context);
+            }
+        }
         for c in &p.contexts {
             assert_eq!(
                 c.lost,

@@ -300,6 +300,7 @@ fn plot_draws_calls_per_second_from_an_interval_log() {
                 workload: None,
                 kprobe_missed: 0,
                 callers: Vec::new(),
+                memcgs: Vec::new(),
             }],
             ..Default::default()
         }

@@ -1043,3 +1043,181 @@ fn host_call_sites_are_named_after_the_symbol_that_holds_them() {
         &format!("{} sites named, {} by an alias", pick.len(), wrong.len()),
     );
 }
+
+/// A memcg for a test, removed on drop (its tasks gone first: the workloads have exited).
+struct TestMemcg(std::path::PathBuf);
+
+impl TestMemcg {
+    fn new(root: &Path, name: &str) -> Self {
+        let p = root.join(format!("{name}-{}", std::process::id()));
+        let _ = fs::remove_dir(&p);
+        fs::create_dir(&p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+        TestMemcg(p)
+    }
+}
+
+impl Drop for TestMemcg {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// `--by-memcg` on this host's hierarchy (cgroup v1 here: the memory controller's own tree):
+/// hackbench in memcg A (the `--cgroup`) and three times as much in memcg B, at once. Each
+/// call lands under the memcg it charges, read from `mod_memcg_state`'s own argument, in every
+/// context: per context the memcgs' rows add up to the calls (the invariants), A and B are
+/// named by their paths, B has about three times A's calls, interrupt-context calls charging
+/// them are seen, and the workload's row is exactly A's calls of every context. Then, without
+/// the flag, a v1 `--cgroup` still has workload rows (told by the memcg: its tasks have no v2
+/// id).
+#[test]
+fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
+    let name = "host_by_memcg_puts_each_call_under_the_memcg_it_charges";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let Some(hb) = hackbench_or_skip(name) else {
+        return;
+    };
+    let h = match memcg_trace::workload::find_hierarchy() {
+        Ok(h) => h,
+        Err(e) => {
+            skip(name, &format!("{e:#}"));
+            return;
+        }
+    };
+    if !h.v2 {
+        // The scenario the flag is for: a database in a v1 memcg.
+    } else if !fs::read_to_string(h.root.join("cgroup.subtree_control"))
+        .unwrap_or_default()
+        .contains("memory")
+    {
+        skip(
+            name,
+            "the v2 root does not enable the memory controller for its children",
+        );
+        return;
+    }
+    let a = TestMemcg::new(&h.root, "mt-test-a");
+    let b = TestMemcg::new(&h.root, "mt-test-b");
+    let json = scratch(name).join("by-memcg.json");
+    let script = format!(
+        "{hb} -g 1 -l 100 >/dev/null & sh -c 'echo $$ > {}/cgroup.procs; exec {hb} -g 1 -l 300' >/dev/null; wait",
+        b.0.display()
+    );
+    let out = run(&[
+        "record",
+        "--attach",
+        "tracepoint",
+        "--bpf-stats",
+        "--by-memcg",
+        "--cgroup",
+        a.0.to_str().unwrap(),
+        "-o",
+        json.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "record failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = load_recording(&json);
+    check_invariants(&doc, &stdout);
+    let stat = probe(&doc, "stat");
+    let rel = |m: &TestMemcg| format!("/{}", m.0.strip_prefix(&h.root).unwrap().display());
+    let id = |m: &TestMemcg| memcg_trace::memcgs::id_of(&m.0).unwrap();
+    let calls = |m: &TestMemcg, ctx: Option<&str>| -> u64 {
+        stat.memcgs
+            .iter()
+            .filter(|r| r.id == id(m) && ctx.is_none_or(|c| r.context == c))
+            .map(|r| r.calls)
+            .sum()
+    };
+    for m in [&a, &b] {
+        for r in stat.memcgs.iter().filter(|r| r.id == id(m)) {
+            assert_eq!(
+                r.cgroup,
+                rel(m),
+                "the row of id {} is named by its path",
+                r.id
+            );
+        }
+    }
+    let (ta, tb) = (calls(&a, Some("task")), calls(&b, Some("task")));
+    assert!(
+        ta > 0 && tb > 2 * ta && tb < 5 * ta,
+        "task-context calls charging A {ta}, B {tb} (B ran three times A's hackbench)\n{stdout}"
+    );
+    let irq = calls(&a, None) + calls(&b, None) - ta - tb;
+    assert!(
+        irq > 0,
+        "no interrupt-context call charging A or B (RCU frees of their objects)\n{stdout}"
+    );
+    let w = doc.meta.workload.as_ref().expect("workload recorded");
+    assert!(w.by_memcg, "{w:?}");
+    let own = stat.workload.as_ref().expect("workload figures").count;
+    assert_eq!(
+        own,
+        calls(&a, None),
+        "the workload's calls are those charging A, in every context\n{stdout}"
+    );
+    assert!(
+        stdout.contains("stat task memcgs") && stdout.contains(&rel(&b)),
+        "{stdout}"
+    );
+    let mut report = format!(
+        "{} hierarchy: task A {ta}, B {tb}; interrupt contexts {irq}; workload {own}",
+        if h.v2 { "v2" } else { "v1" }
+    );
+    if !h.v2 {
+        // Without the flag: a v1 memcg's tasks have no v2 id, so the workload is still told by
+        // the memcg charged.
+        let json = scratch(name).join("v1-cgroup.json");
+        let out = run(&[
+            "record",
+            "--attach",
+            "tracepoint",
+            "--bpf-stats",
+            "--cgroup",
+            a.0.to_str().unwrap(),
+            "-o",
+            json.to_str().unwrap(),
+            "--",
+            &hb,
+            "-g",
+            "1",
+            "-l",
+            "100",
+        ]);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{stdout}");
+        let doc = load_recording(&json);
+        check_invariants(&doc, &stdout);
+        let stat = probe(&doc, "stat");
+        assert!(
+            doc.meta.workload.as_ref().is_some_and(|w| w.by_memcg),
+            "{:?}",
+            doc.meta.workload
+        );
+        assert!(stat.memcgs.is_empty(), "no per-memcg rows without the flag");
+        let own = stat.workload.as_ref().map_or(0, |w| w.count);
+        assert!(
+            own > 0 && own <= stat.count,
+            "v1 --cgroup: workload {own} of {}\n{stdout}",
+            stat.count
+        );
+        report.push_str(&format!("; v1 --cgroup without the flag: workload {own}"));
+    }
+    summary(name, &report);
+}

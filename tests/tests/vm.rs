@@ -702,3 +702,104 @@ fn vm_callers_6_12() {
 fn vm_callers_7_3() {
     callers_on("vm_callers_7_3", "7.3");
 }
+
+/// `--by-memcg` with fentry and with kprobe on cgroup v2: hackbench in memcg A (the
+/// workload's `--cgroup`) and three times as much in memcg B, at once. For every probe, each
+/// call is under the memcg it charges, read from the function's own argument (an obj_cgroup,
+/// a mem_cgroup, a cgroup or css): per context the rows add up to the calls (the invariants),
+/// none is unknown, A and B are named by their paths and B has two to five times A's task
+/// calls; interrupt-context calls charging A or B are seen; the workload's row is exactly the
+/// calls charging A, in every context.
+fn by_memcg_on(name: &str, short: &str) {
+    let Some(kernel) = one_kernel(name, short) else {
+        return;
+    };
+    let r = boot(
+        &kernel,
+        format!("{short}-bymemcg"),
+        xtask::bymemcg_script(),
+        Vec::new(),
+    );
+    let ids: std::collections::HashMap<String, u64> =
+        fs::read_to_string(r.out_dir.join("bymemcg-ids"))
+            .expect("the guest's cgroup ids")
+            .lines()
+            .filter_map(|l| {
+                let (id, path) = l.split_once(' ')?;
+                Some((
+                    path.trim_start_matches("/sys/fs/cgroup").to_string(),
+                    id.parse().ok()?,
+                ))
+            })
+            .collect();
+    let (a, b) = (ids["/A"], ids["/B"]);
+    let mut report = String::new();
+    for backend in ["fentry", "kprobe"] {
+        let path = r.out_dir.join(format!("bymemcg-{backend}.json"));
+        let doc = load_recording(&path);
+        let text = fs::read_to_string(r.out_dir.join(format!("bymemcg-{backend}.txt")))
+            .unwrap_or_default();
+        check_invariants(&doc, &text);
+        assert!(
+            doc.meta.workload.as_ref().is_some_and(|w| w.by_memcg),
+            "{backend}: {:?}",
+            doc.meta.workload
+        );
+        let mut irq = 0;
+        for p in &doc.probes {
+            assert_eq!(p.backend.to_string(), backend, "{}", p.name);
+            let calls = |id: u64, ctx: Option<&str>| -> u64 {
+                p.memcgs
+                    .iter()
+                    .filter(|m| m.id == id && ctx.is_none_or(|c| m.context == c))
+                    .map(|m| m.calls)
+                    .sum()
+            };
+            let unknown = calls(0, None);
+            assert_eq!(
+                unknown, 0,
+                "{backend} {}: calls whose memcg was not read",
+                p.name
+            );
+            for m in p.memcgs.iter().filter(|m| m.id == a || m.id == b) {
+                let want = if m.id == a { "/A" } else { "/B" };
+                assert_eq!(m.cgroup, want, "{backend} {}: id {}", p.name, m.id);
+            }
+            let (ta, tb) = (calls(a, Some("task")), calls(b, Some("task")));
+            assert!(
+                ta > 0 && tb > 2 * ta && tb < 5 * ta,
+                "{backend} {}: task-context calls charging A {ta}, B {tb} (B ran three times A's hackbench)\n{text}",
+                p.name
+            );
+            irq += calls(a, None) + calls(b, None) - ta - tb;
+            let own = p.workload.as_ref().map_or(0, |w| w.count);
+            assert_eq!(
+                own,
+                calls(a, None),
+                "{backend} {}: the workload's calls are those charging A\n{text}",
+                p.name
+            );
+            report.push_str(&format!(
+                "{backend} {}: A {ta} task / {} all, B {tb} task / {} all, {} memcgs; ",
+                p.name,
+                calls(a, None),
+                calls(b, None),
+                p.memcgs.len()
+            ));
+        }
+        assert!(
+            irq > 0,
+            "{backend}: no interrupt-context call charging A or B\n{text}"
+        );
+        report.push_str(&format!("{backend} interrupt contexts {irq}; "));
+    }
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("{name}: {report}\n").as_bytes(),
+    );
+}
+
+#[test]
+fn vm_by_memcg_6_12() {
+    by_memcg_on("vm_by_memcg_6_12", "6.12");
+}

@@ -808,14 +808,17 @@ fn rows_for(
                 "reported"
             },
         ));
-        if let Some(rcc) = f(&v, "/ratio_to_clock_callers") {
-            let ns = f(&v, "/ours_callers/ns_per_call").unwrap_or(f64::NAN);
+        for (flag, key) in [("--callers", "callers"), ("--by-memcg", "by_memcg")] {
+            let Some(rv) = f(&v, &format!("/ratio_to_clock_{key}")) else {
+                continue;
+            };
+            let ns = f(&v, &format!("/ours_{key}/ns_per_call")).unwrap_or(f64::NAN);
             rows.push(Row(
-                format!("per-call cost / floor (b) with --callers, {b} (median run)"),
+                format!("per-call cost / floor (b) with {flag}, {b} (median run)"),
                 place.into(),
                 format!(
-                    "{rcc:.2}x ({ns:.0} ns; {:.2}x the cost without)",
-                    rc.map_or(f64::NAN, |r| rcc / r)
+                    "{rv:.2}x ({ns:.0} ns; {:.2}x the cost without)",
+                    rc.map_or(f64::NAN, |r| rv / r)
                 ),
                 "report".into(),
                 "reported",

@@ -97,6 +97,11 @@ pub fn serve_script() -> String {
     include_str!("../guest/serve.sh").to_string()
 }
 
+/// The guest script of the by-memcg test (`xtask/guest/bymemcg.sh`).
+pub fn bymemcg_script() -> String {
+    include_str!("../guest/bymemcg.sh").to_string()
+}
+
 /// The guest script of the call-site test (`xtask/guest/callers.sh`).
 pub fn callers_script() -> String {
     include_str!("../guest/callers.sh").to_string()

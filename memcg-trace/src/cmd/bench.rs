@@ -114,6 +114,17 @@ pub struct BenchOut {
     /// measured beside it).
     #[serde(default)]
     pub ratio_to_clock_callers: Option<f64>,
+    /// memcg-trace's pair with `--by-memcg` (every backend), measured the same way in a
+    /// fourth run of each repeat (the workload in its memcg, so the workload's calls are told by
+    /// the memcg too): the median run by its ratio to floor (b).
+    #[serde(default)]
+    pub ours_by_memcg: Option<PairCost>,
+    /// That pair / floor (b) of the same run, each repeat.
+    #[serde(default)]
+    pub ratio_runs_by_memcg: Vec<f64>,
+    /// The median of those.
+    #[serde(default)]
+    pub ratio_to_clock_by_memcg: Option<f64>,
     /// Workload slowdown with the default probes.
     pub slowdown: Slowdown,
 }
@@ -179,6 +190,8 @@ struct Variant {
     probe_read: bool,
     /// `--callers`.
     callers: bool,
+    /// `--by-memcg`.
+    by_memcg: bool,
 }
 
 /// What one per-call run measured.
@@ -215,6 +228,7 @@ async fn per_call(
         bpf_stats: true,
         probe_read: variant.probe_read,
         callers: variant.callers,
+        by_memcg: variant.by_memcg,
         ..LiveArgs::default()
     };
     let opts = Options {
@@ -305,6 +319,7 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     let (clock, empty) = floors(args.attach);
     let mut runs = Vec::new();
     let mut with_callers = Vec::new();
+    let mut with_by_memcg = Vec::new();
     let ratio_of = |r: &PerCall| {
         pair_cost(&r.costs, &r.ours)
             .ns_per_call
@@ -313,25 +328,69 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
             .unwrap_or(f64::NAN)
     };
     for _ in 0..args.repeats.max(1) {
-        let v = |probe_read, callers| Variant {
+        let v = |probe_read, callers, by_memcg| Variant {
             probe_read,
             callers,
+            by_memcg,
         };
-        let direct = per_call(&args, &probe, &cmd, &sel, v(false, false), clock, empty).await?;
-        let plain = per_call(&args, &probe, &cmd, &sel, v(true, false), clock, empty).await?;
+        let direct = per_call(
+            &args,
+            &probe,
+            &cmd,
+            &sel,
+            v(false, false, false),
+            clock,
+            empty,
+        )
+        .await?;
+        let plain = per_call(
+            &args,
+            &probe,
+            &cmd,
+            &sel,
+            v(true, false, false),
+            clock,
+            empty,
+        )
+        .await?;
         if args.attach != Backend::Tracepoint {
-            let c = per_call(&args, &probe, &cmd, &sel, v(false, true), clock, empty).await?;
+            let c = per_call(
+                &args,
+                &probe,
+                &cmd,
+                &sel,
+                v(false, true, false),
+                clock,
+                empty,
+            )
+            .await?;
             with_callers.push((ratio_of(&c), pair_cost(&c.costs, &c.ours)));
         }
+        let m = per_call(
+            &args,
+            &probe,
+            &cmd,
+            &sel,
+            v(false, false, true),
+            clock,
+            empty,
+        )
+        .await?;
+        with_by_memcg.push((ratio_of(&m), pair_cost(&m.costs, &m.ours)));
         runs.push((ratio_of(&direct), direct, plain));
     }
-    let ratio_runs_callers: Vec<f64> = with_callers.iter().map(|r| r.0).collect();
-    with_callers.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mid = with_callers.len() / 2;
-    let (ratio_to_clock_callers, ours_callers) = match with_callers.into_iter().nth(mid) {
-        Some((r, c)) => (r.is_finite().then_some(r), Some(c)),
-        None => (None, None),
+    // Each variant's runs in order, and its median run: (ratio, pair cost).
+    let median_run = |mut runs: Vec<(f64, PairCost)>| {
+        let order: Vec<f64> = runs.iter().map(|r| r.0).collect();
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mid = runs.len() / 2;
+        match runs.into_iter().nth(mid) {
+            Some((r, c)) => (order, r.is_finite().then_some(r), Some(c)),
+            None => (order, None, None),
+        }
     };
+    let (ratio_runs_callers, ratio_to_clock_callers, ours_callers) = median_run(with_callers);
+    let (ratio_runs_by_memcg, ratio_to_clock_by_memcg, ours_by_memcg) = median_run(with_by_memcg);
     let ratio_runs: Vec<f64> = runs.iter().map(|r| r.0).collect();
     // The median run (by ours / floor (b)) is the one reported.
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -395,6 +454,9 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         ours_callers,
         ratio_runs_callers,
         ratio_to_clock_callers,
+        ours_by_memcg,
+        ratio_runs_by_memcg,
+        ratio_to_clock_by_memcg,
         code,
         floor_clock,
         floor_empty,

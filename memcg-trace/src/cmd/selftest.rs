@@ -92,10 +92,30 @@ fn accounted(o: &Outcome) -> Result<(), String> {
                 CTX_NAMES[ctx], s.1
             ));
         }
+        // Per charged memcg (the test's memcg of a call is its frame with bits 0 and 1 set),
+        // the same way.
+        let memcgs = o.memcgs.iter().filter(|m| m.0 == ctx as u32);
+        let (calls, ns) = memcgs.clone().fold((0, 0), |a, m| (a.0 + m.2, a.1 + m.3));
+        if calls + o.counters[ctx].memcgs_other != h.count || ns != h.sum_ns {
+            return Err(format!(
+                "{}: memcgs hold {calls} calls ({ns} ns) + {} other, the histogram {} ({} ns)",
+                CTX_NAMES[ctx], o.counters[ctx].memcgs_other, h.count, h.sum_ns
+            ));
+        }
+        if let Some(m) = memcgs.clone().find(|m| m.1 & 3 != 3) {
+            return Err(format!(
+                "{}: memcg {:#x} is no entry's",
+                CTX_NAMES[ctx], m.1
+            ));
+        }
     }
-    if let Some(d) = o.deferred.iter().find(|d| d.caller & 1 == 0) {
+    if let Some(d) = o
+        .deferred
+        .iter()
+        .find(|d| d.caller & 1 == 0 || d.memcg & 3 != 3)
+    {
         return Err(format!(
-            "deferred pair without its entry's call site: {d:?}"
+            "deferred pair without its entry's call site or memcg: {d:?}"
         ));
     }
     Ok(())

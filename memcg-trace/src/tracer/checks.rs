@@ -36,8 +36,9 @@ impl TestRig {
             &LoadOptions {
                 probes: MAX_PROBES as u32,
                 preemptible,
-                // The sequences' calls go through the per-site counting too.
+                // The sequences' calls go through the per-site and per-memcg counting too.
                 callers: true,
+                by_memcg: true,
                 ..Default::default()
             },
         )?;
@@ -181,6 +182,8 @@ pub struct Outcome {
     pub workload: HistData,
     /// The per-site counts (`CALLERS`): (context, call site, calls, summed ns).
     pub sites: Vec<(u32, u64, u64, u64)>,
+    /// The per-memcg counts (`MEMCGS`): (context, memcg, calls, summed ns).
+    pub memcgs: Vec<(u32, u64, u64, u64)>,
 }
 
 /// Runs a sequence of entries and exits through the real pairing code of the programs
@@ -261,6 +264,22 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
         }
     }
     out.sites.sort();
+    let memcgs: aya::maps::HashMap<
+        _,
+        memcg_trace_common::MemcgKey,
+        memcg_trace_common::CallerStat,
+    > = aya::maps::HashMap::try_from(
+        rig.ebpf
+            .map(names::MAP_MEMCGS)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_MEMCGS))?,
+    )?;
+    for r in memcgs.iter() {
+        let (k, v) = r?;
+        if k.probe == probe as u32 {
+            out.memcgs.push((k.ctx, k.memcg, v.count, v.sum_ns));
+        }
+    }
+    out.memcgs.sort();
     let sets: PerCpuArray<_, memcg_trace_common::PendingSet> = PerCpuArray::try_from(
         rig.ebpf
             .map(names::MAP_PENDING)
@@ -273,8 +292,13 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
         .sum();
     let whist: Shared<Hist> = rig.shared(names::MAP_WORKLOAD_HIST, rig.cpus * MAX_PROBES)?;
     for cpu in 0..rig.cpus as u32 {
-        let h = whist
-            .get(memcg_trace_common::workload_cell(cpu, MAX_PROBES as u32, probe as u32) as usize);
+        let h = whist.get(memcg_trace_common::workload_cell(
+            cpu,
+            MAX_PROBES as u32,
+            probe as u32,
+            memcg_trace_common::CTX_TASK,
+            1,
+        ) as usize);
         out.workload.add_cpu(&h);
         // As the tracer reads them: a workload task's call is recorded once, in WORKLOAD_HIST;
         // the task context holds both.

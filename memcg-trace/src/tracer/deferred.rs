@@ -64,6 +64,8 @@ pub struct Verifier {
     verifiable: Vec<bool>,
     /// With `--callers`: confirmed calls by call site.
     pub callers: Option<crate::callers::Confirmed>,
+    /// With `--by-memcg`: confirmed calls by charged memcg.
+    pub memcgs: Option<crate::callers::Confirmed>,
 }
 
 impl Verifier {
@@ -76,6 +78,7 @@ impl Verifier {
             workload: vec![HistData::default(); probes],
             verifiable: vec![true; probes],
             callers: None,
+            memcgs: None,
         }
     }
 
@@ -144,6 +147,9 @@ impl Verifier {
                 if let Some(c) = self.callers.as_mut() {
                     c.add(d.probe, d.ctx as u32, d.caller, ns);
                 }
+                if let Some(c) = self.memcgs.as_mut() {
+                    c.add(d.probe, d.ctx as u32, d.memcg, ns);
+                }
             } else {
                 out.rejected += 1;
             }
@@ -176,6 +182,7 @@ mod tests {
             _pad: 0,
             off_ns: 0,
             caller: 0,
+            memcg: 0,
         }
     }
 

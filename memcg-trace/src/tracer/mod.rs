@@ -28,8 +28,9 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use memcg_trace_common::{
-    cell, names, workload_cell, CallerKey, CallerStat, Config, Counters, Deferred, Hist,
-    KernelLayout, CTX_TASK, MAX_CALLERS, NUM_CTX,
+    cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Config, Counters,
+    Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, CTX_TASK, MAX_CALLERS, MAX_MEMCGS,
+    MAX_WORKLOAD_MEMCGS, NUM_CTX,
 };
 
 use self::{
@@ -96,6 +97,10 @@ pub struct LoadOptions {
     pub no_kprobes: bool,
     /// Count the timed calls per call site (`--callers`).
     pub callers: bool,
+    /// Count the calls per charged memcg (`--by-memcg`).
+    pub by_memcg: bool,
+    /// Tell the workload's calls by the memcg they charge (see `Config::workload_memcg`).
+    pub workload_memcg: bool,
 }
 
 /// Gives the memory the allocator holds free back to the system (glibc keeps freed heap
@@ -130,6 +135,8 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLa
         workload_owned: o.workload_owned as u32,
         tp_percpu: o.no_kprobes as u32,
         callers: o.callers as u32,
+        by_memcg: o.by_memcg as u32,
+        workload_memcg: o.workload_memcg as u32,
     };
     let level: u8 = if o.ebpf_log { 0xff } else { 0 };
     let cells = cpus * probes * NUM_CTX as u32;
@@ -168,9 +175,21 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLa
         .override_global(aya_log::LEVEL, &level, true)
         .map_max_entries(names::MAP_HIST, cells)
         .map_max_entries(names::MAP_COUNTERS, cells)
-        .map_max_entries(names::MAP_WORKLOAD_HIST, cpus * probes)
+        .map_max_entries(
+            names::MAP_WORKLOAD_HIST,
+            cpus * probes * workload_contexts(o.workload_memcg),
+        )
         .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
         .map_max_entries(names::MAP_CALLERS, if o.callers { MAX_CALLERS } else { 1 })
+        .map_max_entries(names::MAP_MEMCGS, if o.by_memcg { MAX_MEMCGS } else { 1 })
+        .map_max_entries(
+            names::MAP_WORKLOAD_MEMCGS,
+            if o.workload_memcg {
+                MAX_WORKLOAD_MEMCGS
+            } else {
+                1
+            },
+        )
         .load(bytes)
         .map(|ebpf| (ebpf, layout))
         .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
@@ -303,6 +322,8 @@ pub struct Attached {
     pub notes: Vec<String>,
     /// Names of the programs in the object, entry first.
     pub programs: Vec<&'static str>,
+    /// The struct of the argument the charged memcg is read from, when it is read.
+    pub memcg_arg: Option<String>,
 }
 
 /// A probe that could not be attached, and why.
@@ -336,6 +357,18 @@ pub struct Tracer {
     started: Instant,
     /// Whether task-context calls of a workload cgroup are counted apart.
     workload: bool,
+    /// Cells per (cpu, probe) of the workload histograms (`workload_contexts`).
+    workload_contexts: u32,
+    /// The workload's memcg, whose subtree's ids the programs tell the workload by
+    /// (`Config::workload_memcg`), and that set, kept up to date each snapshot.
+    workload_memcg: Option<(std::path::PathBuf, aya::maps::HashMap<MapData, u64, u8>)>,
+    /// How to reach the charged memcg, by (tracepoint?, target): (argument struct, path). Set
+    /// before attaching with `--by-memcg` or when the workload is told by its memcg.
+    pub memcg_paths: HashMap<(bool, String), (String, MemcgPath)>,
+    /// Calls per charged memcg (`--by-memcg`), read through the map syscalls.
+    memcgs: Option<aya::maps::HashMap<MapData, MemcgKey, CallerStat>>,
+    /// Names (cgroup paths) of the memcgs seen.
+    memcg_names: crate::memcgs::Names,
     cpus: usize,
     probes: u32,
     /// `offsetof(struct bpf_prog_stats, misses)` (0: unknown).
@@ -386,10 +419,11 @@ impl Tracer {
         };
         let hist = Shared::new(names::MAP_HIST, map(names::MAP_HIST)?, cells)?;
         let counters = Shared::new(names::MAP_COUNTERS, map(names::MAP_COUNTERS)?, cells)?;
+        let workload_contexts = workload_contexts(opts.workload_memcg);
         let workload_hist = Shared::new(
             names::MAP_WORKLOAD_HIST,
             map(names::MAP_WORKLOAD_HIST)?,
-            cpus * probes as usize,
+            cpus * probes as usize * workload_contexts as usize,
         )?;
         let ring = RingBuf::try_from(
             ebpf.take_map(names::MAP_DEFERRED)
@@ -423,6 +457,19 @@ impl Tracer {
         } else {
             None
         };
+        let memcgs = if opts.by_memcg {
+            let m = ebpf
+                .take_map(names::MAP_MEMCGS)
+                .ok_or_else(|| anyhow!("map {} missing", names::MAP_MEMCGS))?;
+            Some(aya::maps::HashMap::try_from(m).context("the memcgs")?)
+        } else {
+            None
+        };
+        let memcg_names = if opts.by_memcg {
+            crate::memcgs::Names::new()
+        } else {
+            Default::default()
+        };
         // The loader's own parse of the kernel's BTF is gone: its memory goes back first.
         release_freed_memory();
         let btf = Btf::from_sys_fs().context("load kernel BTF")?;
@@ -437,7 +484,12 @@ impl Tracer {
             extra: Vec::new(),
             calibration,
             started: Instant::now(),
-            workload: opts.workload_cgroup != 0,
+            workload: opts.workload_cgroup != 0 || opts.workload_memcg,
+            workload_contexts,
+            workload_memcg: None,
+            memcg_paths: HashMap::new(),
+            memcgs,
+            memcg_names,
             cpus,
             probes,
             misses_offset: layout.stats_misses,
@@ -450,6 +502,9 @@ impl Tracer {
                 let mut v = Verifier::new(probes as usize);
                 if opts.callers {
                     v.callers = Some(Default::default());
+                }
+                if opts.by_memcg {
+                    v.memcgs = Some(Default::default());
                 }
                 v
             },
@@ -501,6 +556,8 @@ impl Tracer {
         }
         for plan in &res.plans {
             let programs = slot_programs(plan.backend, slot);
+            // Before the programs run: a call never reads another target's path.
+            let memcg_arg = self.set_memcg_path(slot, plan);
             // The entry program is new: its misses are 0 until it is attached.
             let before = monotonic_ns();
             match self.attach_programs(&programs, &plan.target, Some(slot)) {
@@ -527,6 +584,7 @@ impl Tracer {
                         backend: plan.backend,
                         notes: reasons,
                         programs,
+                        memcg_arg,
                     });
                     if self.attached.len() == 1 {
                         self.started = Instant::now();
@@ -635,6 +693,45 @@ impl Tracer {
         if let Some(m) = self.ebpf.map_mut(names::MAP_PROG_MISSES) {
             if let Ok(mut a) = aya::maps::Array::<_, u64>::try_from(m) {
                 let _ = a.set(slot, addr, 0);
+            }
+        }
+    }
+
+    /// Tells slot `slot`'s programs how to reach the charged memcg of `plan`'s target (from
+    /// `memcg_paths`; none: the memcg is not read); returns the argument's struct when there
+    /// is a path.
+    fn set_memcg_path(&mut self, slot: u32, plan: &Plan) -> Option<String> {
+        let key = (plan.backend == Backend::Tracepoint, plan.target.clone());
+        let (arg, path) = match self.memcg_paths.get(&key) {
+            Some((arg, path)) => (Some(arg.clone()), *path),
+            None => (None, MemcgPath::default()),
+        };
+        let m = self.ebpf.map_mut(names::MAP_MEMCG_PATH)?;
+        let mut a = aya::maps::Array::<_, MemcgPath>::try_from(m).ok()?;
+        a.set(slot, path, 0).ok()?;
+        arg
+    }
+
+    /// Tells the workload's calls by the memcg at `dir` (and those below it): fills the set
+    /// the programs look the charged memcg up in. Kept up to date at each snapshot.
+    pub fn set_workload_memcg(&mut self, dir: &std::path::Path) -> Result<()> {
+        let m = self
+            .ebpf
+            .take_map(names::MAP_WORKLOAD_MEMCGS)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_WORKLOAD_MEMCGS))?;
+        let set = aya::maps::HashMap::try_from(m).context("the workload's memcgs")?;
+        self.workload_memcg = Some((dir.to_path_buf(), set));
+        self.update_workload_memcgs();
+        Ok(())
+    }
+
+    /// Adds the ids of cgroups created below the workload's memcg since the last call.
+    fn update_workload_memcgs(&mut self) {
+        if let Some((dir, set)) = self.workload_memcg.as_mut() {
+            for id in crate::memcgs::subtree_ids(dir) {
+                if set.get(&id, 0).is_err() {
+                    let _ = set.insert(id, 1, 0);
+                }
             }
         }
     }
@@ -778,6 +875,51 @@ impl Tracer {
         out
     }
 
+    /// Every charged memcg's calls by probe slot, the kernel's and the confirmed ones, named by
+    /// cgroup path, the costliest (counts only: the most called) first. Read through the map
+    /// syscalls, as the call sites are: only with `--by-memcg`, once a tick.
+    fn memcg_rows(&mut self) -> HashMap<u32, Vec<crate::callers::Site>> {
+        use crate::callers::Site;
+        let mut by: HashMap<(u32, u32, u64), Site> = HashMap::new();
+        let Some(m) = &self.memcgs else {
+            return HashMap::new();
+        };
+        for (k, v) in m.iter().flatten() {
+            let s = by
+                .entry((k.probe, k.ctx, k.memcg))
+                .or_insert_with(|| Site::new(k.ctx, k.memcg));
+            s.count += v.count;
+            s.sum_ns += v.sum_ns;
+            for (a, b) in s.buckets.iter_mut().zip(v.buckets.iter()) {
+                *a += b;
+            }
+        }
+        if let Some(c) = &self.verifier.memcgs {
+            for slot in 0..self.probes {
+                for site in c.of(slot) {
+                    by.entry((slot, site.ctx, site.addr))
+                        .or_insert_with(|| Site::new(site.ctx, site.addr))
+                        .merge(site);
+                }
+            }
+        }
+        self.memcg_names.resolve(by.keys().map(|k| k.2));
+        let mut out: HashMap<u32, Vec<Site>> = HashMap::new();
+        for ((probe, _, _), mut site) in by {
+            site.name = self.memcg_names.name(site.addr);
+            out.entry(probe).or_default().push(site);
+        }
+        for v in out.values_mut() {
+            v.sort_by(|a, b| {
+                (b.sum_ns, b.count)
+                    .cmp(&(a.sum_ns, a.count))
+                    .then(a.addr.cmp(&b.addr))
+                    .then(a.ctx.cmp(&b.ctx))
+            });
+        }
+        out
+    }
+
     /// Takes in the deferred pairs and confirms those that can be.
     fn settle_deferred(&mut self) {
         for slot in 0..self.attached.len() {
@@ -856,29 +998,32 @@ impl Tracer {
     /// far.
     pub fn snapshot(&mut self) -> Result<Snapshot> {
         self.settle_deferred();
+        self.update_workload_memcgs();
         let mut sites = self.sites();
+        let mut memcgs = self.memcg_rows();
         let mut probes = Vec::with_capacity(self.attached.len());
         for a in &self.attached {
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
-            // The programs record a workload task's call in WORKLOAD_HIST only (one record per
-            // call); the task context's histogram holds both.
-            let workload_cells = |cpu: u32| {
-                (a.backend.has_latency()).then(|| workload_cell(cpu, self.probes, a.slot) as usize)
+            // The programs record a workload's call in WORKLOAD_HIST only (one record per
+            // call); the context's histogram holds both. The task context only, unless the
+            // workload is told by the memcg charged.
+            let wc = self.workload_contexts;
+            let workload_cells = |cpu: u32, ctx: u32| {
+                (a.backend.has_latency() && (ctx == CTX_TASK || wc > 1))
+                    .then(|| workload_cell(cpu, self.probes, a.slot, ctx, wc) as usize)
             };
-            // The workload's row from the very reads that go into the task context, so that
-            // it never holds calls the task context does not (the maps change while read).
+            // The workload's row from the very reads that go into the contexts, so that it
+            // never holds calls they do not (the maps change while read).
             let mut workload_read = HistData::default();
             for (ctx, stats) in contexts.iter_mut().enumerate() {
                 for cpu in 0..self.cpus as u32 {
                     let i = cell(cpu, self.probes, a.slot, ctx as u32) as usize;
                     stats.hist.add_cpu(&self.hist.get(i));
                     stats.counters.add(&self.counters.get(i));
-                    if ctx == CTX_TASK as usize {
-                        if let Some(w) = workload_cells(cpu) {
-                            let h = self.workload_hist.get(w);
-                            stats.hist.add_cpu(&h);
-                            workload_read.add_cpu(&h);
-                        }
+                    if let Some(w) = workload_cells(cpu, ctx as u32) {
+                        let h = self.workload_hist.get(w);
+                        stats.hist.add_cpu(&h);
+                        workload_read.add_cpu(&h);
                     }
                 }
                 if let (Some(m), false) = (&self.tp_hits, a.backend.has_latency()) {
@@ -909,8 +1054,9 @@ impl Tracer {
                     w = workload_read.clone();
                     w.merge(&self.verifier.workload[a.slot as usize]);
                 } else {
-                    // Counts only, kept next to the hits.
-                    w.count = contexts[CTX_TASK as usize].counters.workload_hits;
+                    // Counts only, kept next to the hits (in every context where the workload
+                    // is told by its memcg).
+                    w.count = contexts.iter().map(|c| c.counters.workload_hits).sum();
                 }
                 w
             });
@@ -930,6 +1076,7 @@ impl Tracer {
                 programs: a.programs.iter().map(|p| self.cost(p)).collect(),
                 kprobe_missed,
                 callers: sites.remove(&a.slot).unwrap_or_default(),
+                memcgs: memcgs.remove(&a.slot).unwrap_or_default(),
             });
         }
         Ok(Snapshot {

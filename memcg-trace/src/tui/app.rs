@@ -101,11 +101,13 @@ pub struct Row {
     pub hist: HistData,
 }
 
-/// One call site in the callers pane.
+/// One call site in the callers pane (or one memcg in the memcgs pane).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SiteRow {
-    /// `function+0xoff`.
+    /// `function+0xoff` (a memcg: its cgroup path).
     pub name: String,
+    /// Calls over the window.
+    pub count: u64,
     /// Calls per second over the window.
     pub rate: Option<f64>,
     /// Median latency, ns.
@@ -212,6 +214,8 @@ pub struct App {
     pub spectrum: bool,
     /// The selected row's call sites instead of its histogram (`--callers`).
     pub callers: bool,
+    /// The selected row's charged memcgs instead of its histogram (`--by-memcg`).
+    pub memcgs: bool,
     /// The B side of an A/B view.
     pub compare: Option<Compare>,
     /// The selected row's key, kept across ticks and sorts.
@@ -247,6 +251,7 @@ impl App {
             hide_empty: false,
             spectrum: false,
             callers: false,
+            memcgs: false,
             compare: None,
             selected_key: None,
             dirty: true,
@@ -317,7 +322,14 @@ impl App {
                 self.follow_selection();
             }
             Key::Char('h') => self.spectrum = !self.spectrum,
-            Key::Char('c') => self.callers = !self.callers,
+            Key::Char('c') => {
+                self.callers = !self.callers;
+                self.memcgs = false;
+            }
+            Key::Char('m') => {
+                self.memcgs = !self.memcgs;
+                self.callers = false;
+            }
             Key::Tab => {
                 self.mode = match self.mode {
                     Mode::Interval => Mode::Cumulative,
@@ -360,6 +372,22 @@ impl App {
     /// every task), costliest first, with calls/s, p50 and p99 over the row's window: the last
     /// tick (interval) or since the start or reset (total).
     pub fn sites_of(&self, r: &Row) -> Vec<SiteRow> {
+        self.parts_of(r, |p| &p.callers)
+    }
+
+    /// The charged memcgs of a row's probe and context (`--by-memcg`), as [`App::sites_of`]
+    /// (counts only: the most called first).
+    pub fn memcgs_of(&self, r: &Row) -> Vec<SiteRow> {
+        self.parts_of(r, |p| &p.memcgs)
+    }
+
+    /// A breakdown of a row's calls (`part`: the probe's call sites or memcgs), as
+    /// [`App::sites_of`].
+    fn parts_of(
+        &self,
+        r: &Row,
+        part: fn(&crate::snapshot::ProbeStats) -> &Vec<crate::callers::Site>,
+    ) -> Vec<SiteRow> {
         let Some(cur) = self.current.as_ref() else {
             return Vec::new();
         };
@@ -368,7 +396,7 @@ impl App {
             s.probes
                 .iter()
                 .find(|p| p.name == r.probe)
-                .map(|p| p.callers.clone())
+                .map(|p| part(p).clone())
                 .unwrap_or_default()
         };
         let since = match self.mode {
@@ -404,6 +432,7 @@ impl App {
                     }
                 }
                 SiteRow {
+                    count: s.count,
                     rate: (secs > 0.0).then(|| s.count as f64 / secs),
                     p50: s.quantile(0.5),
                     p99: s.quantile(0.99),
@@ -412,9 +441,9 @@ impl App {
                     sum_ns: s.sum_ns,
                 }
             })
-            .filter(|s| s.sum_ns > 0 || s.rate.unwrap_or(0.0) > 0.0)
+            .filter(|s| s.sum_ns > 0 || s.count > 0)
             .collect();
-        out.sort_by_key(|s| std::cmp::Reverse(s.sum_ns));
+        out.sort_by_key(|s| std::cmp::Reverse((s.sum_ns, s.count)));
         out
     }
 
@@ -585,6 +614,7 @@ pub(crate) mod tests {
                 workload: None,
                 kprobe_missed: 0,
                 callers: Vec::new(),
+                memcgs: Vec::new(),
             }],
             ..Default::default()
         }

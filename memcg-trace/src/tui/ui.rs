@@ -14,7 +14,7 @@ use ratatui::{
     Frame,
 };
 
-use super::app::{App, Mode, Row, Sort};
+use super::app::{App, Mode, Row, SiteRow, Sort};
 use crate::units::{fmt_count, fmt_count_short, fmt_ns, fmt_ns_short, pct_change};
 
 const KEYS: &str =
@@ -378,7 +378,9 @@ fn bar_of(bars: &[(u64, u64)], q: f64) -> Option<usize> {
 
 fn draw_distribution(f: &mut Frame, app: &App, r: &Row, side: &str, area: Rect) {
     if app.callers {
-        draw_callers(f, app, r, side, area);
+        draw_parts(f, r, side, area, Parts::Callers(app.sites_of(r)), app.mode);
+    } else if app.memcgs {
+        draw_parts(f, r, side, area, Parts::Memcgs(app.memcgs_of(r)), app.mode);
     } else if app.spectrum {
         draw_spectrum(f, r, side, area);
     } else {
@@ -386,16 +388,32 @@ fn draw_distribution(f: &mut Frame, app: &App, r: &Row, side: &str, area: Rect) 
     }
 }
 
-/// The selected row's call sites (`--callers`), costliest first: calls/s, p50, p99 and share
-/// of the context's time, over the row's window.
-fn draw_callers(f: &mut Frame, app: &App, r: &Row, side: &str, area: Rect) {
-    let window = match app.mode {
+/// A breakdown of the selected row's calls.
+enum Parts {
+    /// Its call sites (`--callers`).
+    Callers(Vec<SiteRow>),
+    /// The memcgs its calls charge (`--by-memcg`).
+    Memcgs(Vec<SiteRow>),
+}
+
+/// The selected row's call sites or charged memcgs, costliest first: calls/s, p50, p99 and
+/// share of the context's time, over the row's window.
+fn draw_parts(f: &mut Frame, r: &Row, side: &str, area: Rect, parts: Parts, mode: Mode) {
+    let window = match mode {
         Mode::Interval => "last tick",
         Mode::Cumulative => "total",
     };
-    let sites = app.sites_of(r);
+    let (what, col, empty, sites) = match parts {
+        Parts::Callers(s) => (
+            "call sites",
+            "site",
+            "no call sites: run with --callers (fentry or kprobe)",
+            s,
+        ),
+        Parts::Memcgs(s) => ("memcgs", "memcg", "no memcgs: run with --by-memcg", s),
+    };
     let block = Block::bordered().title(format!(
-        " {side}{} {} call sites ({window}) ",
+        " {side}{} {} {what} ({window}) ",
         r.probe,
         if r.context == "workload" {
             "task (all tasks)"
@@ -405,9 +423,7 @@ fn draw_callers(f: &mut Frame, app: &App, r: &Row, side: &str, area: Rect) {
     ));
     if sites.is_empty() {
         f.render_widget(
-            Paragraph::new("no call sites: run with --callers (fentry or kprobe)")
-                .block(block)
-                .wrap(Wrap { trim: true }),
+            Paragraph::new(empty).block(block).wrap(Wrap { trim: true }),
             area,
         );
         return;
@@ -439,7 +455,7 @@ fn draw_callers(f: &mut Frame, app: &App, r: &Row, side: &str, area: Rect) {
         ],
     )
     .header(
-        TRow::new(vec!["site", "calls/s", "p50", "p99", "time%"])
+        TRow::new(vec![col, "calls/s", "p50", "p99", "time%"])
             .style(Style::new().add_modifier(Modifier::BOLD)),
     )
     .block(block);
@@ -634,6 +650,7 @@ fn draw_help(f: &mut Frame, area: Rect) {
         Line::from("e              hide / show rows without calls"),
         Line::from("h              histogram / percentile spectrum"),
         Line::from("c              histogram / call sites (with --callers)"),
+        Line::from("m              histogram / charged memcgs (with --by-memcg)"),
         Line::from("left / right   step through a recording's ticks"),
         Line::from("?              this help"),
         Line::from("q, Esc, Ctrl-C quit"),
@@ -765,6 +782,50 @@ mod tests {
         let mut plain = app_with_data();
         plain.on_key(Key::Char('c'));
         assert!(render(&plain, 120, 30).contains("run with --callers"));
+    }
+
+    #[test]
+    fn the_memcgs_pane_lists_the_memcgs_the_selected_row_charges() {
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        let with_memcgs = |n: u64, count: u64| {
+            let mut s = snap(n, 0, 0, 0);
+            let p = &mut s.probes[0];
+            let mut a = crate::callers::Site::new(0, 7001);
+            a.name = "/system.slice/postgresql.service".into();
+            let mut b = crate::callers::Site::new(0, 7002);
+            b.name = "/user.slice".into();
+            for _ in 0..count {
+                a.add(1000);
+            }
+            for _ in 0..count / 4 {
+                b.add(1000);
+            }
+            p.memcgs = vec![b, a];
+            s
+        };
+        app.on_snapshot(with_memcgs(1, 100));
+        app.on_snapshot(with_memcgs(2, 500));
+        let rows = app.rows();
+        let r = rows.iter().find(|r| r.context == "task").expect("task row");
+        let m = app.memcgs_of(r);
+        assert_eq!(m.len(), 2);
+        // The last tick: 400 calls charging the first, 100 the second, costliest first.
+        assert_eq!(m[0].name, "/system.slice/postgresql.service");
+        assert_eq!((m[0].count, m[1].count), (400, 100));
+        app.on_key(Key::Char('m'));
+        let screen = render(&app, 120, 30);
+        assert!(screen.contains("memcgs (last tick)"), "{screen}");
+        assert!(
+            screen.contains("/system.slice/postgresql.service"),
+            "{screen}"
+        );
+        assert!(screen.contains("80.0"), "{screen}");
+        // 'c' switches to the call sites, which this run has none of.
+        app.on_key(Key::Char('c'));
+        assert!(render(&app, 120, 30).contains("run with --callers"));
+        let mut plain = app_with_data();
+        plain.on_key(Key::Char('m'));
+        assert!(render(&plain, 120, 30).contains("run with --by-memcg"));
     }
 
     #[test]

@@ -1,0 +1,131 @@
+//! Which memcg pays (`--by-memcg`): the programs read, at each call's entry, the memcg the call
+//! charges from the function's own argument (see `memcg_trace_common::MemcgPath`) and count the
+//! call under that memcg's id (`MEMCGS`), in every context. An id is the inode number of the
+//! cgroup's directory in the memory controller's hierarchy (the v2 tree, or the v1 `memory`
+//! mount), so userspace names ids by walking that tree. The rows reuse the call sites' record
+//! ([`crate::callers::Site`], the id in `addr`, the cgroup path in `name`).
+
+use std::{
+    collections::HashMap,
+    fs,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+/// Names of memcg ids: their paths relative to the memory hierarchy's root (`/` for the root).
+#[derive(Debug, Default)]
+pub struct Names {
+    /// The memory hierarchy's mount point (None: no memory controller found).
+    root: Option<PathBuf>,
+    known: HashMap<u64, String>,
+    /// When the tree was last walked: unknown ids walk it again at most once a second.
+    walked: Option<Instant>,
+}
+
+impl Names {
+    /// Names in the memory controller's hierarchy of this system.
+    pub fn new() -> Self {
+        Names {
+            root: crate::workload::find_hierarchy().ok().map(|h| h.root),
+            ..Default::default()
+        }
+    }
+
+    /// Names in the tree at `root` (tests).
+    pub fn at(root: &Path) -> Self {
+        Names {
+            root: Some(root.to_path_buf()),
+            ..Default::default()
+        }
+    }
+
+    /// Learns the names of `ids` not known yet, walking the hierarchy once if there are any.
+    pub fn resolve(&mut self, ids: impl IntoIterator<Item = u64>) {
+        let unknown = ids
+            .into_iter()
+            .any(|id| id != 0 && !self.known.contains_key(&id));
+        if !unknown
+            || self
+                .walked
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.walked = Some(Instant::now());
+        if let Some(root) = &self.root {
+            walk(root, root, &mut self.known);
+        }
+    }
+
+    /// The path of memcg `id` (`unknown` for 0, `removed cgroup <id>` when it is not in the
+    /// tree: removed before it was named, or in another hierarchy).
+    pub fn name(&self, id: u64) -> String {
+        if id == 0 {
+            return "unknown".into();
+        }
+        self.known
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| format!("removed cgroup {id}"))
+    }
+}
+
+/// Adds every cgroup under `dir` (by id, as a path relative to `root`) to `out`.
+fn walk(root: &Path, dir: &Path, out: &mut HashMap<u64, String>) {
+    let Ok(m) = fs::metadata(dir) else {
+        return;
+    };
+    let rel = dir.strip_prefix(root).unwrap_or(dir);
+    out.insert(m.ino(), format!("/{}", rel.display()));
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(root, &e.path(), out);
+            }
+        }
+    }
+}
+
+/// The ids of `dir` and of every cgroup below it.
+pub fn subtree_ids(dir: &Path) -> Vec<u64> {
+    let mut out = HashMap::new();
+    walk(dir, dir, &mut out);
+    out.into_keys().collect()
+}
+
+/// The id of the memcg at `dir` (its directory's inode number).
+pub fn id_of(dir: &Path) -> Option<u64> {
+    fs::metadata(dir).ok().map(|m| m.ino())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_named_by_their_path_under_the_root() {
+        let t = std::env::temp_dir().join(format!("memcg-trace-names-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&t);
+        let a = t.join("a");
+        fs::create_dir_all(a.join("b")).unwrap();
+        let mut n = Names::at(&t);
+        let (root, ida, idb) = (
+            id_of(&t).unwrap(),
+            id_of(&a).unwrap(),
+            id_of(&a.join("b")).unwrap(),
+        );
+        n.resolve([ida, idb]);
+        assert_eq!(n.name(root), "/");
+        assert_eq!(n.name(ida), "/a");
+        assert_eq!(n.name(idb), "/a/b");
+        assert_eq!(n.name(0), "unknown");
+        assert_eq!(n.name(u64::MAX), format!("removed cgroup {}", u64::MAX));
+        let mut sub = subtree_ids(&a);
+        sub.sort();
+        let mut want = vec![ida, idb];
+        want.sort();
+        assert_eq!(sub, want);
+        fs::remove_dir_all(&t).unwrap();
+    }
+}

@@ -1,6 +1,7 @@
 //! Helpers shared by the host, CLI, dashboard and VM tests: finding the binary, visible skips,
 //! and the checks every recording must pass.
 
+pub mod callgraph;
 use std::{
     io::Write as _,
     path::{Path, PathBuf},

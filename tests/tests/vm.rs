@@ -3,7 +3,7 @@
 //! Each test boots one kernel; `MEMCG_TRACE_KERNELS` (default: the whole matrix) picks which run
 //! and the others print a skip.
 
-use std::{fs, time::Duration};
+use std::{collections::BTreeSet, fs, time::Duration};
 
 use memcg_trace_tests::*;
 use xtask::{
@@ -582,6 +582,12 @@ fn callers_on(name: &str, short: &str) {
             .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
             .collect();
     assert!(text.len() > 10_000, "kallsyms: {} text symbols", text.len());
+    // The kernel's own call graph, from the image the guest booted.
+    let graph = memcg_trace_tests::callgraph::CallGraph::new(
+        memcg_trace_tests::callgraph::vmlinux(&kernel.vmlinuz).expect("the kernel image"),
+        &fs::read_to_string(r.out_dir.join("kallsyms-text")).unwrap(),
+    )
+    .expect("the call graph");
     let mut report = String::new();
     // The functions of each probe's main task-context sites (5% of its calls or more), per
     // backend: the two read the return address in different ways and must find the same.
@@ -643,6 +649,61 @@ fn callers_on(name: &str, short: &str) {
                     s.calls
                 );
             }
+            // Every site checked against the call graph: the instruction before the return
+            // address calls the traced function, or a function that tail-jumps to it; and it
+            // is inside the function the site is named after.
+            let known = graph.callers_of(&p.target);
+            assert!(
+                !known.direct.is_empty(),
+                "{backend} {}: no caller of {} in the kernel image",
+                p.name,
+                p.target
+            );
+            let all: u64 = p.callers.iter().map(|s| s.calls).sum();
+            let mut unproven = Vec::new();
+            let mut unproven_main = 0;
+            let mut proven = 0;
+            for s in &p.callers {
+                let ret = u64::from_str_radix(s.address.trim_start_matches("0x"), 16).unwrap();
+                let named = graph.function_at(ret).map(|f| f.1.to_string());
+                assert_eq!(
+                    named.as_deref(),
+                    s.site.split('+').next(),
+                    "{backend} {}: site {} at {}",
+                    p.name,
+                    s.site,
+                    s.address
+                );
+                match graph.site_of(&known, ret) {
+                    Some(_) => proven += s.calls,
+                    None => {
+                        unproven.push(format!("{} ({} calls)", s.site, s.calls));
+                        unproven_main += usize::from(s.calls * 100 >= all);
+                    }
+                }
+            }
+            // Every site with 1% of the calls or more; 99.9% of all calls.
+            assert!(
+                unproven_main == 0 && proven * 1000 >= all * 999,
+                "{backend} {}: sites not a call of {} (nor of a function tail-jumping to it) in the kernel's code: {unproven:?}",
+                p.name,
+                p.target
+            );
+            if p.name == "stat" || p.name == "rstat" {
+                let seen: BTreeSet<&str> = p
+                    .callers
+                    .iter()
+                    .filter_map(|s| s.site.split('+').next())
+                    .filter(|f| known.direct.contains(*f))
+                    .collect();
+                report.push_str(&format!(
+                    "{backend} {}: {} of the {} direct callers of {} in the image seen; ",
+                    p.name,
+                    seen.len(),
+                    known.direct.len(),
+                    p.target
+                ));
+            }
             let task: Vec<_> = p.callers.iter().filter(|s| s.context == "task").collect();
             main_sites.push((
                 format!("{backend} {}", p.name),
@@ -659,10 +720,10 @@ fn callers_on(name: &str, short: &str) {
             );
             let top: Vec<String> = task
                 .iter()
-                .take(3)
+                .take(5)
                 .map(|s| {
                     format!(
-                        "{} {:.0}% of calls, {:.0}% of time",
+                        "{} {:.1}% of calls, {:.1}% of time",
                         s.site,
                         s.share_of_calls.unwrap_or(0.0) * 100.0,
                         s.share_of_time.unwrap_or(0.0) * 100.0

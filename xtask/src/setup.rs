@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use crate::{llvm_path, output, run};
 
 /// Debian packages: LLVM 22 for bpf-linker, qemu and busybox for the VM tests, rt-tests for
-/// hackbench, cpio for the initramfs, tmux for the terminal tests, the archive keyring for the
+/// hackbench, cpio for the initramfs, zstd and xz to unpack kernel images, tmux for the terminal tests, the archive keyring for the
 /// trixie kernels.
 pub const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
@@ -19,6 +19,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "busybox-static",
     "rt-tests",
     "cpio",
+    // Unpacking the cached kernels' images, for the call-site test's call graph.
+    "zstd",
+    "xz-utils",
     "tmux",
     "debian-archive-keyring",
     // The peer of `cargo xtask bench`: a typical bpftrace latency script (Debian 12: 0.17).

@@ -194,6 +194,8 @@ pub mod names {
     pub const MAP_CALLERS: &str = "CALLERS";
     /// Calls per charged memcg, with `--by-memcg` (see [`super::MemcgKey`]).
     pub const MAP_MEMCGS: &str = "MEMCGS";
+    /// Sampled short stacks (`--callers-depth`, see [`super::StackKey`]).
+    pub const MAP_STACKS: &str = "STACKS";
     /// Per probe slot: how to reach the charged memcg from the argument ([`super::MemcgPath`]).
     pub const MAP_MEMCG_PATH: &str = "MEMCG_PATH";
     /// The ids of the workload's memcg and its descendants (`Config::workload_memcg`).
@@ -546,8 +548,8 @@ pub struct CpuState {
     pub workload_cgrp: u64,
     /// This CPU's number.
     pub cpu: u32,
-    /// Keeps the struct free of implicit padding.
-    pub _pad: u32,
+    /// Entries since the last short stack captured here (`Config::stack_sample`).
+    pub since_stack: u32,
 }
 
 /// Settings userspace patches into the programs' read-only globals before load (before
@@ -586,6 +588,11 @@ pub struct Config {
     /// `WORKLOAD_MEMCGS`), in every context, instead of the cgroup of the task making it; then
     /// `WORKLOAD_HIST` has a cell per context (see [`workload_cell`]).
     pub workload_memcg: u32,
+    /// With `--callers-depth`: frames of a call's short stack kept, its call site included
+    /// (the frames shown and two more, at most `STACK_DEPTH`; 0: no stacks).
+    pub stack_depth: u32,
+    /// One entry in this many on a CPU captures its short stack (`--callers-sample`).
+    pub stack_sample: u32,
 }
 
 /// Call sites kept per run in the `CALLERS` map (all probes and contexts together); the calls
@@ -630,6 +637,41 @@ pub const fn caller_bucket_bounds(i: usize) -> (u64, u64) {
     let width = 1u64 << (p - CALLER_SUB_BITS as u64);
     let lo = (1u64 << p) + s * width;
     (lo, lo.saturating_add(width))
+}
+
+/// Frames of a short stack the programs keep at most, the call site included: the deepest
+/// shown (`--callers-depth`, 4) and two more, for the frames of the tracer's own trampolines
+/// that userspace leaves out (a traced caller's fentry trampoline, and the return address of
+/// its patched first instruction).
+pub const STACK_DEPTH: usize = 6;
+
+/// Frames of a short stack shown at most, the call site included.
+pub const STACK_SHOWN: u32 = 4;
+
+/// Frames the programs unwind to find the call site in, and the frames above it.
+pub const STACK_UNWIND: usize = 16;
+
+/// A short stack's second frame when the call site was not among the frames unwound (the
+/// stack is unknown above the site).
+pub const STACK_UNWOUND: u64 = 1;
+
+/// Short stacks kept per run in the `STACKS` map; those beyond are counted in no row (the
+/// stacks are a sample: their calls add up to the sampled entries that found room).
+pub const MAX_STACKS: u32 = 4096;
+
+/// A short stack of one probe in one context: the key of `STACKS`, whose value counts the
+/// sampled entries that had it.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    /// Return addresses, innermost first: the call site (`CallerKey::caller`), then its
+    /// caller's return address, and so on; 0 past the depth asked for or the stack's end;
+    /// [`STACK_UNWOUND`] second when the site was not found in the unwound stack.
+    pub frames: [u64; STACK_DEPTH],
+    /// Probe slot.
+    pub probe: u32,
+    /// Context (`CTX_*`).
+    pub ctx: u32,
 }
 
 /// A call site of one probe in one context: the key of `CALLERS`.
@@ -912,6 +954,7 @@ mod pod {
     unsafe impl aya::Pod for super::CallerKey {}
     unsafe impl aya::Pod for super::CallerStat {}
     unsafe impl aya::Pod for super::MemcgKey {}
+    unsafe impl aya::Pod for super::StackKey {}
     unsafe impl aya::Pod for super::MemcgPath {}
 }
 

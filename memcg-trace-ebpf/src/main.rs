@@ -33,9 +33,9 @@ use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_current_task_btf,
-        bpf_get_func_arg_cnt, bpf_get_func_ip, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_loop, bpf_map_lookup_percpu_elem, bpf_probe_read_kernel, bpf_seq_write,
-        bpf_this_cpu_ptr,
+        bpf_get_func_arg_cnt, bpf_get_func_ip, bpf_get_smp_processor_id, bpf_get_stack,
+        bpf_ktime_get_ns, bpf_loop, bpf_map_lookup_percpu_elem, bpf_probe_read_kernel,
+        bpf_seq_write, bpf_this_cpu_ptr,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -50,10 +50,11 @@ use memcg_trace_common::{
     bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
     task_slot_hint, test_op, workload_cell, workload_contexts, CallerKey, CallerStat, Config,
     Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, Pending, PendingSet,
-    CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK,
-    CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, DEFERRED_WORKLOAD,
-    MAX_PROBES, MEMCG_HOPS, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD,
-    PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, TASK_SLOTS, WINDOW_OPEN,
+    StackKey, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ,
+    CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED,
+    DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN,
+    PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND,
+    STACK_UNWOUND, TASK_SLOTS, WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -109,6 +110,8 @@ static CONFIG: Config = Config {
     callers: 0,
     by_memcg: 0,
     workload_memcg: 0,
+    stack_depth: 0,
+    stack_sample: 1,
 };
 
 /// Histograms by (CPU, probe, context); each CPU writes its own region, userspace maps the
@@ -157,6 +160,11 @@ static MEMCG_PATH: Array<MemcgPath> = Array::with_max_entries(MAX_PROBES as u32,
 /// userspace; sized 1 when unused.
 #[map]
 static WORKLOAD_MEMCGS: HashMap<u64, u8> = HashMap::with_max_entries(1, 0);
+
+/// Sampled short stacks (`--callers-depth`): entries per stack, sized by userspace: 1 entry
+/// when off.
+#[map]
+static STACKS: HashMap<StackKey, u64> = HashMap::with_max_entries(1, 0);
 
 /// One zeroed `CallerStat`: the value a new call site starts from (too large for the stack).
 #[map]
@@ -822,7 +830,15 @@ fn vacate(set: &mut PendingSet, i: usize) {
 /// Entry half: remember the call. `caller`: its call site (`Pending::caller`), 0 without
 /// `--callers`; `memcg`: the memcg it charges (`Pending::memcg`), 0 when not read.
 #[inline(always)]
-fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool, caller: u64, memcg: u64) {
+fn pair_entry<E: Env>(
+    env: &E,
+    probe: u32,
+    k: Key,
+    fentry: bool,
+    caller: u64,
+    memcg: u64,
+    stack: impl FnOnce(u32),
+) {
     let key = k.frame;
     let cpu = env.cpu();
     let atomic = env.atomic();
@@ -836,6 +852,7 @@ fn pair_entry<E: Env>(env: &E, probe: u32, k: Key, fentry: bool, caller: u64, me
         return;
     };
     add(&mut cs.entries, 1, atomic);
+    stack(ctx);
     if ctx != CTX_TASK {
         // One call in flight per interrupt context: what is left there is stale.
         let Some(p) = set.calls.get_mut(irq_slot(ctx)) else {
@@ -1336,6 +1353,75 @@ fn calls_fn(ret: u64, ip: u64) -> bool {
     op == 0xe8 && ip.wrapping_sub(target).wrapping_add(16) < 48
 }
 
+/// With `--callers-depth`, one entry in `stack_sample` on this CPU: unwinds the kernel stack
+/// (the kernel's own unwinder, `STACK_UNWIND` frames at most), finds the call site `caller` in
+/// it and counts the short stack from there (`StackKey`) under `probe` and `ctx`. A site not
+/// found (an unwinder that cannot get through the trampoline or the probe) is counted with
+/// `STACK_UNWOUND` above it, so that every sampled entry with a site is counted once.
+#[inline(always)]
+fn sample_stack<C: EbpfContext>(c: &C, st: St, probe: u32, ctx: u32, caller: u64) {
+    let cfg = config();
+    if cfg.stack_depth == 0 || caller == 0 {
+        return;
+    }
+    // SAFETY: this CPU's state, written only through its pointer.
+    unsafe {
+        let n = core::ptr::addr_of_mut!((*st.0).since_stack);
+        let k = core::ptr::read(n) + 1;
+        if k < cfg.stack_sample {
+            core::ptr::write(n, k);
+            return;
+        }
+        core::ptr::write(n, 0);
+    }
+    let mut buf = [0u64; STACK_UNWIND];
+    // SAFETY: the helper writes at most the buffer's size.
+    let got = unsafe {
+        bpf_get_stack(
+            c.as_ptr(),
+            buf.as_mut_ptr() as *mut c_void,
+            core::mem::size_of_val(&buf) as u32,
+            0,
+        )
+    };
+    let mut key = StackKey {
+        frames: [0; STACK_DEPTH],
+        probe,
+        ctx,
+    };
+    key.frames[0] = caller;
+    key.frames[1] = STACK_UNWOUND;
+    let n = if got > 0 { got as usize / 8 } else { 0 };
+    for i in 0..STACK_UNWIND {
+        if i >= n {
+            break;
+        }
+        if buf[i] == caller {
+            for j in 1..STACK_DEPTH {
+                key.frames[j] = if (j as u32) < cfg.stack_depth {
+                    buf.get(i + j).copied().unwrap_or(0)
+                } else {
+                    0
+                };
+            }
+            break;
+        }
+    }
+    match STACKS.get_ptr_mut(&key) {
+        // SAFETY: pointer from a successful map lookup; shared by every CPU.
+        Some(v) => add(unsafe { &mut *v }, 1, true),
+        None => {
+            // BPF_NOEXIST: one inserted meanwhile by another CPU is counted below.
+            if STACKS.insert(&key, &1, 1).is_err() {
+                if let Some(v) = STACKS.get_ptr_mut(&key) {
+                    // SAFETY: as above.
+                    add(unsafe { &mut *v }, 1, true);
+                }
+            }
+        }
+    }
+}
+
 /// kprobe at a function's entry: the stack pointer points at the return address into the
 /// caller.
 #[inline(always)]
@@ -1363,7 +1449,8 @@ macro_rules! probe_slot {
                 } else {
                     0
                 };
-                pair_entry(&env, $n, Key::fentry(&ctx), true, caller, memcg);
+                let stack = |c: u32| sample_stack(&ctx, st, $n, c, caller);
+                pair_entry(&env, $n, Key::fentry(&ctx), true, caller, memcg, stack);
             } else {
                 no_state($n, false);
             }
@@ -1400,7 +1487,8 @@ macro_rules! probe_slot {
                 } else {
                     0
                 };
-                pair_entry(&env, $n, Key::kprobe(&ctx), false, caller, memcg);
+                let stack = |c: u32| sample_stack(&ctx, st, $n, c, caller);
+                pair_entry(&env, $n, Key::kprobe(&ctx), false, caller, memcg, stack);
             } else {
                 no_state($n, false);
             }
@@ -1680,6 +1768,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
             a(7) & 2 != 0,
             a(2) | 1,
             a(2) | 3,
+            |_| {},
         ),
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),

@@ -78,6 +78,52 @@ impl Site {
     }
 }
 
+/// A sampled short stack of one probe in one context (`--callers-depth`): the call site, then
+/// the return addresses above it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stack {
+    /// Context (`CTX_*`).
+    pub ctx: u32,
+    /// Return addresses, innermost first (`memcg_trace_common::STACK_UNWOUND` second when the
+    /// stack above the site could not be unwound).
+    pub frames: Vec<u64>,
+    /// Their names (`function+0xoff`; `(not unwound)`).
+    pub names: Vec<String>,
+    /// Sampled entries that had this stack.
+    pub count: u64,
+}
+
+/// A short stack as the programs unwound it, (address, name) innermost first, without the
+/// tracer's own frames: BPF code (`[bpf]`: a traced caller's fentry trampoline), and, right
+/// above such a trampoline, the return address of the patched call at the start of the
+/// function below it (the caller's own function again, a few bytes in), which the
+/// trampoline skips when it returns.
+pub fn strip_tracer_frames(raw: Vec<(u64, String)>) -> Vec<(u64, String)> {
+    let func = |n: &str| n.split('+').next().unwrap_or("").to_string();
+    let offset = |n: &str| {
+        n.split('+')
+            .nth(1)
+            .and_then(|o| o.split_whitespace().next())
+            .and_then(|o| u64::from_str_radix(o.trim_start_matches("0x"), 16).ok())
+    };
+    let mut out: Vec<(u64, String)> = Vec::with_capacity(raw.len());
+    let mut after_bpf = false;
+    for (a, n) in raw {
+        if n.ends_with("[bpf]") || n.starts_with("bpf_trampoline_") || n.starts_with("bpf_prog_") {
+            after_bpf = true;
+            continue;
+        }
+        let patched_call = after_bpf
+            && offset(&n).is_some_and(|o| o < 0x20)
+            && out.last().is_some_and(|(_, prev)| func(prev) == func(&n));
+        after_bpf = false;
+        if !patched_call {
+            out.push((a, n));
+        }
+    }
+    out
+}
+
 /// Confirmed deferred calls per (probe slot, context, call site).
 #[derive(Debug, Default)]
 pub struct Confirmed {
@@ -277,6 +323,46 @@ mod tests {
         p0.sort();
         assert_eq!(p0, vec![(0, 0x10, 2, 12), (1, 0x10, 1, 7)]);
         assert_eq!(c.of(1).count(), 1);
+    }
+
+    #[test]
+    fn the_tracers_own_frames_are_left_out_of_stacks() {
+        let f = |v: &[&str]| -> Vec<String> {
+            strip_tracer_frames(
+                v.iter()
+                    .enumerate()
+                    .map(|(i, n)| (i as u64 + 1, n.to_string()))
+                    .collect(),
+            )
+            .into_iter()
+            .map(|x| x.1)
+            .collect()
+        };
+        // fentry on the caller too, call layout: its trampoline, then its patched call.
+        assert_eq!(
+            f(&[
+                "__mod_memcg_state+0x7f",
+                "bpf_trampoline_6442521123+0x70 [bpf]",
+                "__mod_memcg_state+0x9",
+                "mod_memcg_state+0x15",
+            ]),
+            ["__mod_memcg_state+0x7f", "mod_memcg_state+0x15"]
+        );
+        // Jump layout: no patched call above the trampoline; a caller a few bytes into
+        // another function stays.
+        assert_eq!(
+            f(&[
+                "obj_cgroup_charge+0xf2",
+                "bpf_trampoline_6442521123+0x70 [bpf]",
+                "kmalloc_reserve+0x10",
+            ]),
+            ["obj_cgroup_charge+0xf2", "kmalloc_reserve+0x10"]
+        );
+        // Nothing of the tracer: unchanged.
+        assert_eq!(
+            f(&["a+0x5", "b+0x9", "c+0x100"]),
+            ["a+0x5", "b+0x9", "c+0x100"]
+        );
     }
 
     #[test]

@@ -338,6 +338,22 @@ pub struct CallerOut {
     pub buckets: Vec<[u64; 2]>,
 }
 
+/// A sampled short stack of a probe in one context (`--callers-depth`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StackOut {
+    /// `task`, `softirq`, `hardirq` or `nmi`.
+    pub context: String,
+    /// The call site, then the return addresses above it, innermost first, as
+    /// `function+0xoffset`; `(not unwound)` second when the unwinder did not reach the site.
+    pub frames: Vec<String>,
+    /// The same, hex (this boot's).
+    pub addresses: Vec<String>,
+    /// Sampled entries with this stack (one entry in `ProbeOut::stack_sample` per CPU was).
+    pub sampled: u64,
+    /// Share of the context's sampled entries.
+    pub share: Option<f64>,
+}
+
 /// The calls of a probe in one context that charge one memcg (`--by-memcg`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct MemcgOut {
@@ -442,6 +458,13 @@ pub struct ProbeOut {
     /// most called) first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memcgs: Vec<MemcgOut>,
+    /// With `--callers-depth`: the sampled short stacks of the call sites, per context, most
+    /// sampled first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: Vec<StackOut>,
+    /// With `--callers-depth`: one entry in this many per CPU had its stack sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_sample: Option<u32>,
 }
 
 /// Task-context calls made by tasks of the workload's cgroup.
@@ -720,6 +743,27 @@ fn probes_out(
                         }
                     })
                     .collect(),
+                stacks: p
+                    .stacks
+                    .iter()
+                    .map(|s| {
+                        let ctx = (s.ctx as usize) % NUM_CTX;
+                        let all: u64 = p
+                            .stacks
+                            .iter()
+                            .filter(|o| o.ctx == s.ctx)
+                            .map(|o| o.count)
+                            .sum();
+                        StackOut {
+                            context: CTX_NAMES[ctx].to_string(),
+                            frames: s.names.clone(),
+                            addresses: s.frames.iter().map(|f| format!("{f:#x}")).collect(),
+                            sampled: s.count,
+                            share: ratio(s.count as f64, all as f64),
+                        }
+                    })
+                    .collect(),
+                stack_sample: (!p.stacks.is_empty()).then_some(p.stack_sample),
                 memcgs: p
                     .memcgs
                     .iter()
@@ -1086,6 +1130,23 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                             s
                         })
                         .collect(),
+                    stacks: p
+                        .stacks
+                        .iter()
+                        .map(|s| crate::callers::Stack {
+                            ctx: CTX_NAMES.iter().position(|n| *n == s.context).unwrap_or(0) as u32,
+                            frames: s
+                                .addresses
+                                .iter()
+                                .map(|a| {
+                                    u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap_or(0)
+                                })
+                                .collect(),
+                            names: s.frames.clone(),
+                            count: s.sampled,
+                        })
+                        .collect(),
+                    stack_sample: p.stack_sample.unwrap_or(1),
                 }
             })
             .collect(),

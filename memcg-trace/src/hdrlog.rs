@@ -211,6 +211,8 @@ mod tests {
                 kprobe_missed: 0,
                 callers: Vec::new(),
                 memcgs: Vec::new(),
+                stacks: Vec::new(),
+                stack_sample: 1,
             }],
             ..Default::default()
         }

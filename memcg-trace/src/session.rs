@@ -97,6 +97,16 @@ pub struct LiveArgs {
     /// update per call.
     #[arg(long)]
     pub by_memcg: bool,
+    /// With --callers: also sample each call site's short stack, this many frames with the
+    /// site (2-4; the flag alone: 3), from the kernel's own unwinder: who called the caller.
+    #[arg(long, value_name = "FRAMES", requires = "callers", num_args = 0..=1,
+          default_missing_value = "3", value_parser = clap::value_parser!(u32).range(2..=4))]
+    pub callers_depth: Option<u32>,
+    /// With --callers-depth: unwind the stack of one entry in N on each CPU (unwinding costs
+    /// far more than reading the call site; counts per site stay exact).
+    #[arg(long, value_name = "N", default_value_t = 16, requires = "callers_depth",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub callers_sample: u32,
     /// Workload to run in a fresh memcg; tracing ends when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -116,6 +126,8 @@ impl Default for LiveArgs {
             hdr_log: None,
             callers: false,
             by_memcg: false,
+            callers_depth: None,
+            callers_sample: 16,
             command: Vec::new(),
         }
     }
@@ -270,6 +282,10 @@ pub struct AttachOptions {
     pub callers: bool,
     /// Count calls per charged memcg.
     pub by_memcg: bool,
+    /// Frames of the sampled short stacks (0: none).
+    pub stack_depth: u32,
+    /// One entry in this many per CPU has its stack sampled.
+    pub stack_sample: u32,
     /// Tell the workload's calls by the memcg they charge (the caller then hands the tracer
     /// the workload's memcg, `Tracer::set_workload_memcg`).
     pub workload_memcg: bool,
@@ -296,6 +312,8 @@ impl AttachOptions {
             callers: false,
             by_memcg: false,
             workload_memcg: false,
+            stack_depth: 0,
+            stack_sample: 1,
         }
     }
 }
@@ -453,6 +471,8 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             callers: o.callers,
             by_memcg: o.by_memcg,
             workload_memcg: o.workload_memcg,
+            stack_depth: o.stack_depth,
+            stack_sample: o.stack_sample,
         },
     )?;
     tracer.masks = Some(masks);
@@ -775,6 +795,8 @@ impl Session {
                 callers: args.callers,
                 by_memcg: args.by_memcg,
                 workload_memcg,
+                stack_depth: args.callers_depth.unwrap_or(0),
+                stack_sample: args.callers_sample,
             },
         )?;
         if let Some(m) = memcg.as_ref().filter(|_| workload_memcg) {

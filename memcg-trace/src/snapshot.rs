@@ -193,6 +193,10 @@ pub struct ProbeStats {
     /// in `name`), costliest first (counts-only backend: most calls first); the calls no memcg
     /// had room for are each context's `counters.memcgs_other`.
     pub memcgs: Vec<crate::callers::Site>,
+    /// With `--callers-depth`: the sampled short stacks, most sampled first.
+    pub stacks: Vec<crate::callers::Stack>,
+    /// One entry in this many per CPU had its stack sampled.
+    pub stack_sample: u32,
 }
 
 impl ProbeStats {

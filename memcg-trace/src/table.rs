@@ -243,6 +243,45 @@ pub fn callers(p: &crate::export::ProbeOut, top: usize) -> String {
     breakdown(p, "call sites", &parts, |c| c.callers_other, top)
 }
 
+/// A probe's sampled short stacks (`--callers-depth`), per context, the `top` most sampled:
+/// share of the context's sampled entries, then the frames from the call site up.
+pub fn stacks(p: &crate::export::ProbeOut, top: usize) -> String {
+    let mut out = String::new();
+    for c in &p.contexts {
+        let rows: Vec<_> = p.stacks.iter().filter(|s| s.context == c.context).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let sampled: u64 = rows.iter().map(|s| s.sampled).sum();
+        let _ = writeln!(
+            out,
+            "{} {} stacks ({} entries sampled, 1 in {} per CPU):",
+            p.name,
+            c.context,
+            fmt_count(sampled as f64),
+            p.stack_sample.unwrap_or(1)
+        );
+        for s in rows.iter().take(top) {
+            let _ = writeln!(
+                out,
+                "  {:>6}  {}",
+                s.share.map_or("-".into(), |v| format!("{:.1}%", v * 100.0)),
+                s.frames.join(" <- ")
+            );
+        }
+        if rows.len() > top {
+            let rest: u64 = rows.iter().skip(top).map(|s| s.sampled).sum();
+            let _ = writeln!(
+                out,
+                "  {:>6}  {} more stacks",
+                format!("{:.1}%", rest as f64 * 100.0 / sampled.max(1) as f64),
+                rows.len() - top
+            );
+        }
+    }
+    out
+}
+
 /// A probe's calls per charged memcg (`--by-memcg`), per context, the `top` costliest first
 /// (see [`breakdown`]), named by cgroup path.
 pub fn memcgs(p: &crate::export::ProbeOut, top: usize) -> String {
@@ -347,6 +386,7 @@ pub fn summary(doc: &Document) -> String {
     }
     for p in &doc.probes {
         out.push_str(&callers(p, CALLERS_SHOWN));
+        out.push_str(&stacks(p, CALLERS_SHOWN));
         out.push_str(&memcgs(p, CALLERS_SHOWN));
     }
     let _ = writeln!(out);

@@ -195,7 +195,7 @@ impl CallGraph {
         let mut out = Vec::new();
         for s in &self.text {
             let code = &self.elf[s.bytes.clone()];
-            for i in 0..code.len().saturating_sub(5) {
+            for i in 0..code.len().saturating_sub(4) {
                 if code[i] != op {
                     continue;
                 }
@@ -232,6 +232,86 @@ impl CallGraph {
         }
     }
 
+    /// What the kernel's code says of the return address `ret` (guest) as a return from the
+    /// function starting at `callee` (guest).
+    pub fn link(&self, ret: u64, callee: u64) -> Link {
+        let near = |t: u64| t.wrapping_sub(callee).wrapping_add(16) < 32;
+        let Some(t) = self.branch_before(ret, false) else {
+            // `call *%reg`, `call *%r8..15`, `call *disp8(%reg)`, `call *disp32(%rip|%reg)`.
+            let indirect = [(2, 0xd0), (3, 0xd0), (3, 0x50), (6, 0x10), (6, 0x90)]
+                .iter()
+                .any(|&(len, modrm)| {
+                    ret.checked_sub(len)
+                        .and_then(|a| self.bytes_at(a, len as usize))
+                        .is_some_and(|b| {
+                            let i = usize::from(len == 3 && b[0] == 0x41);
+                            b.get(i) == Some(&0xff)
+                                && b.get(i + 1).is_some_and(|m| m & 0xf8 == modrm)
+                        })
+                });
+            return if indirect {
+                Link::Indirect
+            } else {
+                Link::Wrong
+            };
+        };
+        if near(t) {
+            return Link::Direct;
+        }
+        let Some((_, name)) = self.function_at(t) else {
+            return Link::Wrong;
+        };
+        // A retpoline: the call of an indirect call thunk, target unknown to the image.
+        if name.starts_with("__x86_indirect_") {
+            return Link::Indirect;
+        }
+        // Tail calls: the function called jumps (or branches on a condition) to the callee,
+        // or to a function that does, three deep at most.
+        if self.tail_reaches(t, &near, 3) {
+            Link::Tail
+        } else {
+            Link::Wrong
+        }
+    }
+
+    /// Whether the code entered at `entry` (guest) reaches a target `near` accepts by tail
+    /// jumps (`jmp rel32`, `jcc rel32`) between there and the end of its symbol, `depth`
+    /// jumps deep at most. (The code after an entry within a symbol stands for the code that
+    /// runs from it: a compiler's shared tails and split bodies enter symbols anywhere.)
+    fn tail_reaches(&self, entry: u64, near: &dyn Fn(u64) -> bool, depth: u32) -> bool {
+        let Some((start, _)) = self.function_at(entry) else {
+            return false;
+        };
+        let i = self.syms.partition_point(|s| s.0 <= entry);
+        let end = self.syms.get(i).map_or(entry + 4096, |s| s.0);
+        if depth == 0 || end <= entry || end - entry > 1 << 20 {
+            return false;
+        }
+        let start = start.max(entry);
+        let Some(code) = self.bytes_at(start, (end - start) as usize) else {
+            return false;
+        };
+        let rel_at = |i: usize| i32::from_le_bytes(code[i..i + 4].try_into().unwrap()) as i64;
+        let targets: Vec<u64> = (0..code.len().saturating_sub(4))
+            .filter_map(|i| {
+                let at = start + i as u64;
+                if code[i] == 0xe9 {
+                    Some((at + 5).wrapping_add(rel_at(i + 1) as u64))
+                } else if i + 6 <= code.len() && code[i] == 0x0f && code[i + 1] & 0xf0 == 0x80 {
+                    Some((at + 6).wrapping_add(rel_at(i + 2) as u64))
+                } else {
+                    None
+                }
+            })
+            // Jumps within the function are its own control flow.
+            .filter(|&x| x < start || x >= end)
+            .collect();
+        targets.iter().any(|&x| near(x))
+            || targets
+                .iter()
+                .any(|&x| self.tail_reaches(x, near, depth - 1))
+    }
+
     /// How a reported call site (a return address in the guest) of the function `c` was made:
     /// `Some(true)` by a direct call of it, `Some(false)` by a call of one of the functions
     /// that tail-jump to it, None when the instruction before it is neither.
@@ -246,6 +326,20 @@ impl CallGraph {
         let (start, _) = self.function_at(t)?;
         (t.wrapping_sub(start) < 16 && c.tail.contains_key(&start)).then_some(false)
     }
+}
+
+/// A return address as the kernel's code explains it (see [`CallGraph::link`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    /// After a direct call of the function.
+    Direct,
+    /// After a direct call of a function that tail-jumps (or branches) to it.
+    Tail,
+    /// After an indirect call (a register, memory, or a retpoline thunk): a call, of a target
+    /// the image cannot name.
+    Indirect,
+    /// Not after a call that can reach the function.
+    Wrong,
 }
 
 /// A function's callers in the image.

@@ -301,6 +301,8 @@ fn plot_draws_calls_per_second_from_an_interval_log() {
                 kprobe_missed: 0,
                 callers: Vec::new(),
                 memcgs: Vec::new(),
+                stacks: Vec::new(),
+                stack_sample: 1,
             }],
             ..Default::default()
         }

@@ -5,6 +5,8 @@
 
 use std::{collections::BTreeSet, fs, time::Duration};
 
+use memcg_trace_tests::callgraph::Link;
+
 use memcg_trace_tests::*;
 use xtask::{
     kernels,
@@ -736,6 +738,90 @@ fn callers_on(name: &str, short: &str) {
                 p.callers.len(),
                 top.join(", ")
             ));
+        }
+    }
+    // Short stacks (`--callers-depth 4`, every entry sampled): each starts at a reported site
+    // of its probe and context; each sampled entry is under one stack (their counts add up to
+    // the entries); and each frame above the site is, in the kernel's own code, the return
+    // address of a call of the function holding the frame below it (directly or through a
+    // function that tail-jumps to it; or an indirect call, whose target the image cannot
+    // name), the tracer's own frames left out.
+    for backend in ["fentry", "kprobe"] {
+        let doc = load_recording(&r.out_dir.join(format!("stacks-{backend}.json")));
+        let text =
+            fs::read_to_string(r.out_dir.join(format!("stacks-{backend}.txt"))).unwrap_or_default();
+        check_invariants(&doc, &text);
+        for p in &doc.probes {
+            assert_eq!(p.stack_sample, Some(1), "{backend} {}", p.name);
+            let (mut links, mut proven, mut indirect) = (0u64, 0u64, 0u64);
+            let (mut unwound_not, mut all) = (0u64, 0u64);
+            let mut wrong = Vec::new();
+            for c in &p.contexts {
+                let stacks: Vec<_> = p.stacks.iter().filter(|s| s.context == c.context).collect();
+                let sampled: u64 = stacks.iter().map(|s| s.sampled).sum();
+                assert_eq!(
+                    sampled, c.entries,
+                    "{backend} {} {}: stacks hold {sampled} sampled entries, {} entries",
+                    p.name, c.context, c.entries
+                );
+                for s in stacks {
+                    all += s.sampled;
+                    assert!(
+                        p.callers
+                            .iter()
+                            .any(|x| x.context == s.context && x.site == s.frames[0]),
+                        "{backend} {} {}: stack {:?} starts at no reported site",
+                        p.name,
+                        s.context,
+                        s.frames
+                    );
+                    if s.frames.get(1).map(String::as_str) == Some("(not unwound)") {
+                        unwound_not += s.sampled;
+                        continue;
+                    }
+                    let addrs: Vec<u64> = s
+                        .addresses
+                        .iter()
+                        .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap())
+                        .collect();
+                    for w in addrs.windows(2) {
+                        links += s.sampled;
+                        let callee = graph.function_at(w[0]).map_or(0, |f| f.0);
+                        match graph.link(w[1], callee) {
+                            Link::Direct | Link::Tail => proven += s.sampled,
+                            Link::Indirect => indirect += s.sampled,
+                            Link::Wrong => {
+                                wrong.push(format!("{:?} ({} sampled)", s.frames, s.sampled))
+                            }
+                        }
+                    }
+                }
+            }
+            // Indirect calls (through a function pointer: the image cannot say which) are
+            // calls still, but most links must be proven.
+            assert!(
+                unwound_not * 100 <= all
+                    && (proven + indirect) * 100 >= links * 99
+                    && proven * 2 >= links,
+                "{backend} {}: {unwound_not} of {all} sampled entries not unwound; frames proven {proven}, indirect {indirect} of {links}: {wrong:?}",
+                p.name
+            );
+            if p.name == "stat" {
+                let top: Vec<String> = p
+                    .stacks
+                    .iter()
+                    .filter(|s| s.context == "task")
+                    .take(3)
+                    .map(|s| {
+                        format!(
+                            "{:.0}% {}",
+                            s.share.unwrap_or(0.0) * 100.0,
+                            s.frames.join(" <- ")
+                        )
+                    })
+                    .collect();
+                report.push_str(&format!("{backend} stat stacks: {}; ", top.join(" | ")));
+            }
         }
     }
     let (fentry, kprobe) = main_sites.split_at(main_sites.len() / 2);

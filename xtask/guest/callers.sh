@@ -12,3 +12,14 @@ for b in fentry kprobe; do
   cat "/out/callers-$b.txt"
 done
 grep -i ' t ' /proc/kallsyms >/out/kallsyms-text
+# Short stacks, every entry's (one in one): who called the callers.
+for b in fentry kprobe; do
+  echo "guest: record --attach $b --callers --callers-depth 4 --callers-sample 1 -- hackbench -g 1 -l 30"
+  if ! memcg-trace record --attach "$b" --callers --callers-depth 4 --callers-sample 1 -q \
+    -o "/out/stacks-$b.json" -- hackbench -g 1 -l 30 >"/out/stacks-$b.txt" 2>"/out/stacks-$b.err"; then
+    echo "guest: record --attach $b --callers-depth failed:"
+    cat "/out/stacks-$b.err" "/out/stacks-$b.txt"
+    exit 1
+  fi
+  cat "/out/stacks-$b.txt"
+done

@@ -29,8 +29,8 @@ use aya::{
 use aya_log::EbpfLogger;
 use memcg_trace_common::{
     cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Config, Counters,
-    Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, CTX_TASK, MAX_CALLERS, MAX_MEMCGS,
-    MAX_WORKLOAD_MEMCGS, NUM_CTX,
+    Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK, MAX_CALLERS, MAX_MEMCGS,
+    MAX_STACKS, MAX_WORKLOAD_MEMCGS, NUM_CTX, STACK_DEPTH,
 };
 
 use self::{
@@ -101,6 +101,10 @@ pub struct LoadOptions {
     pub by_memcg: bool,
     /// Tell the workload's calls by the memcg they charge (see `Config::workload_memcg`).
     pub workload_memcg: bool,
+    /// Frames of the sampled short stacks, the call site included (0: none; with `callers`).
+    pub stack_depth: u32,
+    /// One entry in this many per CPU captures its stack.
+    pub stack_sample: u32,
 }
 
 /// Gives the memory the allocator holds free back to the system (glibc keeps freed heap
@@ -137,6 +141,13 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLa
         callers: o.callers as u32,
         by_memcg: o.by_memcg as u32,
         workload_memcg: o.workload_memcg as u32,
+        // The frames shown and two more, for the tracer's own frames left out.
+        stack_depth: if o.callers && o.stack_depth > 0 {
+            (o.stack_depth.min(memcg_trace_common::STACK_SHOWN) + 2).min(STACK_DEPTH as u32)
+        } else {
+            0
+        },
+        stack_sample: o.stack_sample.max(1),
     };
     let level: u8 = if o.ebpf_log { 0xff } else { 0 };
     let cells = cpus * probes * NUM_CTX as u32;
@@ -182,6 +193,14 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLa
         .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
         .map_max_entries(names::MAP_CALLERS, if o.callers { MAX_CALLERS } else { 1 })
         .map_max_entries(names::MAP_MEMCGS, if o.by_memcg { MAX_MEMCGS } else { 1 })
+        .map_max_entries(
+            names::MAP_STACKS,
+            if config.stack_depth > 0 {
+                MAX_STACKS
+            } else {
+                1
+            },
+        )
         .map_max_entries(
             names::MAP_WORKLOAD_MEMCGS,
             if o.workload_memcg {
@@ -369,6 +388,12 @@ pub struct Tracer {
     memcgs: Option<aya::maps::HashMap<MapData, MemcgKey, CallerStat>>,
     /// Names (cgroup paths) of the memcgs seen.
     memcg_names: crate::memcgs::Names,
+    /// Sampled short stacks (`--callers-depth`), read through the map syscalls.
+    stacks: Option<aya::maps::HashMap<MapData, StackKey, u64>>,
+    /// One entry in this many per CPU has its stack sampled.
+    stack_sample: u32,
+    /// Frames of a stack shown, the call site included.
+    stack_shown: u32,
     cpus: usize,
     probes: u32,
     /// `offsetof(struct bpf_prog_stats, misses)` (0: unknown).
@@ -465,6 +490,14 @@ impl Tracer {
         } else {
             None
         };
+        let stacks = if opts.callers && opts.stack_depth > 0 {
+            let m = ebpf
+                .take_map(names::MAP_STACKS)
+                .ok_or_else(|| anyhow!("map {} missing", names::MAP_STACKS))?;
+            Some(aya::maps::HashMap::try_from(m).context("the short stacks")?)
+        } else {
+            None
+        };
         let memcg_names = if opts.by_memcg {
             crate::memcgs::Names::new()
         } else {
@@ -490,6 +523,9 @@ impl Tracer {
             memcg_paths: HashMap::new(),
             memcgs,
             memcg_names,
+            stacks,
+            stack_sample: opts.stack_sample.max(1),
+            stack_shown: opts.stack_depth.min(memcg_trace_common::STACK_SHOWN),
             cpus,
             probes,
             misses_offset: layout.stats_misses,
@@ -777,9 +813,15 @@ impl Tracer {
         Ok(())
     }
 
-    /// Frees the kernel BTF once every probe is attached; later attaches fail.
+    /// Frees the kernel BTF once every probe is attached; later attaches fail. With short
+    /// stacks, the kernel's symbols are copied again (call while privileged): now they hold
+    /// the BPF trampolines attaching made, which stacks pass through.
     pub fn done_attaching(&mut self) {
         self.btf = None;
+        if self.stacks.is_some() {
+            let (n, _) = crate::callers::Names::new();
+            self.names = n;
+        }
     }
 
     /// Opens or closes the tracing window of a slot (see `memcg_trace_common::Counters::outside`).
@@ -871,6 +913,54 @@ impl Tracer {
         }
         for v in out.values_mut() {
             v.sort_by(|a, b| b.sum_ns.cmp(&a.sum_ns).then(a.addr.cmp(&b.addr)));
+        }
+        out
+    }
+
+    /// The sampled short stacks by probe slot, named, the most sampled first: the tracer's own
+    /// frames left out (see `crate::callers::strip_tracer_frames`), `stack_shown` frames
+    /// kept, stacks that became one merged.
+    fn stack_rows(&mut self) -> HashMap<u32, Vec<crate::callers::Stack>> {
+        use crate::callers::Stack;
+        let mut by: HashMap<(u32, u32, Vec<u64>), Stack> = HashMap::new();
+        let Some(m) = &self.stacks else {
+            return HashMap::new();
+        };
+        let all: Vec<(StackKey, u64)> = m.iter().flatten().collect();
+        self.names.resolve(all.iter().flat_map(|(k, _)| k.frames));
+        for (k, count) in all {
+            let raw: Vec<(u64, String)> = k
+                .frames
+                .iter()
+                .copied()
+                .take_while(|f| *f != 0)
+                .map(|f| {
+                    let n = if f == memcg_trace_common::STACK_UNWOUND {
+                        "(not unwound)".to_string()
+                    } else {
+                        self.names.name(f)
+                    };
+                    (f, n)
+                })
+                .collect();
+            let mut kept = crate::callers::strip_tracer_frames(raw);
+            kept.truncate(self.stack_shown as usize);
+            let (frames, names): (Vec<u64>, Vec<String>) = kept.into_iter().unzip();
+            by.entry((k.probe, k.ctx, frames.clone()))
+                .or_insert_with(|| Stack {
+                    ctx: k.ctx,
+                    frames,
+                    names,
+                    count: 0,
+                })
+                .count += count;
+        }
+        let mut out: HashMap<u32, Vec<Stack>> = HashMap::new();
+        for ((probe, _, _), stack) in by {
+            out.entry(probe).or_default().push(stack);
+        }
+        for v in out.values_mut() {
+            v.sort_by(|a, b| b.count.cmp(&a.count).then(a.frames.cmp(&b.frames)));
         }
         out
     }
@@ -1001,6 +1091,7 @@ impl Tracer {
         self.update_workload_memcgs();
         let mut sites = self.sites();
         let mut memcgs = self.memcg_rows();
+        let mut stacks = self.stack_rows();
         let mut probes = Vec::with_capacity(self.attached.len());
         for a in &self.attached {
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
@@ -1077,6 +1168,8 @@ impl Tracer {
                 kprobe_missed,
                 callers: sites.remove(&a.slot).unwrap_or_default(),
                 memcgs: memcgs.remove(&a.slot).unwrap_or_default(),
+                stacks: stacks.remove(&a.slot).unwrap_or_default(),
+                stack_sample: self.stack_sample,
             });
         }
         Ok(Snapshot {

@@ -703,6 +703,12 @@ pub const MEMCG_HOPS: usize = 4;
 /// `struct mem_cgroup *` takes `css.cgroup`, then `cgroup.kn`, then `kernfs_node.id`. An
 /// entry of `MEMCG_PATH` by probe slot, written when the probe is attached; `hops == 0`: the
 /// probe's argument is not known to lead to a memcg.
+///
+/// A cgroup or css argument is a memcg's only if it belongs to the memory controller (rstat is
+/// shared by every controller: the cpu and io statistics update it too, for cgroups of other
+/// hierarchies on cgroup v1): the check reads, from the argument, `check_hops` pointers (at
+/// `check_off`), then the u32 at `check_field`, and wants `v & check_mask == check_want`. A
+/// call whose argument fails it is counted under [`NOT_A_MEMCG`].
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct MemcgPath {
@@ -712,7 +718,22 @@ pub struct MemcgPath {
     pub id_off: u32,
     /// Offset added before each load (negative: a `container_of`).
     pub off: [i32; MEMCG_HOPS],
+    /// Pointer loads of the check (0: no check; at most 2).
+    pub check_hops: u32,
+    /// Offset of the u32 the check reads in the last struct reached.
+    pub check_field: u32,
+    /// The bits of it the check looks at.
+    pub check_mask: u32,
+    /// What they must be.
+    pub check_want: u32,
+    /// Offset added before each load of the check.
+    pub check_off: [i32; 2],
 }
+
+/// The "memcg" of a call whose cgroup argument belongs to another controller (see
+/// [`MemcgPath`]): an id no cgroup has (a kernfs id's low 32 bits, its inode number, start at 1),
+/// and one a JSON reader takes exactly.
+pub const NOT_A_MEMCG: u64 = 1 << 32;
 
 /// A charged memcg of one probe in one context: the key of `MEMCGS`.
 #[repr(C)]

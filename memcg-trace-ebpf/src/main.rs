@@ -52,9 +52,9 @@ use memcg_trace_common::{
     Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, Pending, PendingSet,
     StackKey, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ,
     CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED,
-    DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN,
-    PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND,
-    STACK_UNWOUND, TASK_SLOTS, WINDOW_OPEN,
+    DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX,
+    PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH,
+    STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -701,6 +701,29 @@ fn charged_memcg(probe: u32, arg: u64) -> u64 {
     let Some(path) = MEMCG_PATH.get_ptr(probe).map(|p| unsafe { *p }) else {
         return 0;
     };
+    if path.check_hops != 0 {
+        let mut c = arg;
+        for i in 0..2 {
+            if i as u32 >= path.check_hops {
+                break;
+            }
+            if c == 0 {
+                return NOT_A_MEMCG;
+            }
+            let at = c.wrapping_add(path.check_off[i] as i64 as u64);
+            // SAFETY: a fault-safe read of kernel memory.
+            c = unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0);
+        }
+        // A null struct (a css without a controller) fails the check.
+        let v = match c {
+            0 => None,
+            // SAFETY: as above.
+            c => unsafe { bpf_probe_read_kernel((c + path.check_field as u64) as *const u32) }.ok(),
+        };
+        if v.map(|v| v & path.check_mask) != Some(path.check_want) {
+            return NOT_A_MEMCG;
+        }
+    }
     let mut p = arg;
     for i in 0..MEMCG_HOPS {
         if i as u32 >= path.hops {

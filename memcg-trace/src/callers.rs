@@ -109,7 +109,10 @@ pub fn strip_tracer_frames(raw: Vec<(u64, String)>) -> Vec<(u64, String)> {
     let mut out: Vec<(u64, String)> = Vec::with_capacity(raw.len());
     let mut after_bpf = false;
     for (a, n) in raw {
-        if n.ends_with("[bpf]") || n.starts_with("bpf_trampoline_") || n.starts_with("bpf_prog_") {
+        // The site itself always stays: it is where the call came from, BPF code or not.
+        let bpf =
+            n.ends_with("[bpf]") || n.starts_with("bpf_trampoline_") || n.starts_with("bpf_prog_");
+        if bpf && !out.is_empty() {
             after_bpf = true;
             continue;
         }

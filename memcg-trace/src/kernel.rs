@@ -274,7 +274,8 @@ pub const MEMCG_ARGS: [&str; 5] = [
 /// `arg` (one of [`MEMCG_ARGS`]), with this kernel's offsets: a `mem_cgroup` through its css's
 /// cgroup, an `obj_cgroup` through the memcg it charges now (its parent's once reparented), a
 /// memcg's `lruvec` through the per-node struct holding it (`container_of`), a css or a
-/// cgroup directly.
+/// cgroup directly, once checked to be the memory controller's (a css's controller; a
+/// cgroup's hierarchy must hold the memory controller).
 pub fn memcg_path(btf: &Btf, arg: &str) -> Result<memcg_trace_common::MemcgPath> {
     let off = |root: &str, path: &[&str]| -> Result<i32> {
         let o = field_path_offset(btf, root, path)?;
@@ -298,10 +299,47 @@ pub fn memcg_path(btf: &Btf, arg: &str) -> Result<memcg_trace_common::MemcgPath>
     let mut p = memcg_trace_common::MemcgPath {
         hops: hops.len() as u32,
         id_off: off("kernfs_node", &["id"])? as u32,
-        off: [0; memcg_trace_common::MEMCG_HOPS],
+        ..Default::default()
     };
     p.off[..hops.len()].copy_from_slice(&hops);
+    // A cgroup or css is the memory controller's only if it says so.
+    let memory = || {
+        enum_value(btf, "cgroup_subsys_id", "memory_cgrp_id")
+            .ok_or_else(|| anyhow!("memory_cgrp_id not in BTF"))
+    };
+    match arg {
+        "cgroup_subsys_state" => {
+            p.check_hops = 1;
+            p.check_off[0] = off("cgroup_subsys_state", &["ss"])?;
+            p.check_field = off("cgroup_subsys", &["id"])? as u32;
+            p.check_mask = u32::MAX;
+            p.check_want = memory()?;
+        }
+        "cgroup" => {
+            p.check_hops = 1;
+            p.check_off[0] = off("cgroup", &["root"])?;
+            p.check_field = off("cgroup_root", &["subsys_mask"])? as u32;
+            p.check_mask = 1 << memory()?;
+            p.check_want = p.check_mask;
+        }
+        _ => {}
+    }
     Ok(p)
+}
+
+/// The value of enumerator `member` of `enum name` in BTF.
+pub fn enum_value(btf: &Btf, name: &str, member: &str) -> Option<u32> {
+    btf.resolve_types_by_name(name)
+        .ok()?
+        .into_iter()
+        .find_map(|t| match t {
+            Type::Enum(e) => e
+                .members
+                .iter()
+                .find(|m| btf.resolve_name(*m).is_ok_and(|n| n == member))
+                .map(|m| m.val()),
+            _ => None,
+        })
 }
 
 /// Per-CPU variables and their offsets in the `.data..percpu` section.

@@ -6,11 +6,10 @@
 //! ([`crate::callers::Site`], the id in `addr`, the cgroup path in `name`).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
 };
 
 /// Names of memcg ids: their paths relative to the memory hierarchy's root (`/` for the root).
@@ -19,8 +18,8 @@ pub struct Names {
     /// The memory hierarchy's mount point (None: no memory controller found).
     root: Option<PathBuf>,
     known: HashMap<u64, String>,
-    /// When the tree was last walked: unknown ids walk it again at most once a second.
-    walked: Option<Instant>,
+    /// Ids a walk did not find (removed before they were named): they walk it no more.
+    missing: HashSet<u64>,
 }
 
 impl Names {
@@ -40,22 +39,26 @@ impl Names {
         }
     }
 
-    /// Learns the names of `ids` not known yet, walking the hierarchy once if there are any.
+    /// Learns the names of `ids` not known yet, walking the hierarchy once if there are any
+    /// it has not looked for before.
     pub fn resolve(&mut self, ids: impl IntoIterator<Item = u64>) {
-        let unknown = ids
+        let new: Vec<u64> = ids
             .into_iter()
-            .any(|id| id != 0 && !self.known.contains_key(&id));
-        if !unknown
-            || self
-                .walked
-                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
+            .filter(|id| {
+                *id != 0
+                    && *id != memcg_trace_common::NOT_A_MEMCG
+                    && !self.known.contains_key(id)
+                    && !self.missing.contains(id)
+            })
+            .collect();
+        if new.is_empty() {
             return;
         }
-        self.walked = Some(Instant::now());
         if let Some(root) = &self.root {
             walk(root, root, &mut self.known);
         }
+        self.missing
+            .extend(new.into_iter().filter(|id| !self.known.contains_key(id)));
     }
 
     /// The path of memcg `id` (`unknown` for 0, `removed cgroup <id>` when it is not in the
@@ -63,6 +66,9 @@ impl Names {
     pub fn name(&self, id: u64) -> String {
         if id == 0 {
             return "unknown".into();
+        }
+        if id == memcg_trace_common::NOT_A_MEMCG {
+            return "(another controller's cgroup)".into();
         }
         self.known
             .get(&id)
@@ -120,7 +126,14 @@ mod tests {
         assert_eq!(n.name(ida), "/a");
         assert_eq!(n.name(idb), "/a/b");
         assert_eq!(n.name(0), "unknown");
-        assert_eq!(n.name(u64::MAX), format!("removed cgroup {}", u64::MAX));
+        assert_eq!(
+            n.name(u64::MAX - 1),
+            format!("removed cgroup {}", u64::MAX - 1)
+        );
+        assert_eq!(
+            n.name(memcg_trace_common::NOT_A_MEMCG),
+            "(another controller's cgroup)"
+        );
         let mut sub = subtree_ids(&a);
         sub.sort();
         let mut want = vec![ida, idb];

@@ -249,10 +249,22 @@ impl Collector for Figures {
             if all.iter().all(Vec::is_empty) {
                 continue;
             }
+            // Rows with the same labels (a memcg re-created at one path, two addresses named
+            // alike) are one series: merged, in the order of their first.
             let top = |v: &[Part]| -> Vec<Part> {
-                let mut out = Vec::new();
+                let mut out: Vec<Part> = Vec::new();
                 for c in crate::export::CTX_ORDER {
-                    out.extend(v.iter().filter(|s| s.0 == c).take(CALLER_SERIES).cloned());
+                    let mut merged: Vec<Part> = Vec::new();
+                    for s in v.iter().filter(|s| s.0 == c) {
+                        match merged.iter_mut().find(|m| m.1 == s.1) {
+                            Some(m) => {
+                                m.2 += s.2;
+                                m.3 += s.3;
+                            }
+                            None => merged.push(s.clone()),
+                        }
+                    }
+                    out.extend(merged.into_iter().take(CALLER_SERIES));
                 }
                 out
             };
@@ -450,6 +462,19 @@ mod tests {
             !t.contains("cgroup=\"/m12\""),
             "beyond the top {CALLER_SERIES}: {t}"
         );
+        // A memcg re-created at one path: one series, the calls of both.
+        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        let mut again = charge.memcgs[0].clone();
+        again.id = 999;
+        again.calls = 7;
+        charge.memcgs.push(again);
+        let t = encode(Some(&d), Format::Text);
+        let m0: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("memcg_trace_memcg_calls_total{") && l.contains("\"/m0\""))
+            .collect();
+        assert_eq!(m0.len(), 1, "{t}");
+        assert!(m0[0].ends_with(" 507.0"), "{}", m0[0]);
         assert!(!t.contains("memcg_trace_caller_"), "{t}");
     }
 

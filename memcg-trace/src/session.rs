@@ -515,11 +515,17 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
                 ));
             }
             if (o.by_memcg || o.workload_memcg) && a.memcg_arg.is_none() {
+                let mut why = vec![];
+                if o.by_memcg {
+                    why.push("its calls are under memcg \"unknown\"");
+                }
+                if o.workload_memcg {
+                    why.push("the workload's calls are those its tasks make (by their cgroup v2 id: none in a v1 memcg)");
+                }
                 n.push(format!(
-                    "{}: the charged memcg is not read ({} takes no mem_cgroup, obj_cgroup, lruvec, css or cgroup first): its calls are under memcg \"unknown\"{}",
-                    if o.by_memcg { "--by-memcg" } else { "workload by memcg" },
+                    "the charged memcg is not read ({} takes no mem_cgroup, obj_cgroup, lruvec, css or cgroup first): {}",
                     a.target,
-                    if o.workload_memcg { ", and the workload's are those of its tasks (v2 only)" } else { "" }
+                    why.join("; ")
                 ));
             }
             notes.insert(a.name.clone(), n);

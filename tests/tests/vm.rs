@@ -638,7 +638,13 @@ fn callers_on(name: &str, short: &str) {
                     c.count
                 );
                 let timed_ns = c.latency.as_ref().map_or(0, |l| l.sum_ns);
-                assert_eq!(ns, timed_ns, "{backend} {} {}: time", p.name, c.context);
+                // The "other" row has no time: equal without one, at most with one.
+                assert!(
+                    ns == timed_ns || (c.callers_other > 0 && ns < timed_ns),
+                    "{backend} {} {}: time {ns} vs {timed_ns}",
+                    p.name,
+                    c.context
+                );
             }
             for s in &p.callers {
                 let func = s.site.split('+').next().unwrap_or("");
@@ -893,6 +899,7 @@ fn by_memcg_on(name: &str, short: &str) {
             doc.meta.workload
         );
         let mut irq = 0;
+        let mut read = 0;
         for p in &doc.probes {
             assert_eq!(p.backend.to_string(), backend, "{}", p.name);
             let calls = |id: u64, ctx: Option<&str>| -> u64 {
@@ -902,6 +909,25 @@ fn by_memcg_on(name: &str, short: &str) {
                     .map(|m| m.calls)
                     .sum()
             };
+            // A function whose first argument leads to no memcg (7.3's charge step takes a
+            // kmem_cache) says so, and all its calls are under "unknown".
+            if p.notes
+                .iter()
+                .any(|n| n.contains("charged memcg is not read"))
+            {
+                assert_eq!(calls(0, None), p.count, "{backend} {}: not read", p.name);
+                report.push_str(&format!("{backend} {}: not read ({}); ", p.name, p.target));
+                continue;
+            }
+            read += 1;
+            // Other controllers' updates (rstat is shared: cpu time, io) are told apart, and
+            // only where the argument is a cgroup or css.
+            let other = calls(memcg_trace_common::NOT_A_MEMCG, None);
+            assert!(
+                other == 0 || p.name == "rstat",
+                "{backend} {}: {other} calls of another controller",
+                p.name
+            );
             let unknown = calls(0, None);
             assert_eq!(
                 unknown, 0,
@@ -927,7 +953,7 @@ fn by_memcg_on(name: &str, short: &str) {
                 p.name
             );
             report.push_str(&format!(
-                "{backend} {}: A {ta} task / {} all, B {tb} task / {} all, {} memcgs; ",
+                "{backend} {}: A {ta} task / {} all, B {tb} task / {} all, {} memcgs, {other} calls of another controller; ",
                 p.name,
                 calls(a, None),
                 calls(b, None),
@@ -938,6 +964,7 @@ fn by_memcg_on(name: &str, short: &str) {
             irq > 0,
             "{backend}: no interrupt-context call charging A or B\n{text}"
         );
+        assert!(read >= 2, "{backend}: the memcg read for {read} probes");
         report.push_str(&format!("{backend} interrupt contexts {irq}; "));
     }
     let _ = std::io::Write::write_all(
@@ -949,4 +976,9 @@ fn by_memcg_on(name: &str, short: &str) {
 #[test]
 fn vm_by_memcg_6_12() {
     by_memcg_on("vm_by_memcg_6_12", "6.12");
+}
+
+#[test]
+fn vm_by_memcg_7_3() {
+    by_memcg_on("vm_by_memcg_7_3", "7.3");
 }

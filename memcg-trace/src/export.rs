@@ -171,7 +171,7 @@ pub struct Workload {
     /// The memcg it ran in.
     pub cgroup: String,
     /// Its calls are told by the memcg they charge: those charging its memcg or one below it,
-    /// in every context (`--by-memcg`, or a v1 `--cgroup`); else the task-context calls of
+    /// in every context (`--by-memcg`, or a `--cgroup`); else the task-context calls of
     /// its tasks.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub by_memcg: bool,
@@ -448,7 +448,7 @@ pub struct ProbeOut {
     /// Per context.
     pub contexts: Vec<ContextOut>,
     /// The workload's share, when memcg-trace ran one: task-context calls made by tasks of the
-    /// workload's cgroup, or, told by the memcg charged (`--by-memcg`, a v1 `--cgroup`), the
+    /// workload's cgroup, or, told by the memcg charged (`--by-memcg`, a `--cgroup`), the
     /// calls in every context that charge its memcg or one below it.
     pub workload: Option<WorkloadOut>,
     /// With `--callers`: the call sites of the timed calls, per context, costliest first.

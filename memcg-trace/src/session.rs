@@ -57,7 +57,8 @@ pub struct LiveArgs {
     /// Poll interval (e.g. 1s, 250ms).
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub tick: Duration,
-    /// Run the workload in this existing memcg instead of a fresh one.
+    /// Run the workload in this existing memcg instead of a fresh one. Its calls are then those
+    /// charging this memcg or one below it, in every context (as with --by-memcg).
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
     /// A named workload instead of a command: `hackbench` or `hackbench:ARGS`
@@ -774,9 +775,12 @@ impl Session {
         }];
         let cgid = memcg.as_ref().map(|m| m.cgroup_id).unwrap_or(0);
         // The workload's calls are those charging its memcg (in every context) with
-        // --by-memcg, and where its tasks have no cgroup v2 id to be told by (a v1 memcg
-        // given with --cgroup); else those its tasks make.
-        let workload_memcg = memcg.is_some() && (args.by_memcg || cgid == 0);
+        // --by-memcg, for a memcg given with --cgroup (which others may charge too: a
+        // database's), and where its tasks have no cgroup v2 id to be told by; else, for the
+        // fresh memcg only its own tasks charge, the task-context calls its tasks make (the
+        // cheaper test).
+        let workload_memcg =
+            memcg.is_some() && (args.by_memcg || args.cgroup.is_some() || cgid == 0);
         if let Some(s) = signals.pending().await {
             return Err(Interrupted(s).into());
         }

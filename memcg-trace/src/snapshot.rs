@@ -180,7 +180,7 @@ pub struct ProbeStats {
     /// The programs, entry first, with the kernel's statistics.
     pub programs: Vec<ProgCost>,
     /// The workload's calls, when a workload runs: task-context calls made by tasks of its
-    /// cgroup, or, where the workload is told by the memcg charged (`--by-memcg`, a v1
+    /// cgroup, or, where the workload is told by the memcg charged (`--by-memcg`, a
     /// `--cgroup`), the calls in every context that charge its memcg or one below (for the
     /// counts-only backend only `count` is filled).
     pub workload: Option<HistData>,

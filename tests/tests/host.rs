@@ -1073,7 +1073,7 @@ impl Drop for TestMemcg {
 /// context: per context the memcgs' rows add up to the calls (the invariants), A and B are
 /// named by their paths, B has about three times A's calls, interrupt-context calls charging
 /// them are seen, and the workload's row is exactly A's calls of every context. Then, without
-/// the flag, a v1 `--cgroup` still has workload rows (told by the memcg: its tasks have no v2
+/// the flag, a `--cgroup` still has workload rows told by the memcg (on v1 its tasks have no v2
 /// id).
 #[test]
 fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {

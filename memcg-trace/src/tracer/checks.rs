@@ -14,8 +14,9 @@ use aya::{
     Btf, Ebpf,
 };
 use memcg_trace_common::{
-    cell, ctx_check_index, names, test_op, Counters, CtxUse, Deferred, Hist, KernelLayout,
-    CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_NAMES, CTX_SOURCES, CTX_TASK, MAX_PROBES, NUM_CTX,
+    cell, ctx_check_index, names, test_op, CallerKey, Counters, CtxUse, Deferred, Hist,
+    KernelLayout, MemcgKey, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_NAMES, CTX_SOURCES, CTX_TASK,
+    MAX_PROBES, NUM_CTX,
 };
 
 use super::{
@@ -248,38 +249,12 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
         out.hist[ctx] = h;
     }
     out.deferred = rig.deferred()?;
-    let sites: aya::maps::HashMap<
-        _,
-        memcg_trace_common::CallerKey,
-        memcg_trace_common::CallerStat,
-    > = aya::maps::HashMap::try_from(
-        rig.ebpf
-            .map(names::MAP_CALLERS)
-            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CALLERS))?,
-    )?;
-    for r in sites.iter() {
-        let (k, v) = r?;
-        if k.probe == probe as u32 {
-            out.sites.push((k.ctx, k.caller, v.count, v.sum_ns));
-        }
-    }
-    out.sites.sort();
-    let memcgs: aya::maps::HashMap<
-        _,
-        memcg_trace_common::MemcgKey,
-        memcg_trace_common::CallerStat,
-    > = aya::maps::HashMap::try_from(
-        rig.ebpf
-            .map(names::MAP_MEMCGS)
-            .ok_or_else(|| anyhow!("map {} missing", names::MAP_MEMCGS))?,
-    )?;
-    for r in memcgs.iter() {
-        let (k, v) = r?;
-        if k.probe == probe as u32 {
-            out.memcgs.push((k.ctx, k.memcg, v.count, v.sum_ns));
-        }
-    }
-    out.memcgs.sort();
+    out.sites = breakdown_of(&rig, names::MAP_CALLERS, probe, |k: &CallerKey| {
+        (k.probe, k.ctx, k.caller)
+    })?;
+    out.memcgs = breakdown_of(&rig, names::MAP_MEMCGS, probe, |k: &MemcgKey| {
+        (k.probe, k.ctx, k.memcg)
+    })?;
     let sets: PerCpuArray<_, memcg_trace_common::PendingSet> = PerCpuArray::try_from(
         rig.ebpf
             .map(names::MAP_PENDING)
@@ -304,6 +279,32 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
         // the task context holds both.
         out.hist[memcg_trace_common::CTX_TASK as usize].add_cpu(&h);
     }
+    Ok(out)
+}
+
+/// The rows of `probe` in the breakdown map `name` (call sites, memcgs; `key` gives a key's
+/// probe, context and id): (context, id, calls, summed ns), sorted.
+fn breakdown_of<K: aya::Pod>(
+    rig: &TestRig,
+    name: &str,
+    probe: u64,
+    key: impl Fn(&K) -> (u32, u32, u64),
+) -> Result<Vec<(u32, u64, u64, u64)>> {
+    let map: aya::maps::HashMap<_, K, memcg_trace_common::CallerStat> =
+        aya::maps::HashMap::try_from(
+            rig.ebpf
+                .map(name)
+                .ok_or_else(|| anyhow!("map {name} missing"))?,
+        )?;
+    let mut out = Vec::new();
+    for r in map.iter() {
+        let (k, v) = r?;
+        let (p, ctx, id) = key(&k);
+        if p == probe as u32 {
+            out.push((ctx, id, v.count, v.sum_ns));
+        }
+    }
+    out.sort();
     Ok(out)
 }
 

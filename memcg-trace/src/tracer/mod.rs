@@ -881,36 +881,17 @@ impl Tracer {
     /// reading CPU from running meanwhile (their misses are counted): only with `--callers`,
     /// once a tick, a few microseconds per site.
     fn sites(&mut self) -> HashMap<u32, Vec<crate::callers::Site>> {
-        use crate::callers::Site;
-        let mut by: HashMap<(u32, u32, u64), Site> = HashMap::new();
         let Some(m) = &self.callers else {
             return HashMap::new();
         };
-        for (k, v) in m.iter().flatten() {
-            let s = by
-                .entry((k.probe, k.ctx, k.caller))
-                .or_insert_with(|| Site::new(k.ctx, k.caller));
-            s.count += v.count;
-            s.sum_ns += v.sum_ns;
-            for (a, b) in s.buckets.iter_mut().zip(v.buckets.iter()) {
-                *a += b;
-            }
-        }
-        if let Some(c) = &self.verifier.callers {
-            for slot in 0..self.probes {
-                for site in c.of(slot) {
-                    by.entry((slot, site.ctx, site.addr))
-                        .or_insert_with(|| Site::new(site.ctx, site.addr))
-                        .merge(site);
-                }
-            }
-        }
+        let by = breakdown(
+            m,
+            |k| (k.probe, k.ctx, k.caller),
+            self.verifier.callers.as_ref(),
+            self.probes,
+        );
         self.names.resolve(by.keys().map(|k| k.2));
-        let mut out: HashMap<u32, Vec<Site>> = HashMap::new();
-        for ((probe, _, _), mut site) in by {
-            site.name = self.names.name(site.addr);
-            out.entry(probe).or_default().push(site);
-        }
+        let mut out = by_probe(by, |a| self.names.name(a));
         for v in out.values_mut() {
             v.sort_by(|a, b| b.sum_ns.cmp(&a.sum_ns).then(a.addr.cmp(&b.addr)));
         }
@@ -969,36 +950,17 @@ impl Tracer {
     /// cgroup path, the costliest (counts only: the most called) first. Read through the map
     /// syscalls, as the call sites are: only with `--by-memcg`, once a tick.
     fn memcg_rows(&mut self) -> HashMap<u32, Vec<crate::callers::Site>> {
-        use crate::callers::Site;
-        let mut by: HashMap<(u32, u32, u64), Site> = HashMap::new();
         let Some(m) = &self.memcgs else {
             return HashMap::new();
         };
-        for (k, v) in m.iter().flatten() {
-            let s = by
-                .entry((k.probe, k.ctx, k.memcg))
-                .or_insert_with(|| Site::new(k.ctx, k.memcg));
-            s.count += v.count;
-            s.sum_ns += v.sum_ns;
-            for (a, b) in s.buckets.iter_mut().zip(v.buckets.iter()) {
-                *a += b;
-            }
-        }
-        if let Some(c) = &self.verifier.memcgs {
-            for slot in 0..self.probes {
-                for site in c.of(slot) {
-                    by.entry((slot, site.ctx, site.addr))
-                        .or_insert_with(|| Site::new(site.ctx, site.addr))
-                        .merge(site);
-                }
-            }
-        }
+        let by = breakdown(
+            m,
+            |k| (k.probe, k.ctx, k.memcg),
+            self.verifier.memcgs.as_ref(),
+            self.probes,
+        );
         self.memcg_names.resolve(by.keys().map(|k| k.2));
-        let mut out: HashMap<u32, Vec<Site>> = HashMap::new();
-        for ((probe, _, _), mut site) in by {
-            site.name = self.memcg_names.name(site.addr);
-            out.entry(probe).or_default().push(site);
-        }
+        let mut out = by_probe(by, |id| self.memcg_names.name(id));
         for v in out.values_mut() {
             v.sort_by(|a, b| {
                 (b.sum_ns, b.count)
@@ -1181,6 +1143,52 @@ impl Tracer {
             bpf_stats: self.stats.is_some(),
         })
     }
+}
+
+/// A breakdown of the calls (call sites, charged memcgs) by (probe slot, context, id): what the
+/// kernel's map holds (`key` gives a key's triple), with the calls userspace confirmed added.
+fn breakdown<K: aya::Pod>(
+    map: &aya::maps::HashMap<MapData, K, CallerStat>,
+    key: impl Fn(&K) -> (u32, u32, u64),
+    confirmed: Option<&crate::callers::Confirmed>,
+    probes: u32,
+) -> HashMap<(u32, u32, u64), crate::callers::Site> {
+    use crate::callers::Site;
+    let mut by: HashMap<(u32, u32, u64), Site> = HashMap::new();
+    for (k, v) in map.iter().flatten() {
+        let (probe, ctx, id) = key(&k);
+        let s = by
+            .entry((probe, ctx, id))
+            .or_insert_with(|| Site::new(ctx, id));
+        s.count += v.count;
+        s.sum_ns += v.sum_ns;
+        for (a, b) in s.buckets.iter_mut().zip(v.buckets.iter()) {
+            *a += b;
+        }
+    }
+    if let Some(c) = confirmed {
+        for slot in 0..probes {
+            for site in c.of(slot) {
+                by.entry((slot, site.ctx, site.addr))
+                    .or_insert_with(|| Site::new(site.ctx, site.addr))
+                    .merge(site);
+            }
+        }
+    }
+    by
+}
+
+/// A breakdown's rows by probe slot, each named by `name` of its id.
+fn by_probe(
+    by: HashMap<(u32, u32, u64), crate::callers::Site>,
+    name: impl Fn(u64) -> String,
+) -> HashMap<u32, Vec<crate::callers::Site>> {
+    let mut out: HashMap<u32, Vec<crate::callers::Site>> = HashMap::new();
+    for ((probe, _, _), mut site) in by {
+        site.name = name(site.addr);
+        out.entry(probe).or_default().push(site);
+    }
+    out
 }
 
 impl Drop for Tracer {

@@ -76,38 +76,12 @@ fn accounted(o: &Outcome) -> Result<(), String> {
                 CTX_NAMES[ctx], h.count, o.counters[ctx].paired
             ));
         }
-        // Per call site (the test's site of a call is its frame with bit 0 set): the sites'
-        // calls and the "other" row add up to the paired calls, their time to the histogram's.
-        let sites = o.sites.iter().filter(|s| s.0 == ctx as u32);
-        let (calls, ns) = sites.clone().fold((0, 0), |a, s| (a.0 + s.2, a.1 + s.3));
-        if calls + o.counters[ctx].callers_other != h.count || ns != h.sum_ns {
-            return Err(format!(
-                "{}: call sites hold {calls} calls ({ns} ns) + {} other, the histogram {} ({} ns)",
-                CTX_NAMES[ctx], o.counters[ctx].callers_other, h.count, h.sum_ns
-            ));
-        }
-        if let Some(s) = sites.clone().find(|s| s.1 & 1 == 0) {
-            return Err(format!(
-                "{}: call site {:#x} is no entry's",
-                CTX_NAMES[ctx], s.1
-            ));
-        }
-        // Per charged memcg (the test's memcg of a call is its frame with bits 0 and 1 set),
-        // the same way.
-        let memcgs = o.memcgs.iter().filter(|m| m.0 == ctx as u32);
-        let (calls, ns) = memcgs.clone().fold((0, 0), |a, m| (a.0 + m.2, a.1 + m.3));
-        if calls + o.counters[ctx].memcgs_other != h.count || ns != h.sum_ns {
-            return Err(format!(
-                "{}: memcgs hold {calls} calls ({ns} ns) + {} other, the histogram {} ({} ns)",
-                CTX_NAMES[ctx], o.counters[ctx].memcgs_other, h.count, h.sum_ns
-            ));
-        }
-        if let Some(m) = memcgs.clone().find(|m| m.1 & 3 != 3) {
-            return Err(format!(
-                "{}: memcg {:#x} is no entry's",
-                CTX_NAMES[ctx], m.1
-            ));
-        }
+        // Per call site (the test's site of a call is its frame with bit 0 set) and per
+        // charged memcg (its frame with bits 0 and 1 set): the rows' calls and the "other"
+        // row add up to the paired calls, their time to the histogram's.
+        let c = &o.counters[ctx];
+        breakdown_adds_up("call site", &o.sites, ctx, c.callers_other, h, 1)?;
+        breakdown_adds_up("memcg", &o.memcgs, ctx, c.memcgs_other, h, 3)?;
     }
     if let Some(d) = o
         .deferred
@@ -116,6 +90,33 @@ fn accounted(o: &Outcome) -> Result<(), String> {
     {
         return Err(format!(
             "deferred pair without its entry's call site or memcg: {d:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// The rows of one context of a breakdown (`rows`: context, id, calls, summed ns) and its
+/// `other` count add up to the histogram `h`, and every id carries the test's `tag` bits.
+fn breakdown_adds_up(
+    what: &str,
+    rows: &[(u32, u64, u64, u64)],
+    ctx: usize,
+    other: u64,
+    h: &crate::snapshot::HistData,
+    tag: u64,
+) -> Result<(), String> {
+    let rows = rows.iter().filter(|r| r.0 == ctx as u32);
+    let (calls, ns) = rows.clone().fold((0, 0), |a, r| (a.0 + r.2, a.1 + r.3));
+    if calls + other != h.count || ns != h.sum_ns {
+        return Err(format!(
+            "{}: {what} rows hold {calls} calls ({ns} ns) + {other} other, the histogram {} ({} ns)",
+            CTX_NAMES[ctx], h.count, h.sum_ns
+        ));
+    }
+    if let Some(r) = rows.clone().find(|r| r.1 & tag != tag) {
+        return Err(format!(
+            "{}: {what} {:#x} is no entry's",
+            CTX_NAMES[ctx], r.1
         ));
     }
     Ok(())

@@ -86,6 +86,7 @@ async fn dispatch(command: Command) -> Result<i32> {
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
+    crate::tracer::large_allocations_mapped();
     // A bug's panic: one line saying so, then the unwinding drops what the session holds
     // (workload and memcg, programs and links; the dashboard's terminal is restored first by
     // ratatui's own hook, which calls this one). The process exits 101.

@@ -147,6 +147,10 @@ pub struct DaemonCost {
     /// Where the start-up went, in order (absent from recordings before they were kept).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub startup_phases: Vec<Phase>,
+    /// Why aya's loader parsed the kernel's whole BTF (tens of MiB) at start-up; absent when
+    /// it was spared that (see `tracer::kbtf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loader_btf_parsed: Option<String>,
 }
 
 /// One phase of the start-up.

@@ -434,7 +434,8 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     let btf = kernel::open_btf()?;
     let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
     phases.end("btf");
-    let syms = Symbols::load(&btf, &interest(sel))?;
+    let interest = interest(sel);
+    let syms = Symbols::load(&btf, &interest)?;
     let reqs = requests(sel, &syms)?;
     let memcg_paths = if o.by_memcg || o.workload_memcg {
         memcg_paths(&btf, &reqs, &syms)
@@ -442,13 +443,13 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
         HashMap::new()
     };
     phases.end("symbols");
-    // Every aya loader parses the kernel's BTF again (tens of MiB): ours (and, on kernels that
-    // cannot mmap it, its copy in memory) is gone before the first.
+    // Ours (and, on kernels that cannot mmap it, its copy in memory) is gone before the
+    // object is loaded.
     drop(btf);
     crate::tracer::release_freed_memory();
     let (layout, masks) = calibrate::masks(layout);
-    // Each aya loader parses the kernel's BTF again; what the last one freed goes back to the
-    // system first, so that the next parse does not stack on a heap left fragmented.
+    // What the calibration's load freed goes back to the system first, so that the tracer's
+    // load does not stack on a heap left fragmented.
     crate::tracer::release_freed_memory();
     phases.end("masks");
     let mut calibration = Vec::new();
@@ -475,6 +476,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             stack_depth: o.stack_depth,
             stack_sample: o.stack_sample,
         },
+        interest.iter().map(String::as_str),
     )?;
     tracer.masks = Some(masks);
     tracer.memcg_paths = memcg_paths;
@@ -687,6 +689,8 @@ pub struct Session {
     off_cpu: String,
     /// How the programs read the kernel (`Meta::reads`).
     reads: String,
+    /// Why the loader parsed the kernel's whole BTF (`DaemonCost::loader_btf_parsed`).
+    loader_btf_parsed: Option<String>,
     /// The run tick by tick.
     history: crate::history::Recorder,
     /// Whether to keep it (not for `serve`, which has no recording).
@@ -828,6 +832,7 @@ impl Session {
         let masks = tracer.masks.clone();
         let off_cpu = tracer.off_cpu.clone();
         let reads = tracer.reads.clone();
+        let loader_btf_parsed = tracer.loader_btf.clone();
         let startup = t0.elapsed();
         let cpu0 = cpu_time();
         // When the first probe was attached: the zero of every snapshot's elapsed time, so
@@ -883,6 +888,7 @@ impl Session {
             masks,
             off_cpu,
             reads,
+            loader_btf_parsed,
             history: Default::default(),
             keep_history: true,
             floors,
@@ -996,6 +1002,7 @@ impl Session {
                 peak_rss_kib: peak_rss_kib(),
                 tick_ns: self.tick.as_nanos() as u64,
                 startup_phases: self.phases.clone(),
+                loader_btf_parsed: self.loader_btf_parsed.clone(),
             },
             workload: self.memcg.as_ref().map(|m| Workload {
                 argv: self.argv.clone(),

@@ -85,6 +85,12 @@ fn vm_matrix(short: &str) {
             &r.out_dir.join(format!("{run}.json")),
         );
         assert_eq!(doc.meta.kernel_release, kernel.release);
+        // The loader was spared its own parse of the kernel's BTF (tracer::kbtf), and the
+        // programs still loaded and attached by the cut-down BTF's ids (checked below).
+        assert_eq!(
+            doc.meta.tracer.loader_btf_parsed, None,
+            "{run}: the loader parsed the kernel's whole BTF"
+        );
         assert_eq!(
             doc.meta.bpf_stats,
             run != "auto",

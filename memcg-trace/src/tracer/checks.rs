@@ -32,7 +32,7 @@ struct TestRig {
 
 impl TestRig {
     fn new(layout: &KernelLayout, preemptible: bool) -> Result<TestRig> {
-        let (mut ebpf, _) = load_object(
+        let (mut ebpf, _, _) = load_object(
             layout,
             &LoadOptions {
                 probes: MAX_PROBES as u32,
@@ -354,14 +354,19 @@ pub fn context_check(
     early: bool,
     during: impl FnOnce(),
 ) -> Result<Vec<ContextCheck>> {
-    let (mut ebpf, _) = load_object(
+    let (mut ebpf, _, _) = load_object(
         layout,
         &LoadOptions {
             probes: 1,
             ..Default::default()
         },
     )?;
-    let btf = Btf::from_sys_fs().context("load kernel BTF")?;
+    let btf = super::kbtf::attach_btf(
+        CTX_SOURCES
+            .iter()
+            .filter(|(_, usage, _)| rows.contains(usage))
+            .flat_map(|(_, _, tps)| tps.iter().copied()),
+    )?;
     let mut used: Vec<Option<String>> = vec![None; CTX_CHECK_ROWS as usize];
     for (row, (_, usage, tps)) in CTX_SOURCES.iter().enumerate() {
         if !rows.contains(usage) {
@@ -511,7 +516,7 @@ pub fn prog_stats(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<HashMap<u32, u64
         .try_into()?;
     if it.fd().is_err() {
         let btf = btf.ok_or_else(|| anyhow!("no BTF to load the iterator"))?;
-        it.load("bpf_prog", btf)
+        it.load(PROG_ITER, btf)
             .map_err(|e| anyhow!("load the bpf_prog iterator: {}", chain(&e)))?;
     }
     let link = it
@@ -556,6 +561,10 @@ pub struct Floor {
     /// traced function that runs inside another traced call adds this to the outer sample.
     pub per_call_ns: Option<f64>,
 }
+
+/// The kind of iterator that lists the programs, and the function the kernel names it by.
+const PROG_ITER: &str = "bpf_prog";
+pub const PROG_ITER_FUNC: &str = "bpf_iter_bpf_prog";
 
 /// The function the floor is measured on.
 pub const FLOOR_FUNCTION: &str = "bpf_fentry_test1";

@@ -7,6 +7,7 @@
 
 pub mod checks;
 pub mod deferred;
+pub mod kbtf;
 pub mod kprobe;
 pub mod patch;
 pub mod proginfo;
@@ -24,7 +25,7 @@ use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
     maps::{MapData, PerCpuArray, RingBuf},
     programs::Program,
-    Btf, Ebpf, EbpfLoader,
+    Btf, Ebpf,
 };
 use aya_log::EbpfLogger;
 use memcg_trace_common::{
@@ -107,6 +108,20 @@ pub struct LoadOptions {
     pub stack_sample: u32,
 }
 
+/// Makes the allocator serve every large allocation (128 KiB or more) from a mapping of its
+/// own: freed, it goes back to the system at once, and a growing vector is moved by remapping
+/// rather than copied. glibc would otherwise raise that threshold after the first large free
+/// (start-up reads the kernel's BTF, megabytes, more than once) and place later large vectors
+/// on the heap, where each doubling leaves the old copy resident: the daemon's peak is set
+/// during start-up, by such vectors.
+pub fn large_allocations_mapped() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt has no preconditions; called before any thread is started.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
 /// Gives the memory the allocator holds free back to the system (glibc keeps freed heap
 /// memory for reuse, where a fragmented heap makes the next large parse grow the process
 /// anew). Start-up parses the kernel's BTF several times, tens of MiB each, and the daemon's
@@ -122,10 +137,12 @@ pub fn release_freed_memory() {
 /// The one way the object is loaded: kernel layout and settings patched into the programs'
 /// read-only globals, the shared arrays sized for the CPUs and probes. With the log level 0
 /// the verifier removes every log statement, so diagnostics cost nothing when off.
-/// (`EbpfLoader::new` parses the kernel's BTF for itself, whatever it is given later, so the
-/// callers parse theirs for attaching only once the loader is gone: the two, tens of MiB each,
-/// are never alive together.)
-fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLayout)> {
+/// The loader is made without aya's parse of the kernel's BTF where it can be (`kbtf`); the
+/// third value says why it could not.
+fn load_object(
+    layout: &KernelLayout,
+    o: &LoadOptions,
+) -> Result<(Ebpf, KernelLayout, Option<String>)> {
     if EBPF_OBJECT.is_empty() {
         bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
     }
@@ -180,7 +197,8 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLa
         Some(w) => unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), EBPF_OBJECT.len()) },
         None => EBPF_OBJECT,
     };
-    EbpfLoader::new()
+    let (mut loader, loader_btf) = kbtf::loader(bytes);
+    loader
         .override_global(names::GLOBAL_LAYOUT, &layout, true)
         .override_global(names::GLOBAL_CONFIG, &config, true)
         .override_global(aya_log::LEVEL, &level, true)
@@ -210,7 +228,7 @@ fn load_object(layout: &KernelLayout, o: &LoadOptions) -> Result<(Ebpf, KernelLa
             },
         )
         .load(bytes)
-        .map(|ebpf| (ebpf, layout))
+        .map(|ebpf| (ebpf, layout, loader_btf))
         .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
 }
 
@@ -357,8 +375,11 @@ pub struct NotAttached {
 /// The loaded programs, their attachments and what they share with userspace.
 pub struct Tracer {
     ebpf: Ebpf,
-    /// Kernel BTF while probes are being attached; released afterwards (it is large).
+    /// What attaching needs of the kernel's BTF (`kbtf::attach_btf`), while probes are being
+    /// attached; released afterwards.
     btf: Option<Btf>,
+    /// Why the loader parsed the kernel's BTF in full (None: it did not).
+    pub loader_btf: Option<String>,
     /// Attached probes, by slot.
     pub attached: Vec<Attached>,
     /// Probes that failed.
@@ -424,9 +445,15 @@ pub struct Tracer {
 }
 
 impl Tracer {
-    /// Loads the object and maps its shared arrays.
-    pub fn load(layout: &KernelLayout, opts: &LoadOptions) -> Result<Self> {
-        let (mut ebpf, loaded) = load_object(layout, opts)?;
+    /// Loads the object and maps its shared arrays. `targets` are the functions and
+    /// tracepoints that may be attached to (the kernel's BTF ids of those are kept until
+    /// attaching is done).
+    pub fn load<'a>(
+        layout: &KernelLayout,
+        opts: &LoadOptions,
+        targets: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self> {
+        let (mut ebpf, loaded, loader_btf) = load_object(layout, opts)?;
         let logger = if opts.ebpf_log {
             Some(
                 EbpfLogger::init_with_logger(&mut ebpf, StderrLog)
@@ -503,12 +530,19 @@ impl Tracer {
         } else {
             Default::default()
         };
-        // The loader's own parse of the kernel's BTF is gone: its memory goes back first.
+        // Whatever the loading freed goes back first.
         release_freed_memory();
-        let btf = Btf::from_sys_fs().context("load kernel BTF")?;
+        // The floor's function and the iterator that finds the programs' stats are attached
+        // to as well.
+        let btf = kbtf::attach_btf(
+            targets
+                .into_iter()
+                .chain([checks::FLOOR_FUNCTION, checks::PROG_ITER_FUNC]),
+        )?;
         Ok(Tracer {
             ebpf,
             btf: Some(btf),
+            loader_btf,
             attached: Vec::new(),
             failed: Vec::new(),
             masks: None,

@@ -115,6 +115,23 @@ pub fn drop_line_info(elf: &mut [u8]) -> Result<bool> {
     Ok(true)
 }
 
+/// The length in bytes of the object's CO-RE relocation records (`.BTF.ext` core_relo_len; 0
+/// when the header predates them or there is no `.BTF.ext`). Only an object with none can be
+/// loaded without the kernel's full BTF.
+pub fn core_relocations(elf: &[u8]) -> Result<u32> {
+    let Some((off, size)) = section(elf, b".BTF.ext")? else {
+        return Ok(0);
+    };
+    if size < 24 || u16_at(elf, off) != Some(0xeb9f) {
+        bail!("the eBPF object's .BTF.ext has no valid header");
+    }
+    let hdr_len = u32_at(elf, off + 4).unwrap_or(0) as usize;
+    if hdr_len < 32 || size < 32 {
+        return Ok(0);
+    }
+    Ok(u32_at(elf, off + 28).unwrap_or(0))
+}
+
 /// Walks every instruction of the executable sections of `elf` (an `ld_imm64` is one
 /// instruction of 16 bytes, others 8) and hands each to `rewrite`, which changes it in place
 /// and says whether it did; returns how many it changed.

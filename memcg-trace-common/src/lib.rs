@@ -291,6 +291,10 @@ pub struct Hist {
     pub min_ns_inv: u64,
     /// Calls counted per bucket; see [`bucket_index`].
     pub buckets: [u64; NUM_BUCKETS],
+    /// Self time of these calls, ns, summed: each call's duration minus the durations of the
+    /// traced calls nested in it on its CPU (see [`Nest`]); a call whose nesting was not seen
+    /// adds its whole duration (and is counted in `Counters::self_unknown`).
+    pub self_ns: u64,
 }
 
 /// What happened to the calls of one (probe, context) on one CPU. Every entry and every exit
@@ -363,8 +367,18 @@ pub struct Counters {
     pub callers_other: u64,
     /// With `--by-memcg`: calls whose memcg found no room in the `MEMCGS` map (or lost a race
     /// for it); the "other" row of the per-memcg rows, which add up to the context's calls. It
-    /// keeps a cell 160 bytes long: every fourth (each task cell) starts a cache line.
     pub memcgs_other: u64,
+    /// Timed calls whose self time is not known, and counted as their whole duration: their
+    /// frame was not on the CPU's nesting stack at exit (they left the CPU, were pushed out of
+    /// a full stack, or ran where nesting is not followed: fentry on preemptible kernels), or
+    /// they left the CPU (nested calls elsewhere were not subtracted).
+    pub self_unknown: u64,
+    /// Durations of the timed calls that had no enclosing traced call to be subtracted from
+    /// (the outermost ones, and those whose parent was not followed), ns, summed: the time
+    /// spent in traced code counted once. With every self time known, the self times of all
+    /// probes and contexts add up to exactly this. Keeps a cell 176 bytes long: every fourth
+    /// (each task cell) starts a cache line.
+    pub outermost_ns: u64,
 }
 const _: () = assert!((core::mem::size_of::<Counters>() * NUM_CTX).is_multiple_of(64));
 
@@ -391,6 +405,8 @@ impl Counters {
         self.off_cpu_unknown += o.off_cpu_unknown;
         self.callers_other += o.callers_other;
         self.memcgs_other += o.memcgs_other;
+        self.self_unknown += o.self_unknown;
+        self.outermost_ns += o.outermost_ns;
     }
 }
 
@@ -491,6 +507,9 @@ pub struct Deferred {
     pub flags: u8,
     /// Keeps the struct free of implicit padding.
     pub _pad: u16,
+    /// The durations of the traced calls nested in this one, ns (`NestFrame::child_ns`);
+    /// `u64::MAX`: not known (its self time is then its whole duration).
+    pub child_ns: u64,
     /// Switched task calls: time off the CPU, ns (0 with `DEFERRED_OFF_UNKNOWN`).
     pub off_ns: u64,
     /// The call site (`Pending::caller`).
@@ -508,6 +527,9 @@ pub const DEFERRED_MIGRATED: u8 = 4;
 /// Time off the CPU unknown: migrated on a kernel whose CPUs' task clocks are not comparable,
 /// or the task's off-CPU clock went back (see [`off_cpu`]).
 pub const DEFERRED_OFF_UNKNOWN: u8 = 8;
+/// No enclosing traced call was followed: userspace adds the confirmed call's duration to
+/// `Counters::outermost_ns`.
+pub const DEFERRED_OUTERMOST: u8 = 16;
 
 /// The time a task spent off the CPU during a call, from its off-CPU clock at entry and at exit
 /// (`Pending::clock`), clamped to the call's wall time `wall`; None when the clock went
@@ -550,6 +572,40 @@ pub struct CpuState {
     pub cpu: u32,
     /// Entries since the last short stack captured here (`Config::stack_sample`).
     pub since_stack: u32,
+    /// The traced calls open on this CPU, innermost last (self time).
+    pub nest: Nest,
+}
+
+/// Depth of the per-CPU nesting stack: traced calls open at once on one CPU (charge, stat and
+/// rstat nest three deep; interrupts add theirs on top).
+pub const NEST_DEPTH: usize = 8;
+const _: () = assert!(NEST_DEPTH.is_power_of_two());
+
+/// One traced call open on a CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct NestFrame {
+    /// The call's pending key (its frame).
+    pub key: u64,
+    /// Task context: the task; interrupt contexts: 0.
+    pub owner: u64,
+    /// Durations of the traced calls that ran nested in this one, ns, summed.
+    pub child_ns: u64,
+}
+
+/// The traced calls open on one CPU, outermost first. A call's entry pushes it; its exit
+/// finds it by key from the top, drops what lies above it (calls whose exit was lost, or of
+/// another task preempted meanwhile), and adds its duration to the frame below when that one
+/// encloses it: any frame for an interrupt-context call (an interrupt nests in whatever it
+/// interrupts), the same task's frame for a task-context call (another task's is not its
+/// caller: that task was preempted). Self time = duration - `child_ns`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Nest {
+    /// Frames, `depth` of them in use.
+    pub frames: [NestFrame; NEST_DEPTH],
+    /// Frames in use.
+    pub depth: u64,
 }
 
 /// Settings userspace patches into the programs' read-only globals before load (before

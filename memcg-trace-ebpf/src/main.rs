@@ -49,12 +49,12 @@ use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
     bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
     task_slot_hint, test_op, workload_cell, workload_contexts, CallerKey, CallerStat, Config,
-    Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, Pending, PendingSet,
-    StackKey, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ,
-    CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED,
-    DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX,
-    PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH,
-    STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, WINDOW_OPEN,
+    Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, Nest, Pending,
+    PendingSet, StackKey, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI,
+    CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
+    DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_DEPTH,
+    NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER,
+    RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -501,6 +501,9 @@ trait Env {
     /// Whether the task clocks of different CPUs are comparable (a migrated call's time off
     /// the CPU is known).
     fn cross_cpu_clock(&self) -> bool;
+    /// This CPU's nesting stack (self time); None where runs can interleave on one CPU
+    /// (fentry on preemptible kernels), which would tear it.
+    fn nest(&self) -> Option<&'static mut Nest>;
     /// The self-test, whose sequences run with no program attached.
     fn testing(&self) -> bool {
         false
@@ -576,6 +579,15 @@ impl Env for Kernel {
         self.preemptible && config().preemptible != 0
     }
     #[inline(always)]
+    fn nest(&self) -> Option<&'static mut Nest> {
+        if self.atomic() {
+            return None;
+        }
+        // SAFETY: this CPU's state, valid for the run; only this CPU's programs, which do not
+        // interleave here, touch its stack.
+        Some(unsafe { &mut (*self.st.0).nest })
+    }
+    #[inline(always)]
     fn entry_misses(&self, probe: u32) -> Option<u64> {
         // SAFETY: pointer from a successful map lookup.
         let p = unsafe { *PROG_MISSES.get_ptr(probe)? };
@@ -610,11 +622,12 @@ fn counters(cpu: u32, probe: u32, ctx: u32) -> Option<&'static mut Counters> {
     COUNTERS.get_ptr_mut(i).map(|p| unsafe { &mut *p })
 }
 
-/// Adds one duration to a histogram.
+/// Adds one duration, and its self time, to a histogram.
 #[inline(always)]
-fn record(h: &mut Hist, ns: u64, atomic: bool) {
+fn record(h: &mut Hist, ns: u64, self_ns: u64, atomic: bool) {
     add(&mut h.count, 1, atomic);
     add(&mut h.sum_ns, ns, atomic);
+    add(&mut h.self_ns, self_ns, atomic);
     if ns > h.max_ns {
         h.max_ns = ns;
     }
@@ -629,7 +642,7 @@ fn record(h: &mut Hist, ns: u64, atomic: bool) {
 /// other in HIST (userspace adds the first into the second's task context), so that each call
 /// is recorded once.
 #[inline(always)]
-fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, atomic: bool) {
+fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, self_ns: u64, atomic: bool) {
     let probes = config().probes;
     if probe >= probes {
         return;
@@ -643,7 +656,7 @@ fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, atomic: boo
     };
     if let Some(h) = h {
         // SAFETY: pointer from a successful map lookup.
-        record(unsafe { &mut *h }, ns, atomic);
+        record(unsafe { &mut *h }, ns, self_ns, atomic);
     }
 }
 
@@ -781,6 +794,7 @@ fn defer(
     flags: u8,
     off_ns: u64,
     call: &Pending,
+    child_ns: u64,
 ) -> bool {
     match DEFERRED.reserve::<Deferred>(0) {
         Some(mut e) => {
@@ -791,6 +805,7 @@ fn defer(
                 ctx: ctx as u8,
                 flags,
                 _pad: 0,
+                child_ns,
                 off_ns,
                 caller: call.caller,
                 memcg: call.memcg,
@@ -852,6 +867,91 @@ fn vacate(set: &mut PendingSet, i: usize) {
 
 /// Entry half: remember the call. `caller`: its call site (`Pending::caller`), 0 without
 /// `--callers`; `memcg`: the memcg it charges (`Pending::memcg`), 0 when not read.
+/// Pushes a call that just entered onto this CPU's nesting stack. A frame with the same key
+/// is a call that is gone (its frame is in use again): it goes, with what lies above it. A
+/// full stack drops its bottom frame: the oldest, most likely left by a call that will not exit
+/// here.
+#[inline(always)]
+fn nest_push<E: Env>(env: &E, key: u64, owner: u64) {
+    let Some(n) = env.nest() else {
+        return;
+    };
+    let mut d = n.depth as usize;
+    for i in 0..NEST_DEPTH {
+        if i >= d {
+            break;
+        }
+        if n.frames[i].key == key {
+            d = i;
+            break;
+        }
+    }
+    if d >= NEST_DEPTH {
+        for i in 0..NEST_DEPTH - 1 {
+            n.frames[i] = n.frames[i + 1];
+        }
+        d = NEST_DEPTH - 1;
+    }
+    let f = &mut n.frames[d & (NEST_DEPTH - 1)];
+    f.key = key;
+    f.owner = owner;
+    f.child_ns = 0;
+    n.depth = d as u64 + 1;
+}
+
+/// A call's frame taken off this CPU's nesting stack at its exit.
+struct Popped {
+    /// The traced calls nested in it, ns.
+    child_ns: u64,
+    /// The index of the enclosing call's frame, to add this call's duration to
+    /// (`NEST_DEPTH`: none followed).
+    parent: usize,
+}
+
+/// Adds a counted call's duration to its enclosing call's frame (`Popped::parent`).
+#[inline(always)]
+fn nest_add<E: Env>(env: &E, parent: usize, ns: u64) {
+    if parent >= NEST_DEPTH {
+        return;
+    }
+    if let Some(n) = env.nest() {
+        n.frames[parent & (NEST_DEPTH - 1)].child_ns += ns;
+    }
+}
+
+/// Takes the frame of the call with `key` off this CPU's nesting stack, with what lies above
+/// it (frames whose exit was lost, or of a task preempted meanwhile). None when the call has
+/// no frame here (it migrated, was pushed out, or nesting is not followed).
+#[inline(always)]
+fn nest_pop<E: Env>(env: &E, key: u64, task_ctx: bool, owner: u64) -> Option<Popped> {
+    let n = env.nest()?;
+    let d = n.depth as usize;
+    let mut at = NEST_DEPTH;
+    for j in 0..NEST_DEPTH {
+        if j >= d {
+            break;
+        }
+        let i = (d - 1 - j) & (NEST_DEPTH - 1);
+        if n.frames[i].key == key {
+            at = i;
+            break;
+        }
+    }
+    if at >= NEST_DEPTH {
+        return None;
+    }
+    let child_ns = n.frames[at & (NEST_DEPTH - 1)].child_ns;
+    n.depth = at as u64;
+    let mut parent = NEST_DEPTH;
+    if at > 0 {
+        let p = (at - 1) & (NEST_DEPTH - 1);
+        if !task_ctx || n.frames[p].owner == owner {
+            parent = p;
+        }
+    }
+    Some(Popped { child_ns, parent })
+}
+
 #[inline(always)]
 fn pair_entry<E: Env>(
     env: &E,
@@ -897,6 +997,7 @@ fn pair_entry<E: Env>(
         p.caller = caller;
         p.memcg = memcg;
         p.key = key;
+        nest_push(env, key, 0);
         p.ts = env.now();
         return;
     }
@@ -958,6 +1059,9 @@ fn pair_entry<E: Env>(
     p.flags = flags;
     p.caller = caller;
     p.memcg = memcg;
+    // Before the timestamp: a call nested from here on is inside this one's time. (A claim
+    // below fails only where runs interleave, and nesting is not followed there.)
+    nest_push(env, key, task);
     p.ts = env.now();
     // After the timestamp: time off the CPU before it is not part of the call's latency.
     p.clock = env.clock(task);
@@ -1091,6 +1195,8 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             }
         }
         if !found {
+            // A frame left by the lost entry's call, if any, goes with it.
+            let _ = nest_pop(env, key, ctx == CTX_TASK, task);
             // An exit without its entry while the entry program is not attached is a call that
             // began (or ends) outside the tracing window, not a lost one.
             // SAFETY: pointer from a successful map lookup.
@@ -1111,12 +1217,20 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         return;
     };
     add(&mut cs.exits, 1, atomic);
+    // Off the nesting stack whatever happens below; its duration goes to the enclosing call
+    // only if the call is counted.
+    let (child, parent) = match nest_pop(env, key, ctx == CTX_TASK, call.task) {
+        Some(p) => (p.child_ns, p.parent),
+        None => (u64::MAX, NEST_DEPTH),
+    };
     if call.ts > now {
         // Cannot happen for a real pair; never a sample.
         add(&mut cs.orphans, 1, atomic);
         return;
     }
     let ns = now - call.ts;
+    // A call whose nesting was not seen counts whole (`u64::MAX`: unknown).
+    let child = if child <= ns { child } else { u64::MAX };
     let mut flags = 0u8;
     if call.flags & PENDING_WORKLOAD != 0 {
         flags |= DEFERRED_WORKLOAD;
@@ -1170,8 +1284,16 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             }
         }
     }
+    // Its enclosing call's time holds this one's (a deferred call's too: its pairing is
+    // rejected only when a stale entry joined another call's exit, both traced calls inside
+    // the enclosing one).
+    if parent < NEST_DEPTH {
+        nest_add(env, parent, ns);
+    } else {
+        flags |= DEFERRED_OUTERMOST;
+    }
     if deferred {
-        if defer(probe, ctx, call.ts, now, flags, off, &call) {
+        if defer(probe, ctx, call.ts, now, flags, off, &call, child) {
             add(&mut cs.deferred, 1, atomic);
         } else {
             add(&mut cs.deferred_lost, 1, atomic);
@@ -1179,7 +1301,16 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         return;
     }
     add(&mut cs.paired, 1, atomic);
-    count_paired(cpu, probe, ctx, call.flags, ns, atomic);
+    if flags & DEFERRED_OUTERMOST != 0 {
+        add(&mut cs.outermost_ns, ns, atomic);
+    }
+    let self_ns = if child == u64::MAX {
+        add(&mut cs.self_unknown, 1, atomic);
+        ns
+    } else {
+        ns - child
+    };
+    count_paired(cpu, probe, ctx, call.flags, ns, self_ns, atomic);
     if config().callers != 0 {
         count_caller(cs, probe, ctx, call.caller, ns);
     }
@@ -1718,6 +1849,7 @@ struct Given {
     workload: bool,
     misses: Option<u64>,
     cross_cpu_clock: bool,
+    st: St,
 }
 
 impl Env for Given {
@@ -1751,6 +1883,10 @@ impl Env for Given {
     fn entry_misses(&self, _probe: u32) -> Option<u64> {
         self.misses
     }
+    fn nest(&self) -> Option<&'static mut Nest> {
+        // SAFETY: the test CPU's state, valid for the run.
+        Some(unsafe { &mut (*self.st.0).nest })
+    }
     fn testing(&self) -> bool {
         true
     }
@@ -1780,6 +1916,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         workload: a(7) & 1 != 0,
         misses: (a(9) != 0).then(|| a(8)),
         cross_cpu_clock: a(10) == 0,
+        st: St(st.0),
     };
     match a(0) {
         // The call site of a test call: its frame with the lowest bit set (frames are aligned).
@@ -1795,7 +1932,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         ),
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),
-        test_op::BUCKET => count_paired(st.cpu, probe, CTX_TASK, 0, a(2), false),
+        test_op::BUCKET => count_paired(st.cpu, probe, CTX_TASK, 0, a(2), a(2), false),
         test_op::CONTEXT => return read_context(&st).map(|c| c as i32).unwrap_or(-1),
         _ => return -1,
     }

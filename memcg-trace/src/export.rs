@@ -304,6 +304,16 @@ pub struct ContextOut {
     /// "other" row): the memcgs' calls of this context and these add up to `count`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub memcgs_other: u64,
+    /// Timed calls whose self time is not known (their frame was not on the CPU's nesting
+    /// stack at exit: they migrated, or nesting is not followed, as for fentry on preemptible
+    /// kernels); `latency.self_ns` counts their whole duration, so it is then an upper bound.
+    #[serde(default)]
+    pub self_unknown: u64,
+    /// Summed duration of the timed calls that ran inside no other traced call followed on
+    /// their CPU, ns: traced time counted once. Over all probes and contexts it equals the
+    /// summed self times when every self time is known.
+    #[serde(default)]
+    pub outermost_ns: u64,
     /// Latency figures; absent for counts-only backends.
     pub latency: Option<Latency>,
 }
@@ -391,6 +401,12 @@ pub struct Latency {
     /// Sum of latencies, ns: time between the entry program's clock read and the exit
     /// program's, summed.
     pub sum_ns: u64,
+    /// Self time, ns, summed: each call's latency minus the latencies of the traced calls
+    /// that ran nested in it on its CPU (its callees among the probes, and interrupts'
+    /// traced calls). Self times of all probes add up to the time in traced code without
+    /// counting any twice. Absent in recordings made before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_ns: Option<u64>,
     /// That as a share of the recording's wall time (1.0 = one CPU).
     pub cpu_share: Option<f64>,
     /// Shortest, ns.
@@ -513,6 +529,7 @@ fn latency_out(h: &HistData, secs: Duration, floor: Option<u64>) -> Latency {
         .unwrap_or_default();
     Latency {
         sum_ns: h.sum_ns,
+        self_ns: Some(h.self_ns),
         cpu_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
         min_ns: h.min_ns,
         max_ns: h.max_ns,
@@ -718,6 +735,8 @@ fn probes_out(
                             lost: c.lost(),
                             callers_other: k.callers_other,
                             memcgs_other: k.memcgs_other,
+                            self_unknown: k.self_unknown,
+                            outermost_ns: k.outermost_ns,
                             latency: timed.then(|| latency_out(&c.hist, secs, floor)),
                         }
                     })
@@ -1022,6 +1041,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
         };
         if let Some(l) = l {
             h.sum_ns = l.sum_ns;
+            h.self_ns = l.self_ns.unwrap_or(l.sum_ns);
             h.min_ns = l.min_ns;
             h.max_ns = l.max_ns;
             for b in &l.buckets {
@@ -1065,6 +1085,12 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                             no_context_exits: c.no_context_exits,
                             callers_other: c.callers_other,
                             memcgs_other: c.memcgs_other,
+                            // Recordings from before self time count every call as unknown.
+                            self_unknown: match c.latency.as_ref().map(|l| l.self_ns) {
+                                Some(None) => c.count,
+                                _ => c.self_unknown,
+                            },
+                            outermost_ns: c.outermost_ns,
                             // Kept for the tracepoint backend's task context; the recording
                             // has it as the workload's count.
                             workload_hits: match (&p.workload, timed, i) {

@@ -20,6 +20,9 @@ pub struct HistData {
     pub max_ns: u64,
     /// Calls per bucket.
     pub buckets: Vec<u64>,
+    /// Self time, ns, summed: each call's duration minus the traced calls nested in it (see
+    /// `memcg_trace_common::Nest`); equal to `sum_ns` where nothing nests.
+    pub self_ns: u64,
 }
 
 impl Default for HistData {
@@ -30,6 +33,7 @@ impl Default for HistData {
             min_ns: 0,
             max_ns: 0,
             buckets: vec![0; NUM_BUCKETS],
+            self_ns: 0,
         }
     }
 }
@@ -39,6 +43,7 @@ impl HistData {
     pub fn add_cpu(&mut self, h: &Hist) {
         self.count += h.count;
         self.sum_ns += h.sum_ns;
+        self.self_ns += h.self_ns;
         self.max_ns = self.max_ns.max(h.max_ns);
         if h.min_ns_inv != 0 {
             let m = !h.min_ns_inv;
@@ -64,6 +69,7 @@ impl HistData {
         for &v in values {
             h.count += 1;
             h.sum_ns += v;
+            h.self_ns += v;
             h.max_ns = h.max_ns.max(v);
             h.min_ns = if h.min_ns == 0 { v } else { h.min_ns.min(v) };
             h.buckets[memcg_trace_common::bucket_index(v)] += 1;
@@ -78,6 +84,7 @@ impl HistData {
         }
         self.count += o.count;
         self.sum_ns += o.sum_ns;
+        self.self_ns += o.self_ns;
         self.max_ns = self.max_ns.max(o.max_ns);
         if o.min_ns != 0 {
             self.min_ns = if self.min_ns == 0 {
@@ -117,6 +124,7 @@ impl HistData {
             min_ns,
             max_ns,
             buckets,
+            self_ns: self.self_ns.saturating_sub(earlier.self_ns),
         }
     }
 }
@@ -303,6 +311,7 @@ mod tests {
             max_ns: 50,
             min_ns_inv: !50,
             buckets: [0; NUM_BUCKETS],
+            self_ns: 30,
         };
         cpu0.buckets[bucket_index(50)] = 1;
         let cpu1 = Hist {
@@ -311,6 +320,7 @@ mod tests {
             max_ns: 0,
             min_ns_inv: 0,
             buckets: [0; NUM_BUCKETS],
+            self_ns: 0,
         };
         let mut cpu2 = Hist {
             count: 1,
@@ -318,6 +328,7 @@ mod tests {
             max_ns: 9,
             min_ns_inv: !9,
             buckets: [0; NUM_BUCKETS],
+            self_ns: 9,
         };
         cpu2.buckets[9] = 1;
         let mut h = HistData::default();
@@ -325,5 +336,10 @@ mod tests {
             h.add_cpu(c);
         }
         assert_eq!((h.count, h.min_ns, h.max_ns, h.timed()), (2, 9, 50, 2));
+        assert_eq!(
+            (h.sum_ns, h.self_ns),
+            (59, 39),
+            "self time summed over CPUs"
+        );
     }
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::Result;
 use memcg_trace_common::{
     bucket_index, CtxUse, Deferred, KernelLayout, CTX_HARDIRQ, CTX_NAMES, CTX_SOFTIRQ, CTX_TASK,
-    DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, NUM_CTX, TASK_SLOTS,
+    DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED, NUM_CTX,
+    TASK_SLOTS,
 };
 
 use crate::{
@@ -122,6 +123,55 @@ fn breakdown_adds_up(
     Ok(())
 }
 
+/// Self times add up to the traced time counted once: the summed self time of every timed
+/// call (the kernel's histograms and the deferred pairs) equals the summed duration of the
+/// outermost calls when nothing was lost, left pending or of unknown nesting, and is never
+/// below it (a lost call's nested calls are in nobody's time).
+fn self_times(o: &Outcome) -> Result<(), String> {
+    let mut self_ns: u64 = o.hist.iter().map(|h| h.self_ns).sum();
+    let mut outer: u64 = o.counters.iter().map(|c| c.outermost_ns).sum();
+    let mut clean = o.pending == 0;
+    for (ctx, h) in o.hist.iter().enumerate() {
+        let c = &o.counters[ctx];
+        if h.self_ns > h.sum_ns {
+            return Err(format!(
+                "{}: self {} ns above the total {} ns",
+                CTX_NAMES[ctx], h.self_ns, h.sum_ns
+            ));
+        }
+        clean &=
+            c.stale + c.evicted + c.orphans + c.ambiguous + c.deferred_lost + c.self_unknown == 0;
+    }
+    for d in &o.deferred {
+        let ns = d.end - d.start;
+        if d.child_ns == u64::MAX {
+            clean = false;
+            self_ns += ns;
+        } else {
+            self_ns += ns.saturating_sub(d.child_ns);
+        }
+        if d.flags & DEFERRED_OUTERMOST != 0 {
+            outer += ns;
+        }
+    }
+    if (clean && self_ns != outer) || self_ns < outer {
+        return Err(format!(
+            "self times add up to {self_ns} ns, the outermost calls to {outer} ns{}",
+            if clean { "" } else { " (with losses)" }
+        ));
+    }
+    Ok(())
+}
+
+/// The self time of the calls timed in one context.
+fn self_time(o: &Outcome, ctx: u32, want: u64) -> Result<(), String> {
+    expect(
+        &format!("{} self ns", CTX_NAMES[ctx as usize]),
+        o.hist[ctx as usize].self_ns,
+        want,
+    )
+}
+
 fn expect(what: &str, got: u64, want: u64) -> Result<(), String> {
     if got == want {
         Ok(())
@@ -144,11 +194,13 @@ fn timed(o: &Outcome, ctx: u32, calls: u64, sum_ns: u64) -> Result<(), String> {
     )
 }
 
+/// The deferred pairs as (start, end, context, flags); whether a pair was outermost is
+/// checked by `self_times`.
 fn deferred(o: &Outcome, want: &[(u64, u64, u32, u8)]) -> Result<(), String> {
     let got: Vec<(u64, u64, u32, u8)> = o
         .deferred
         .iter()
-        .map(|d| (d.start, d.end, d.ctx as u32, d.flags))
+        .map(|d| (d.start, d.end, d.ctx as u32, d.flags & !DEFERRED_OUTERMOST))
         .collect();
     if got == want {
         Ok(())
@@ -253,7 +305,11 @@ fn cases() -> Vec<Case> {
                 XK(0x90, task, T, 5, 1300, 0),
                 XK(0xa0, task, T, 5, 2000, 0),
             ],
-            check: |o| timed(o, CTX_TASK, 2, 200 + 1000),
+            check: |o| {
+                timed(o, CTX_TASK, 2, 200 + 1000)?;
+                // The inner call's time is not the outer one's own.
+                self_time(o, CTX_TASK, 200 + 800)
+            },
         },
         Case {
             name: "a task call interrupted by the same function in softirq",
@@ -267,7 +323,10 @@ fn cases() -> Vec<Case> {
             ],
             check: |o| {
                 timed(o, CTX_TASK, 1, 1000)?;
-                timed(o, CTX_SOFTIRQ, 1, 300)
+                timed(o, CTX_SOFTIRQ, 1, 300)?;
+                // An interrupt's traced call is inside the call it interrupted.
+                self_time(o, CTX_TASK, 700)?;
+                self_time(o, CTX_SOFTIRQ, 300)
             },
         },
         Case {
@@ -282,6 +341,10 @@ fn cases() -> Vec<Case> {
             ],
             check: |o| {
                 timed(o, CTX_TASK, 1, 1000)?;
+                // The deferred interrupt call's time is subtracted at once (and its pair is
+                // not outermost).
+                self_time(o, CTX_TASK, 950)?;
+                expect("outermost", o.deferred[0].flags as u64 & DEFERRED_OUTERMOST as u64, 0)?;
                 deferred(o, &[(1200, 1250, CTX_HARDIRQ, 0)])
             },
         },
@@ -511,7 +574,9 @@ fn pairing(layout: &KernelLayout) -> Result<u32> {
             continue;
         }
         let o = checks::pairing(layout, &case.steps, case.kernel)?;
-        let mut r = accounted(&o).and_then(|_| (case.check)(&o));
+        let mut r = accounted(&o)
+            .and_then(|_| self_times(&o))
+            .and_then(|_| (case.check)(&o));
         if r.is_ok() && !o.deferred.is_empty() {
             let n = o.deferred.len() as u64;
             let (c, x, off) = verify(&o.deferred, false);

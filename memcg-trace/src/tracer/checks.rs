@@ -516,7 +516,7 @@ pub fn prog_stats(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<HashMap<u32, u64
         .try_into()?;
     if it.fd().is_err() {
         let btf = btf.ok_or_else(|| anyhow!("no BTF to load the iterator"))?;
-        it.load(PROG_ITER, btf)
+        it.load(PROG_ITER_KIND, btf)
             .map_err(|e| anyhow!("load the bpf_prog iterator: {}", chain(&e)))?;
     }
     let link = it
@@ -563,7 +563,7 @@ pub struct Floor {
 }
 
 /// The kind of iterator that lists the programs, and the function the kernel names it by.
-const PROG_ITER: &str = "bpf_prog";
+const PROG_ITER_KIND: &str = "bpf_prog";
 pub const PROG_ITER_FUNC: &str = "bpf_iter_bpf_prog";
 
 /// The function the floor is measured on.

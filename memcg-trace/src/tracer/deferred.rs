@@ -8,7 +8,8 @@
 use std::collections::VecDeque;
 
 use memcg_trace_common::{
-    Deferred, DEFERRED_OFF_UNKNOWN, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, NUM_CTX,
+    Deferred, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD,
+    NUM_CTX,
 };
 
 use crate::snapshot::HistData;
@@ -48,6 +49,10 @@ pub struct Outcome {
     pub off_cpu_max_ns: u64,
     /// Confirmed calls that left the CPU whose time off it is unknown.
     pub off_cpu_unknown: u64,
+    /// Confirmed calls whose self time is unknown (counted whole in `hist.self_ns`).
+    pub self_unknown: u64,
+    /// Confirmed calls inside no other traced call: their latencies, ns.
+    pub outermost_ns: u64,
 }
 
 /// The verifier of one tracer: marks per probe, calls waiting for a later mark, outcomes.
@@ -134,7 +139,18 @@ impl Verifier {
             let out = &mut self.outcomes[p][ctx];
             if ok {
                 let ns = d.end - d.start;
-                add(&mut out.hist, ns);
+                // The traced calls nested in it are known unless marked otherwise.
+                let self_ns = match ns.checked_sub(d.child_ns) {
+                    Some(s) if d.child_ns != u64::MAX => s,
+                    _ => {
+                        out.self_unknown += 1;
+                        ns
+                    }
+                };
+                add(&mut out.hist, ns, self_ns);
+                if d.flags & DEFERRED_OUTERMOST != 0 {
+                    out.outermost_ns += ns;
+                }
                 if d.flags & DEFERRED_OFF_UNKNOWN != 0 {
                     out.off_cpu_unknown += 1;
                 } else if d.flags & DEFERRED_SWITCHED != 0 {
@@ -142,7 +158,7 @@ impl Verifier {
                     out.off_cpu_max_ns = out.off_cpu_max_ns.max(d.off_ns);
                 }
                 if d.flags & DEFERRED_WORKLOAD != 0 {
-                    add(&mut self.workload[p], ns);
+                    add(&mut self.workload[p], ns, self_ns);
                 }
                 if let Some(c) = self.callers.as_mut() {
                     c.add(d.probe, d.ctx as u32, d.caller, ns);
@@ -158,10 +174,11 @@ impl Verifier {
     }
 }
 
-/// Adds one latency to a histogram.
-fn add(h: &mut HistData, ns: u64) {
+/// Adds one latency, and its self time, to a histogram.
+fn add(h: &mut HistData, ns: u64, self_ns: u64) {
     h.count += 1;
     h.sum_ns += ns;
+    h.self_ns += self_ns;
     h.max_ns = h.max_ns.max(ns);
     h.min_ns = if h.min_ns == 0 { ns } else { h.min_ns.min(ns) };
     h.buckets[memcg_trace_common::bucket_index(ns)] += 1;
@@ -180,6 +197,7 @@ mod tests {
             ctx: ctx as u8,
             flags: 0,
             _pad: 0,
+            child_ns: 0,
             off_ns: 0,
             caller: 0,
             memcg: 0,

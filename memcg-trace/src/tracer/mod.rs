@@ -123,9 +123,9 @@ pub fn large_allocations_mapped() {
 }
 
 /// Gives the memory the allocator holds free back to the system (glibc keeps freed heap
-/// memory for reuse, where a fragmented heap makes the next large parse grow the process
-/// anew). Start-up parses the kernel's BTF several times, tens of MiB each, and the daemon's
-/// peak resident memory is set there.
+/// memory for reuse, where a fragmented heap makes the next large allocation grow the process
+/// anew). Start-up reads the kernel's BTF more than once (ours, the cut-down copies of
+/// `kbtf`), megabytes each, and the daemon's peak resident memory is set there.
 pub fn release_freed_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim has no preconditions.
@@ -847,7 +847,7 @@ impl Tracer {
         Ok(())
     }
 
-    /// Frees the kernel BTF once every probe is attached; later attaches fail. With short
+    /// Frees the cut-down kernel BTF once every probe is attached; later attaches fail. With short
     /// stacks, the kernel's symbols are copied again (call while privileged): now they hold
     /// the BPF trampolines attaching made, which stacks pass through.
     pub fn done_attaching(&mut self) {
@@ -1134,6 +1134,8 @@ impl Tracer {
                 c.off_cpu_ns += out.off_cpu_ns;
                 c.off_cpu_max_ns = c.off_cpu_max_ns.max(out.off_cpu_max_ns);
                 c.off_cpu_unknown += out.off_cpu_unknown;
+                c.self_unknown += out.self_unknown;
+                c.outermost_ns += out.outermost_ns;
             }
             let workload = self.workload.then(|| {
                 let mut w = HistData::default();

@@ -307,6 +307,37 @@ mod tests {
         assert!(drop_line_info(&mut [0u8; 8]).is_err());
     }
 
+    /// The cut-down kernel BTF (`kbtf`) is only safe for an object without CO-RE relocations:
+    /// the real object has none, and one whose header says it has is seen.
+    #[test]
+    fn counts_the_core_relocations() {
+        let orig = object();
+        if orig.is_empty() {
+            eprintln!(
+                "skipping counts_the_core_relocations: built with AYA_BUILD_SKIP (no eBPF object)"
+            );
+            return;
+        }
+        assert_eq!(
+            core_relocations(&orig).unwrap(),
+            0,
+            "the object has CO-RE relocations"
+        );
+        let (off, size) = section(&orig, b".BTF.ext").unwrap().unwrap();
+        assert!(
+            u32_at(&orig, off + 4).unwrap() >= 32 && size >= 32,
+            "a header with the CO-RE fields"
+        );
+        let mut elf = orig.clone();
+        elf[off + 28..off + 32].copy_from_slice(&48u32.to_le_bytes());
+        assert_eq!(core_relocations(&elf).unwrap(), 48);
+        // A header too short for them: none.
+        elf[off + 4..off + 8].copy_from_slice(&24u32.to_le_bytes());
+        assert_eq!(core_relocations(&elf).unwrap(), 0);
+        elf[off..off + 2].copy_from_slice(&[0, 0]);
+        assert!(core_relocations(&elf).is_err(), "a broken header");
+    }
+
     #[test]
     fn rewrites_a_cast_call_in_place() {
         // mov r2, 9; ld_imm64 r1 whose second half looks like the call; call marker; exit.

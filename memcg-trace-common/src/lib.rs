@@ -295,6 +295,13 @@ pub struct Hist {
     /// traced calls nested in it on its CPU (see [`Nest`]); a call whose nesting was not seen
     /// adds its whole duration (and is counted in `Counters::self_unknown`).
     pub self_ns: u64,
+    /// Traced calls that ran directly nested in these calls (of those whose self time is
+    /// known): each leaves the part of its instrumentation outside its own timed window in
+    /// the enclosing call's self time, which userspace takes out with the floor.
+    pub nested: u64,
+    /// Time off the CPU of these calls (those that left it, where known), ns, summed: their
+    /// CPU time is `sum_ns` (and `self_ns`) less this.
+    pub off_ns: u64,
 }
 
 /// What happened to the calls of one (probe, context) on one CPU. Every entry and every exit
@@ -505,8 +512,8 @@ pub struct Deferred {
     pub ctx: u8,
     /// `DEFERRED_*` flags.
     pub flags: u8,
-    /// Keeps the struct free of implicit padding.
-    pub _pad: u16,
+    /// Traced calls directly nested in this one (`NestFrame::child_calls`, saturated).
+    pub child_calls: u16,
     /// The durations of the traced calls nested in this one, ns (`NestFrame::child_ns`);
     /// `u64::MAX`: not known (its self time is then its whole duration).
     pub child_ns: u64,
@@ -591,6 +598,8 @@ pub struct NestFrame {
     pub owner: u64,
     /// Durations of the traced calls that ran nested in this one, ns, summed.
     pub child_ns: u64,
+    /// How many there were (directly nested).
+    pub child_calls: u64,
 }
 
 /// The traced calls open on one CPU, outermost first. A call's entry pushes it; its exit

@@ -624,10 +624,16 @@ fn counters(cpu: u32, probe: u32, ctx: u32) -> Option<&'static mut Counters> {
 
 /// Adds one duration, and its self time, to a histogram.
 #[inline(always)]
-fn record(h: &mut Hist, ns: u64, self_ns: u64, atomic: bool) {
+fn record(h: &mut Hist, ns: u64, self_ns: u64, nested: u64, off: u64, atomic: bool) {
     add(&mut h.count, 1, atomic);
     add(&mut h.sum_ns, ns, atomic);
     add(&mut h.self_ns, self_ns, atomic);
+    if nested != 0 {
+        add(&mut h.nested, nested, atomic);
+    }
+    if off != 0 {
+        add(&mut h.off_ns, off, atomic);
+    }
     if ns > h.max_ns {
         h.max_ns = ns;
     }
@@ -642,7 +648,17 @@ fn record(h: &mut Hist, ns: u64, self_ns: u64, atomic: bool) {
 /// other in HIST (userspace adds the first into the second's task context), so that each call
 /// is recorded once.
 #[inline(always)]
-fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, self_ns: u64, atomic: bool) {
+fn count_paired(
+    cpu: u32,
+    probe: u32,
+    ctx: u32,
+    flags: u32,
+    ns: u64,
+    self_ns: u64,
+    nested: u64,
+    off: u64,
+    atomic: bool,
+) {
     let probes = config().probes;
     if probe >= probes {
         return;
@@ -656,7 +672,7 @@ fn count_paired(cpu: u32, probe: u32, ctx: u32, flags: u32, ns: u64, self_ns: u6
     };
     if let Some(h) = h {
         // SAFETY: pointer from a successful map lookup.
-        record(unsafe { &mut *h }, ns, self_ns, atomic);
+        record(unsafe { &mut *h }, ns, self_ns, nested, off, atomic);
     }
 }
 
@@ -795,6 +811,7 @@ fn defer(
     off_ns: u64,
     call: &Pending,
     child_ns: u64,
+    child_calls: u64,
 ) -> bool {
     match DEFERRED.reserve::<Deferred>(0) {
         Some(mut e) => {
@@ -804,7 +821,7 @@ fn defer(
                 probe,
                 ctx: ctx as u8,
                 flags,
-                _pad: 0,
+                child_calls: child_calls.min(u16::MAX as u64) as u16,
                 child_ns,
                 off_ns,
                 caller: call.caller,
@@ -896,6 +913,7 @@ fn nest_push<E: Env>(env: &E, key: u64, owner: u64) {
     f.key = key;
     f.owner = owner;
     f.child_ns = 0;
+    f.child_calls = 0;
     n.depth = d as u64 + 1;
 }
 
@@ -903,6 +921,8 @@ fn nest_push<E: Env>(env: &E, key: u64, owner: u64) {
 struct Popped {
     /// The traced calls nested in it, ns.
     child_ns: u64,
+    /// How many.
+    child_calls: u64,
     /// The index of the enclosing call's frame, to add this call's duration to
     /// (`NEST_DEPTH`: none followed).
     parent: usize,
@@ -915,7 +935,9 @@ fn nest_add<E: Env>(env: &E, parent: usize, ns: u64) {
         return;
     }
     if let Some(n) = env.nest() {
-        n.frames[parent & (NEST_DEPTH - 1)].child_ns += ns;
+        let f = &mut n.frames[parent & (NEST_DEPTH - 1)];
+        f.child_ns += ns;
+        f.child_calls += 1;
     }
 }
 
@@ -941,6 +963,7 @@ fn nest_pop<E: Env>(env: &E, key: u64, task_ctx: bool, owner: u64) -> Option<Pop
         return None;
     }
     let child_ns = n.frames[at & (NEST_DEPTH - 1)].child_ns;
+    let child_calls = n.frames[at & (NEST_DEPTH - 1)].child_calls;
     n.depth = at as u64;
     let mut parent = NEST_DEPTH;
     if at > 0 {
@@ -949,7 +972,11 @@ fn nest_pop<E: Env>(env: &E, key: u64, task_ctx: bool, owner: u64) -> Option<Pop
             parent = p;
         }
     }
-    Some(Popped { child_ns, parent })
+    Some(Popped {
+        child_ns,
+        child_calls,
+        parent,
+    })
 }
 
 #[inline(always)]
@@ -1219,9 +1246,9 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     add(&mut cs.exits, 1, atomic);
     // Off the nesting stack whatever happens below; its duration goes to the enclosing call
     // only if the call is counted.
-    let (child, parent) = match nest_pop(env, key, ctx == CTX_TASK, call.task) {
-        Some(p) => (p.child_ns, p.parent),
-        None => (u64::MAX, NEST_DEPTH),
+    let (child, child_calls, parent) = match nest_pop(env, key, ctx == CTX_TASK, call.task) {
+        Some(p) => (p.child_ns, p.child_calls, p.parent),
+        None => (u64::MAX, 0, NEST_DEPTH),
     };
     if call.ts > now {
         // Cannot happen for a real pair; never a sample.
@@ -1293,7 +1320,17 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         flags |= DEFERRED_OUTERMOST;
     }
     if deferred {
-        if defer(probe, ctx, call.ts, now, flags, off, &call, child) {
+        if defer(
+            probe,
+            ctx,
+            call.ts,
+            now,
+            flags,
+            off,
+            &call,
+            child,
+            child_calls,
+        ) {
             add(&mut cs.deferred, 1, atomic);
         } else {
             add(&mut cs.deferred_lost, 1, atomic);
@@ -1304,13 +1341,15 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     if flags & DEFERRED_OUTERMOST != 0 {
         add(&mut cs.outermost_ns, ns, atomic);
     }
-    let self_ns = if child == u64::MAX {
+    let (self_ns, nested) = if child == u64::MAX {
         add(&mut cs.self_unknown, 1, atomic);
-        ns
+        (ns, 0)
     } else {
-        ns - child
+        (ns - child, child_calls)
     };
-    count_paired(cpu, probe, ctx, call.flags, ns, self_ns, atomic);
+    count_paired(
+        cpu, probe, ctx, call.flags, ns, self_ns, nested, off, atomic,
+    );
     if config().callers != 0 {
         count_caller(cs, probe, ctx, call.caller, ns);
     }
@@ -1932,7 +1971,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         ),
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),
-        test_op::BUCKET => count_paired(st.cpu, probe, CTX_TASK, 0, a(2), a(2), false),
+        test_op::BUCKET => count_paired(st.cpu, probe, CTX_TASK, 0, a(2), a(2), 0, 0, false),
         test_op::CONTEXT => return read_context(&st).map(|c| c as i32).unwrap_or(-1),
         _ => return -1,
     }

@@ -174,6 +174,15 @@ pub struct Workload {
     pub exit_status: Option<i32>,
     /// The memcg it ran in.
     pub cgroup: String,
+    /// CPU time the workload used while it ran (user and system), ns: its cgroup's
+    /// `cpu.stat` usage, or, where its memcg is not a cgroup v2 one, the rusage of its process
+    /// tree once reaped. Absent when neither could be read (a run stopped before the workload
+    /// ended, in a v1 hierarchy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ns: Option<u64>,
+    /// Where `cpu_ns` comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_source: Option<String>,
     /// Its calls are told by the memcg they charge: those charging its memcg or one below it,
     /// in every context (`--by-memcg`, or a `--cgroup`); else the task-context calls of
     /// its tasks.
@@ -407,6 +416,14 @@ pub struct Latency {
     /// counting any twice. Absent in recordings made before it was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_ns: Option<u64>,
+    /// Traced calls that ran directly nested in these calls (those of known self time): the
+    /// part of each one's instrumentation outside its own timed window is in `self_ns`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nested_calls: Option<u64>,
+    /// Time these calls spent off the CPU (those that left it, where known), ns: their CPU
+    /// time is `sum_ns` (and `self_ns`) less this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_cpu_ns: Option<u64>,
     /// That as a share of the recording's wall time (1.0 = one CPU).
     pub cpu_share: Option<f64>,
     /// Shortest, ns.
@@ -499,6 +516,26 @@ pub struct WorkloadOut {
     pub share_of_task_calls: Option<f64>,
     /// Latency figures; absent for counts-only backends.
     pub latency: Option<Latency>,
+    /// The workload's CPU time spent in these calls, entry to exit (`latency.sum_ns` less
+    /// `latency.off_cpu_ns`, over `meta.workload.cpu_ns`): nested probes are inside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_of_workload_cpu: Option<f64>,
+    /// The same for their self time (`latency.self_ns` less `latency.off_cpu_ns`: the
+    /// probes nested in them never sleep): the traced calls nested in them left out, so that
+    /// the probes' self shares add up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_share_of_workload_cpu: Option<f64>,
+    /// The part of the self share that is the instrumentation's own: each call's floor (the
+    /// backend's median, inside its timed window) and, for each traced call nested in one of
+    /// these, the rest of its full cost per call (outside its own window, so inside this
+    /// one's), over the workload's CPU time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor_share_of_workload_cpu: Option<f64>,
+    /// The self time less the instrumentation inside it (not below 0), over the workload's
+    /// CPU time less every traced call's full cost: what the functions themselves took of
+    /// the untraced workload, as a profiler of it would see it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_self_share_of_workload_cpu: Option<f64>,
 }
 
 /// A probe that could not be attached.
@@ -530,6 +567,8 @@ fn latency_out(h: &HistData, secs: Duration, floor: Option<u64>) -> Latency {
     Latency {
         sum_ns: h.sum_ns,
         self_ns: Some(h.self_ns),
+        nested_calls: Some(h.nested),
+        off_cpu_ns: Some(h.off_ns),
         cpu_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
         min_ns: h.min_ns,
         max_ns: h.max_ns,
@@ -632,6 +671,7 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
             &run.notes,
             &run.floors,
             run.workload.as_ref().is_some_and(|w| w.by_memcg),
+            run.workload.as_ref().and_then(|w| w.cpu_ns),
         ),
         history: run.history.clone().filter(|h| !h.t_ms.is_empty()),
         upgraded_from: None,
@@ -653,7 +693,25 @@ fn probes_out(
     notes: &HashMap<String, Vec<String>>,
     floors: &[Floor],
     workload_by_memcg: bool,
+    workload_cpu_ns: Option<u64>,
 ) -> Vec<ProbeOut> {
+    let of_cpu = |ns: u64| workload_cpu_ns.and_then(|c| ratio(ns as f64, c as f64));
+    // The workload's CPU time without the tracer: less every traced call's full cost.
+    let per_call = |b: Backend| {
+        floors
+            .iter()
+            .find(|f| f.backend == b)
+            .and_then(|f| f.per_call_ns)
+    };
+    let instrumented: Option<f64> = snap
+        .probes
+        .iter()
+        .filter(|p| p.backend.has_latency())
+        .filter_map(|p| Some(p.workload.as_ref()?.count as f64 * per_call(p.backend)?))
+        .reduce(|a, b| a + b);
+    let untraced_cpu = workload_cpu_ns
+        .map(|c| c as f64 - instrumented.unwrap_or(0.0))
+        .filter(|c| *c > 0.0);
     let secs = snap.elapsed;
     snap.probes
         .iter()
@@ -663,6 +721,14 @@ fn probes_out(
                 .iter()
                 .find(|f| f.backend == p.backend)
                 .map(|f| f.p50_ns);
+            // The instrumentation inside the self time of `w`'s calls, ns.
+            let instrumentation = |w: &HistData| -> Option<f64> {
+                let f = floors.iter().find(|f| f.backend == p.backend)?;
+                let outside = f
+                    .per_call_ns
+                    .map_or(0.0, |c| (c - f.p50_ns as f64).max(0.0));
+                Some(w.count as f64 * f.p50_ns as f64 + w.nested as f64 * outside)
+            };
             let timed = p.backend.has_latency();
             ProbeOut {
                 name: p.name.clone(),
@@ -688,6 +754,24 @@ fn probes_out(
                         } as f64,
                     ),
                     latency: timed.then(|| latency_out(w, secs, floor)),
+                    // CPU time: what the calls spent off the CPU (asleep in reclaim, say) is
+                    // not the workload's CPU.
+                    share_of_workload_cpu: timed
+                        .then(|| of_cpu(w.sum_ns.saturating_sub(w.off_ns)))
+                        .flatten(),
+                    self_share_of_workload_cpu: timed
+                        .then(|| of_cpu(w.self_ns.saturating_sub(w.off_ns)))
+                        .flatten(),
+                    floor_share_of_workload_cpu: timed
+                        .then(|| instrumentation(w).and_then(|i| of_cpu(i as u64)))
+                        .flatten(),
+                    net_self_share_of_workload_cpu: timed
+                        .then(|| {
+                            let i = instrumentation(w)?;
+                            let own = w.self_ns.saturating_sub(w.off_ns) as f64;
+                            ratio((own - i).max(0.0), untraced_cpu?)
+                        })
+                        .flatten(),
                 }),
                 programs: p
                     .programs
@@ -1042,6 +1126,8 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
         if let Some(l) = l {
             h.sum_ns = l.sum_ns;
             h.self_ns = l.self_ns.unwrap_or(l.sum_ns);
+            h.nested = l.nested_calls.unwrap_or(0);
+            h.off_ns = l.off_cpu_ns.unwrap_or(0);
             h.min_ns = l.min_ns;
             h.max_ns = l.max_ns;
             for b in &l.buckets {

@@ -681,6 +681,10 @@ pub struct Session {
     /// The workload's calls are told by the memcg they charge (`Workload::by_memcg`).
     workload_memcg: bool,
     child: Option<tokio::process::Child>,
+    /// The workload's CPU clocks when it started.
+    workload_cpu0: Option<WorkloadCpu>,
+    /// The workload's CPU time and where it comes from, once known.
+    workload_cpu: Option<(u64, String)>,
     argv: Vec<String>,
     exit_status: Option<i32>,
     notes: HashMap<String, Vec<String>>,
@@ -852,6 +856,7 @@ impl Session {
         }
         let collector = Collector::spawn(tracer, args.tick)?;
         let snapshots = collector.subscribe();
+        let workload_cpu0 = memcg.as_ref().map(WorkloadCpu::start);
         let child = match &memcg {
             Some(m) => {
                 let mut cmd = m.command(&argv);
@@ -883,6 +888,8 @@ impl Session {
             child,
             argv,
             exit_status: None,
+            workload_cpu0,
+            workload_cpu: None,
             notes,
             failed,
             masks,
@@ -926,6 +933,7 @@ impl Session {
                 let code = st.code().or_else(|| st.signal().map(|s| 128 + s));
                 self.child = None;
                 self.exit_status = code;
+                self.workload_cpu = self.workload_cpu0.as_ref().and_then(|w| w.used(true));
                 Ok(Event::WorkloadExited(code))
             }
             s = self.signals.recv() => Ok(Event::Signal(s)),
@@ -987,6 +995,14 @@ impl Session {
         self.meta(Duration::ZERO, cpu, None)
     }
 
+    /// The workload's CPU time: as read when it exited, or, still running, from its cgroup
+    /// now.
+    fn workload_cpu(&self) -> Option<(u64, String)> {
+        self.workload_cpu
+            .clone()
+            .or_else(|| self.workload_cpu0.as_ref().and_then(|w| w.used(false)))
+    }
+
     fn meta(&self, detach: Duration, cpu: Duration, elapsed: Option<Duration>) -> RunMeta {
         RunMeta {
             start: self.started,
@@ -1009,6 +1025,8 @@ impl Session {
                 exit_status: self.exit_status,
                 cgroup: m.path.display().to_string(),
                 by_memcg: self.workload_memcg,
+                cpu_ns: self.workload_cpu().map(|c| c.0),
+                cpu_source: self.workload_cpu().map(|c| c.1),
             }),
             notes: self.notes.clone(),
             not_attached: self.failed.clone(),
@@ -1098,6 +1116,68 @@ fn rusage() -> libc::rusage {
         libc::getrusage(libc::RUSAGE_SELF, &mut u);
         u
     }
+}
+
+/// The CPU clocks a workload's CPU time is read from, at its start.
+#[derive(Debug)]
+struct WorkloadCpu {
+    /// Its memcg, where that is a cgroup v2 one, and the cgroup's usage then, ns.
+    cgroup: Option<(PathBuf, u64)>,
+    /// The CPU time of this process's reaped children then (`RUSAGE_CHILDREN`), where the
+    /// workload is the only one and alone in its memcg.
+    children: Option<Duration>,
+}
+
+impl WorkloadCpu {
+    fn start(m: &workload::Memcg) -> Self {
+        WorkloadCpu {
+            cgroup: (m.cgroup_id != 0)
+                .then(|| cgroup_usage_ns(&m.path).map(|u| (m.path.clone(), u)))
+                .flatten(),
+            // In a v1 memcg given with --cgroup, other tasks charge it too: their CPU time is
+            // not ours to read.
+            children: m.owned().then(children_cpu_time),
+        }
+    }
+
+    /// CPU time used since the start, and its source. `reaped`: the workload has been
+    /// waited for (its tree's rusage is in this process's children's).
+    fn used(&self, reaped: bool) -> Option<(u64, String)> {
+        if let Some((dir, u0)) = &self.cgroup {
+            if let Some(u) = cgroup_usage_ns(dir) {
+                return Some((
+                    u.saturating_sub(*u0),
+                    "its cgroup's cpu.stat usage_usec".into(),
+                ));
+            }
+        }
+        let c0 = self.children.filter(|_| reaped)?;
+        Some((
+            children_cpu_time().saturating_sub(c0).as_nanos() as u64,
+            "the rusage of its process tree".into(),
+        ))
+    }
+}
+
+/// A cgroup v2 directory's CPU usage (`cpu.stat` usage_usec, kept for every cgroup), ns.
+fn cgroup_usage_ns(dir: &std::path::Path) -> Option<u64> {
+    let s = std::fs::read_to_string(dir.join("cpu.stat")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|us| us.saturating_mul(1000))
+}
+
+/// User + system CPU time of this process's children that were waited for.
+fn children_cpu_time() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let u = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
+        u
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// User + system CPU time of this process so far (the workload, a child, is not included).

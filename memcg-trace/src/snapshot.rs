@@ -23,6 +23,10 @@ pub struct HistData {
     /// Self time, ns, summed: each call's duration minus the traced calls nested in it (see
     /// `memcg_trace_common::Nest`); equal to `sum_ns` where nothing nests.
     pub self_ns: u64,
+    /// Traced calls directly nested in these (`memcg_trace_common::Hist::nested`).
+    pub nested: u64,
+    /// Their time off the CPU, ns (`memcg_trace_common::Hist::off_ns`).
+    pub off_ns: u64,
 }
 
 impl Default for HistData {
@@ -34,6 +38,8 @@ impl Default for HistData {
             max_ns: 0,
             buckets: vec![0; NUM_BUCKETS],
             self_ns: 0,
+            nested: 0,
+            off_ns: 0,
         }
     }
 }
@@ -44,6 +50,8 @@ impl HistData {
         self.count += h.count;
         self.sum_ns += h.sum_ns;
         self.self_ns += h.self_ns;
+        self.nested += h.nested;
+        self.off_ns += h.off_ns;
         self.max_ns = self.max_ns.max(h.max_ns);
         if h.min_ns_inv != 0 {
             let m = !h.min_ns_inv;
@@ -85,6 +93,8 @@ impl HistData {
         self.count += o.count;
         self.sum_ns += o.sum_ns;
         self.self_ns += o.self_ns;
+        self.nested += o.nested;
+        self.off_ns += o.off_ns;
         self.max_ns = self.max_ns.max(o.max_ns);
         if o.min_ns != 0 {
             self.min_ns = if self.min_ns == 0 {
@@ -125,6 +135,8 @@ impl HistData {
             max_ns,
             buckets,
             self_ns: self.self_ns.saturating_sub(earlier.self_ns),
+            nested: self.nested.saturating_sub(earlier.nested),
+            off_ns: self.off_ns.saturating_sub(earlier.off_ns),
         }
     }
 }
@@ -312,6 +324,8 @@ mod tests {
             min_ns_inv: !50,
             buckets: [0; NUM_BUCKETS],
             self_ns: 30,
+            nested: 1,
+            off_ns: 0,
         };
         cpu0.buckets[bucket_index(50)] = 1;
         let cpu1 = Hist {
@@ -321,6 +335,8 @@ mod tests {
             min_ns_inv: 0,
             buckets: [0; NUM_BUCKETS],
             self_ns: 0,
+            nested: 0,
+            off_ns: 0,
         };
         let mut cpu2 = Hist {
             count: 1,
@@ -329,6 +345,8 @@ mod tests {
             min_ns_inv: !9,
             buckets: [0; NUM_BUCKETS],
             self_ns: 9,
+            nested: 0,
+            off_ns: 0,
         };
         cpu2.buckets[9] = 1;
         let mut h = HistData::default();

@@ -17,7 +17,7 @@ fn pct(qs: &[Quantile], q: f64) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-const HEADER: [&str; 15] = [
+const HEADER: [&str; 16] = [
     "probe",
     "context",
     "backend",
@@ -31,13 +31,14 @@ const HEADER: [&str; 15] = [
     "max",
     "mean",
     "total",
+    "self",
     "%cpu",
     "lost",
 ];
 
 fn line(cells: &[String]) -> String {
     format!(
-        "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>6} {:>7}",
+        "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6} {:>7}",
         cells[0],
         cells[1],
         cells[2],
@@ -52,7 +53,8 @@ fn line(cells: &[String]) -> String {
         cells[11],
         cells[12],
         cells[13],
-        cells[14]
+        cells[14],
+        cells[15]
     )
 }
 
@@ -84,14 +86,69 @@ fn row(
             fmt_ns(l.max_ns as f64),
             l.mean_ns.map(fmt_ns).unwrap_or_default(),
             fmt_ns(l.sum_ns as f64),
+            l.self_ns.map(|s| fmt_ns(s as f64)).unwrap_or_default(),
             l.cpu_share
                 .map(|s| format!("{:.2}", s * 100.0))
                 .unwrap_or_default(),
         ]),
-        _ => cells.extend(std::iter::repeat_n(String::new(), 9)),
+        _ => cells.extend(std::iter::repeat_n(String::new(), 10)),
     }
     cells.push(lost.map(|n| fmt_count(n as f64)).unwrap_or_default());
     line(&cells.into_iter().map(dash).collect::<Vec<_>>())
+}
+
+/// Where the workload's CPU time went: its CPU time, the share of it in traced code (the
+/// probes' self times added: nothing counted twice), and per probe its total (entry to exit,
+/// nested probes inside) and self shares, with the instrumentation's own part beside them.
+pub fn workload_cpu(doc: &Document) -> String {
+    let mut out = String::new();
+    let Some((cpu, source)) = doc
+        .meta
+        .workload
+        .as_ref()
+        .and_then(|w| Some((w.cpu_ns?, w.cpu_source.clone().unwrap_or_default())))
+    else {
+        return out;
+    };
+    let rows: Vec<_> = doc
+        .probes
+        .iter()
+        .filter_map(|p| Some((p, p.workload.as_ref()?)))
+        .filter(|(_, w)| w.self_share_of_workload_cpu.is_some())
+        .collect();
+    if rows.is_empty() {
+        return out;
+    }
+    let pc = |v: Option<f64>| {
+        v.map(|v| format!("{:.2}%", v * 100.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    let all: f64 = rows
+        .iter()
+        .filter_map(|(_, w)| w.self_share_of_workload_cpu)
+        .sum();
+    let floor: Option<f64> = rows
+        .iter()
+        .map(|(_, w)| w.floor_share_of_workload_cpu)
+        .sum();
+    let _ = writeln!(
+        out,
+        "workload CPU: {} ({source}); in the traced functions {} of it (self times added), of which instrumentation {}",
+        fmt_ns(cpu as f64),
+        pc(Some(all)),
+        pc(floor)
+    );
+    for (p, w) in rows {
+        let _ = writeln!(
+            out,
+            "  {:<16} self {:>7} (net of instrumentation {:>7})  total {:>7}",
+            p.name,
+            pc(w.self_share_of_workload_cpu),
+            pc(w.net_self_share_of_workload_cpu),
+            pc(w.share_of_workload_cpu),
+        );
+    }
+    out
 }
 
 /// The footnote line of a probe: calls, every way calls were lost, calls that left the CPU.
@@ -384,6 +441,7 @@ pub fn summary(doc: &Document) -> String {
             );
         }
     }
+    out.push_str(&workload_cpu(doc));
     for p in &doc.probes {
         out.push_str(&callers(p, CALLERS_SHOWN));
         out.push_str(&stacks(p, CALLERS_SHOWN));

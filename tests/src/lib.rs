@@ -344,6 +344,63 @@ pub fn check_invariants(doc: &Document, summary: &str) {
             "summary lacks {line:?}:\n{summary}"
         );
     }
+    check_self_times(doc);
+}
+
+/// Self times (issue "Where the workload's CPU goes"): no context's self time exceeds its
+/// total, nor the workload's; over every probe and context the self times add up to the time
+/// of the outermost traced calls (traced time counted once) when nothing was lost, left
+/// pending or of unknown nesting, and never to less.
+pub fn check_self_times(doc: &Document) {
+    let (mut self_ns, mut outer, mut clean, mut any) = (0u64, 0u64, true, false);
+    for p in doc
+        .probes
+        .iter()
+        .filter(|p| p.backend.to_string() != "tracepoint")
+    {
+        clean &= p.lost == 0 && p.pending_at_end == 0;
+        for c in &p.contexts {
+            let Some(l) = c.latency.as_ref() else {
+                continue;
+            };
+            let Some(s) = l.self_ns else {
+                return; // a recording from before self time
+            };
+            any = true;
+            assert!(
+                s <= l.sum_ns,
+                "{} {}: self {s} ns above the total {} ns",
+                p.name,
+                c.context,
+                l.sum_ns
+            );
+            self_ns += s;
+            outer += c.outermost_ns;
+            clean &= c.self_unknown == 0;
+        }
+        if let Some(l) = p.workload.as_ref().and_then(|w| w.latency.as_ref()) {
+            assert!(
+                l.self_ns.is_some_and(|s| s <= l.sum_ns),
+                "{}: workload self {:?} ns, total {} ns",
+                p.name,
+                l.self_ns,
+                l.sum_ns
+            );
+        }
+    }
+    if !any {
+        return;
+    }
+    assert!(
+        self_ns >= outer,
+        "self times add up to {self_ns} ns, less than the outermost calls' {outer} ns"
+    );
+    if clean {
+        assert_eq!(
+            self_ns, outer,
+            "with nothing lost, the self times add up to the outermost calls' time"
+        );
+    }
 }
 
 /// Runs one of the tests' HdrHistogram_py scripts (in the venv `cargo xtask setup` makes) and

@@ -97,6 +97,15 @@ pub fn serve_script() -> String {
     include_str!("../guest/serve.sh").to_string()
 }
 
+/// The guest script of the profiler comparison (`xtask/guest/profile.sh`): each of `backends`
+/// with `probes` (record's probe flags), hackbench `hackbench`, perf at `freq` Hz.
+pub fn profile_script(backends: &str, probes: &str, hackbench: &str, freq: u32) -> String {
+    format!(
+        "BACKENDS='{backends}'\nPROBES='{probes}'\nHB='{hackbench}'\nFREQ={freq}\n{}",
+        include_str!("../guest/profile.sh")
+    )
+}
+
 /// The guest script of the by-memcg test (`xtask/guest/bymemcg.sh`).
 pub fn bymemcg_script() -> String {
     include_str!("../guest/bymemcg.sh").to_string()

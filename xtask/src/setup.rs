@@ -32,6 +32,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "fonts-dejavu-core",
     // The real scraper of `memcg-trace serve` in the tests, and promtool (Debian 12: 2.42).
     "prometheus",
+    // The profiler the self and total shares are checked against in the VM (Debian 12: 6.1).
+    "linux-perf",
 ];
 
 /// HdrHistogram_py, the independent reader the tests decode recordings' histograms with, and

@@ -140,14 +140,21 @@ impl Verifier {
             if ok {
                 let ns = d.end - d.start;
                 // The traced calls nested in it are known unless marked otherwise.
-                let self_ns = match ns.checked_sub(d.child_ns) {
-                    Some(s) if d.child_ns != u64::MAX => s,
+                let (self_ns, nested) = match ns.checked_sub(d.child_ns) {
+                    Some(s) if d.child_ns != u64::MAX => (s, d.child_calls as u64),
                     _ => {
                         out.self_unknown += 1;
-                        ns
+                        (ns, 0)
                     }
                 };
-                add(&mut out.hist, ns, self_ns);
+                // Its time off the CPU, where known.
+                let off = if d.flags & DEFERRED_SWITCHED != 0 && d.flags & DEFERRED_OFF_UNKNOWN == 0
+                {
+                    d.off_ns
+                } else {
+                    0
+                };
+                add(&mut out.hist, ns, self_ns, nested, off);
                 if d.flags & DEFERRED_OUTERMOST != 0 {
                     out.outermost_ns += ns;
                 }
@@ -158,7 +165,7 @@ impl Verifier {
                     out.off_cpu_max_ns = out.off_cpu_max_ns.max(d.off_ns);
                 }
                 if d.flags & DEFERRED_WORKLOAD != 0 {
-                    add(&mut self.workload[p], ns, self_ns);
+                    add(&mut self.workload[p], ns, self_ns, nested, off);
                 }
                 if let Some(c) = self.callers.as_mut() {
                     c.add(d.probe, d.ctx as u32, d.caller, ns);
@@ -175,10 +182,12 @@ impl Verifier {
 }
 
 /// Adds one latency, and its self time, to a histogram.
-fn add(h: &mut HistData, ns: u64, self_ns: u64) {
+fn add(h: &mut HistData, ns: u64, self_ns: u64, nested: u64, off: u64) {
+    h.off_ns += off;
     h.count += 1;
     h.sum_ns += ns;
     h.self_ns += self_ns;
+    h.nested += nested;
     h.max_ns = h.max_ns.max(ns);
     h.min_ns = if h.min_ns == 0 { ns } else { h.min_ns.min(ns) };
     h.buckets[memcg_trace_common::bucket_index(ns)] += 1;
@@ -196,7 +205,7 @@ mod tests {
             probe: 0,
             ctx: ctx as u8,
             flags: 0,
-            _pad: 0,
+            child_calls: 0,
             child_ns: 0,
             off_ns: 0,
             caller: 0,

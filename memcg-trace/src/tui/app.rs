@@ -97,6 +97,9 @@ pub struct Row {
     pub mean: Option<f64>,
     /// Share of one CPU spent inside the function.
     pub cpu: Option<f64>,
+    /// The same for its self time (the traced calls nested in it left out); None where the
+    /// nesting was not followed (recordings from before, fentry on preemptible kernels).
+    pub self_cpu: Option<f64>,
     /// The histogram behind the row.
     pub hist: HistData,
 }
@@ -520,14 +523,26 @@ impl App {
                 if p.ctx_calls(i) == 0 && i != 0 {
                     continue;
                 }
-                out.push(row(&p.name, CTX_NAMES[i], p.backend, h, elapsed, latency));
+                let known = self_known(c);
+                out.push(row(
+                    &p.name,
+                    CTX_NAMES[i],
+                    p.backend,
+                    h,
+                    elapsed,
+                    latency,
+                    known,
+                ));
             }
             if let Some(w) = &p.workload {
                 let h = match before.and_then(|b| b.workload.as_ref()) {
                     Some(b) => w.since(b),
                     None => w.clone(),
                 };
-                out.push(row(&p.name, "workload", p.backend, h, elapsed, latency));
+                let known = self_known(&p.contexts[0]);
+                out.push(row(
+                    &p.name, "workload", p.backend, h, elapsed, latency, known,
+                ));
             }
         }
         out
@@ -556,6 +571,11 @@ impl App {
     }
 }
 
+/// Whether a context's self times were followed at all (not every call's nesting unknown).
+fn self_known(c: &crate::snapshot::CtxStats) -> bool {
+    c.hist.count == 0 || c.counters.self_unknown < c.hist.count
+}
+
 fn row(
     probe: &str,
     context: &'static str,
@@ -563,6 +583,7 @@ fn row(
     h: HistData,
     elapsed: Duration,
     latency: bool,
+    self_known: bool,
 ) -> Row {
     let l = (latency && backend.has_latency())
         .then(|| figures::latency(&h, elapsed, &[0.5, 0.99, 0.999]))
@@ -578,6 +599,10 @@ fn row(
         max: l.as_ref().map(|l| l.max_ns),
         mean: l.as_ref().map(|l| l.mean_ns),
         cpu: l.as_ref().and_then(|l| l.cpu_share),
+        self_cpu: l
+            .as_ref()
+            .filter(|_| self_known && !elapsed.is_zero())
+            .map(|_| h.self_ns as f64 / elapsed.as_nanos() as f64),
         hist: h,
     }
 }

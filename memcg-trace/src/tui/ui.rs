@@ -184,6 +184,9 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
         head.extend(["p99.9", "max", "mean"]);
     }
     head.push("cpu%");
+    if wide {
+        head.push("self%");
+    }
     let body: Vec<TRow> = rows
         .iter()
         .map(|r| {
@@ -204,6 +207,13 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
                     .map(|c| format!("{:.2}", c * 100.0))
                     .unwrap_or_else(|| "-".into()),
             ));
+            if wide {
+                cells.push(Cell::from(
+                    r.self_cpu
+                        .map(|c| format!("{:.2}", c * 100.0))
+                        .unwrap_or_else(|| "-".into()),
+                ));
+            }
             let style = if r.context == "workload" {
                 Style::new().fg(Color::Cyan)
             } else {
@@ -227,6 +237,9 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
         ]);
     }
     widths.push(Constraint::Length(7));
+    if wide {
+        widths.push(Constraint::Length(7));
+    }
     let title = if rows.is_empty() {
         " waiting for the first tick "
     } else {

@@ -882,26 +882,19 @@ fn vacate(set: &mut PendingSet, i: usize) {
     }
 }
 
-/// Entry half: remember the call. `caller`: its call site (`Pending::caller`), 0 without
-/// `--callers`; `memcg`: the memcg it charges (`Pending::memcg`), 0 when not read.
-/// Pushes a call that just entered onto this CPU's nesting stack. A frame with the same key
-/// is a call that is gone (its frame is in use again): it goes, with what lies above it. A
-/// full stack drops its bottom frame: the oldest, most likely left by a call that will not exit
-/// here.
+/// Pushes a call that just entered onto this CPU's nesting stack. A top frame with the same
+/// key is a call that is gone (its frame is in use again): it is replaced. A full stack drops
+/// its bottom frame: the oldest, most likely left by a call that will not exit here. (Frames
+/// are reached at constant indices or under a mask, and no loop is counted from the stored
+/// depth: older verifiers (6.1) would explore such a loop without end.)
 #[inline(always)]
 fn nest_push<E: Env>(env: &E, key: u64, owner: u64) {
     let Some(n) = env.nest() else {
         return;
     };
-    let mut d = n.depth as usize;
-    for i in 0..NEST_DEPTH {
-        if i >= d {
-            break;
-        }
-        if n.frames[i].key == key {
-            d = i;
-            break;
-        }
+    let mut d = n.depth.min(NEST_DEPTH as u64) as usize;
+    if d > 0 && n.frames[(d + NEST_DEPTH - 1) & (NEST_DEPTH - 1)].key == key {
+        d -= 1;
     }
     if d >= NEST_DEPTH {
         for i in 0..NEST_DEPTH - 1 {
@@ -947,16 +940,13 @@ fn nest_add<E: Env>(env: &E, parent: usize, ns: u64) {
 #[inline(always)]
 fn nest_pop<E: Env>(env: &E, key: u64, task_ctx: bool, owner: u64) -> Option<Popped> {
     let n = env.nest()?;
-    let d = n.depth as usize;
+    let d = n.depth.min(NEST_DEPTH as u64) as usize;
+    // The topmost frame in use with this key (a fixed number of steps at constant indices).
     let mut at = NEST_DEPTH;
     for j in 0..NEST_DEPTH {
-        if j >= d {
-            break;
-        }
-        let i = (d - 1 - j) & (NEST_DEPTH - 1);
-        if n.frames[i].key == key {
+        let i = NEST_DEPTH - 1 - j;
+        if at == NEST_DEPTH && i < d && n.frames[i].key == key {
             at = i;
-            break;
         }
     }
     if at >= NEST_DEPTH {
@@ -967,7 +957,9 @@ fn nest_pop<E: Env>(env: &E, key: u64, task_ctx: bool, owner: u64) -> Option<Pop
     n.depth = at as u64;
     let mut parent = NEST_DEPTH;
     if at > 0 {
-        let p = (at - 1) & (NEST_DEPTH - 1);
+        // Written so that the mask stays in the code: older verifiers (6.1) do not learn from
+        // `at > 0` that `at - 1` is not negative.
+        let p = (at + NEST_DEPTH - 1) & (NEST_DEPTH - 1);
         if !task_ctx || n.frames[p].owner == owner {
             parent = p;
         }
@@ -979,6 +971,8 @@ fn nest_pop<E: Env>(env: &E, key: u64, task_ctx: bool, owner: u64) -> Option<Pop
     })
 }
 
+/// Entry half: remember the call. `caller`: its call site (`Pending::caller`), 0 without
+/// `--callers`; `memcg`: the memcg it charges (`Pending::memcg`), 0 when not read.
 #[inline(always)]
 fn pair_entry<E: Env>(
     env: &E,

@@ -696,18 +696,13 @@ fn probes_out(
     workload_cpu_ns: Option<u64>,
 ) -> Vec<ProbeOut> {
     let of_cpu = |ns: u64| workload_cpu_ns.and_then(|c| ratio(ns as f64, c as f64));
+    let floor_of = |b: Backend| floors.iter().find(|f| f.backend == b);
     // The workload's CPU time without the tracer: less every traced call's full cost.
-    let per_call = |b: Backend| {
-        floors
-            .iter()
-            .find(|f| f.backend == b)
-            .and_then(|f| f.per_call_ns)
-    };
     let instrumented: Option<f64> = snap
         .probes
         .iter()
         .filter(|p| p.backend.has_latency())
-        .filter_map(|p| Some(p.workload.as_ref()?.count as f64 * per_call(p.backend)?))
+        .filter_map(|p| Some(p.workload.as_ref()?.count as f64 * floor_of(p.backend)?.per_call_ns?))
         .reduce(|a, b| a + b);
     let untraced_cpu = workload_cpu_ns
         .map(|c| c as f64 - instrumented.unwrap_or(0.0))
@@ -717,13 +712,11 @@ fn probes_out(
         .iter()
         .enumerate()
         .map(|(slot, p)| {
-            let floor = floors
-                .iter()
-                .find(|f| f.backend == p.backend)
-                .map(|f| f.p50_ns);
+            let f = floor_of(p.backend);
+            let floor = f.map(|f| f.p50_ns);
             // The instrumentation inside the self time of `w`'s calls, ns.
             let instrumentation = |w: &HistData| -> Option<f64> {
-                let f = floors.iter().find(|f| f.backend == p.backend)?;
+                let f = f?;
                 let outside = f
                     .per_call_ns
                     .map_or(0.0, |c| (c - f.p50_ns as f64).max(0.0));

@@ -96,6 +96,31 @@ impl Killed {
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
         c.wait().expect("wait")
     }
+
+    /// Stops the child (if still running) and returns its exit status and what it wrote to
+    /// stderr: for the failure message, as nobody can rerun a failed CI run.
+    fn stop_with_stderr(&mut self) -> String {
+        let Some(c) = self.0.as_mut() else {
+            return "(already stopped)".into();
+        };
+        let mut err = String::new();
+        let mut pipe = c.stderr.take();
+        let st = match c.try_wait() {
+            Ok(Some(st)) => st,
+            _ => self.stop(),
+        };
+        if let Some(p) = pipe.as_mut() {
+            // What is there now: the workload may still hold the pipe open.
+            use std::os::fd::AsRawFd as _;
+            // SAFETY: fcntl(2) on a pipe we own.
+            unsafe { libc::fcntl(p.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+            let mut raw = Vec::new();
+            let _ = p.read_to_end(&mut raw);
+            err = String::from_utf8_lossy(&raw).into_owned();
+        }
+        self.0 = None;
+        format!("serve: {st}; its stderr:\n{err}")
+    }
 }
 
 impl Drop for Killed {
@@ -132,22 +157,59 @@ fn serve_is_scraped_by_a_real_prometheus() {
         return;
     };
     let dir = scratch(name);
-    let (port, prom_port) = (free_port(), free_port());
+    let spawn = |port: u16| {
+        let serve = Command::new(bin())
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--tick",
+                "250ms",
+                "--",
+            ])
+            .args([
+                "sh",
+                "-c",
+                &format!("while :; do {hb} -g 1 -l 200 >/dev/null; done"),
+            ])
+            // Start-up held for 3 s once the listener is up: scrapes meanwhile must be answered.
+            .env(memcg_trace::cmd::serve::SLOW_START, "3000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start serve");
+        Killed(Some(serve))
+    };
+    // A free port can be taken by another process before serve binds it: then serve ends
+    // with "cannot listen there" and another port is tried.
+    let mut tries = 0;
+    let (port, mut serve) = loop {
+        let port = free_port();
+        let mut serve = spawn(port);
+        let t = Instant::now();
+        while get(port, "/metrics").is_none()
+            && !serve
+                .0
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+            && t.elapsed() < Duration::from_secs(30)
+        {
+            thread::sleep(Duration::from_millis(20));
+        }
+        if get(port, "/metrics").is_some() {
+            break (port, serve);
+        }
+        let why = serve.stop_with_stderr();
+        tries += 1;
+        assert!(
+            why.contains("cannot listen there") && tries < 3,
+            "serve never listened (after {:?})\n{why}",
+            t.elapsed()
+        );
+    };
     let listen = format!("127.0.0.1:{port}");
-    let serve = Command::new(bin())
-        .args(["serve", "--listen", &listen, "--tick", "250ms", "--"])
-        .args([
-            "sh",
-            "-c",
-            &format!("while :; do {hb} -g 1 -l 200 >/dev/null; done"),
-        ])
-        // Start-up held for 3 s once the listener is up: scrapes meanwhile must be answered.
-        .env(memcg_trace::cmd::serve::SLOW_START, "3000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start serve");
-    let mut serve = Killed(Some(serve));
+    let prom_port = free_port();
+    assert_ne!(prom_port, port);
     // Start-up and then serving: every scrape is answered; up turns 1.
     let t0 = Instant::now();
     let mut starting = 0;
@@ -156,12 +218,16 @@ fn serve_is_scraped_by_a_real_prometheus() {
         let asked = Instant::now();
         let got = get(port, "/metrics");
         // Once the listener is up, every scrape is answered, and at once.
-        if listening {
-            assert!(got.is_some(), "a scrape during start-up was not answered");
-            assert!(
-                asked.elapsed() < Duration::from_secs(2),
-                "a scrape during start-up took {:?}",
-                asked.elapsed()
+        if listening && (got.is_none() || asked.elapsed() >= Duration::from_secs(2)) {
+            let why = serve.stop_with_stderr();
+            panic!(
+                "a scrape during start-up was not answered at once ({:?}: {})\n{why}",
+                asked.elapsed(),
+                if got.is_some() {
+                    "answered late"
+                } else {
+                    "not answered"
+                }
             );
         }
         listening |= got.is_some();
@@ -176,10 +242,19 @@ fn serve_is_scraped_by_a_real_prometheus() {
             assert!(!body.contains("memcg_trace_calls_total"), "{body}");
             starting += 1;
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "serve never came up"
-        );
+        // Ended (it should not) or not up in time: show why.
+        let ended = serve
+            .0
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+        if ended || t0.elapsed() >= Duration::from_secs(60) {
+            let why = serve.stop_with_stderr();
+            panic!(
+                "serve never came up ({} after {:?}, {starting} scrapes answered with up 0)\n{why}",
+                if ended { "it ended" } else { "still starting" },
+                t0.elapsed()
+            );
+        }
         thread::sleep(Duration::from_millis(100));
     };
     assert!(starting > 0, "no scrape was answered during start-up");

@@ -903,10 +903,15 @@ fn nest_push<E: Env>(env: &E, key: u64, owner: u64) {
         d = NEST_DEPTH - 1;
     }
     let f = &mut n.frames[d & (NEST_DEPTH - 1)];
-    f.key = key;
-    f.owner = owner;
-    f.child_ns = 0;
-    f.child_calls = 0;
+    // Field by field and volatile: written together, the zeros become a call of the BPF
+    // memset, a loop of five instructions a byte (about 85 instructions for these 16 bytes).
+    // SAFETY: aligned u64s of a map value.
+    unsafe {
+        core::ptr::write_volatile(&mut f.key, key);
+        core::ptr::write_volatile(&mut f.owner, owner);
+        core::ptr::write_volatile(&mut f.child_ns, 0);
+        core::ptr::write_volatile(&mut f.child_calls, 0);
+    }
     n.depth = d as u64 + 1;
 }
 
@@ -941,16 +946,23 @@ fn nest_add<E: Env>(env: &E, parent: usize, ns: u64) {
 fn nest_pop<E: Env>(env: &E, key: u64, task_ctx: bool, owner: u64) -> Option<Popped> {
     let n = env.nest()?;
     let d = n.depth.min(NEST_DEPTH as u64) as usize;
-    // The topmost frame in use with this key (a fixed number of steps at constant indices).
-    let mut at = NEST_DEPTH;
-    for j in 0..NEST_DEPTH {
-        let i = NEST_DEPTH - 1 - j;
-        if at == NEST_DEPTH && i < d && n.frames[i].key == key {
-            at = i;
-        }
-    }
-    if at >= NEST_DEPTH {
+    if d == 0 {
         return None;
+    }
+    // The top frame, nearly always; else the topmost frame in use with this key (a fixed
+    // number of steps at constant indices).
+    let mut at = (d + NEST_DEPTH - 1) & (NEST_DEPTH - 1);
+    if n.frames[at].key != key {
+        at = NEST_DEPTH;
+        for j in 0..NEST_DEPTH {
+            let i = NEST_DEPTH - 1 - j;
+            if at == NEST_DEPTH && i < d && n.frames[i].key == key {
+                at = i;
+            }
+        }
+        if at >= NEST_DEPTH {
+            return None;
+        }
     }
     let child_ns = n.frames[at & (NEST_DEPTH - 1)].child_ns;
     let child_calls = n.frames[at & (NEST_DEPTH - 1)].child_calls;

@@ -54,6 +54,7 @@ fn vm_matrix(short: &str) {
             echo: false,
             modules: Vec::new(),
             mem_mb: 0,
+            icount: None,
         },
     )
     .expect("start the VM");
@@ -285,6 +286,7 @@ fn boot_with(
             echo: false,
             modules,
             mem_mb: 0,
+            icount: None,
         },
     )
     .expect("start the VM");

@@ -50,6 +50,10 @@ enum Cmd {
         /// Guest memory, MiB.
         #[arg(long, default_value_t = 1024)]
         mem: u32,
+        /// TCG: the guest clock counts instructions, 2^N ns each (`-icount shift=N`), so that
+        /// guest times do not depend on the host's load.
+        #[arg(long, value_name = "N")]
+        icount: Option<u32>,
     },
     /// The main job: memcg-trace alongside hackbench on a stock kernel in a VM (or the host).
     Demo {
@@ -130,7 +134,8 @@ fn main() {
             timeout,
             bin,
             mem,
-        } => vm_cmd(&kernel, accel, script, timeout, bin, mem),
+            icount,
+        } => vm_cmd(&kernel, accel, script, timeout, bin, mem, icount),
         Cmd::Demo {
             host,
             kernel,
@@ -218,6 +223,7 @@ fn vm_cmd(
     timeout: u64,
     extra_bins: Vec<PathBuf>,
     mem: u32,
+    icount: Option<u32>,
 ) -> Result<()> {
     let specs = kernels::select(kernel)?;
     let script = match script {
@@ -243,6 +249,7 @@ fn vm_cmd(
                 echo: true,
                 modules: Vec::new(),
                 mem_mb: mem,
+                icount,
             },
         )?;
         if r.success {
@@ -306,6 +313,7 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
                 echo: false,
                 modules: Vec::new(),
                 mem_mb: 0,
+                icount: None,
             },
         )?;
         if !r.success {

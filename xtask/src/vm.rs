@@ -49,6 +49,10 @@ pub struct VmSpec {
     pub modules: Vec<PathBuf>,
     /// Guest memory, MiB (0: 1024).
     pub mem_mb: u32,
+    /// TCG only: the guest's clock counts executed instructions, 2^shift ns each, instead of
+    /// following the host's (`-icount shift=N`): guest times are then free of the
+    /// host's load and of emulation speed, deterministic up to scheduling.
+    pub icount: Option<u32>,
 }
 
 /// The outcome of one boot.
@@ -235,7 +239,14 @@ pub fn run(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
     let out_dir = work.join("out");
     let mut cmd = Command::new(qemu);
     match spec.accel {
-        Accel::Tcg => cmd.args(["-accel", "tcg,thread=single", "-cpu", "max"]),
+        Accel::Tcg => {
+            cmd.args(["-accel", "tcg,thread=single", "-cpu", "max"]);
+            // Guest time counted in instructions (`-icount`), where the bench asks for it.
+            if let Some(shift) = spec.icount {
+                cmd.args(["-icount", &format!("shift={shift}")]);
+            }
+            &mut cmd
+        }
         Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host"]),
     };
     let mem = if spec.mem_mb == 0 { 1024 } else { spec.mem_mb }.to_string();

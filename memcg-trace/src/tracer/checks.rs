@@ -678,3 +678,50 @@ impl Tracer {
 
 /// perf_event_open flag: close the fd on exec.
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd as _;
+
+    use super::*;
+
+    /// The programs' run counts, run times and recursion misses are read per tick through
+    /// BPF_OBJ_GET_INFO_BY_FD at fixed offsets of the UAPI struct: they must be what the
+    /// kernel's fdinfo says of the same program.
+    #[test]
+    fn program_stats_from_the_info_are_the_fdinfo_s() {
+        let name = "program_stats_from_the_info_are_the_fdinfo_s";
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping {name}: needs root");
+            return;
+        }
+        let btf = crate::kernel::open_btf().expect("kernel BTF");
+        let layout = crate::kernel::layout(&btf).expect("layout");
+        drop(btf);
+        let rig = TestRig::new(&layout, false).expect("the self-test program");
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("bpf stats");
+        for _ in 0..7 {
+            rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+                .expect("test run");
+        }
+        drop(stats);
+        let prog: &RawTracePoint = rig
+            .ebpf
+            .program(names::SELFTEST)
+            .expect("selftest program")
+            .try_into()
+            .expect("raw tracepoint");
+        let fd = prog
+            .fd()
+            .expect("loaded")
+            .as_fd()
+            .try_clone_to_owned()
+            .expect("fd");
+        let info = super::super::proginfo::stats(fd.as_fd()).expect("bpf_prog_info stats");
+        let fdinfo = super::super::fdinfo_stats(&fd).expect("fdinfo");
+        assert_eq!(info, fdinfo, "(run time, runs, recursion misses)");
+        assert_eq!(info.1, 7, "runs counted while stats were on");
+        assert!(info.0 > 0, "run time");
+    }
+}

@@ -306,27 +306,38 @@ pub fn slot_programs(backend: Backend, slot: u32) -> Vec<&'static str> {
     }
 }
 
-/// The kernel's run count, run time and recursion misses of a program, from its fdinfo.
+/// The kernel's run count, run time and recursion misses of a program: from its
+/// `bpf_prog_info`, else (kernels whose info lacks them) from its fdinfo.
 fn program_cost(name: &str, fd: &OwnedFd) -> ProgCost {
-    let mut c = ProgCost {
+    let (run_time_ns, run_cnt, recursion_misses) = proginfo::stats(fd.as_fd())
+        .or_else(|| fdinfo_stats(fd))
+        .unwrap_or_default();
+    ProgCost {
         name: name.to_string(),
-        ..Default::default()
-    };
-    if let Ok(info) = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())) {
-        for line in info.lines() {
-            let Some((k, v)) = line.split_once(':') else {
-                continue;
-            };
-            let v: u64 = v.trim().parse().unwrap_or(0);
-            match k {
-                "run_time_ns" => c.run_time_ns = v,
-                "run_cnt" => c.run_cnt = v,
-                "recursion_misses" => c.recursion_misses = v,
-                _ => {}
-            }
+        run_time_ns,
+        run_cnt,
+        recursion_misses,
+    }
+}
+
+/// `run_time_ns`, `run_cnt` and `recursion_misses` of a program from its fdinfo (what it
+/// lacks reads 0).
+fn fdinfo_stats(fd: &OwnedFd) -> Option<(u64, u64, u64)> {
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let mut out = (0, 0, 0);
+    for line in info.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let v: u64 = v.trim().parse().unwrap_or(0);
+        match k {
+            "run_time_ns" => out.0 = v,
+            "run_cnt" => out.1 = v,
+            "recursion_misses" => out.2 = v,
+            _ => {}
         }
     }
-    c
+    Some(out)
 }
 
 /// A log sink for the programs' diagnostics: one line each on stderr.

@@ -45,7 +45,8 @@ const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 /// `BPF_JMP | BPF_CALL`.
 const CALL: u8 = 0x85;
 
-fn get_info(fd: BorrowedFd<'_>, info: &mut [u8; INFO_LEN]) -> Result<()> {
+/// Fills `info`; returns the length the kernel wrote (its struct may be shorter).
+fn get_info(fd: BorrowedFd<'_>, info: &mut [u8; INFO_LEN]) -> Result<usize> {
     #[repr(C)]
     struct Attr {
         bpf_fd: u32,
@@ -72,7 +73,7 @@ fn get_info(fd: BorrowedFd<'_>, info: &mut [u8; INFO_LEN]) -> Result<()> {
             std::io::Error::last_os_error()
         );
     }
-    Ok(())
+    Ok(attr.info_len as usize)
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -92,6 +93,21 @@ fn bpf3(cmd: libc::c_long, a: u32, b: u32, c: u32) -> std::io::Result<(i64, [u32
         return Err(std::io::Error::last_os_error());
     }
     Ok((r, attr))
+}
+
+/// A program's run time, run count and recursion misses (`run_time_ns`, `run_cnt`,
+/// `recursion_misses`): one system call, where its fdinfo takes six. None where the kernel's
+/// info is shorter (recursion misses came in 5.12) or the call fails.
+pub fn stats(fd: BorrowedFd<'_>) -> Option<(u64, u64, u64)> {
+    let mut info = [0u8; INFO_LEN];
+    let len = get_info(fd, &mut info).ok()?;
+    (len >= OFF_MISSES + 8).then(|| {
+        (
+            u64_at(&info, OFF_RUN_TIME),
+            u64_at(&info, OFF_RUN_CNT),
+            u64_at(&info, OFF_MISSES),
+        )
+    })
 }
 
 /// One program loaded in the kernel, by anyone.

@@ -688,7 +688,7 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
 
 /// The per-probe part of the document.
 /// `workload_by_memcg`: the workload rows hold calls of every context (`Workload::by_memcg`).
-fn probes_out(
+pub(crate) fn probes_out(
     snap: &Snapshot,
     notes: &HashMap<String, Vec<String>>,
     floors: &[Floor],

@@ -995,6 +995,12 @@ impl Session {
         self.meta(Duration::ZERO, cpu, None)
     }
 
+    /// The workload's CPU time since the start, ns: as read when it exited, or, still
+    /// running, from its cgroup now (the dashboard's share of it).
+    pub fn workload_cpu_ns(&self) -> Option<u64> {
+        self.workload_cpu().map(|c| c.0)
+    }
+
     /// The workload's CPU time: as read when it exited, or, still running, from its cgroup
     /// now.
     fn workload_cpu(&self) -> Option<(u64, String)> {

@@ -201,6 +201,9 @@ pub struct App {
     pub message: Option<String>,
     /// Workload status line, when one runs.
     pub workload: Option<String>,
+    /// The workload's CPU time since the start, ns (its cgroup's, or its process tree's once
+    /// it has exited), where known: the base of `workload_cpu_line`.
+    pub workload_cpu_ns: Option<u64>,
     /// Rates per row key over the last ticks.
     pub history: HashMap<(String, &'static str), VecDeque<u64>>,
     /// Interval p99 per row key over the last ticks, ns (0: none timed).
@@ -246,6 +249,7 @@ impl App {
             tick,
             message: None,
             workload: None,
+            workload_cpu_ns: None,
             history: HashMap::new(),
             p99_history: HashMap::new(),
             times_ms: Vec::new(),
@@ -559,6 +563,54 @@ impl App {
         }
     }
 
+    /// How much of the workload's CPU time the traced functions took since the start, for
+    /// its status line: the self times of its calls (off-CPU time left out) as a share of its
+    /// CPU time, all probes and each, and the same net of the instrumentation (the figures of
+    /// the table and the JSON). None without a workload, its CPU time, or a latency backend.
+    pub fn workload_cpu_line(&self) -> Option<String> {
+        let snap = self.current.as_ref()?;
+        let cpu = self.workload_cpu_ns.filter(|c| *c > 0)?;
+        let probes =
+            crate::export::probes_out(snap, &HashMap::new(), &self.header.floors, false, Some(cpu));
+        let parts: Vec<(&str, f64)> = probes
+            .iter()
+            .filter_map(|p| {
+                Some((
+                    p.name.as_str(),
+                    p.workload.as_ref()?.self_share_of_workload_cpu?,
+                ))
+            })
+            .collect();
+        if parts.is_empty() {
+            return None;
+        }
+        let total: f64 = parts.iter().map(|p| p.1).sum();
+        let net: Option<f64> = probes
+            .iter()
+            .filter(|p| {
+                p.workload
+                    .as_ref()
+                    .is_some_and(|w| w.self_share_of_workload_cpu.is_some())
+            })
+            .map(|p| {
+                p.workload
+                    .as_ref()
+                    .and_then(|w| w.net_self_share_of_workload_cpu)
+            })
+            .sum();
+        let each: Vec<String> = parts
+            .iter()
+            .map(|(n, v)| format!("{n} {:.1}%", v * 100.0))
+            .collect();
+        Some(format!(
+            "traced {:.1}% of its CPU ({}self {})",
+            total * 100.0,
+            net.map(|n| format!("net of instrumentation {:.1}%; ", n * 100.0))
+                .unwrap_or_default(),
+            each.join(", ")
+        ))
+    }
+
     /// The largest share of a probe's calls lost in any way (an upper bound), over the whole
     /// run.
     pub fn worst_loss(&self) -> Option<f64> {
@@ -612,6 +664,65 @@ pub(crate) mod tests {
     use super::*;
     use crate::snapshot::{CtxStats, ProbeStats};
     use memcg_trace_common::bucket_index;
+
+    /// The status line's share of the workload's CPU: self times (less time off the CPU) of
+    /// the workload's calls over its CPU time, each probe and all; net of the instrumentation
+    /// where a floor is known; nothing without the workload's CPU time.
+    #[test]
+    fn the_workload_line_gives_the_traced_share_of_its_cpu() {
+        let mut s = snap(10, 1000, 500, 0);
+        let mut stat = s.probes[0].clone();
+        stat.name = "stat".into();
+        // charge: 1000 calls, 400 us self (100 us of it off the CPU); stat: 200 us self.
+        let mut w = HistData {
+            count: 1000,
+            sum_ns: 600_000,
+            self_ns: 400_000,
+            off_ns: 100_000,
+            ..Default::default()
+        };
+        s.probes[0].workload = Some(w.clone());
+        w.self_ns = 200_000;
+        w.off_ns = 0;
+        stat.workload = Some(w);
+        s.probes.push(stat);
+        let mut app = App::new(Header::default(), Duration::from_secs(1));
+        app.on_snapshot(s.clone());
+        assert_eq!(app.workload_cpu_line(), None, "no CPU time, no share");
+        app.workload_cpu_ns = Some(10_000_000);
+        assert_eq!(
+            app.workload_cpu_line().as_deref(),
+            Some("traced 5.0% of its CPU (self charge 3.0%, stat 2.0%)")
+        );
+        // A floor of 100 ns a call inside each self time: 2 x 100 us of instrumentation, out
+        // of the 500 us and of the workload's CPU.
+        let mut app = App::new(
+            Header {
+                floors: vec![crate::tracer::checks::Floor {
+                    backend: Backend::Fentry,
+                    calls: 1000,
+                    p50_ns: 100,
+                    p90_ns: 100,
+                    min_ns: 100,
+                    programs_ns: None,
+                    per_call_ns: Some(100.0),
+                }],
+                ..Default::default()
+            },
+            Duration::from_secs(1),
+        );
+        app.workload_cpu_ns = Some(10_000_000);
+        app.on_snapshot(s);
+        let line = app.workload_cpu_line().expect("a line");
+        // (300 - 100 + 200 - 100) us over 10 ms less 200 us of instrumentation.
+        assert!(
+            line.contains(&format!(
+                "net of instrumentation {:.1}%",
+                300_000.0 / 9_800_000.0 * 100.0
+            )),
+            "{line}"
+        );
+    }
 
     /// A snapshot with one fentry probe whose task context saw `calls` calls of `ns` each and
     /// whose softirq context saw `soft` calls, at `secs` seconds.

@@ -33,14 +33,18 @@ pub fn draw(f: &mut Frame, app: &App) {
     }
     let rows = app.rows();
     let detail = area.height >= 18;
-    let [header, table, bottom, keys] = Layout::vertical([
-        Constraint::Length(3),
+    // As many lines as the header wraps to on this width (its three lines, wrapped), up to
+    // five and a quarter of the screen: a narrow terminal still shows the workload's line.
+    let head = header(app);
+    let head_lines = (head.line_count(area.width) as u16).clamp(3, (area.height / 4).clamp(3, 5));
+    let [header_area, table, bottom, keys] = Layout::vertical([
+        Constraint::Length(head_lines),
         Constraint::Min(3),
         Constraint::Length(if detail { 9 } else { 0 }),
         Constraint::Length(1),
     ])
     .areas(area);
-    draw_header(f, app, header);
+    f.render_widget(head, header_area);
     draw_table(f, app, &rows, table);
     if detail {
         if let Some(r) = rows.get(app.selected) {
@@ -87,7 +91,8 @@ pub fn draw(f: &mut Frame, app: &App) {
     }
 }
 
-fn draw_header(f: &mut Frame, app: &App, area: Rect) {
+/// The header: kernel and mode, probes and costs, the workload (wrapped to the width).
+fn header(app: &App) -> Paragraph<'static> {
     let h = &app.header;
     let elapsed = app
         .current
@@ -165,13 +170,13 @@ fn draw_header(f: &mut Frame, app: &App, area: Rect) {
             )),
         ]),
         Line::from(second),
-        Line::from(
-            app.workload
-                .clone()
-                .unwrap_or_else(|| "workload: none (system-wide)".into()),
-        ),
+        Line::from(match (&app.workload, app.workload_cpu_line()) {
+            (Some(w), Some(cpu)) => format!("{w} | {cpu}"),
+            (Some(w), None) => w.clone(),
+            (None, _) => "workload: none (system-wide)".into(),
+        }),
     ];
-    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: true }), area);
+    Paragraph::new(lines).wrap(Wrap { trim: true })
 }
 
 fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
@@ -726,6 +731,29 @@ mod tests {
             app.on_snapshot(snap(i, i * 45_000, 700, i * 30));
         }
         app
+    }
+
+    /// With the workload's CPU time known, its status line says how much of it the traced
+    /// functions took, at both sizes the snapshots use.
+    #[test]
+    fn the_workload_line_shows_its_cpu_share() {
+        let mut app = app_with_data();
+        let mut s = snap(5, 5 * 45_000, 700, 150);
+        s.probes[0].workload = Some(crate::snapshot::HistData {
+            count: 1000,
+            sum_ns: 900_000,
+            self_ns: 900_000,
+            ..Default::default()
+        });
+        app.on_snapshot(s);
+        app.workload_cpu_ns = Some(20_000_000);
+        for (w, h) in [(120, 36), (80, 24)] {
+            let screen = render(&app, w, h);
+            assert!(
+                screen.contains("traced 4.5% of its CPU"),
+                "{w}x{h}:\n{screen}"
+            );
+        }
     }
 
     #[test]

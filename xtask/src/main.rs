@@ -51,7 +51,8 @@ enum Cmd {
         #[arg(long, default_value_t = 1024)]
         mem: u32,
         /// TCG: the guest clock counts instructions, 2^N ns each (`-icount shift=N`), so that
-        /// guest times do not depend on the host's load.
+        /// guest times do not depend on the host's load (for experiments: QEMU 7.2 corrupted a
+        /// guest's flags once in about ten such boots).
         #[arg(long, value_name = "N")]
         icount: Option<u32>,
     },

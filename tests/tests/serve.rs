@@ -213,7 +213,8 @@ fn serve_is_scraped_by_a_real_prometheus() {
     // Start-up and then serving: every scrape is answered; up turns 1.
     let t0 = Instant::now();
     let mut starting = 0;
-    let mut listening = false;
+    // It answered above: from now on every scrape must be answered, and at once.
+    let mut listening = true;
     let text = loop {
         let asked = Instant::now();
         let got = get(port, "/metrics");

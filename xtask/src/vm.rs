@@ -243,13 +243,18 @@ pub fn run(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
     match spec.accel {
         Accel::Tcg => {
             cmd.args(["-accel", "tcg,thread=single", "-cpu", "max"]);
-            // Guest time counted in instructions (`-icount`), where the bench asks for it.
+            // Guest time counted in instructions (`-icount`), where asked for.
             if let Some(shift) = spec.icount {
                 cmd.args(["-icount", &format!("shift={shift}")]);
             }
             &mut cmd
         }
-        Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host"]),
+        Accel::Kvm => {
+            if spec.icount.is_some() {
+                bail!("-icount needs TCG: drop --icount or use --accel tcg");
+            }
+            cmd.args(["-accel", "kvm", "-cpu", "host"])
+        }
     };
     let mem = if spec.mem_mb == 0 { 1024 } else { spec.mem_mb }.to_string();
     cmd.args([

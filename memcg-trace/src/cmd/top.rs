@@ -117,7 +117,7 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
             w.cgroup
         )
     });
-    app.workload_cpu_ns = doc.meta.workload.as_ref().and_then(|w| w.cpu_ns);
+    app.set_workload_cpu(doc.meta.workload.as_ref().and_then(|w| w.cpu_ns));
     app.on_snapshot(export::to_snapshot(doc));
     if let Some(h) = &doc.history {
         // The run tick by tick: the rate and p99 panes, stepped through with the arrow keys.

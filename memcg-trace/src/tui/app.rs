@@ -202,8 +202,11 @@ pub struct App {
     /// Workload status line, when one runs.
     pub workload: Option<String>,
     /// The workload's CPU time since the start, ns (its cgroup's, or its process tree's once
-    /// it has exited), where known: the base of `workload_cpu_line`.
-    pub workload_cpu_ns: Option<u64>,
+    /// it has exited), where known: the base of `workload_cpu_line` (set with
+    /// `set_workload_cpu`).
+    workload_cpu_ns: Option<u64>,
+    /// `workload_cpu_line`'s text, short and long, made once per snapshot or CPU reading.
+    workload_cpu_text: Option<(String, String)>,
     /// Rates per row key over the last ticks.
     pub history: HashMap<(String, &'static str), VecDeque<u64>>,
     /// Interval p99 per row key over the last ticks, ns (0: none timed).
@@ -250,6 +253,7 @@ impl App {
             message: None,
             workload: None,
             workload_cpu_ns: None,
+            workload_cpu_text: None,
             history: HashMap::new(),
             p99_history: HashMap::new(),
             times_ms: Vec::new(),
@@ -286,6 +290,7 @@ impl App {
                 }
             }
         }
+        self.workload_cpu_text = self.make_workload_cpu_text();
         self.follow_selection();
         self.dirty = true;
     }
@@ -563,11 +568,29 @@ impl App {
         }
     }
 
+    /// The workload's CPU time since the start, read with the snapshot it goes with: ignored
+    /// while paused, as the snapshots are.
+    pub fn set_workload_cpu(&mut self, ns: Option<u64>) {
+        if self.paused {
+            return;
+        }
+        self.workload_cpu_ns = ns;
+        self.workload_cpu_text = self.make_workload_cpu_text();
+        self.dirty = true;
+    }
+
     /// How much of the workload's CPU time the traced functions took since the start, for
     /// its status line: the self times of its calls (off-CPU time left out) as a share of its
-    /// CPU time, all probes and each, and the same net of the instrumentation (the figures of
-    /// the table and the JSON). None without a workload, its CPU time, or a latency backend.
-    pub fn workload_cpu_line(&self) -> Option<String> {
+    /// CPU time, all probes and the same net of the instrumentation, and (`long`) each probe's
+    /// (the figures of the table and the JSON). None without a workload, its CPU time, or a
+    /// latency backend.
+    pub fn workload_cpu_line(&self, long: bool) -> Option<&str> {
+        self.workload_cpu_text
+            .as_ref()
+            .map(|(short, full)| if long { full.as_str() } else { short.as_str() })
+    }
+
+    fn make_workload_cpu_text(&self) -> Option<(String, String)> {
         let snap = self.current.as_ref()?;
         let cpu = self.workload_cpu_ns.filter(|c| *c > 0)?;
         let probes =
@@ -602,13 +625,20 @@ impl App {
             .iter()
             .map(|(n, v)| format!("{n} {:.1}%", v * 100.0))
             .collect();
-        Some(format!(
+        let short = format!(
+            "traced {:.1}% of its CPU{}",
+            total * 100.0,
+            net.map(|n| format!(" (net {:.1}%)", n * 100.0))
+                .unwrap_or_default(),
+        );
+        let long = format!(
             "traced {:.1}% of its CPU ({}self {})",
             total * 100.0,
             net.map(|n| format!("net of instrumentation {:.1}%; ", n * 100.0))
                 .unwrap_or_default(),
             each.join(", ")
-        ))
+        );
+        Some((short, long))
     }
 
     /// The largest share of a probe's calls lost in any way (an upper bound), over the whole
@@ -688,12 +718,18 @@ pub(crate) mod tests {
         s.probes.push(stat);
         let mut app = App::new(Header::default(), Duration::from_secs(1));
         app.on_snapshot(s.clone());
-        assert_eq!(app.workload_cpu_line(), None, "no CPU time, no share");
-        app.workload_cpu_ns = Some(10_000_000);
+        assert_eq!(app.workload_cpu_line(true), None, "no CPU time, no share");
+        app.set_workload_cpu(Some(10_000_000));
         assert_eq!(
-            app.workload_cpu_line().as_deref(),
+            app.workload_cpu_line(true),
             Some("traced 5.0% of its CPU (self charge 3.0%, stat 2.0%)")
         );
+        assert_eq!(app.workload_cpu_line(false), Some("traced 5.0% of its CPU"));
+        // Paused, the figures stay those of the snapshot shown.
+        app.on_key(Key::Char('p'));
+        assert!(app.paused);
+        app.set_workload_cpu(Some(20_000_000));
+        assert_eq!(app.workload_cpu_line(false), Some("traced 5.0% of its CPU"));
         // A floor of 100 ns a call inside each self time: 2 x 100 us of instrumentation, out
         // of the 500 us and of the workload's CPU.
         let mut app = App::new(
@@ -711,9 +747,9 @@ pub(crate) mod tests {
             },
             Duration::from_secs(1),
         );
-        app.workload_cpu_ns = Some(10_000_000);
+        app.set_workload_cpu(Some(10_000_000));
         app.on_snapshot(s);
-        let line = app.workload_cpu_line().expect("a line");
+        let line = app.workload_cpu_line(true).expect("a line").to_string();
         // (300 - 100 + 200 - 100) us over 10 ms less 200 us of instrumentation.
         assert!(
             line.contains(&format!(

@@ -126,14 +126,14 @@ pub async fn live(app: &mut App, session: &mut Session, exit_with_workload: bool
         tokio::select! {
             ev = session.next() => match ev? {
                 SessionEvent::Tick(s) => {
-                    app.workload_cpu_ns = session.workload_cpu_ns();
+                    app.set_workload_cpu(session.workload_cpu_ns());
                     app.on_snapshot((*s).clone());
                 }
                 SessionEvent::Signal(sig) => return Ok(End::Signal(sig)),
                 SessionEvent::WorkloadExited(code) => {
                     exited = Some(code);
                     // The final figures include everything the workload did.
-                    app.workload_cpu_ns = session.workload_cpu_ns();
+                    app.set_workload_cpu(session.workload_cpu_ns());
                     app.on_snapshot((*session.latest()).clone());
                     app.workload = Some(format!(
                         "workload: {} exited {}; figures frozen, q to quit",

@@ -35,7 +35,7 @@ pub fn draw(f: &mut Frame, app: &App) {
     let detail = area.height >= 18;
     // As many lines as the header wraps to on this width (its three lines, wrapped), up to
     // five and a quarter of the screen: a narrow terminal still shows the workload's line.
-    let head = header(app);
+    let head = header(app, area.width);
     let head_lines = (head.line_count(area.width) as u16).clamp(3, (area.height / 4).clamp(3, 5));
     let [header_area, table, bottom, keys] = Layout::vertical([
         Constraint::Length(head_lines),
@@ -91,8 +91,8 @@ pub fn draw(f: &mut Frame, app: &App) {
     }
 }
 
-/// The header: kernel and mode, probes and costs, the workload (wrapped to the width).
-fn header(app: &App) -> Paragraph<'static> {
+/// The header: kernel and mode, probes and costs, the workload (wrapped to `width`).
+fn header(app: &App, width: u16) -> Paragraph<'static> {
     let h = &app.header;
     let elapsed = app
         .current
@@ -170,8 +170,10 @@ fn header(app: &App) -> Paragraph<'static> {
             )),
         ]),
         Line::from(second),
-        Line::from(match (&app.workload, app.workload_cpu_line()) {
-            (Some(w), Some(cpu)) => format!("{w} | {cpu}"),
+        // The share first, each probe's only where there is room: the workload's own text
+        // (its command and cgroup) can take the lines that are left.
+        Line::from(match (&app.workload, app.workload_cpu_line(width >= 120)) {
+            (Some(w), Some(cpu)) => format!("{cpu} | {w}"),
             (Some(w), None) => w.clone(),
             (None, _) => "workload: none (system-wide)".into(),
         }),
@@ -746,13 +748,17 @@ mod tests {
             ..Default::default()
         });
         app.on_snapshot(s);
-        app.workload_cpu_ns = Some(20_000_000);
-        for (w, h) in [(120, 36), (80, 24)] {
+        app.set_workload_cpu(Some(20_000_000));
+        // As the live dashboard words it.
+        app.workload = Some(
+            "workload: hackbench -g 2 -l 100 in /sys/fs/cgroup/memcg-trace.147, running".into(),
+        );
+        for (w, h, said) in [
+            (120, 36, "traced 4.5% of its CPU (self charge 4.5%)"),
+            (80, 24, "traced 4.5% of its CPU"),
+        ] {
             let screen = render(&app, w, h);
-            assert!(
-                screen.contains("traced 4.5% of its CPU"),
-                "{w}x{h}:\n{screen}"
-            );
+            assert!(screen.contains(said), "{w}x{h}:\n{screen}");
         }
     }
 

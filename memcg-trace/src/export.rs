@@ -504,6 +504,46 @@ pub struct ProbeOut {
     pub stack_sample: Option<u32>,
 }
 
+/// The workload's CPU shares of the probes that have them (a latency backend and the
+/// workload's CPU time known), added up: what the table's and the dashboard's lines say.
+pub struct WorkloadShares<'a> {
+    /// The probes with a self share, in order, and their workload figures.
+    pub rows: Vec<(&'a ProbeOut, &'a WorkloadOut)>,
+    /// Their self shares added: the share of the workload's CPU in traced code.
+    pub self_share: f64,
+    /// The same, net of the instrumentation (None where a probe's is unknown).
+    pub net_self_share: Option<f64>,
+    /// The instrumentation's share (None where a probe's is unknown).
+    pub floor_share: Option<f64>,
+}
+
+/// See [`WorkloadShares`]; None when no probe has a self share.
+pub fn workload_shares(probes: &[ProbeOut]) -> Option<WorkloadShares<'_>> {
+    let rows: Vec<_> = probes
+        .iter()
+        .filter_map(|p| Some((p, p.workload.as_ref()?)))
+        .filter(|(_, w)| w.self_share_of_workload_cpu.is_some())
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    Some(WorkloadShares {
+        self_share: rows
+            .iter()
+            .filter_map(|(_, w)| w.self_share_of_workload_cpu)
+            .sum(),
+        net_self_share: rows
+            .iter()
+            .map(|(_, w)| w.net_self_share_of_workload_cpu)
+            .sum(),
+        floor_share: rows
+            .iter()
+            .map(|(_, w)| w.floor_share_of_workload_cpu)
+            .sum(),
+        rows,
+    })
+}
+
 /// Task-context calls made by tasks of the workload's cgroup.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct WorkloadOut {

@@ -110,35 +110,21 @@ pub fn workload_cpu(doc: &Document) -> String {
     else {
         return out;
     };
-    let rows: Vec<_> = doc
-        .probes
-        .iter()
-        .filter_map(|p| Some((p, p.workload.as_ref()?)))
-        .filter(|(_, w)| w.self_share_of_workload_cpu.is_some())
-        .collect();
-    if rows.is_empty() {
+    let Some(shares) = crate::export::workload_shares(&doc.probes) else {
         return out;
-    }
+    };
     let pc = |v: Option<f64>| {
         v.map(|v| format!("{:.2}%", v * 100.0))
             .unwrap_or_else(|| "-".into())
     };
-    let all: f64 = rows
-        .iter()
-        .filter_map(|(_, w)| w.self_share_of_workload_cpu)
-        .sum();
-    let floor: Option<f64> = rows
-        .iter()
-        .map(|(_, w)| w.floor_share_of_workload_cpu)
-        .sum();
     let _ = writeln!(
         out,
         "workload CPU: {} ({source}); in the traced functions {} of it (self times added), of which instrumentation {}",
         fmt_ns(cpu as f64),
-        pc(Some(all)),
-        pc(floor)
+        pc(Some(shares.self_share)),
+        pc(shares.floor_share)
     );
-    for (p, w) in rows {
+    for (p, w) in shares.rows {
         let _ = writeln!(
             out,
             "  {:<16} self {:>7} (net of instrumentation {:>7})  total {:>7}",

@@ -595,35 +595,18 @@ impl App {
         let cpu = self.workload_cpu_ns.filter(|c| *c > 0)?;
         let probes =
             crate::export::probes_out(snap, &HashMap::new(), &self.header.floors, false, Some(cpu));
-        let parts: Vec<(&str, f64)> = probes
+        let shares = crate::export::workload_shares(&probes)?;
+        let (total, net) = (shares.self_share, shares.net_self_share);
+        let each: Vec<String> = shares
+            .rows
             .iter()
-            .filter_map(|p| {
-                Some((
-                    p.name.as_str(),
-                    p.workload.as_ref()?.self_share_of_workload_cpu?,
+            .filter_map(|(p, w)| {
+                Some(format!(
+                    "{} {:.1}%",
+                    p.name,
+                    w.self_share_of_workload_cpu? * 100.0
                 ))
             })
-            .collect();
-        if parts.is_empty() {
-            return None;
-        }
-        let total: f64 = parts.iter().map(|p| p.1).sum();
-        let net: Option<f64> = probes
-            .iter()
-            .filter(|p| {
-                p.workload
-                    .as_ref()
-                    .is_some_and(|w| w.self_share_of_workload_cpu.is_some())
-            })
-            .map(|p| {
-                p.workload
-                    .as_ref()
-                    .and_then(|w| w.net_self_share_of_workload_cpu)
-            })
-            .sum();
-        let each: Vec<String> = parts
-            .iter()
-            .map(|(n, v)| format!("{n} {:.1}%", v * 100.0))
             .collect();
         let short = format!(
             "traced {:.1}% of its CPU{}",

@@ -40,35 +40,37 @@ pub const CTX_NMI: u32 = 3;
 /// Context names in index order, as the kernel spells them.
 pub const CTX_NAMES: [&str; NUM_CTX] = ["task", "softirq", "hardirq", "nmi"];
 
-/// Floor of log2 for `v > 0`, written without loops or `leading_zeros` so that it compiles to a
-/// few shifts the BPF verifier accepts on every kernel.
+/// A de Bruijn sequence B(2, 6): the top six bits of `DE_BRUIJN << p` differ for every
+/// `p` in 0..64.
+const DE_BRUIJN: u64 = 0x022f_dd63_cc95_386d;
+
+/// The exponent `p` for each top six bits of `DE_BRUIJN << p` (see [`ilog2`]).
+const LOG2_OF_TOP_BITS: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut p = 0;
+    while p < 64 {
+        t[((DE_BRUIJN << p) >> 58) as usize] = p as u8;
+        p += 1;
+    }
+    t
+};
+
+/// Floor of log2 for `v > 0` (0 for 0), without loops, branches or `leading_zeros`, so that it
+/// compiles to one short straight sequence the BPF verifier accepts on every kernel (the
+/// binary search it replaces became about 50 instructions of conditional moves on every
+/// histogram update): the bits below the highest are filled in, the highest is isolated, and
+/// its position is read from the de Bruijn table.
 #[inline(always)]
-pub const fn ilog2(mut v: u64) -> u32 {
-    let mut r = 0;
-    if v >= 1 << 32 {
-        v >>= 32;
-        r += 32;
-    }
-    if v >= 1 << 16 {
-        v >>= 16;
-        r += 16;
-    }
-    if v >= 1 << 8 {
-        v >>= 8;
-        r += 8;
-    }
-    if v >= 1 << 4 {
-        v >>= 4;
-        r += 4;
-    }
-    if v >= 1 << 2 {
-        v >>= 2;
-        r += 2;
-    }
-    if v >= 1 << 1 {
-        r += 1;
-    }
-    r
+pub const fn ilog2(v: u64) -> u32 {
+    let mut x = v;
+    x |= x >> 1;
+    x |= x >> 2;
+    x |= x >> 4;
+    x |= x >> 8;
+    x |= x >> 16;
+    x |= x >> 32;
+    let top = x ^ (x >> 1);
+    LOG2_OF_TOP_BITS[(top.wrapping_mul(DE_BRUIJN) >> 58) as usize & 63] as u32
 }
 
 /// The bucket a latency of `ns` nanoseconds is counted in.
@@ -375,10 +377,10 @@ pub struct Counters {
     /// With `--by-memcg`: calls whose memcg found no room in the `MEMCGS` map (or lost a race
     /// for it); the "other" row of the per-memcg rows, which add up to the context's calls. It
     pub memcgs_other: u64,
-    /// Timed calls whose self time is not known, and counted as their whole duration: their
-    /// frame was not on the CPU's nesting stack at exit (they left the CPU, were pushed out of
-    /// a full stack, or ran where nesting is not followed: fentry on preemptible kernels), or
-    /// they left the CPU (nested calls elsewhere were not subtracted).
+    /// Timed calls whose self time is not known, and counted as their whole duration: task
+    /// calls that migrated or found another task's call left open on their CPU at exit (see
+    /// [`Nest`]), and every call where nesting is not followed (fentry on preemptible
+    /// kernels).
     pub self_unknown: u64,
     /// Durations of the timed calls that had no enclosing traced call to be subtracted from
     /// (the outermost ones, and those whose parent was not followed), ns, summed: the time
@@ -473,6 +475,12 @@ pub struct Pending {
     /// With `Config::by_memcg`: the id of the memcg the call charges, read from its argument
     /// (0: not read).
     pub memcg: u64,
+    /// This CPU's `Nest::ns` at entry (self time, see [`Nest`]).
+    pub nest_ns: u64,
+    /// This CPU's `Nest::calls` at entry.
+    pub nest_calls: u64,
+    /// This CPU's `Nest::owner` at entry: who the innermost open call was.
+    pub nest_owner: u64,
 }
 
 /// The call was made by a task of the workload's cgroup.
@@ -579,43 +587,41 @@ pub struct CpuState {
     pub cpu: u32,
     /// Entries since the last short stack captured here (`Config::stack_sample`).
     pub since_stack: u32,
-    /// The traced calls open on this CPU, innermost last (self time).
+    /// Self time on this CPU (see [`Nest`]).
     pub nest: Nest,
 }
 
-/// Depth of the per-CPU nesting stack: traced calls open at once on one CPU (charge, stat and
-/// rstat nest three deep; interrupts add theirs on top).
-pub const NEST_DEPTH: usize = 8;
-const _: () = assert!(NEST_DEPTH.is_power_of_two());
-
-/// One traced call open on a CPU.
-#[repr(C)]
-#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
-pub struct NestFrame {
-    /// The call's pending key (its frame).
-    pub key: u64,
-    /// Task context: the task; interrupt contexts: 0.
-    pub owner: u64,
-    /// Durations of the traced calls that ran nested in this one, ns, summed.
-    pub child_ns: u64,
-    /// How many there were (directly nested).
-    pub child_calls: u64,
-}
-
-/// The traced calls open on one CPU, outermost first. A call's entry pushes it; its exit
-/// finds it by key from the top, drops what lies above it (calls whose exit was lost, or of
-/// another task preempted meanwhile), and adds its duration to the frame below when that one
-/// encloses it: any frame for an interrupt-context call (an interrupt nests in whatever it
-/// interrupts), the same task's frame for a task-context call (another task's is not its
-/// caller: that task was preempted). Self time = duration - `child_ns`.
+/// Self time on one CPU, kept as running sums instead of a stack. `ns` and `calls` sum the
+/// traced calls completed at the current nesting level. A call notes them at its entry
+/// (`Pending::nest_ns`, `nest_calls`, `nest_owner`); at its exit their growth since is what
+/// ran nested in it, and it sets them back to the noted values, plus itself if an open call
+/// encloses it: what that enclosing call will see. An entry and an exit each cost a few loads
+/// and stores, no search; a call whose exit was lost leaves nothing to clean up (its
+/// children's time goes to its enclosing call). Interrupt-context calls nest in whatever they
+/// interrupt. A task call is enclosed only by its own task's open call: another task's, left
+/// open when that task was switched out, is not its caller, so its calls leave the sums as
+/// they found them and a call that left the CPU still finds its own nested time. Unknown
+/// (self time = duration, counted in `Counters::self_unknown`): a task call that finds
+/// another task's call still open at its exit, whose nested calls may have added to the sums
+/// meanwhile, and a migrated call, whose exit finds another CPU's sums (left alone).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct Nest {
-    /// Frames, `depth` of them in use.
-    pub frames: [NestFrame; NEST_DEPTH],
-    /// Frames in use.
-    pub depth: u64,
+    /// Durations of the calls completed at the current level, ns, summed (wrapping).
+    pub ns: u64,
+    /// How many (wrapping).
+    pub calls: u64,
+    /// The innermost open call: its task in task context, [`NEST_IRQ`] in an interrupt
+    /// context, [`NEST_NONE`] when none is open (as far as this CPU saw). A task-context call
+    /// is enclosed by the open call only if that is its own task's (another task's was left
+    /// open when it was switched out); an interrupt-context call, by any.
+    pub owner: u64,
 }
+
+/// `Nest::owner`: no traced call open on the CPU (a fresh map value reads as this).
+pub const NEST_NONE: u64 = 0;
+/// `Nest::owner`: the innermost open call runs in an interrupt context.
+pub const NEST_IRQ: u64 = 1;
 
 /// Settings userspace patches into the programs' read-only globals before load (before
 /// [`KernelLayout`] in `.rodata`; the fields the tracepoint path reads are at its end, next
@@ -1047,6 +1053,28 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ilog2_is_the_position_of_the_highest_bit() {
+        assert_eq!(ilog2(0), 0);
+        for p in 0..64 {
+            let v = 1u64 << p;
+            assert_eq!(ilog2(v), p, "2^{p}");
+            assert_eq!(ilog2(v | (v - 1)), p, "2^{p} with every lower bit");
+            assert_eq!(ilog2(v | 1), p, "2^{p} + 1");
+        }
+        // And against the standard library over a spread of values.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let v = x >> (x % 64);
+            if v != 0 {
+                assert_eq!(ilog2(v), v.ilog2(), "{v:#x}");
+            }
+        }
+    }
 
     #[test]
     fn caller_buckets_hold_their_values_and_tile_the_range() {

@@ -52,9 +52,10 @@ use memcg_trace_common::{
     Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, Nest, Pending,
     PendingSet, StackKey, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI,
     CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
-    DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_DEPTH,
-    NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD, PERCPU_VAR_MARKER,
-    RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, WINDOW_OPEN,
+    DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_IRQ,
+    NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD,
+    PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS,
+    WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -882,105 +883,71 @@ fn vacate(set: &mut PendingSet, i: usize) {
     }
 }
 
-/// Pushes a call that just entered onto this CPU's nesting stack. A top frame with the same
-/// key is a call that is gone (its frame is in use again): it is replaced. A full stack drops
-/// its bottom frame: the oldest, most likely left by a call that will not exit here. (Frames
-/// are reached at constant indices or under a mask, and no loop is counted from the stored
-/// depth: older verifiers (6.1) would explore such a loop without end.)
+/// Notes this CPU's nesting sums in the slot of a call that is entering (before its
+/// timestamp: a call nested from here on is inside its time) and makes it the innermost open
+/// call; `owner`: its task, or `NEST_IRQ` (see [`Nest`]).
 #[inline(always)]
-fn nest_push<E: Env>(env: &E, key: u64, owner: u64) {
+fn nest_enter<E: Env>(env: &E, p: &mut Pending, owner: u64) {
     let Some(n) = env.nest() else {
         return;
     };
-    let mut d = n.depth.min(NEST_DEPTH as u64) as usize;
-    if d > 0 && n.frames[(d + NEST_DEPTH - 1) & (NEST_DEPTH - 1)].key == key {
-        d -= 1;
-    }
-    if d >= NEST_DEPTH {
-        for i in 0..NEST_DEPTH - 1 {
-            n.frames[i] = n.frames[i + 1];
-        }
-        d = NEST_DEPTH - 1;
-    }
-    let f = &mut n.frames[d & (NEST_DEPTH - 1)];
-    // Field by field and volatile: written together, the zeros become a call of the BPF
-    // memset, a loop of five instructions a byte (about 85 instructions for these 16 bytes).
-    // SAFETY: aligned u64s of a map value.
-    unsafe {
-        core::ptr::write_volatile(&mut f.key, key);
-        core::ptr::write_volatile(&mut f.owner, owner);
-        core::ptr::write_volatile(&mut f.child_ns, 0);
-        core::ptr::write_volatile(&mut f.child_calls, 0);
-    }
-    n.depth = d as u64 + 1;
+    p.nest_ns = n.ns;
+    p.nest_calls = n.calls;
+    p.nest_owner = n.owner;
+    n.owner = owner;
 }
 
-/// A call's frame taken off this CPU's nesting stack at its exit.
-struct Popped {
-    /// The traced calls nested in it, ns.
+/// What ran nested in a call, found at its exit.
+struct Nested {
+    /// The traced calls nested in it, ns (`u64::MAX`: unknown).
     child_ns: u64,
     /// How many.
     child_calls: u64,
-    /// The index of the enclosing call's frame, to add this call's duration to
-    /// (`NEST_DEPTH`: none followed).
-    parent: usize,
+    /// Whether an open traced call encloses it (else it is outermost).
+    enclosed: bool,
 }
 
-/// Adds a counted call's duration to its enclosing call's frame (`Popped::parent`).
+/// At the exit of `call` (context `ctx`): what ran nested in it, from the growth of this CPU's
+/// sums since its entry, which are set back to their values then (the call itself is added by
+/// `nest_done` once it is counted, if an open call encloses it). `here`: the call entered on
+/// this CPU (a migrated call's exit leaves this CPU's sums alone). A task call's growth is
+/// its own only if the innermost open call is still its own: one that left the CPU finds so
+/// unless another task's call is left open (asleep) there meanwhile, whose nested calls may
+/// have added to the sums; then unknown. (Another task's calls that completed meanwhile added
+/// nothing: they are not enclosed by this task's call, so they set the sums back as they
+/// found them.)
 #[inline(always)]
-fn nest_add<E: Env>(env: &E, parent: usize, ns: u64) {
-    if parent >= NEST_DEPTH {
-        return;
+fn nest_exit<E: Env>(env: &E, call: &Pending, ctx: u32, here: bool) -> Nested {
+    let mut r = Nested {
+        child_ns: u64::MAX,
+        child_calls: 0,
+        enclosed: false,
+    };
+    if !here {
+        return r;
     }
+    let Some(n) = env.nest() else {
+        return r;
+    };
+    if ctx != CTX_TASK || n.owner == call.task {
+        r.child_ns = n.ns.wrapping_sub(call.nest_ns);
+        r.child_calls = n.calls.wrapping_sub(call.nest_calls);
+    }
+    n.ns = call.nest_ns;
+    n.calls = call.nest_calls;
+    n.owner = call.nest_owner;
+    r.enclosed = call.nest_owner != NEST_NONE && (ctx != CTX_TASK || call.nest_owner == call.task);
+    r
+}
+
+/// Adds a counted call's duration to this CPU's sums, for its enclosing call (after
+/// `nest_exit` found one on the CPU it entered).
+#[inline(always)]
+fn nest_done<E: Env>(env: &E, ns: u64) {
     if let Some(n) = env.nest() {
-        let f = &mut n.frames[parent & (NEST_DEPTH - 1)];
-        f.child_ns += ns;
-        f.child_calls += 1;
+        n.ns = n.ns.wrapping_add(ns);
+        n.calls = n.calls.wrapping_add(1);
     }
-}
-
-/// Takes the frame of the call with `key` off this CPU's nesting stack, with what lies above
-/// it (frames whose exit was lost, or of a task preempted meanwhile). None when the call has
-/// no frame here (it migrated, was pushed out, or nesting is not followed).
-#[inline(always)]
-fn nest_pop<E: Env>(env: &E, key: u64, task_ctx: bool, owner: u64) -> Option<Popped> {
-    let n = env.nest()?;
-    let d = n.depth.min(NEST_DEPTH as u64) as usize;
-    if d == 0 {
-        return None;
-    }
-    // The top frame, nearly always; else the topmost frame in use with this key (a fixed
-    // number of steps at constant indices).
-    let mut at = (d + NEST_DEPTH - 1) & (NEST_DEPTH - 1);
-    if n.frames[at].key != key {
-        at = NEST_DEPTH;
-        for j in 0..NEST_DEPTH {
-            let i = NEST_DEPTH - 1 - j;
-            if at == NEST_DEPTH && i < d && n.frames[i].key == key {
-                at = i;
-            }
-        }
-        if at >= NEST_DEPTH {
-            return None;
-        }
-    }
-    let child_ns = n.frames[at & (NEST_DEPTH - 1)].child_ns;
-    let child_calls = n.frames[at & (NEST_DEPTH - 1)].child_calls;
-    n.depth = at as u64;
-    let mut parent = NEST_DEPTH;
-    if at > 0 {
-        // Written so that the mask stays in the code: older verifiers (6.1) do not learn from
-        // `at > 0` that `at - 1` is not negative.
-        let p = (at + NEST_DEPTH - 1) & (NEST_DEPTH - 1);
-        if !task_ctx || n.frames[p].owner == owner {
-            parent = p;
-        }
-    }
-    Some(Popped {
-        child_ns,
-        child_calls,
-        parent,
-    })
 }
 
 /// Entry half: remember the call. `caller`: its call site (`Pending::caller`), 0 without
@@ -1030,7 +997,7 @@ fn pair_entry<E: Env>(
         p.caller = caller;
         p.memcg = memcg;
         p.key = key;
-        nest_push(env, key, 0);
+        nest_enter(env, p, NEST_IRQ);
         p.ts = env.now();
         return;
     }
@@ -1094,7 +1061,7 @@ fn pair_entry<E: Env>(
     p.memcg = memcg;
     // Before the timestamp: a call nested from here on is inside this one's time. (A claim
     // below fails only where runs interleave, and nesting is not followed there.)
-    nest_push(env, key, task);
+    nest_enter(env, p, task);
     p.ts = env.now();
     // After the timestamp: time off the CPU before it is not part of the call's latency.
     p.clock = env.clock(task);
@@ -1228,8 +1195,6 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             }
         }
         if !found {
-            // A frame left by the lost entry's call, if any, goes with it.
-            let _ = nest_pop(env, key, ctx == CTX_TASK, task);
             // An exit without its entry while the entry program is not attached is a call that
             // began (or ends) outside the tracing window, not a lost one.
             // SAFETY: pointer from a successful map lookup.
@@ -1250,12 +1215,11 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         return;
     };
     add(&mut cs.exits, 1, atomic);
-    // Off the nesting stack whatever happens below; its duration goes to the enclosing call
-    // only if the call is counted.
-    let (child, child_calls, parent) = match nest_pop(env, key, ctx == CTX_TASK, call.task) {
-        Some(p) => (p.child_ns, p.child_calls, p.parent),
-        None => (u64::MAX, 0, NEST_DEPTH),
-    };
+    // A task call that left the CPU: other tasks ran there meanwhile.
+    let switched = ctx == CTX_TASK && (migrated || env.switches(task) != call.switches);
+    // This CPU's nesting sums are set back whatever happens below; the call's duration is
+    // added for the enclosing call only if the call is counted.
+    let nested = nest_exit(env, &call, ctx, !migrated);
     if call.ts > now {
         // Cannot happen for a real pair; never a sample.
         add(&mut cs.orphans, 1, atomic);
@@ -1263,7 +1227,12 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     }
     let ns = now - call.ts;
     // A call whose nesting was not seen counts whole (`u64::MAX`: unknown).
-    let child = if child <= ns { child } else { u64::MAX };
+    let child = if nested.child_ns <= ns {
+        nested.child_ns
+    } else {
+        u64::MAX
+    };
+    let child_calls = nested.child_calls;
     let mut flags = 0u8;
     if call.flags & PENDING_WORKLOAD != 0 {
         flags |= DEFERRED_WORKLOAD;
@@ -1288,7 +1257,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     }
     let mut off = 0;
     if ctx == CTX_TASK {
-        if migrated || env.switches(task) != call.switches {
+        if switched {
             flags |= DEFERRED_SWITCHED;
             add(&mut cs.switched, 1, atomic);
             if migrated {
@@ -1320,8 +1289,8 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     // Its enclosing call's time holds this one's (a deferred call's too: its pairing is
     // rejected only when a stale entry joined another call's exit, both traced calls inside
     // the enclosing one).
-    if parent < NEST_DEPTH {
-        nest_add(env, parent, ns);
+    if nested.enclosed {
+        nest_done(env, ns);
     } else {
         flags |= DEFERRED_OUTERMOST;
     }

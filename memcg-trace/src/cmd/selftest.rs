@@ -312,6 +312,50 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "not preemptible: another task's calls while a task call is off the CPU are not nested in it",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                // T is switched out inside its call; T2 makes a traced call on the CPU, with
+                // one nested in it.
+                E(0x90, task, T2, 7000, 1200, false, 0),
+                E(0x88, task, T2, 7000, 1250, false, 0),
+                XK(0x88, task, T2, 7000, 1300, 0),
+                XK(0x90, task, T2, 7000, 1500, 0),
+                // T is back (its switch count and clock moved), and its own nested call.
+                E(0x80, task, T, 5400, 3000, false, 0),
+                XK(0x80, task, T, 5400, 3100, 0),
+                XK(0xa0, task, T, 5400, 4000, 0),
+            ],
+            check: |o| {
+                timed(o, CTX_TASK, 4, 3000 + 300 + 50 + 100)?;
+                // T2's calls are not subtracted from T's; T's own nested call is.
+                self_time(o, CTX_TASK, 2900 + 250 + 50 + 100)?;
+                expect("self unknown", o.counters[0].self_unknown, 0)?;
+                expect("outermost ns", o.counters[0].outermost_ns, 3000 + 300)
+            },
+        },
+        Case {
+            name: "not preemptible: a task call that finds another task's call left open on its CPU at exit: its self time unknown, never short",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                // T is switched out; T2's call, one nested in it done, then T2 sleeps in it.
+                E(0x90, task, T2, 7000, 1200, false, 0),
+                E(0x88, task, T2, 7000, 1250, false, 0),
+                XK(0x88, task, T2, 7000, 1300, 0),
+                XK(0xa0, task, T, 5400, 3000, 0),
+                XK(0x90, task, T2, 7400, 4000, 0),
+            ],
+            check: |o| {
+                timed(o, CTX_TASK, 3, 2000 + 2800 + 50)?;
+                expect("self unknown", o.counters[0].self_unknown, 2)?;
+                self_time(o, CTX_TASK, 2000 + 2800 + 50)
+            },
+        },
+        Case {
             name: "a task call interrupted by the same function in softirq",
             cpus: 1,
             kernel: PREEMPT,

@@ -377,10 +377,10 @@ pub struct Counters {
     /// With `--by-memcg`: calls whose memcg found no room in the `MEMCGS` map (or lost a race
     /// for it); the "other" row of the per-memcg rows, which add up to the context's calls. It
     pub memcgs_other: u64,
-    /// Timed calls whose self time is not known, and counted as their whole duration: task
-    /// calls that migrated or found another task's call left open on their CPU at exit (see
-    /// [`Nest`]), and every call where nesting is not followed (fentry on preemptible
-    /// kernels).
+    /// Timed calls whose self time is not known, and counted as their whole duration: calls
+    /// that were not the innermost open call on their CPU at exit (they migrated, or another
+    /// task's call was left open there meanwhile; see [`Nest`]), and every call where nesting
+    /// is not followed (fentry on preemptible kernels).
     pub self_unknown: u64,
     /// Durations of the timed calls that had no enclosing traced call to be subtracted from
     /// (the outermost ones, and those whose parent was not followed), ns, summed: the time
@@ -481,6 +481,10 @@ pub struct Pending {
     pub nest_calls: u64,
     /// This CPU's `Nest::owner` at entry: who the innermost open call was.
     pub nest_owner: u64,
+    /// This CPU's `Nest::top` at entry: the innermost open call then.
+    pub nest_top: u64,
+    /// This call's own number on its CPU (`Nest::seq` at entry).
+    pub nest_id: u64,
 }
 
 /// The call was made by a task of the workload's cgroup.
@@ -592,18 +596,20 @@ pub struct CpuState {
 }
 
 /// Self time on one CPU, kept as running sums instead of a stack. `ns` and `calls` sum the
-/// traced calls completed at the current nesting level. A call notes them at its entry
-/// (`Pending::nest_ns`, `nest_calls`, `nest_owner`); at its exit their growth since is what
-/// ran nested in it, and it sets them back to the noted values, plus itself if an open call
-/// encloses it: what that enclosing call will see. An entry and an exit each cost a few loads
-/// and stores, no search; a call whose exit was lost leaves nothing to clean up (its
-/// children's time goes to its enclosing call). Interrupt-context calls nest in whatever they
-/// interrupt. A task call is enclosed only by its own task's open call: another task's, left
-/// open when that task was switched out, is not its caller, so its calls leave the sums as
-/// they found them and a call that left the CPU still finds its own nested time. Unknown
-/// (self time = duration, counted in `Counters::self_unknown`): a task call that finds
-/// another task's call still open at its exit, whose nested calls may have added to the sums
-/// meanwhile, and a migrated call, whose exit finds another CPU's sums (left alone).
+/// traced calls completed at the current nesting level. A call entering takes the next number
+/// (`seq`), notes the sums and who was innermost (`Pending::nest_*`), and becomes the innermost
+/// open call (`top`, `owner`). At its exit it sets all of it back to what it noted, plus
+/// itself in the sums if the call it found open encloses it: what that call will see. If it is
+/// still the innermost call at its exit, every change to the sums meanwhile was made inside
+/// its window by a call it encloses (a call enclosed by the one innermost when it entered, set
+/// back to a value noted inside its window), so their growth is exactly its nested calls'
+/// time. Enclosed: an interrupt-context call by whatever it interrupted; a task call only by
+/// its own task's call (another task's, left open when that task was switched out, is not its
+/// caller, so its calls leave the sums as they found them). Exits out of order (a call that
+/// migrated, or whose task was switched out while another task's call began there and is
+/// still open) find another call innermost: their nesting is unknown (self time = duration,
+/// counted in `Counters::self_unknown`). A few loads and stores a call, no search; a call whose exit was
+/// lost leaves nothing to clean up.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct Nest {
@@ -612,10 +618,12 @@ pub struct Nest {
     /// How many (wrapping).
     pub calls: u64,
     /// The innermost open call: its task in task context, [`NEST_IRQ`] in an interrupt
-    /// context, [`NEST_NONE`] when none is open (as far as this CPU saw). A task-context call
-    /// is enclosed by the open call only if that is its own task's (another task's was left
-    /// open when it was switched out); an interrupt-context call, by any.
+    /// context, [`NEST_NONE`] when none is open (as far as this CPU saw).
     pub owner: u64,
+    /// The innermost open call's number (`Pending::nest_id`; 0: none).
+    pub top: u64,
+    /// Calls entered on this CPU: the last number given.
+    pub seq: u64,
 }
 
 /// `Nest::owner`: no traced call open on the CPU (a fresh map value reads as this).

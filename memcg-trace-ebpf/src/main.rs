@@ -883,18 +883,23 @@ fn vacate(set: &mut PendingSet, i: usize) {
     }
 }
 
-/// Notes this CPU's nesting sums in the slot of a call that is entering (before its
-/// timestamp: a call nested from here on is inside its time) and makes it the innermost open
-/// call; `owner`: its task, or `NEST_IRQ` (see [`Nest`]).
+/// Gives a call that is entering its number, notes this CPU's nesting state in its slot
+/// (before its timestamp: a call nested from here on is inside its time), and makes it the
+/// innermost open call; `owner`: its task, or `NEST_IRQ` (see [`Nest`]).
 #[inline(always)]
 fn nest_enter<E: Env>(env: &E, p: &mut Pending, owner: u64) {
     let Some(n) = env.nest() else {
         return;
     };
+    let id = n.seq.wrapping_add(1);
+    n.seq = id;
+    p.nest_id = id;
     p.nest_ns = n.ns;
     p.nest_calls = n.calls;
     p.nest_owner = n.owner;
+    p.nest_top = n.top;
     n.owner = owner;
+    n.top = id;
 }
 
 /// What ran nested in a call, found at its exit.
@@ -908,14 +913,10 @@ struct Nested {
 }
 
 /// At the exit of `call` (context `ctx`): what ran nested in it, from the growth of this CPU's
-/// sums since its entry, which are set back to their values then (the call itself is added by
-/// `nest_done` once it is counted, if an open call encloses it). `here`: the call entered on
-/// this CPU (a migrated call's exit leaves this CPU's sums alone). A task call's growth is
-/// its own only if the innermost open call is still its own: one that left the CPU finds so
-/// unless another task's call is left open (asleep) there meanwhile, whose nested calls may
-/// have added to the sums; then unknown. (Another task's calls that completed meanwhile added
-/// nothing: they are not enclosed by this task's call, so they set the sums back as they
-/// found them.)
+/// sums since its entry, known only if it is still the innermost open call (see [`Nest`]).
+/// The state is set back to what it was at its entry whatever happens (the call itself is
+/// added by `nest_done` once it is counted, if the call open then encloses it). `here`: the
+/// call entered on this CPU (a migrated call's exit leaves this CPU's state alone).
 #[inline(always)]
 fn nest_exit<E: Env>(env: &E, call: &Pending, ctx: u32, here: bool) -> Nested {
     let mut r = Nested {
@@ -929,13 +930,14 @@ fn nest_exit<E: Env>(env: &E, call: &Pending, ctx: u32, here: bool) -> Nested {
     let Some(n) = env.nest() else {
         return r;
     };
-    if ctx != CTX_TASK || n.owner == call.task {
+    if n.top == call.nest_id {
         r.child_ns = n.ns.wrapping_sub(call.nest_ns);
         r.child_calls = n.calls.wrapping_sub(call.nest_calls);
     }
     n.ns = call.nest_ns;
     n.calls = call.nest_calls;
     n.owner = call.nest_owner;
+    n.top = call.nest_top;
     r.enclosed = call.nest_owner != NEST_NONE && (ctx != CTX_TASK || call.nest_owner == call.task);
     r
 }

@@ -356,6 +356,31 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "not preemptible: exits out of order never give a call another's nested time",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                // T's call, with one nested; T is switched out inside it.
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                E(0x98, task, T, 5000, 1100, false, 0),
+                XK(0x98, task, T, 5000, 1200, 0),
+                // T2's call begins; T2 is switched out inside it.
+                E(0x90, task, T2, 7000, 1300, false, 0),
+                // T's call ends; T's next call begins, and T is switched out again.
+                XK(0xa0, task, T, 5300, 2000, 0),
+                E(0x80, task, T, 5300, 2100, false, 0),
+                // T2's call ends, setting back what it found at its entry (T's first call
+                // open, its nested call's 100 ns in the sums): none of it is T's second call's.
+                XK(0x90, task, T2, 7400, 3000, 0),
+                XK(0x80, task, T, 5600, 4000, 0),
+            ],
+            check: |o| {
+                timed(o, CTX_TASK, 4, 1000 + 100 + 1700 + 1900)?;
+                expect("self unknown", o.counters[0].self_unknown, 3)?;
+                self_time(o, CTX_TASK, 1000 + 100 + 1700 + 1900)
+            },
+        },
+        Case {
             name: "a task call interrupted by the same function in softirq",
             cpus: 1,
             kernel: PREEMPT,

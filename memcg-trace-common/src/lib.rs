@@ -173,11 +173,10 @@ pub mod names {
     pub const MAP_WORKLOAD_HIST: &str = "WORKLOAD_HIST";
     /// Counters by (CPU, probe, context), shared the same way.
     pub const MAP_COUNTERS: &str = "COUNTERS";
-    /// Calls waiting for their exit, per CPU and probe.
-    pub const MAP_PENDING: &str = "PENDING";
     /// Ring buffer of deferred calls (see [`super::Deferred`]).
     pub const MAP_DEFERRED: &str = "DEFERRED";
-    /// Per-CPU state of the programs.
+    /// Per-CPU state of the programs, with the calls waiting for their exit
+    /// (`CpuState::pending`).
     pub const MAP_CPU_STATE: &str = "CPU_STATE";
     /// Per probe slot: the per-CPU address of the fentry program's recursion-miss counter.
     pub const MAP_PROG_MISSES: &str = "PROG_MISSES";
@@ -283,15 +282,14 @@ pub const fn ctx_check_index(expected: u32, got: u32) -> u32 {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Hist {
-    /// Calls counted in this histogram.
-    pub count: u64,
     /// Sum of their durations, ns.
     pub sum_ns: u64,
     /// Longest duration, ns.
     pub max_ns: u64,
     /// Shortest duration, ns, stored bit-inverted so that an all-zero map entry means "none".
     pub min_ns_inv: u64,
-    /// Calls counted per bucket; see [`bucket_index`].
+    /// Calls counted per bucket; see [`bucket_index`]. Their sum is the histogram's count
+    /// (not kept apart: one store less a call).
     pub buckets: [u64; NUM_BUCKETS],
     /// Self time of these calls, ns, summed: each call's duration minus the durations of the
     /// traced calls nested in it on its CPU (see [`Nest`]); a call whose nesting was not seen
@@ -570,6 +568,10 @@ pub const fn off_cpu(entry: u64, exit: u64, wall: u64) -> Option<u64> {
     }
 }
 
+/// Pending sets per CPU: `MAX_PROBES` rounded up to a power of two, so that a probe slot
+/// masked with `PENDING_SETS - 1` is always in bounds.
+pub const PENDING_SETS: usize = MAX_PROBES.next_power_of_two();
+
 /// Per-CPU state the programs keep for themselves.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
@@ -593,6 +595,10 @@ pub struct CpuState {
     pub since_stack: u32,
     /// Self time on this CPU (see [`Nest`]).
     pub nest: Nest,
+    /// Calls waiting for their exit, by probe slot: in this value, which every program looks
+    /// up first, so that reaching them costs no lookup of their own. (`PENDING_SETS` of them,
+    /// the slots past `MAX_PROBES` unused.)
+    pub pending: [PendingSet; PENDING_SETS],
 }
 
 /// Self time on one CPU, kept as running sums instead of a stack. `ns` and `calls` sum the

@@ -53,9 +53,9 @@ use memcg_trace_common::{
     PendingSet, StackKey, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI,
     CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
     DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_IRQ,
-    NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD,
-    PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS,
-    WINDOW_OPEN,
+    NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_SETS,
+    PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND,
+    STACK_UNWOUND, TASK_SLOTS, WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -128,15 +128,12 @@ static WORKLOAD_HIST: Array<Hist> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 #[map]
 static COUNTERS: Array<Counters> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// Calls waiting for their exit, by probe, per CPU.
-#[map]
-static PENDING: PerCpuArray<PendingSet> = PerCpuArray::with_max_entries(MAX_PROBES as u32, 0);
-
 /// Deferred pairs for userspace to confirm. Sized by userspace at load.
 #[map]
 static DEFERRED: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
-/// This CPU's number and the address of its preempt count, found once and verified.
+/// This CPU's number and the address of its preempt count, found once and verified; its
+/// nesting sums; the calls waiting for their exit.
 #[map]
 static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 
@@ -505,6 +502,8 @@ trait Env {
     /// This CPU's nesting stack (self time); None where runs can interleave on one CPU
     /// (fentry on preemptible kernels), which would tear it.
     fn nest(&self) -> Option<&'static mut Nest>;
+    /// This CPU's state.
+    fn state(&self) -> St;
     /// The self-test, whose sequences run with no program attached.
     fn testing(&self) -> bool {
         false
@@ -580,6 +579,10 @@ impl Env for Kernel {
         self.preemptible && config().preemptible != 0
     }
     #[inline(always)]
+    fn state(&self) -> St {
+        self.st
+    }
+    #[inline(always)]
     fn nest(&self) -> Option<&'static mut Nest> {
         if self.atomic() {
             return None;
@@ -626,7 +629,6 @@ fn counters(cpu: u32, probe: u32, ctx: u32) -> Option<&'static mut Counters> {
 /// Adds one duration, and its self time, to a histogram.
 #[inline(always)]
 fn record(h: &mut Hist, ns: u64, self_ns: u64, nested: u64, off: u64, atomic: bool) {
-    add(&mut h.count, 1, atomic);
     add(&mut h.sum_ns, ns, atomic);
     add(&mut h.self_ns, self_ns, atomic);
     if nested != 0 {
@@ -835,11 +837,12 @@ fn defer(
     }
 }
 
-/// The pending set of `probe` on this CPU.
+/// The pending set of `probe` in CPU state `st` (no lookup: `st` is at hand).
 #[inline(always)]
-fn pending(probe: u32) -> Option<&'static mut PendingSet> {
-    // SAFETY: per-CPU value; see the module docs for who writes which slot.
-    PENDING.get_ptr_mut(probe).map(|p| unsafe { &mut *p })
+fn pending(st: St, probe: u32) -> Option<&'static mut PendingSet> {
+    // SAFETY: per-CPU value; see the module docs for who writes which slot. (Masked, not
+    // bounds-checked: the verifier then sees the bound however the compiler shapes it.)
+    unsafe { Some(&mut (*st.0).pending[probe as usize & (PENDING_SETS - 1)]) }
 }
 
 /// Claims a task slot's key atomically: from `from` to `to`. Task slots can be claimed from
@@ -973,7 +976,7 @@ fn pair_entry<E: Env>(
         }
         return;
     };
-    let (Some(set), Some(cs)) = (pending(probe), counters(cpu, probe, ctx)) else {
+    let (Some(set), Some(cs)) = (pending(env.state(), probe), counters(cpu, probe, ctx)) else {
         return;
     };
     add(&mut cs.entries, 1, atomic);
@@ -1083,33 +1086,36 @@ struct Search {
     found: u32,
     key: u64,
     task: u64,
-    call: Pending,
+    /// The call found (set with `found`); also the copy of a slot `pair_exit` makes where runs
+    /// interleave (one buffer: the program's stack is small).
+    call: core::mem::MaybeUninit<Pending>,
 }
 
 /// One CPU of the search (a `bpf_loop` callback): claims the call if it is pending there.
 unsafe extern "C" fn search_cpu(cpu: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the context it was given.
     let s = unsafe { &mut *(ctx as *mut Search) };
-    // SAFETY: helper lookup of PENDING's element on another CPU.
-    let set = unsafe {
+    let zero = 0u32;
+    // SAFETY: helper lookup of CPU_STATE's element on another CPU.
+    let st = unsafe {
         bpf_map_lookup_percpu_elem(
-            &PENDING as *const _ as *mut c_void,
-            &s.probe as *const u32 as *const c_void,
+            &CPU_STATE as *const _ as *mut c_void,
+            &zero as *const u32 as *const c_void,
             cpu as u32,
         )
-    } as *mut PendingSet;
-    if set.is_null() {
+    } as *mut CpuState;
+    if st.is_null() {
         return 0;
     }
     // SAFETY: pointer from a successful map lookup.
-    let set = unsafe { &mut *set };
+    let set = unsafe { &mut (*st).pending[s.probe as usize & (PENDING_SETS - 1)] };
     for i in 0..TASK_SLOTS {
         let p = &mut set.calls[i];
         if p.key == s.key && p.task == s.task {
             let call = *p;
             if claim(&mut p.key, s.key, 0) {
                 vacate(set, i);
-                s.call = call;
+                s.call.write(call);
                 s.found = 1;
                 return 1;
             }
@@ -1127,22 +1133,36 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     let now = env.now();
     let cpu = env.cpu();
     let atomic = env.atomic();
-    let Some(set) = pending(probe) else {
+    let Some(set) = pending(env.state(), probe) else {
         return;
     };
-    let mut call = Pending::default();
-    let mut found = false;
-    let mut migrated = false;
     // Read on every path, so that the value reaching `switches` is always the task pointer.
     let task = env.task();
+    // The call's slot is read in place once freed where no other run can take it before this
+    // one ends (runs do not interleave on this CPU: an interrupt's call has a slot of its own,
+    // and a migrated call's exit on another CPU looks for its own key); where runs interleave
+    // (`atomic`), from a copy made before it is freed (in `s.call`).
+    let mut s = Search {
+        probe,
+        found: 0,
+        key,
+        task,
+        call: core::mem::MaybeUninit::uninit(),
+    };
+    let mut call: *const Pending = core::ptr::null();
+    let mut found = false;
+    let mut migrated = false;
     // Interrupt contexts first: their calls are the innermost.
     for ctx in [CTX_NMI, CTX_HARDIRQ, CTX_SOFTIRQ] {
         let Some(p) = set.calls.get_mut(irq_slot(ctx)) else {
             continue;
         };
         if p.key == key {
-            call = *p;
+            if atomic {
+                s.call.write(*p);
+            }
             p.key = 0;
+            call = if atomic { s.call.as_ptr() } else { p };
             found = true;
             break;
         }
@@ -1152,10 +1172,16 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             let i = (k.hint + j) & (TASK_SLOTS - 1);
             let p = &mut set.calls[i];
             if p.key == key && p.task == task {
-                let c = *p;
+                if atomic {
+                    s.call.write(*p);
+                }
                 if claim(&mut p.key, key, 0) {
                     vacate(set, i);
-                    call = c;
+                    call = if atomic {
+                        s.call.as_ptr()
+                    } else {
+                        &set.calls[i]
+                    };
                     found = true;
                 }
                 break;
@@ -1174,13 +1200,6 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             }
         };
         if ctx == CTX_TASK {
-            let mut s = Search {
-                probe,
-                found: 0,
-                key,
-                task,
-                call: Pending::default(),
-            };
             // SAFETY: the callback only touches the context passed here.
             unsafe {
                 bpf_loop(
@@ -1191,7 +1210,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
                 );
             }
             if s.found != 0 {
-                call = s.call;
+                call = s.call.as_ptr();
                 found = true;
                 migrated = true;
             }
@@ -1212,6 +1231,9 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             return;
         }
     }
+    // SAFETY: set above with `found` (to the slot, which no other run takes before this one
+    // ends, or to the copy).
+    let call = unsafe { &*call };
     let ctx = call.ctx & (NUM_CTX as u32 - 1);
     let Some(cs) = counters(cpu, probe, ctx) else {
         return;
@@ -1221,7 +1243,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     let switched = ctx == CTX_TASK && (migrated || env.switches(task) != call.switches);
     // This CPU's nesting sums are set back whatever happens below; the call's duration is
     // added for the enclosing call only if the call is counted.
-    let nested = nest_exit(env, &call, ctx, !migrated);
+    let nested = nest_exit(env, call, ctx, !migrated);
     if call.ts > now {
         // Cannot happen for a real pair; never a sample.
         add(&mut cs.orphans, 1, atomic);
@@ -1304,7 +1326,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             now,
             flags,
             off,
-            &call,
+            call,
             child,
             child_calls,
         ) {
@@ -1898,6 +1920,9 @@ impl Env for Given {
     }
     fn entry_misses(&self, _probe: u32) -> Option<u64> {
         self.misses
+    }
+    fn state(&self) -> St {
+        self.st
     }
     fn nest(&self) -> Option<&'static mut Nest> {
         // SAFETY: the test CPU's state, valid for the run.

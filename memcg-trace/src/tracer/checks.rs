@@ -255,15 +255,21 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
     out.memcgs = breakdown_of(&rig, names::MAP_MEMCGS, probe, |k: &MemcgKey| {
         (k.probe, k.ctx, k.memcg)
     })?;
-    let sets: PerCpuArray<_, memcg_trace_common::PendingSet> = PerCpuArray::try_from(
+    let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(
         rig.ebpf
-            .map(names::MAP_PENDING)
-            .ok_or_else(|| anyhow!("map {} missing", names::MAP_PENDING))?,
+            .map(names::MAP_CPU_STATE)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?,
     )?;
-    out.pending = sets
-        .get(&(probe as u32), 0)?
+    out.pending = states
+        .get(&0, 0)?
         .iter()
-        .map(|s| s.calls.iter().filter(|c| c.key != 0).count() as u64)
+        .map(|s| {
+            s.pending[probe as usize]
+                .calls
+                .iter()
+                .filter(|c| c.key != 0)
+                .count() as u64
+        })
         .sum();
     let whist: Shared<Hist> = rig.shared(names::MAP_WORKLOAD_HIST, rig.cpus * MAX_PROBES)?;
     for cpu in 0..rig.cpus as u32 {

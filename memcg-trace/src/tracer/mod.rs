@@ -1078,14 +1078,15 @@ impl Tracer {
     fn pending_calls(&self) -> Result<Vec<u64>> {
         let map = self
             .ebpf
-            .map(names::MAP_PENDING)
-            .ok_or_else(|| anyhow!("map {} missing", names::MAP_PENDING))?;
-        let pending: aya::maps::PerCpuArray<_, memcg_trace_common::PendingSet> =
+            .map(names::MAP_CPU_STATE)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?;
+        let states: aya::maps::PerCpuArray<_, memcg_trace_common::CpuState> =
             aya::maps::PerCpuArray::try_from(map)?;
+        let states = states.get(&0, 0)?;
         let mut out = vec![0; self.attached.len()];
         for (slot, n) in out.iter_mut().enumerate() {
-            for set in pending.get(&(slot as u32), 0)?.iter() {
-                *n += set.calls.iter().filter(|c| c.key != 0).count() as u64;
+            for st in states.iter() {
+                *n += st.pending[slot].calls.iter().filter(|c| c.key != 0).count() as u64;
             }
         }
         Ok(out)

@@ -188,9 +188,6 @@ pub mod names {
     pub const MAP_CTX_BITS: &str = "CTX_BITS";
     /// Floor (b) per-CPU state of the bench.
     pub const MAP_FLOOR: &str = "FLOOR";
-    /// Tracepoint hits by (probe, context), per CPU: (hits, workload hits), where
-    /// `Config::tp_percpu` is set.
-    pub const MAP_TP_HITS: &str = "TP_HITS";
     /// Timed calls per call site, with `--callers` (see [`super::CallerKey`]).
     pub const MAP_CALLERS: &str = "CALLERS";
     /// Calls per charged memcg, with `--by-memcg` (see [`super::MemcgKey`]).
@@ -568,13 +565,9 @@ pub const fn off_cpu(entry: u64, exit: u64, wall: u64) -> Option<u64> {
     }
 }
 
-/// Pending sets per CPU: `MAX_PROBES` rounded up to a power of two, so that a probe slot
-/// masked with `PENDING_SETS - 1` is always in bounds.
-pub const PENDING_SETS: usize = MAX_PROBES.next_power_of_two();
-
 /// Per-CPU state the programs keep for themselves.
 #[repr(C)]
-#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuState {
     /// Address of this CPU's preempt count, once found and verified (0 before).
     pub preempt_addr: u64,
@@ -596,10 +589,17 @@ pub struct CpuState {
     /// Self time on this CPU (see [`Nest`]).
     pub nest: Nest,
     /// Calls waiting for their exit, by probe slot: in this value, which every program looks
-    /// up first, so that reaching them costs no lookup of their own. (`PENDING_SETS` of them,
-    /// the slots past `MAX_PROBES` unused.)
-    pub pending: [PendingSet; PENDING_SETS],
+    /// up first, so that reaching them costs no lookup of their own. (The whole value must
+    /// stay within the kernel's 32 KiB limit for a per-CPU value.)
+    pub pending: [PendingSet; MAX_PROBES],
+    /// Tracepoint hits on this CPU by `probe * NUM_CTX + ctx`: [hits, workload hits], where
+    /// the tracepoint programs count here (`Config::tp_percpu`); `TP_CELLS` of them.
+    pub tp_hits: [[u64; 2]; TP_CELLS],
 }
+
+/// Cells of `CpuState::tp_hits`: `MAX_PROBES * NUM_CTX` rounded up to a power of two, so that
+/// a masked index is always in bounds.
+pub const TP_CELLS: usize = (MAX_PROBES * NUM_CTX).next_power_of_two();
 
 /// Self time on one CPU, kept as running sums instead of a stack. `ns` and `calls` sum the
 /// traced calls completed at the current nesting level. A call entering takes the next number
@@ -658,10 +658,11 @@ pub struct Config {
     /// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks
     /// are also counted in the workload histograms.
     pub workload_cgroup: u64,
-    /// Non-zero when the tracepoint programs count their hits in the per-CPU `TP_HITS`
-    /// instead of the shared `COUNTERS`: a per-CPU map's memory costs a run less to reach, but
-    /// userspace can read it only through the map syscalls, which would make kprobe programs
-    /// on that CPU miss their runs meanwhile. So only on kernels without kprobes.
+    /// Non-zero when the tracepoint programs count their hits in the per-CPU state
+    /// (`CpuState::tp_hits`) instead of the shared `COUNTERS`: the state is at hand (no lookup
+    /// of its own), but userspace can read it only through the map syscalls, which would make
+    /// kprobe programs on that CPU miss their runs meanwhile. So only on kernels without
+    /// kprobes.
     pub tp_percpu: u32,
     /// Non-zero with `--callers`: the entry programs read the call site and the exit programs
     /// count each timed call under it in `CALLERS`.

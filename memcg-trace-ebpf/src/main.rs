@@ -53,9 +53,9 @@ use memcg_trace_common::{
     PendingSet, StackKey, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI,
     CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
     DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_IRQ,
-    NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_SETS,
-    PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND,
-    STACK_UNWOUND, TASK_SLOTS, WINDOW_OPEN,
+    NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_WORKLOAD,
+    PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS,
+    TP_CELLS, WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -185,6 +185,16 @@ fn opaque<T>(p: &'static T) -> &'static T {
         core::arch::asm!("/* {0} */", inout(reg) p, options(pure, nomem, nostack, preserves_flags));
         &*p
     }
+}
+
+/// `v`, hidden from the optimiser (as [`opaque`]).
+#[inline(always)]
+fn opaque_u64(mut v: u64) -> u64 {
+    // SAFETY: an empty asm block that claims to change a register.
+    unsafe {
+        core::arch::asm!("/* {0} */", inout(reg) v, options(pure, nomem, nostack, preserves_flags));
+    }
+    v
 }
 
 #[inline(always)]
@@ -840,9 +850,8 @@ fn defer(
 /// The pending set of `probe` in CPU state `st` (no lookup: `st` is at hand).
 #[inline(always)]
 fn pending(st: St, probe: u32) -> Option<&'static mut PendingSet> {
-    // SAFETY: per-CPU value; see the module docs for who writes which slot. (Masked, not
-    // bounds-checked: the verifier then sees the bound however the compiler shapes it.)
-    unsafe { Some(&mut (*st.0).pending[probe as usize & (PENDING_SETS - 1)]) }
+    // SAFETY: per-CPU value; see the module docs for who writes which slot.
+    unsafe { (*st.0).pending.get_mut(probe as usize) }
 }
 
 /// Claims a task slot's key atomically: from `from` to `to`. Task slots can be claimed from
@@ -1108,7 +1117,9 @@ unsafe extern "C" fn search_cpu(cpu: u64, ctx: *mut c_void) -> i64 {
         return 0;
     }
     // SAFETY: pointer from a successful map lookup.
-    let set = unsafe { &mut (*st).pending[s.probe as usize & (PENDING_SETS - 1)] };
+    let Some(set) = (unsafe { (*st).pending.get_mut(s.probe as usize) }) else {
+        return 0;
+    };
     for i in 0..TASK_SLOTS {
         let p = &mut set.calls[i];
         if p.key == s.key && p.task == s.task {
@@ -1372,6 +1383,19 @@ fn no_state(probe: u32, exit: bool) {
     }
 }
 
+/// Whether a tracepoint hit in context `ctx` is the workload's (as `workload_call`, the task
+/// read only where it is needed). A function, not a closure: the compiler made the closure a
+/// subprogram with its captures passed through the stack, about twenty instructions a hit.
+#[inline(always)]
+fn tp_workload(env: &Kernel, memcg: u64, ctx: u32) -> bool {
+    let cfg = config();
+    if cfg.workload_memcg != 0 && memcg != 0 {
+        memcg_in_workload(memcg)
+    } else {
+        ctx == CTX_TASK && cfg.workload_cgroup != 0 && env.in_workload(env.task())
+    }
+}
+
 /// Tracepoint half: counts and context, no latency.
 #[inline(always)]
 fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
@@ -1389,25 +1413,15 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
     } else {
         0
     };
-    // As `workload_call`, the task read only where it is needed.
-    let workload = |ctx: u32| {
-        if cfg.workload_memcg != 0 && memcg != 0 {
-            memcg_in_workload(memcg)
-        } else {
-            ctx == CTX_TASK && cfg.workload_cgroup != 0 && env.in_workload(env.task())
-        }
-    };
     match env.context() {
         Some(ctx) if cfg.tp_percpu != 0 => {
-            let i = probe * NUM_CTX as u32 + (ctx & (NUM_CTX as u32 - 1));
-            if let Some(hits) = TP_HITS.get_ptr_mut(i) {
-                // SAFETY: pointer from a successful map lookup; this CPU's copy, and a
-                // tracepoint program is not preempted.
-                let hits = unsafe { &mut *hits };
-                hits[0] += 1;
-                if workload(ctx) {
-                    hits[1] += 1;
-                }
+            let i = (probe as usize * NUM_CTX + (ctx as usize & (NUM_CTX - 1))) & (TP_CELLS - 1);
+            // SAFETY: this CPU's state (no lookup of its own), and a tracepoint program is not
+            // preempted.
+            let hits = unsafe { &mut (*st.0).tp_hits[i] };
+            hits[0] += 1;
+            if tp_workload(&env, memcg, ctx) {
+                hits[1] += 1;
             }
             if cfg.by_memcg != 0 {
                 if let Some(cs) = counters(st.cpu, probe, ctx) {
@@ -1418,7 +1432,7 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
         Some(ctx) => {
             if let Some(cs) = counters(st.cpu, probe, ctx) {
                 cs.entries += 1;
-                if workload(ctx) {
+                if tp_workload(&env, memcg, ctx) {
                     cs.workload_hits += 1;
                 }
                 if cfg.by_memcg != 0 {
@@ -1723,12 +1737,6 @@ probe_slot!(11, fentry_11, fexit_11, kprobe_11, kretprobe_11, tp_11);
 // (a) empty programs of the same type; (b) the least any latency tracer must do, a clock read
 // at entry into a per-CPU slot and a clock read at exit added to a per-CPU sum.
 
-/// Tracepoint hits by (probe, context), per CPU: [hits, workload hits] (see
-/// `Config::tp_percpu`).
-#[map]
-static TP_HITS: PerCpuArray<[u64; 2]> =
-    PerCpuArray::with_max_entries(MAX_PROBES as u32 * NUM_CTX as u32, 0);
-
 /// Floor (b): [start, sum] per CPU.
 #[map]
 static FLOOR: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
@@ -1943,10 +1951,14 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
     let Some(st) = cpu_state(&ctx) else {
         return -1;
     };
-    let probe = a(1) as u32;
-    if probe >= MAX_PROBES as u32 {
+    // Through a register the compiler cannot see into: it then indexes with the very value the
+    // verifier saw checked (from the argument itself it derived an index, `arg & 15`, that the
+    // verifier cannot bound).
+    let probe = opaque_u64(a(1));
+    if probe >= MAX_PROBES as u64 {
         return -1;
     }
+    let probe = probe as u32;
     let given = Given {
         cpu: st.cpu,
         now: a(6),

@@ -31,7 +31,7 @@ use aya_log::EbpfLogger;
 use memcg_trace_common::{
     cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Config, Counters,
     Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK, MAX_CALLERS, MAX_MEMCGS,
-    MAX_STACKS, MAX_WORKLOAD_MEMCGS, NUM_CTX, STACK_DEPTH,
+    MAX_STACKS, MAX_WORKLOAD_MEMCGS, NUM_CTX, STACK_DEPTH, TP_CELLS,
 };
 
 use self::{
@@ -434,7 +434,7 @@ pub struct Tracer {
     workload_hist: Shared<Hist>,
     counters: Shared<Counters>,
     /// The tracepoint programs' per-CPU hits, where they count there (`Config::tp_percpu`).
-    tp_hits: Option<PerCpuArray<MapData, [u64; 2]>>,
+    tp_percpu: bool,
     ring: RingBuf<MapData>,
     verifier: Verifier,
     /// Timed calls per call site (`--callers`), read through the map syscalls (a hash map
@@ -493,14 +493,7 @@ impl Tracer {
                 .ok_or_else(|| anyhow!("map {} missing", names::MAP_DEFERRED))?,
         )
         .context("the ring buffer of deferred pairs")?;
-        let tp_hits = if opts.no_kprobes {
-            let m = ebpf
-                .take_map(names::MAP_TP_HITS)
-                .ok_or_else(|| anyhow!("map {} missing", names::MAP_TP_HITS))?;
-            Some(PerCpuArray::try_from(m).context("the tracepoint hits")?)
-        } else {
-            None
-        };
+        let tp_percpu = opts.no_kprobes;
         // The kernel's symbols are copied now, while they can be read.
         let mut calibration = Vec::new();
         let names = if opts.callers {
@@ -577,7 +570,7 @@ impl Tracer {
             hist,
             workload_hist,
             counters,
-            tp_hits,
+            tp_percpu,
             ring,
             verifier: {
                 let mut v = Verifier::new(probes as usize);
@@ -1101,6 +1094,23 @@ impl Tracer {
         let mut memcgs = self.memcg_rows();
         let mut stacks = self.stack_rows();
         let mut probes = Vec::with_capacity(self.attached.len());
+        // The tracepoint programs' per-CPU hits, read once for every probe (one syscall; no
+        // kprobe program exists to miss runs while it reads).
+        let tp_states = if self.tp_percpu && self.attached.iter().any(|a| !a.backend.has_latency())
+        {
+            let map = self
+                .ebpf
+                .map(names::MAP_CPU_STATE)
+                .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?;
+            let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(map)?;
+            Some(
+                states
+                    .get(&0, 0)
+                    .with_context(|| format!("read {}", names::MAP_CPU_STATE))?,
+            )
+        } else {
+            None
+        };
         for a in &self.attached {
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
             // The programs record a workload's call in WORKLOAD_HIST only (one record per
@@ -1125,13 +1135,10 @@ impl Tracer {
                         workload_read.add_cpu(&h);
                     }
                 }
-                if let (Some(m), false) = (&self.tp_hits, a.backend.has_latency()) {
-                    // No kprobe program exists to miss runs while this syscall reads.
-                    let i = a.slot * NUM_CTX as u32 + ctx as u32;
-                    let per_cpu = m
-                        .get(&i, 0)
-                        .with_context(|| format!("read {}[{i}]", names::MAP_TP_HITS))?;
-                    for [hits, workload_hits] in per_cpu.iter() {
+                if let (Some(states), false) = (&tp_states, a.backend.has_latency()) {
+                    let i = (a.slot as usize * NUM_CTX + ctx) & (TP_CELLS - 1);
+                    for st in states.iter() {
+                        let [hits, workload_hits] = st.tp_hits[i];
                         stats.counters.entries += hits;
                         stats.counters.workload_hits += workload_hits;
                     }

@@ -597,6 +597,10 @@ pub struct CpuState {
     pub tp_hits: [[u64; 2]; TP_CELLS],
 }
 
+// The kernel refuses a per-CPU map value above 32 KiB (PCPU_MIN_UNIT_SIZE) when the map is
+// created: caught here instead, at build time.
+const _: () = assert!(core::mem::size_of::<CpuState>() <= 32 * 1024);
+
 /// Cells of `CpuState::tp_hits`: `MAX_PROBES * NUM_CTX` rounded up to a power of two, so that
 /// a masked index is always in bounds.
 pub const TP_CELLS: usize = (MAX_PROBES * NUM_CTX).next_power_of_two();

@@ -275,18 +275,37 @@ fn find_cpu_base<C: EbpfContext>(c: &C, ptr: *mut CpuState) -> bool {
     true
 }
 
-/// This CPU's state: a pointer into the per-CPU map, read through short-lived references
-/// (`Deref`) and written only through the pointer (the workload cache in `in_workload`), so
-/// that no shared reference is alive across a write.
+/// This CPU's state: a pointer into the per-CPU map. No reference to the whole value is ever
+/// made: its header fields are read through the pointer (below), and the parts the programs
+/// write (nesting sums, pending sets, tracepoint hits, the workload cache) are reached by
+/// field, so that a reference to one part never overlaps one to another.
 #[derive(Clone, Copy)]
 struct St(*mut CpuState);
 
-impl core::ops::Deref for St {
-    type Target = CpuState;
+impl St {
+    /// This CPU's number.
     #[inline(always)]
-    fn deref(&self) -> &CpuState {
+    fn cpu(self) -> u32 {
         // SAFETY: a pointer from a successful map lookup, valid for the program's run.
-        unsafe { &*self.0 }
+        unsafe { core::ptr::addr_of!((*self.0).cpu).read() }
+    }
+    /// The address of this CPU's preempt count.
+    #[inline(always)]
+    fn preempt_addr(self) -> u64 {
+        // SAFETY: as above.
+        unsafe { core::ptr::addr_of!((*self.0).preempt_addr).read() }
+    }
+    /// The address of this CPU's pointer to the running task (0: unknown).
+    #[inline(always)]
+    fn current_addr(self) -> u64 {
+        // SAFETY: as above.
+        unsafe { core::ptr::addr_of!((*self.0).current_addr).read() }
+    }
+    /// This CPU's `__per_cpu_offset`.
+    #[inline(always)]
+    fn pcpu_offset(self) -> u64 {
+        // SAFETY: as above.
+        unsafe { core::ptr::addr_of!((*self.0).pcpu_offset).read() }
     }
 }
 
@@ -338,7 +357,7 @@ fn cast(addr: u64, type_id: u32) -> u64 {
 /// name the variable, else a plain fault-safe load of the address found in cpu_state where
 /// the kernel can cast it (`untrusted_u32`), else a `bpf_probe_read_kernel` of that address.
 #[inline(always)]
-fn preempt_count(st: &CpuState) -> Option<u32> {
+fn preempt_count(st: St) -> Option<u32> {
     let l = layout();
     if l.direct_preempt != 0 {
         // SAFETY: bpf_this_cpu_ptr of a per-CPU kernel variable never returns NULL, and the
@@ -349,15 +368,15 @@ fn preempt_count(st: &CpuState) -> Option<u32> {
         }
     }
     if l.direct_untrusted != 0 {
-        return Some(untrusted_u32(st.preempt_addr));
+        return Some(untrusted_u32(st.preempt_addr()));
     }
     // SAFETY: address verified in cpu_state.
-    unsafe { bpf_probe_read_kernel(st.preempt_addr as *const u32) }.ok()
+    unsafe { bpf_probe_read_kernel(st.preempt_addr() as *const u32) }.ok()
 }
 
 /// The kernel's `in_task()` split for the running code: task, softirq, hardirq or NMI.
 #[inline(always)]
-fn read_context(st: &CpuState) -> Option<u32> {
+fn read_context(st: St) -> Option<u32> {
     let l = layout();
     let pc = preempt_count(st)?;
     Some(classify(pc, l.nmi_mask, l.hardirq_mask, l.softirq_offset))
@@ -369,13 +388,13 @@ fn read_context(st: &CpuState) -> Option<u32> {
 /// and BTF names the per-CPU pointer to the running task, the same pointer without a helper
 /// call: loaded from this CPU's copy and cast to `task_struct`.
 #[inline(always)]
-fn current_task(st: &CpuState) -> u64 {
+fn current_task(st: St) -> u64 {
     let l = layout();
     // Gated on read-only fields only, so that the verifier drops the branch not taken (a
     // cast to type id 0 does not load before 6.15).
     if l.direct_task != 0 && l.direct_untrusted != 0 && l.current_task != 0 {
         // SAFETY: a fault-safe load through the cast (see `cast`).
-        let task = unsafe { *(cast(st.current_addr, l.cast_u64_type_id) as *const u64) };
+        let task = unsafe { *(cast(st.current_addr(), l.cast_u64_type_id) as *const u64) };
         return cast(task, l.cast_task_type_id);
     }
     // SAFETY: helpers without preconditions.
@@ -535,15 +554,15 @@ impl Env for Kernel {
     }
     #[inline(always)]
     fn cpu(&self) -> u32 {
-        self.st.cpu
+        self.st.cpu()
     }
     #[inline(always)]
     fn context(&self) -> Option<u32> {
-        read_context(&self.st)
+        read_context(self.st)
     }
     #[inline(always)]
     fn task(&self) -> u64 {
-        current_task(&self.st)
+        current_task(self.st)
     }
     #[inline(always)]
     fn switches(&self, task: u64) -> u64 {
@@ -605,11 +624,11 @@ impl Env for Kernel {
     fn entry_misses(&self, probe: u32) -> Option<u64> {
         // SAFETY: pointer from a successful map lookup.
         let p = unsafe { *PROG_MISSES.get_ptr(probe)? };
-        if p == 0 || self.st.pcpu_offset == 0 {
+        if p == 0 || self.st.pcpu_offset() == 0 {
             return None;
         }
         // SAFETY: a per-CPU counter of a loaded program, read through the fault-safe helper.
-        unsafe { bpf_probe_read_kernel((p + self.st.pcpu_offset) as *const u64) }.ok()
+        unsafe { bpf_probe_read_kernel((p + self.st.pcpu_offset()) as *const u64) }.ok()
     }
 }
 
@@ -1149,10 +1168,18 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     };
     // Read on every path, so that the value reaching `switches` is always the task pointer.
     let task = env.task();
-    // The call's slot is read in place once freed where no other run can take it before this
-    // one ends (runs do not interleave on this CPU: an interrupt's call has a slot of its own,
-    // and a migrated call's exit on another CPU looks for its own key); where runs interleave
-    // (`atomic`), from a copy made before it is freed (in `s.call`).
+    // The call's slot is read in place after it is freed where nothing can take it before
+    // this run ends; where runs interleave (`atomic`: fentry on a preemptible kernel), from a
+    // copy made before it is freed (in `s.call`). What could write the slot meanwhile:
+    // - another CPU: only a migrated call's exit (`search_cpu`), which claims task slots
+    //   holding its own key and task, never a freed slot or an interrupt slot;
+    // - this CPU, task context: another run only by preemption (`atomic`);
+    // - this CPU, an interrupt: its entry program writes the slot of its own context only (an
+    //   interrupt context does not nest within itself; so NMIs must be classified as NMIs),
+    //   and a kprobe's programs do not run at all while one runs (`bpf_prog_active`);
+    // - a traced function reached from this run: none, as long as nothing below allocates
+    //   accounted memory (the hash maps are preallocated: a map without preallocation can
+    //   charge its elements to a memcg, through `obj_cgroup_charge` on some kernels).
     let mut s = Search {
         probe,
         found: 0,
@@ -1424,13 +1451,13 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
                 hits[1] += 1;
             }
             if cfg.by_memcg != 0 {
-                if let Some(cs) = counters(st.cpu, probe, ctx) {
+                if let Some(cs) = counters(st.cpu(), probe, ctx) {
                     count_memcg(cs, probe, ctx, memcg, 0, false);
                 }
             }
         }
         Some(ctx) => {
-            if let Some(cs) = counters(st.cpu, probe, ctx) {
+            if let Some(cs) = counters(st.cpu(), probe, ctx) {
                 cs.entries += 1;
                 if tp_workload(&env, memcg, ctx) {
                     cs.workload_hits += 1;
@@ -1441,7 +1468,7 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
             }
         }
         None => {
-            if let Some(cs) = counters(st.cpu, probe, CTX_TASK) {
+            if let Some(cs) = counters(st.cpu(), probe, CTX_TASK) {
                 cs.no_context_entries += 1;
             }
         }
@@ -1842,7 +1869,7 @@ fn ctx_check<C: EbpfContext>(c: &C, row: u32) -> i32 {
         }
         return 0;
     };
-    if let Some(pc) = preempt_count(&st) {
+    if let Some(pc) = preempt_count(st) {
         let pc = (pc & 0x7fff_ffff) as u64;
         if let Some(o) = CTX_BITS.get_ptr_mut(row * 2) {
             // SAFETY: pointer from a successful map lookup.
@@ -1859,7 +1886,7 @@ fn ctx_check<C: EbpfContext>(c: &C, row: u32) -> i32 {
             };
         }
     }
-    let got = read_context(&st).unwrap_or(CTX_UNKNOWN);
+    let got = read_context(st).unwrap_or(CTX_UNKNOWN);
     if let Some(n) = CTX_CHECK.get_ptr_mut(ctx_check_index(row, got)) {
         // SAFETY: pointer from a successful map lookup.
         unsafe { *n += 1 };
@@ -1895,6 +1922,8 @@ struct Given {
     workload: bool,
     misses: Option<u64>,
     cross_cpu_clock: bool,
+    /// Runs interleave on the CPU (as fentry on a preemptible kernel).
+    atomic: bool,
     st: St,
 }
 
@@ -1924,7 +1953,7 @@ impl Env for Given {
         self.workload
     }
     fn atomic(&self) -> bool {
-        false
+        self.atomic
     }
     fn entry_misses(&self, _probe: u32) -> Option<u64> {
         self.misses
@@ -1933,6 +1962,9 @@ impl Env for Given {
         self.st
     }
     fn nest(&self) -> Option<&'static mut Nest> {
+        if self.atomic {
+            return None;
+        }
         // SAFETY: the test CPU's state, valid for the run.
         Some(unsafe { &mut (*self.st.0).nest })
     }
@@ -1960,7 +1992,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
     }
     let probe = probe as u32;
     let given = Given {
-        cpu: st.cpu,
+        cpu: st.cpu(),
         now: a(6),
         ctx: a(3) as u32,
         task: a(4),
@@ -1969,6 +2001,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         workload: a(7) & 1 != 0,
         misses: (a(9) != 0).then(|| a(8)),
         cross_cpu_clock: a(10) == 0,
+        atomic: a(7) & 4 != 0,
         st: St(st.0),
     };
     match a(0) {
@@ -1985,8 +2018,8 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         ),
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),
-        test_op::BUCKET => count_paired(st.cpu, probe, CTX_TASK, 0, a(2), a(2), 0, 0, false),
-        test_op::CONTEXT => return read_context(&st).map(|c| c as i32).unwrap_or(-1),
+        test_op::BUCKET => count_paired(st.cpu(), probe, CTX_TASK, 0, a(2), a(2), 0, 0, false),
+        test_op::CONTEXT => return read_context(st).map(|c| c as i32).unwrap_or(-1),
         _ => return -1,
     }
     0

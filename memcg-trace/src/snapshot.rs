@@ -47,8 +47,6 @@ impl Default for HistData {
 impl HistData {
     /// Adds one CPU's histogram.
     pub fn add_cpu(&mut self, h: &Hist) {
-        // The kernel keeps no count apart from the buckets' (every call it counts is timed).
-        self.count += h.buckets.iter().sum::<u64>();
         self.sum_ns += h.sum_ns;
         self.self_ns += h.self_ns;
         self.nested += h.nested;
@@ -62,8 +60,10 @@ impl HistData {
                 self.min_ns.min(m)
             };
         }
+        // The kernel keeps no count apart from the buckets' (every call it counts is timed).
         for (a, b) in self.buckets.iter_mut().zip(h.buckets.iter()) {
             *a += b;
+            self.count += b;
         }
     }
 

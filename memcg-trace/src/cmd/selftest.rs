@@ -39,11 +39,19 @@ struct Case {
 const PREEMPT: RigKind = RigKind {
     preemptible: true,
     cross_cpu_clock: true,
+    interleaving: false,
+};
+/// A preemptible kernel traced with fentry, whose program runs interleave on one CPU.
+const PREEMPT_INTERLEAVING: RigKind = RigKind {
+    preemptible: true,
+    cross_cpu_clock: true,
+    interleaving: true,
 };
 /// A kernel that is not preemptible: task calls that left the CPU are timed in the kernel.
 const NO_PREEMPT: RigKind = RigKind {
     preemptible: false,
     cross_cpu_clock: true,
+    interleaving: false,
 };
 
 const T: u64 = 0xffff_8880_0000_1000;
@@ -467,11 +475,42 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "runs interleave (fentry, preemptible): the exit times its call from a copy of the slot",
+            cpus: 1,
+            kernel: PREEMPT_INTERLEAVING,
+            steps: vec![E(0xa0, task, T, 5, 1000, false, 0), XK(0xa0, task, T, 5, 1600, 0)],
+            check: |o| {
+                // Self time is not followed where runs interleave: the call counts whole.
+                expect("self unknown", o.counters[0].self_unknown, 1)?;
+                expect("pending", o.pending, 0)?;
+                timed(o, CTX_TASK, 1, 600)
+            },
+        },
+        Case {
+            name: "runs interleave: a migrated call's exit takes its call from the other CPU's slot",
+            cpus: 2,
+            kernel: PREEMPT_INTERLEAVING,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                XK(0xa0, task, T, 8000, 9000, 1),
+            ],
+            check: |o| {
+                expect("migrated", o.counters[0].migrated, 1)?;
+                expect("pending", o.pending, 0)?;
+                deferred(
+                    o,
+                    &[(1000, 9000, CTX_TASK, DEFERRED_SWITCHED | DEFERRED_MIGRATED)],
+                )?;
+                off_cpu(o, &[3000])
+            },
+        },
+        Case {
             name: "a migrated call where the CPUs' task clocks differ: time off the CPU unknown, not made up",
             cpus: 2,
             kernel: RigKind {
                 preemptible: true,
                 cross_cpu_clock: false,
+                interleaving: false,
             },
             steps: vec![
                 E(0xa0, task, T, 5000, 1000, false, 0),
@@ -552,6 +591,7 @@ fn cases() -> Vec<Case> {
             kernel: RigKind {
                 preemptible: false,
                 cross_cpu_clock: false,
+                interleaving: false,
             },
             steps: vec![
                 E(0xa0, task, T, 5000, 1000, false, 0),

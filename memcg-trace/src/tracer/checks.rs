@@ -166,6 +166,9 @@ pub struct RigKind {
     pub preemptible: bool,
     /// The CPUs' task clocks are comparable: a migrated call's time off the CPU is known.
     pub cross_cpu_clock: bool,
+    /// Runs of the programs interleave on one CPU (fentry on a preemptible kernel): an exit
+    /// reads its call from a copy made before freeing the slot, and self time is not followed.
+    pub interleaving: bool,
 }
 
 /// What the real pairing code made of a sequence, per context.
@@ -197,7 +200,7 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
     let probe = 0u64;
     for s in steps {
         // (op, key, ctx, task, switches, now, flags, misses, cpu): flags bit 0 workload, bit 1
-        // fentry entry.
+        // fentry entry, bit 2 runs interleave.
         let (op, key, ctx, task, sw, clock, now, flags, misses, cpu) = match *s {
             Step::Entry(k, c, t, sw, now, wl, cpu) => {
                 (test_op::ENTRY, k, c, t, sw, sw, now, wl as u64, None, cpu)
@@ -231,7 +234,7 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
                 task,
                 sw,
                 now,
-                flags,
+                flags | if kind.interleaving { 4 } else { 0 },
                 misses.unwrap_or(0),
                 misses.is_some() as u64,
                 !kind.cross_cpu_clock as u64,

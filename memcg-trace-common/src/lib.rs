@@ -586,6 +586,8 @@ pub struct CpuState {
     pub cpu: u32,
     /// Entries since the last short stack captured here (`Config::stack_sample`).
     pub since_stack: u32,
+    /// A word an exit program passes its call's slot index through (see `pair_exit`).
+    pub scratch: u64,
     /// Self time on this CPU (see [`Nest`]).
     pub nest: Nest,
     /// Calls waiting for their exit, by probe slot: in this value, which every program looks

@@ -498,6 +498,10 @@ pub struct PendingSet {
     /// are done, every taken slot's bit is set; a bit may stay set for a free slot. An entry
     /// that finds no bit set skips the search of the slots.
     pub used: u64,
+    /// A word the probe's exit program passes its call's slot index through (see `pair_exit`):
+    /// one per probe, since only that program writes it and it never runs nested in itself on
+    /// a CPU (an exit of another probe in an interrupt must not find it changed).
+    pub scratch: u64,
 }
 
 /// A paired call whose pairing userspace confirms before it counts: a task-context call that
@@ -586,8 +590,6 @@ pub struct CpuState {
     pub cpu: u32,
     /// Entries since the last short stack captured here (`Config::stack_sample`).
     pub since_stack: u32,
-    /// A word an exit program passes its call's slot index through (see `pair_exit`).
-    pub scratch: u64,
     /// Self time on this CPU (see [`Nest`]).
     pub nest: Nest,
     /// Calls waiting for their exit, by probe slot: in this value, which every program looks

@@ -1225,14 +1225,14 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         }
     }
     if found && !atomic {
-        // In place: the slot's index goes through this CPU's state and back, which the
+        // In place: the slot's index goes through the probe's set and back, which the
         // verifier reads as any index, so that every slot's path reaches the code below as
         // one state (with the slot's known offset it explored all of it once per slot: three
         // times the instructions to verify, and seconds of start-up under emulation).
-        let st = env.state();
-        // SAFETY: this CPU's state; a word only this run uses.
+        // SAFETY: a word of this probe's set on this CPU, which only this program writes, and
+        // which does not run nested in itself.
         let slot = unsafe {
-            let w = core::ptr::addr_of_mut!((*st.0).scratch);
+            let w = core::ptr::addr_of_mut!(set.scratch);
             core::ptr::write_volatile(w, slot as u64);
             core::ptr::read_volatile(w) as usize
         };

@@ -167,12 +167,12 @@ pub mod names {
     /// BPF iterator over the kernel's programs: (id, address of the per-CPU stats) of each.
     pub const PROG_ITER: &str = "prog_stats";
 
-    /// Histograms by (CPU, probe, context): a shared array userspace maps into memory.
-    pub const MAP_HIST: &str = "HIST";
-    /// Histograms of the workload's calls by (CPU, probe), shared the same way.
-    pub const MAP_WORKLOAD_HIST: &str = "WORKLOAD_HIST";
-    /// Counters by (CPU, probe, context), shared the same way.
-    pub const MAP_COUNTERS: &str = "COUNTERS";
+    /// Counters and histogram by (CPU, probe, context) ([`super::Cell`]): a shared array
+    /// userspace maps into memory.
+    pub const MAP_CELLS: &str = "CELLS";
+    /// The workload's calls by (CPU, probe[, context]) ([`super::workload_cell`]), shared the
+    /// same way: each such call is counted and timed there only.
+    pub const MAP_WORKLOAD_CELLS: &str = "WORKLOAD_CELLS";
     /// Ring buffer of deferred calls (see [`super::Deferred`]).
     pub const MAP_DEFERRED: &str = "DEFERRED";
     /// Per-CPU state of the programs, with the calls waiting for their exit
@@ -206,7 +206,7 @@ pub mod names {
     /// Maps userspace reads through a shared mapping, never through the map syscalls: those
     /// hold the CPU's BPF recursion guard while preemptible, and a kprobe firing on that CPU
     /// meanwhile would be lost.
-    pub const SHARED_MAPS: [&str; 3] = [MAP_HIST, MAP_WORKLOAD_HIST, MAP_COUNTERS];
+    pub const SHARED_MAPS: [&str; 2] = [MAP_CELLS, MAP_WORKLOAD_CELLS];
 
     /// Every program the object must hold.
     pub fn all_programs() -> impl Iterator<Item = &'static str> {
@@ -380,11 +380,9 @@ pub struct Counters {
     /// Durations of the timed calls that had no enclosing traced call to be subtracted from
     /// (the outermost ones, and those whose parent was not followed), ns, summed: the time
     /// spent in traced code counted once. With every self time known, the self times of all
-    /// probes and contexts add up to exactly this. Keeps a cell 176 bytes long: every fourth
-    /// (each task cell) starts a cache line.
+    /// probes and contexts add up to exactly this.
     pub outermost_ns: u64,
 }
-const _: () = assert!((core::mem::size_of::<Counters>() * NUM_CTX).is_multiple_of(64));
 
 impl Counters {
     /// Adds another CPU's counters.
@@ -664,10 +662,10 @@ pub struct Config {
     /// programs are detached (see `CpuState::workload_cgrp`).
     pub workload_owned: u32,
     /// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks
-    /// are also counted in the workload histograms.
+    /// are counted in the workload cells.
     pub workload_cgroup: u64,
     /// Non-zero when the tracepoint programs count their hits in the per-CPU state
-    /// (`CpuState::tp_hits`) instead of the shared `COUNTERS`: the state is at hand (no lookup
+    /// (`CpuState::tp_hits`) instead of the shared cells: the state is at hand (no lookup
     /// of its own), but userspace can read it only through the map syscalls, which would make
     /// kprobe programs on that CPU miss their runs meanwhile. So only on kernels without
     /// kprobes.
@@ -680,7 +678,7 @@ pub struct Config {
     pub by_memcg: u32,
     /// Non-zero when the workload is the memcg a call charges (its id or a descendant's in
     /// `WORKLOAD_MEMCGS`), in every context, instead of the cgroup of the task making it; then
-    /// `WORKLOAD_HIST` has a cell per context (see [`workload_cell`]).
+    /// the workload cells have one per context (see [`workload_cell`]).
     pub workload_memcg: u32,
     /// With `--callers-depth`: frames of a call's short stack kept, its call site included
     /// (the frames shown and two more, at most `STACK_DEPTH`; 0: no stacks).
@@ -870,14 +868,14 @@ pub const fn cells_per_cpu(probes: u32) -> u32 {
     probes * NUM_CTX as u32
 }
 
-/// The index of (cpu, probe, context) in the shared histogram and counter arrays, which hold
-/// one region of [`cells_per_cpu`] entries per CPU; each CPU writes only its own region.
+/// The index of (cpu, probe, context) in the shared array of cells ([`names::MAP_CELLS`]),
+/// which holds one region of [`cells_per_cpu`] entries per CPU; each CPU writes only its own.
 #[inline(always)]
 pub const fn cell(cpu: u32, probes: u32, probe: u32, ctx: u32) -> u32 {
     cpu * cells_per_cpu(probes) + probe * NUM_CTX as u32 + ctx
 }
 
-/// Contexts per (cpu, probe) of the workload histogram array: every context when the workload
+/// Contexts per (cpu, probe) of the workload cells: every context when the workload
 /// is the charged memcg (`Config::workload_memcg`), else the task context only.
 #[inline(always)]
 pub const fn workload_contexts(workload_memcg: bool) -> u32 {
@@ -888,7 +886,7 @@ pub const fn workload_contexts(workload_memcg: bool) -> u32 {
     }
 }
 
-/// The index of (cpu, probe, context) in the workload histogram array, which holds
+/// The index of (cpu, probe, context) in the workload cells, which holds
 /// [`workload_contexts`] cells per (cpu, probe) (`ctx` must be `CTX_TASK` when that is 1).
 #[inline(always)]
 pub const fn workload_cell(cpu: u32, probes: u32, probe: u32, ctx: u32, contexts: u32) -> u32 {
@@ -899,6 +897,21 @@ pub const fn workload_cell(cpu: u32, probes: u32, probe: u32, ctx: u32, contexts
             0
         }
 }
+
+/// What the programs keep of one (probe, context) on one CPU: its counters and its histogram,
+/// in one element, so that an exit finds both with one lookup. A workload's call is timed, and
+/// its exit counted, in its workload cell (see [`workload_cell`]); its entry is counted in its
+/// context's cell, which the entry program finds before it tells the call apart. Userspace
+/// adds the two, so every total in [`Counters`] stays whole.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Cell {
+    pub counters: Counters,
+    pub hist: Hist,
+    /// To a whole number of cache lines: each cell starts one.
+    pub _pad: [u64; 4],
+}
+const _: () = assert!(core::mem::size_of::<Cell>().is_multiple_of(64));
 
 /// Operations of the pairing self-test program, run through BPF_PROG_TEST_RUN with the inputs a
 /// real program would read from the kernel (`args[1..]`: probe, key, ctx, task, switches, now,

@@ -48,7 +48,7 @@ use aya_ebpf::{
 use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
     bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
-    task_slot_hint, test_op, workload_cell, workload_contexts, CallerKey, CallerStat, Config,
+    task_slot_hint, test_op, workload_cell, workload_contexts, CallerKey, CallerStat, Cell, Config,
     Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, Nest, Pending,
     PendingSet, StackKey, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI,
     CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
@@ -115,18 +115,15 @@ static CONFIG: Config = Config {
     stack_sample: 1,
 };
 
-/// Histograms by (CPU, probe, context); each CPU writes its own region, userspace maps the
-/// array and sums the regions. Sized by userspace at load.
+/// Counters and histogram by (CPU, probe, context); each CPU writes its own region, userspace
+/// maps the array and sums the regions. Sized by userspace at load.
 #[map]
-static HIST: Array<Hist> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+static CELLS: Array<Cell> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
-/// Histograms of the workload's task-context calls by (CPU, probe).
+/// The workload's calls by (CPU, probe[, context]) (see `workload_cell`), timed and their exits
+/// counted there instead of in CELLS (see `Cell`).
 #[map]
-static WORKLOAD_HIST: Array<Hist> = Array::with_max_entries(1, BPF_F_MMAPABLE);
-
-/// Counters by (CPU, probe, context).
-#[map]
-static COUNTERS: Array<Counters> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+static WORKLOAD_CELLS: Array<Cell> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 /// Deferred pairs for userspace to confirm. Sized by userspace at load.
 #[map]
@@ -643,16 +640,31 @@ fn add(p: &mut u64, v: u64, atomic: bool) {
     }
 }
 
-/// The counters of (probe, ctx) on `cpu`.
+/// The cell of (probe, ctx) on `cpu`: the workload's (`workload`: a call the entry found to be
+/// the workload's; in the task context, or in any where the workload is the charged memcg),
+/// else the context's. One lookup finds a call's counters and histogram.
 #[inline(always)]
-fn counters(cpu: u32, probe: u32, ctx: u32) -> Option<&'static mut Counters> {
+fn cell_of(cpu: u32, probe: u32, ctx: u32, workload: bool) -> Option<&'static mut Cell> {
     let probes = config().probes;
     if probe >= probes {
         return None;
     }
-    let i = cell(cpu, probes, probe, ctx & (NUM_CTX as u32 - 1));
+    let by_memcg = config().workload_memcg != 0;
+    let p = if workload && (ctx == CTX_TASK || by_memcg) {
+        let contexts = workload_contexts(by_memcg);
+        WORKLOAD_CELLS.get_ptr_mut(workload_cell(cpu, probes, probe, ctx, contexts))
+    } else {
+        CELLS.get_ptr_mut(cell(cpu, probes, probe, ctx & (NUM_CTX as u32 - 1)))
+    };
     // SAFETY: pointer from a successful map lookup; only this CPU's programs write its region.
-    COUNTERS.get_ptr_mut(i).map(|p| unsafe { &mut *p })
+    p.map(|p| unsafe { &mut *p })
+}
+
+/// The counters of (probe, ctx) on `cpu`, in the context's cell: for runs that are no
+/// workload's call (no pending entry, no context, tracepoint hits).
+#[inline(always)]
+fn counters(cpu: u32, probe: u32, ctx: u32) -> Option<&'static mut Counters> {
+    cell_of(cpu, probe, ctx, false).map(|c| &mut c.counters)
 }
 
 /// Adds one duration, and its self time, to a histogram.
@@ -674,38 +686,6 @@ fn record(h: &mut Hist, ns: u64, self_ns: u64, nested: u64, off: u64, atomic: bo
     }
     let i = bucket_index(ns) & (NUM_BUCKETS - 1);
     add(&mut h.buckets[i], 1, atomic);
-}
-
-/// Counts a paired call in the kernel's histograms: a workload task's in WORKLOAD_HIST, every
-/// other in HIST (userspace adds the first into the second's task context), so that each call
-/// is recorded once.
-#[inline(always)]
-fn count_paired(
-    cpu: u32,
-    probe: u32,
-    ctx: u32,
-    flags: u32,
-    ns: u64,
-    self_ns: u64,
-    nested: u64,
-    off: u64,
-    atomic: bool,
-) {
-    let probes = config().probes;
-    if probe >= probes {
-        return;
-    }
-    let by_memcg = config().workload_memcg != 0;
-    let h = if flags & PENDING_WORKLOAD != 0 && (ctx == CTX_TASK || by_memcg) {
-        let contexts = workload_contexts(by_memcg);
-        WORKLOAD_HIST.get_ptr_mut(workload_cell(cpu, probes, probe, ctx, contexts))
-    } else {
-        HIST.get_ptr_mut(cell(cpu, probes, probe, ctx & (NUM_CTX as u32 - 1)))
-    };
-    if let Some(h) = h {
-        // SAFETY: pointer from a successful map lookup.
-        record(unsafe { &mut *h }, ns, self_ns, nested, off, atomic);
-    }
 }
 
 /// Counts a call in `map` under `key` (timed: with its latency `ns`); false when the key finds
@@ -1004,6 +984,8 @@ fn pair_entry<E: Env>(
         }
         return;
     };
+    // Counted in the context's cell, found before the call is told apart as the workload's
+    // (its exit is counted in its workload cell: userspace adds the two, see `Cell`).
     let (Some(set), Some(cs)) = (pending(env.state(), probe), counters(cpu, probe, ctx)) else {
         return;
     };
@@ -1180,14 +1162,12 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     // - a traced function reached from this run: none, as long as nothing below allocates
     //   accounted memory (the hash maps are preallocated: a map without preallocation can
     //   charge its elements to a memcg, through `obj_cgroup_charge` on some kernels).
-    let mut s = Search {
-        probe,
-        found: 0,
-        key,
-        task,
-        call: core::mem::MaybeUninit::uninit(),
-    };
-    let mut call: *const Pending = s.call.as_ptr();
+    // Its fields are written only where it is used: the copy (`call`), or a search.
+    let mut s = core::mem::MaybeUninit::<Search>::uninit();
+    let sp = s.as_mut_ptr();
+    // SAFETY: the address of a field of a local, not a read of it.
+    let copy = unsafe { core::ptr::addr_of_mut!((*sp).call) } as *mut Pending;
+    let mut call: *const Pending = copy;
     // The slot found here (`PENDING_SLOTS`: none).
     let mut slot = PENDING_SLOTS;
     let mut found = false;
@@ -1199,7 +1179,8 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         };
         if p.key == key {
             if atomic {
-                s.call.write(*p);
+                // SAFETY: the copy buffer, a local.
+                unsafe { copy.write(*p) };
             }
             p.key = 0;
             slot = irq_slot(ctx);
@@ -1213,7 +1194,8 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             let p = &mut set.calls[i];
             if p.key == key && p.task == task {
                 if atomic {
-                    s.call.write(*p);
+                    // SAFETY: the copy buffer, a local.
+                    unsafe { copy.write(*p) };
                 }
                 if claim(&mut p.key, key, 0) {
                     vacate(set, i);
@@ -1253,16 +1235,22 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             }
         };
         if ctx == CTX_TASK {
-            // SAFETY: the callback only touches the context passed here.
-            unsafe {
+            // SAFETY: the search's inputs are written before the loop, and the callback only
+            // touches the context passed here; `found` is read after it.
+            let found_one = unsafe {
+                core::ptr::addr_of_mut!((*sp).probe).write(probe);
+                core::ptr::addr_of_mut!((*sp).found).write(0);
+                core::ptr::addr_of_mut!((*sp).key).write(key);
+                core::ptr::addr_of_mut!((*sp).task).write(task);
                 bpf_loop(
                     config().cpus,
                     search_cpu as *mut c_void,
-                    &mut s as *mut Search as *mut c_void,
+                    sp as *mut c_void,
                     0,
                 );
-            }
-            if s.found != 0 {
+                (*sp).found != 0
+            };
+            if found_one {
                 found = true;
                 migrated = true;
             }
@@ -1287,9 +1275,10 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     // ends, or to the copy).
     let call = unsafe { &*call };
     let ctx = call.ctx & (NUM_CTX as u32 - 1);
-    let Some(cs) = counters(cpu, probe, ctx) else {
+    let Some(c) = cell_of(cpu, probe, ctx, call.flags & PENDING_WORKLOAD != 0) else {
         return;
     };
+    let cs = &mut c.counters;
     add(&mut cs.exits, 1, atomic);
     // A task call that left the CPU: other tasks ran there meanwhile.
     let switched = ctx == CTX_TASK && (migrated || env.switches(task) != call.switches);
@@ -1398,9 +1387,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     } else {
         (ns - child, child_calls)
     };
-    count_paired(
-        cpu, probe, ctx, call.flags, ns, self_ns, nested, off, atomic,
-    );
+    record(&mut c.hist, ns, self_ns, nested, off, atomic);
     if config().callers != 0 {
         count_caller(cs, probe, ctx, call.caller, ns);
     }
@@ -2032,7 +2019,11 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         ),
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),
-        test_op::BUCKET => count_paired(st.cpu(), probe, CTX_TASK, 0, a(2), a(2), 0, 0, false),
+        test_op::BUCKET => {
+            if let Some(c) = cell_of(st.cpu(), probe, CTX_TASK, false) {
+                record(&mut c.hist, a(2), a(2), 0, 0, false);
+            }
+        }
         test_op::CONTEXT => return read_context(st).map(|c| c as i32).unwrap_or(-1),
         _ => return -1,
     }

@@ -268,9 +268,11 @@ fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> R
             modules: Vec::new(),
             // bpftrace brings LLVM: ~200 MB of libraries in the initramfs.
             mem_mb: 2048,
-            // Not `-icount`: its rounds repeat within a few percent, but QEMU 7.2 corrupted the
-            // guest's flags in one of its boots (a kernel oops with reserved RFLAGS bits set).
-            icount: None,
+            // The guest clock counts instructions (`-icount shift=0`: 1 guest ns is one
+            // instruction), so that a round's times do not move with the host's speed, which
+            // scattered the host-clocked rounds 0.25-1.44x around their median. QEMU 7.2 now and
+            // then corrupts a guest's flags under it; `vm::run` boots again when it does.
+            icount: Some(0),
         },
     )?;
     if !r.success {
@@ -495,7 +497,7 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             ],
         });
     }
-    let place = format!("VM {kernel} (TCG)");
+    let place = format!("VM {kernel} (TCG, -icount: 1 guest ns = 1 instruction)");
     let col = |i: usize| -> Vec<f64> { rounds.iter().filter_map(|r| r.per_call_ns[i]).collect() };
     let spread = |v: &[f64]| -> String {
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);

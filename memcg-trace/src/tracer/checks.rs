@@ -14,9 +14,9 @@ use aya::{
     Btf, Ebpf,
 };
 use memcg_trace_common::{
-    cell, ctx_check_index, names, test_op, CallerKey, Counters, CtxUse, Deferred, Hist,
-    KernelLayout, MemcgKey, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_NAMES, CTX_SOURCES, CTX_TASK,
-    MAX_PROBES, NUM_CTX,
+    cell, ctx_check_index, names, test_op, workload_cell, CallerKey, Cell, Counters, CtxUse,
+    Deferred, KernelLayout, MemcgKey, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_NAMES, CTX_SOURCES,
+    CTX_TASK, MAX_PROBES, NUM_CTX,
 };
 
 use super::{
@@ -82,18 +82,33 @@ impl TestRig {
         )
     }
 
-    /// Counters and histogram of (probe, ctx), summed over CPUs.
-    fn read(&self, probe: u32, ctx: u32) -> Result<(Counters, HistData)> {
-        let cells = self.cpus * MAX_PROBES * NUM_CTX;
-        let counters: Shared<Counters> = self.shared(names::MAP_COUNTERS, cells)?;
-        let hist: Shared<Hist> = self.shared(names::MAP_HIST, cells)?;
-        let (mut c, mut h) = (Counters::default(), HistData::default());
+    /// Counters and histogram of (probe, ctx), summed over CPUs, as the tracer reads them: the
+    /// task context's include the workload's calls (timed, and their exits counted, in their
+    /// workload cell only); the third is the workload's histogram.
+    fn read(&self, probe: u32, ctx: u32) -> Result<(Counters, HistData, HistData)> {
+        let cells: Shared<Cell> =
+            self.shared(names::MAP_CELLS, self.cpus * MAX_PROBES * NUM_CTX)?;
+        let workload: Shared<Cell> =
+            self.shared(names::MAP_WORKLOAD_CELLS, self.cpus * MAX_PROBES)?;
+        let (mut c, mut h, mut w) = (
+            Counters::default(),
+            HistData::default(),
+            HistData::default(),
+        );
         for cpu in 0..self.cpus as u32 {
-            let i = cell(cpu, MAX_PROBES as u32, probe, ctx) as usize;
-            c.add(&counters.get(i));
-            h.add_cpu(&hist.get(i));
+            let mut add = |cl: Cell| {
+                c.add(&cl.counters);
+                h.add_cpu(&cl.hist);
+            };
+            add(cells.get(cell(cpu, MAX_PROBES as u32, probe, ctx) as usize));
+            if ctx == CTX_TASK {
+                let cl =
+                    workload.get(workload_cell(cpu, MAX_PROBES as u32, probe, ctx, 1) as usize);
+                w.add_cpu(&cl.hist);
+                add(cl);
+            }
         }
-        Ok((c, h))
+        Ok((c, h, w))
     }
 
     /// Deferred pairs in the ring buffer.
@@ -125,7 +140,7 @@ pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Opti
             )?;
         }
         for (probe, &v) in chunk.iter().enumerate() {
-            let (_, h) = rig.read(probe as u32, CTX_TASK)?;
+            let (_, h, _) = rig.read(probe as u32, CTX_TASK)?;
             out.push((v, h.buckets.iter().position(|n| *n > 0)));
         }
     }
@@ -247,9 +262,10 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
     }
     let mut out = Outcome::default();
     for ctx in 0..NUM_CTX {
-        let (c, h) = rig.read(probe as u32, ctx as u32)?;
+        let (c, h, w) = rig.read(probe as u32, ctx as u32)?;
         out.counters[ctx] = c;
         out.hist[ctx] = h;
+        out.workload.merge(&w);
     }
     out.deferred = rig.deferred()?;
     out.sites = breakdown_of(&rig, names::MAP_CALLERS, probe, |k: &CallerKey| {
@@ -274,20 +290,6 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
                 .count() as u64
         })
         .sum();
-    let whist: Shared<Hist> = rig.shared(names::MAP_WORKLOAD_HIST, rig.cpus * MAX_PROBES)?;
-    for cpu in 0..rig.cpus as u32 {
-        let h = whist.get(memcg_trace_common::workload_cell(
-            cpu,
-            MAX_PROBES as u32,
-            probe as u32,
-            memcg_trace_common::CTX_TASK,
-            1,
-        ) as usize);
-        out.workload.add_cpu(&h);
-        // As the tracer reads them: a workload task's call is recorded once, in WORKLOAD_HIST;
-        // the task context holds both.
-        out.hist[memcg_trace_common::CTX_TASK as usize].add_cpu(&h);
-    }
     Ok(out)
 }
 
@@ -635,10 +637,12 @@ impl Tracer {
             // two more clock reads.
             let mut h = HistData::default();
             for cpu in 0..self.cpus as u32 {
+                // The daemon is no workload's task: its calls are in the context's cell.
                 h.add_cpu(
                     &self
-                        .hist
-                        .get(cell(cpu, self.probes, slot, CTX_TASK) as usize),
+                        .cells
+                        .get(cell(cpu, self.probes, slot, CTX_TASK) as usize)
+                        .hist,
                 );
             }
             // Program run time, with bpf stats on for this batch only.

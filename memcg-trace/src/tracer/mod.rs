@@ -29,9 +29,9 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use memcg_trace_common::{
-    cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Config, Counters,
-    Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK, MAX_CALLERS, MAX_MEMCGS,
-    MAX_STACKS, MAX_WORKLOAD_MEMCGS, NUM_CTX, STACK_DEPTH, TP_CELLS,
+    cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Cell, Config, Deferred,
+    KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK, MAX_CALLERS, MAX_MEMCGS, MAX_STACKS,
+    MAX_WORKLOAD_MEMCGS, NUM_CTX, STACK_DEPTH, TP_CELLS,
 };
 
 use self::{
@@ -202,10 +202,9 @@ fn load_object(
         .override_global(names::GLOBAL_LAYOUT, &layout, true)
         .override_global(names::GLOBAL_CONFIG, &config, true)
         .override_global(aya_log::LEVEL, &level, true)
-        .map_max_entries(names::MAP_HIST, cells)
-        .map_max_entries(names::MAP_COUNTERS, cells)
+        .map_max_entries(names::MAP_CELLS, cells)
         .map_max_entries(
-            names::MAP_WORKLOAD_HIST,
+            names::MAP_WORKLOAD_CELLS,
             cpus * probes * workload_contexts(o.workload_memcg),
         )
         .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
@@ -430,9 +429,8 @@ pub struct Tracer {
     probes: u32,
     /// `offsetof(struct bpf_prog_stats, misses)` (0: unknown).
     misses_offset: u64,
-    hist: Shared<Hist>,
-    workload_hist: Shared<Hist>,
-    counters: Shared<Counters>,
+    cells: Shared<Cell>,
+    workload_cells: Shared<Cell>,
     /// The tracepoint programs count their hits in the per-CPU state (`Config::tp_percpu`),
     /// read once a snapshot: about 25 KB a CPU through one map syscall (only on kernels without
     /// kprobes, whose programs such a read would make miss).
@@ -482,12 +480,11 @@ impl Tracer {
             ebpf.map(name)
                 .ok_or_else(|| anyhow!("map {name} missing from the object"))
         };
-        let hist = Shared::new(names::MAP_HIST, map(names::MAP_HIST)?, cells)?;
-        let counters = Shared::new(names::MAP_COUNTERS, map(names::MAP_COUNTERS)?, cells)?;
+        let shared_cells = Shared::new(names::MAP_CELLS, map(names::MAP_CELLS)?, cells)?;
         let workload_contexts = workload_contexts(opts.workload_memcg);
-        let workload_hist = Shared::new(
-            names::MAP_WORKLOAD_HIST,
-            map(names::MAP_WORKLOAD_HIST)?,
+        let workload_cells = Shared::new(
+            names::MAP_WORKLOAD_CELLS,
+            map(names::MAP_WORKLOAD_CELLS)?,
             cpus * probes as usize * workload_contexts as usize,
         )?;
         let ring = RingBuf::try_from(
@@ -569,9 +566,8 @@ impl Tracer {
             cpus,
             probes,
             misses_offset: layout.stats_misses,
-            hist,
-            workload_hist,
-            counters,
+            cells: shared_cells,
+            workload_cells,
             tp_percpu,
             ring,
             verifier: {
@@ -1115,9 +1111,10 @@ impl Tracer {
         };
         for a in &self.attached {
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
-            // The programs record a workload's call in WORKLOAD_HIST only (one record per
-            // call); the context's histogram holds both. The task context only, unless the
-            // workload is told by the memcg charged.
+            // The programs time a workload's call, and count its exit, in its workload cell
+            // only (one record per call; its entry is counted in the context's cell); the
+            // context's figures hold both. The task context only, unless the workload is told
+            // by the memcg charged.
             let wc = self.workload_contexts;
             let workload_cells = |cpu: u32, ctx: u32| {
                 (a.backend.has_latency() && (ctx == CTX_TASK || wc > 1))
@@ -1129,12 +1126,14 @@ impl Tracer {
             for (ctx, stats) in contexts.iter_mut().enumerate() {
                 for cpu in 0..self.cpus as u32 {
                     let i = cell(cpu, self.probes, a.slot, ctx as u32) as usize;
-                    stats.hist.add_cpu(&self.hist.get(i));
-                    stats.counters.add(&self.counters.get(i));
+                    let c = self.cells.get(i);
+                    stats.hist.add_cpu(&c.hist);
+                    stats.counters.add(&c.counters);
                     if let Some(w) = workload_cells(cpu, ctx as u32) {
-                        let h = self.workload_hist.get(w);
-                        stats.hist.add_cpu(&h);
-                        workload_read.add_cpu(&h);
+                        let c = self.workload_cells.get(w);
+                        stats.hist.add_cpu(&c.hist);
+                        stats.counters.add(&c.counters);
+                        workload_read.add_cpu(&c.hist);
                     }
                 }
                 if let (Some(states), false) = (&tp_states, a.backend.has_latency()) {

@@ -26,7 +26,7 @@
 
 use core::{
     ffi::c_void,
-    intrinsics::{atomic_and, atomic_cxchg, atomic_or, atomic_xadd, AtomicOrdering},
+    intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering},
 };
 
 use aya_ebpf::{
@@ -868,29 +868,44 @@ fn claim(key: &mut u64, from: u64, to: u64) -> bool {
     .1
 }
 
+/// `*p |= v` atomically, without fetching the old value: one locked instruction where the JIT
+/// has one (x86: `lock or`), where the fetching form the compiler emits for the intrinsic is a
+/// compare-and-swap loop of about ten. A full barrier on x86, like the fetching form.
+#[inline(always)]
+fn atomic_set_bits(p: *mut u64, v: u64) {
+    // SAFETY: `p` is an aligned u64 in a map value (the callers' contract); the instruction
+    // reads and writes only it.
+    unsafe {
+        core::arch::asm!("lock *(u64 *)({p} + 0) |= {v}", p = in(reg) p, v = in(reg) v,
+            options(nostack, preserves_flags));
+    }
+}
+
+/// `*p &= v` atomically, without fetching the old value (as [`atomic_set_bits`]).
+#[inline(always)]
+fn atomic_keep_bits(p: *mut u64, v: u64) {
+    // SAFETY: as in `atomic_set_bits`.
+    unsafe {
+        core::arch::asm!("lock *(u64 *)({p} + 0) &= {v}", p = in(reg) p, v = in(reg) v,
+            options(nostack, preserves_flags));
+    }
+}
+
 /// Marks task slot `i` of `set` taken (after claiming it).
 #[inline(always)]
 fn occupy(set: &mut PendingSet, i: usize) {
-    // SAFETY: an aligned u64 in a map value.
-    unsafe {
-        atomic_or::<u64, u64, { AtomicOrdering::AcqRel }>(
-            &mut set.used as *mut u64,
-            1 << (i & (TASK_SLOTS - 1)),
-        )
-    };
+    atomic_set_bits(&mut set.used, 1 << (i & (TASK_SLOTS - 1)));
 }
 
 /// Marks task slot `i` of `set` free (after freeing it), unless it was claimed again meanwhile.
 #[inline(always)]
 fn vacate(set: &mut PendingSet, i: usize) {
     let i = i & (TASK_SLOTS - 1);
-    // SAFETY: aligned u64s in a map value.
-    unsafe {
-        atomic_and::<u64, u64, { AtomicOrdering::AcqRel }>(&mut set.used as *mut u64, !(1 << i));
-        // A claim between the free and the clear set its bit before we cleared it.
-        if core::ptr::read_volatile(&set.calls[i].key) != 0 {
-            atomic_or::<u64, u64, { AtomicOrdering::AcqRel }>(&mut set.used as *mut u64, 1 << i);
-        }
+    atomic_keep_bits(&mut set.used, !(1 << i));
+    // A claim between the free and the clear set its bit before we cleared it.
+    // SAFETY: an aligned u64 in a map value.
+    if unsafe { core::ptr::read_volatile(&set.calls[i].key) } != 0 {
+        atomic_set_bits(&mut set.used, 1 << i);
     }
 }
 

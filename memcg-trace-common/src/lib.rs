@@ -1036,6 +1036,9 @@ pub struct KernelLayout {
     pub cgroup_kn: u64,
     /// `offsetof(struct kernfs_node, id)`; all four non-zero (or `direct_cgroup` is 0).
     pub kn_id: u64,
+    /// Non-zero when the per-CPU offsets above came from /proc/kallsyms, because the kernel's
+    /// BTF has no per-CPU section (5.10's). For the record; the programs do not read it.
+    pub percpu_from_kallsyms: u64,
 }
 
 /// The 64-bit immediate the programs load where they need the address of the per-CPU variable

@@ -97,6 +97,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     cast_u64_type_id: 0,
     cast_task_type_id: 0,
     current_task: 0,
+    percpu_from_kallsyms: 0,
 };
 
 /// Settings, filled in by userspace before load.

@@ -25,7 +25,7 @@ pub fn masks(mut layout: KernelLayout) -> (KernelLayout, kernel::ContextMasks) {
             checks::raise_nmis(Duration::from_millis(50));
         },
     );
-    let masks = match check {
+    let mut masks = match check {
         Ok(rows) => {
             // Bits set in every hit of the rows of one context (0 when none was seen).
             let all = |ctx: u32| -> u32 {
@@ -45,6 +45,9 @@ pub fn masks(mut layout: KernelLayout) -> (KernelLayout, kernel::ContextMasks) {
         }
         Err(e) => kernel::ContextMasks::classic(&format!("default: calibration failed: {e:#}")),
     };
+    if layout.percpu_from_kallsyms != 0 {
+        masks.percpu = "kallsyms".into();
+    }
     layout.nmi_mask = masks.nmi_mask;
     layout.hardirq_mask = masks.hardirq_mask;
     layout.softirq_offset = masks.softirq_offset;

@@ -342,8 +342,74 @@ pub fn enum_value(btf: &Btf, name: &str, member: &str) -> Option<u32> {
         })
 }
 
-/// Per-CPU variables and their offsets in the `.data..percpu` section.
-pub fn percpu_vars(btf: &Btf) -> Result<HashMap<String, u64>> {
+/// The per-CPU variables the layout is built from.
+const PERCPU_NAMES: &[&str] = &[
+    "__preempt_count",
+    "pcpu_hot",
+    "runqueues",
+    "this_cpu_off",
+    "current_task",
+];
+
+/// Per-CPU variables and their offsets in the per-CPU area: from BTF's `.data..percpu`
+/// section, or, where BTF has none (5.10: pahole before 1.18 did not emit it), from
+/// /proc/kallsyms (true in the second field).
+pub fn percpu_vars(btf: &Btf) -> Result<(HashMap<String, u64>, bool)> {
+    let from_btf = percpu_vars_btf(btf);
+    if !from_btf.is_empty() {
+        return Ok((from_btf, false));
+    }
+    let text = fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    let vars = percpu_from_kallsyms(&text, PERCPU_NAMES).map_err(|why| {
+        anyhow!("no .data..percpu section in BTF, and /proc/kallsyms does not give the per-CPU offsets either ({why}): cannot locate preempt_count")
+    })?;
+    Ok((vars, true))
+}
+
+/// The offsets of the per-CPU symbols `names` in kallsyms `text`: on x86-64 the per-CPU area
+/// is linked from `__per_cpu_start` (0 up to 6.14), and its symbols are listed with their
+/// link addresses (type `A`, not moved by KASLR), in address order, first. An error when
+/// none of `names` is there, or the addresses are hidden (`kptr_restrict`: all zero).
+pub fn percpu_from_kallsyms(text: &str, names: &[&str]) -> Result<HashMap<String, u64>, String> {
+    let mut start = 0;
+    let mut out = HashMap::new();
+    let mut nonzero = false;
+    for l in text.lines() {
+        let mut f = l.split_whitespace();
+        let (Some(addr), Some(kind), Some(name), None) = (f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let Ok(addr) = u64::from_str_radix(addr, 16) else {
+            continue;
+        };
+        nonzero |= addr != 0;
+        if name == "__per_cpu_start" {
+            start = addr;
+        } else if names.contains(&name) && kind.eq_ignore_ascii_case("a") {
+            out.insert(name.to_string(), addr);
+            if out.len() == names.len() {
+                break;
+            }
+        }
+    }
+    if !nonzero {
+        return Err("its addresses read as zero: kptr_restrict hides them".into());
+    }
+    if out.is_empty() {
+        return Err(format!(
+            "none of {} listed as a per-CPU symbol",
+            names.join(", ")
+        ));
+    }
+    for v in out.values_mut() {
+        *v = v.wrapping_sub(start);
+    }
+    Ok(out)
+}
+
+/// Per-CPU variables and their offsets in BTF's `.data..percpu` section (empty: none).
+fn percpu_vars_btf(btf: &Btf) -> HashMap<String, u64> {
     let mut out = HashMap::new();
     for t in btf
         .resolve_types_by_name(".data..percpu")
@@ -361,10 +427,7 @@ pub fn percpu_vars(btf: &Btf) -> Result<HashMap<String, u64>> {
             }
         }
     }
-    if out.is_empty() {
-        bail!("no .data..percpu section in BTF: cannot locate preempt_count");
-    }
-    Ok(out)
+    out
 }
 
 /// Whether /proc/kallsyms lists `name` (any symbol type). Per-CPU variables, when listed, come
@@ -435,7 +498,7 @@ fn named_struct_id(btf: &Btf, name: &str) -> Option<u32> {
 
 /// The offsets the eBPF programs need to read preempt_count and the task's off-CPU clock.
 pub fn layout(btf: &Btf) -> Result<KernelLayout> {
-    let percpu = percpu_vars(btf)?;
+    let (percpu, percpu_from_kallsyms) = percpu_vars(btf)?;
     // Up to 6.1 and again from 6.15: `__preempt_count`; 6.2-6.14: `pcpu_hot.preempt_count`.
     let (var, preempt_member) = if percpu.contains_key("__preempt_count") {
         ("__preempt_count", 0)
@@ -547,6 +610,7 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         hardirq_mask,
         softirq_offset,
         valid: 1,
+        percpu_from_kallsyms: percpu_from_kallsyms as u64,
     })
 }
 
@@ -784,10 +848,18 @@ pub struct ContextMasks {
     /// "inferred" (from the hardirq field; no NMI was raised here).
     #[serde(default = "inferred")]
     pub nmi: String,
+    /// Where the per-CPU offsets (of the preempt count, the run queues) came from: "btf" (its
+    /// `.data..percpu` section) or "kallsyms" (kernels whose BTF has none, such as 5.10).
+    #[serde(default = "btf")]
+    pub percpu: String,
 }
 
 fn inferred() -> String {
     "inferred".into()
+}
+
+fn btf() -> String {
+    "btf".into()
 }
 
 impl ContextMasks {
@@ -801,6 +873,7 @@ impl ContextMasks {
             softirq_offset,
             source: source.into(),
             nmi: inferred(),
+            percpu: btf(),
         }
     }
 }
@@ -841,6 +914,7 @@ pub fn derive_masks(softirq_all: u32, hardirq_all: u32, nmi_all: u32) -> Option<
         softirq_offset,
         source: "calibrated".into(),
         nmi: nmi.into(),
+        percpu: btf(),
     })
 }
 
@@ -848,6 +922,37 @@ pub fn derive_masks(softirq_all: u32, hardirq_all: u32, nmi_all: u32) -> Option<
 mod tests {
     use super::*;
     use memcg_trace_common::{classify, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK};
+
+    #[test]
+    fn per_cpu_offsets_come_from_kallsyms_where_btf_has_none() {
+        // Lines as Debian 11's 5.10 lists them (the two offsets are the issue's), with a
+        // module's symbol of the same name, which must not count.
+        let text = "0000000000000000 A fixed_percpu_data\n\
+                    0000000000000000 A __per_cpu_start\n\
+                    000000000001fb80 A __preempt_count\n\
+                    0000000000033c40 A runqueues\n\
+                    ffffffff81000000 T _stext\n\
+                    ffffffffc0a00000 t runqueues\t[fake]\n";
+        let v = percpu_from_kallsyms(text, PERCPU_NAMES).unwrap();
+        assert_eq!(v.get("__preempt_count"), Some(&0x1fb80));
+        assert_eq!(v.get("runqueues"), Some(&0x33c40));
+        assert_eq!(v.get("_stext"), None);
+        // Relative to the area's start, wherever it is linked.
+        let moved = "ffffffff82000000 A __per_cpu_start\nffffffff82001000 A runqueues\n";
+        assert_eq!(
+            percpu_from_kallsyms(moved, &["runqueues"]).unwrap()["runqueues"],
+            0x1000
+        );
+        // kptr_restrict: every address reads 0.
+        let hidden = "0000000000000000 A __per_cpu_start\n0000000000000000 A runqueues\n\
+                      0000000000000000 T _stext\n";
+        assert!(percpu_from_kallsyms(hidden, PERCPU_NAMES)
+            .unwrap_err()
+            .contains("kptr_restrict"));
+        // A function of that name is not a per-CPU variable.
+        let none = "ffffffff81000000 T runqueues\n";
+        assert!(percpu_from_kallsyms(none, &["runqueues"]).is_err());
+    }
 
     fn c(pc: u32, m: &ContextMasks) -> u32 {
         classify(pc, m.nmi_mask, m.hardirq_mask, m.softirq_offset)

@@ -19,6 +19,8 @@ pub enum Suite {
     /// A private apt configuration for trixie, trixie-backports and trixie-security, so the
     /// host's sources stay untouched.
     Trixie,
+    /// The same for bullseye and bullseye-security (Debian 11: the 5.10 LTS kernels).
+    Bullseye,
 }
 
 /// A stock kernel of the matrix.
@@ -41,6 +43,14 @@ pub struct KernelSpec {
 
 /// Every kernel the VM tests know.
 pub const KERNELS: &[KernelSpec] = &[
+    KernelSpec {
+        short: "5.10",
+        release: "5.10.0-46-amd64",
+        packages: &["linux-image-5.10.0-46-amd64"],
+        series: r"^linux-image-5\.10\.0-[0-9]+-amd64$",
+        suite: Suite::Bullseye,
+        cmdline: "",
+    },
     KernelSpec {
         short: "6.1",
         release: "6.1.0-57-amd64",
@@ -123,7 +133,9 @@ pub struct Kernel {
     pub config: PathBuf,
 }
 
-fn trixie_apt(dir: &Path) -> Result<Vec<String>> {
+/// A private apt configuration for Debian `suite` (its main, security and, where `backports`,
+/// backports archives) in `dir`, updated on first use.
+fn private_apt(dir: &Path, suite: &str, backports: bool) -> Result<Vec<String>> {
     let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
     if !Path::new(keyring).exists() {
         bail!("{keyring} is missing: apt-get install debian-archive-keyring");
@@ -132,14 +144,16 @@ fn trixie_apt(dir: &Path) -> Result<Vec<String>> {
     fs::create_dir_all(dir.join("cache/archives/partial"))?;
     let list = dir.join("sources.list");
     let mirror = "http://deb.debian.org";
-    fs::write(
-        &list,
-        format!(
-            "deb [signed-by={keyring}] {mirror}/debian trixie main\n\
-             deb [signed-by={keyring}] {mirror}/debian trixie-backports main\n\
-             deb [signed-by={keyring}] {mirror}/debian-security trixie-security main\n"
-        ),
-    )?;
+    let mut sources = format!(
+        "deb [signed-by={keyring}] {mirror}/debian {suite} main\n\
+         deb [signed-by={keyring}] {mirror}/debian-security {suite}-security main\n"
+    );
+    if backports {
+        sources.push_str(&format!(
+            "deb [signed-by={keyring}] {mirror}/debian {suite}-backports main\n"
+        ));
+    }
+    fs::write(&list, sources)?;
     let opts = vec![
         format!("-oDir::Etc::SourceList={}", list.display()),
         "-oDir::Etc::SourceParts=/nonexistent".into(),
@@ -152,12 +166,14 @@ fn trixie_apt(dir: &Path) -> Result<Vec<String>> {
         .any(|e| e.file_name().to_string_lossy().ends_with("Packages"));
     if !has_lists {
         eprintln!(
-            "xtask: apt-get update (private trixie configuration in {})",
+            "xtask: apt-get update (private {suite} configuration in {})",
             dir.display()
         );
-        run(Command::new("apt-get").args(&opts).args(["-q", "update"])).context(
-            "apt-get update for the trixie kernels failed (is the Debian mirror reachable?)",
-        )?;
+        run(Command::new("apt-get").args(&opts).args(["-q", "update"])).with_context(|| {
+            format!(
+                "apt-get update for the {suite} kernels failed (is the Debian mirror reachable?)"
+            )
+        })?;
     }
     Ok(opts)
 }
@@ -183,7 +199,8 @@ fn find_file(root: &Path, prefix: &str) -> Option<PathBuf> {
 fn apt_opts(spec: &KernelSpec) -> Result<Vec<String>> {
     Ok(match spec.suite {
         Suite::Host => vec!["-oAPT::Sandbox::User=root".to_string()],
-        Suite::Trixie => trixie_apt(&cache_dir().join("apt-trixie"))?,
+        Suite::Trixie => private_apt(&cache_dir().join("apt-trixie"), "trixie", true)?,
+        Suite::Bullseye => private_apt(&cache_dir().join("apt-bullseye"), "bullseye", false)?,
     })
 }
 
@@ -457,7 +474,7 @@ mod tests {
             short: "6.1",
             release: "6.1.0-1-amd64",
             packages: &["linux-image-6.1.0-1-amd64"],
-            series: KERNELS[0].series,
+            series: select("6.1").expect("6.1 is known")[0].series,
             suite: Suite::Host,
             cmdline: "",
         };

@@ -301,8 +301,10 @@ pub struct Hist {
     pub off_ns: u64,
 }
 
-/// What happened to the calls of one (probe, context) on one CPU. Every entry and every exit
-/// program run lands in exactly one of these, so the totals account for every run:
+/// What happened to the calls of one (probe, context) on one CPU (its [`Cell`], plus its
+/// workload cell, which holds the exits of the workload's calls). Every entry and every exit
+/// program run lands in exactly one of these, so the totals, summed over the CPUs and both
+/// cells, account for every run (a migrated call's exit is counted on the CPU it ends on):
 ///
 /// - `entries == paired + ambiguous + deferred + deferred_lost + stale + evicted + (pending)`
 /// - `exits == paired + ambiguous + deferred + deferred_lost + orphans + outside`
@@ -314,8 +316,8 @@ pub struct Counters {
     /// Entry program runs in this context (each is recorded as a pending call).
     pub entries: u64,
     /// Tracepoint backend, task context: hits by the workload's tasks (next to `entries`, in
-    /// its cache line: the mmap-able array's values are page aligned and a task cell, every
-    /// fourth, starts a line; counting them costs no second lookup and no second miss).
+    /// its cache line: every [`Cell`] starts one; counting them costs no second lookup and no
+    /// second miss).
     pub workload_hits: u64,
     /// Exit program runs attributed to this context (the pending call's, or the one read at
     /// exit for an orphan).
@@ -662,7 +664,7 @@ pub struct Config {
     /// programs are detached (see `CpuState::workload_cgrp`).
     pub workload_owned: u32,
     /// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks
-    /// are counted in the workload cells.
+    /// are timed, and their exits counted, in the workload cells.
     pub workload_cgroup: u64,
     /// Non-zero when the tracepoint programs count their hits in the per-CPU state
     /// (`CpuState::tp_hits`) instead of the shared cells: the state is at hand (no lookup

@@ -21,7 +21,8 @@
 // to BPF's atomic instructions (ISA v3, see build.rs).
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
-// One `ld_imm64` the loader patches into a kernel per-CPU variable (see `percpu_var`).
+// Inline BPF assembly: the `ld_imm64` and `call` markers the loader patches (see `percpu_var`,
+// `cast`) and the non-fetching atomics (see `atomic_set_bits`).
 #![feature(asm_experimental_arch)]
 
 use core::{
@@ -661,8 +662,9 @@ fn cell_of(cpu: u32, probe: u32, ctx: u32, workload: bool) -> Option<&'static mu
     p.map(|p| unsafe { &mut *p })
 }
 
-/// The counters of (probe, ctx) on `cpu`, in the context's cell: for runs that are no
-/// workload's call (no pending entry, no context, tracepoint hits).
+/// The counters of (probe, ctx) on `cpu`, in the context's cell: every entry (a workload's
+/// too: see `Cell`), and the runs that are no workload call's exit (no pending entry, no
+/// context, tracepoint hits).
 #[inline(always)]
 fn counters(cpu: u32, probe: u32, ctx: u32) -> Option<&'static mut Counters> {
     cell_of(cpu, probe, ctx, false).map(|c| &mut c.counters)
@@ -869,15 +871,18 @@ fn claim(key: &mut u64, from: u64, to: u64) -> bool {
     .1
 }
 
-/// `*p |= v` atomically, without fetching the old value: one locked instruction where the JIT
-/// has one (x86: `lock or`), where the fetching form the compiler emits for the intrinsic is a
-/// compare-and-swap loop of about ten. A full barrier on x86, like the fetching form.
+/// `*p |= v` atomically, without fetching the old value: x86's JIT makes it one `lock or`,
+/// where it expands the fetching form (what the compiler emits for the intrinsic) into a
+/// compare-and-swap loop of about ten instructions. On x86 both are full barriers, which
+/// `vacate` relies on. (arm64's JIT makes the non-fetching forms unordered: there the loader
+/// must set BPF_FETCH on them, which writes the old value into `v`'s register; so `v` is
+/// declared clobbered.)
 #[inline(always)]
 fn atomic_set_bits(p: *mut u64, v: u64) {
     // SAFETY: `p` is an aligned u64 in a map value (the callers' contract); the instruction
     // reads and writes only it.
     unsafe {
-        core::arch::asm!("lock *(u64 *)({p} + 0) |= {v}", p = in(reg) p, v = in(reg) v,
+        core::arch::asm!("lock *(u64 *)({p} + 0) |= {v}", p = in(reg) p, v = inout(reg) v => _,
             options(nostack, preserves_flags));
     }
 }
@@ -887,7 +892,7 @@ fn atomic_set_bits(p: *mut u64, v: u64) {
 fn atomic_keep_bits(p: *mut u64, v: u64) {
     // SAFETY: as in `atomic_set_bits`.
     unsafe {
-        core::arch::asm!("lock *(u64 *)({p} + 0) &= {v}", p = in(reg) p, v = in(reg) v,
+        core::arch::asm!("lock *(u64 *)({p} + 0) &= {v}", p = in(reg) p, v = inout(reg) v => _,
             options(nostack, preserves_flags));
     }
 }
@@ -903,7 +908,8 @@ fn occupy(set: &mut PendingSet, i: usize) {
 fn vacate(set: &mut PendingSet, i: usize) {
     let i = i & (TASK_SLOTS - 1);
     atomic_keep_bits(&mut set.used, !(1 << i));
-    // A claim between the free and the clear set its bit before we cleared it.
+    // A claim between the free and the clear set its bit before we cleared it. (The read
+    // must not pass the clear: a full barrier on x86, see `atomic_set_bits`.)
     // SAFETY: an aligned u64 in a map value.
     if unsafe { core::ptr::read_volatile(&set.calls[i].key) } != 0 {
         atomic_set_bits(&mut set.used, 1 << i);

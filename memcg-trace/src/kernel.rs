@@ -352,45 +352,62 @@ const PERCPU_NAMES: &[&str] = &[
 ];
 
 /// Per-CPU variables and their offsets in the per-CPU area: from BTF's `.data..percpu`
-/// section, or, where BTF has none (5.10: pahole before 1.18 did not emit it), from
+/// section, or, where BTF has none (Debian 11's 5.10: its build skips BTF variables), from
 /// /proc/kallsyms (true in the second field).
 pub fn percpu_vars(btf: &Btf) -> Result<(HashMap<String, u64>, bool)> {
     let from_btf = percpu_vars_btf(btf);
     if !from_btf.is_empty() {
         return Ok((from_btf, false));
     }
-    let text = fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-    let vars = percpu_from_kallsyms(&text, PERCPU_NAMES).map_err(|why| {
-        anyhow!("no .data..percpu section in BTF, and /proc/kallsyms does not give the per-CPU offsets either ({why}): cannot locate preempt_count")
-    })?;
+    let vars = fs::File::open("/proc/kallsyms")
+        .map_err(|e| format!("cannot read it: {e}"))
+        .and_then(|f| {
+            percpu_from_kallsyms(
+                BufReader::new(f).lines().map_while(Result::ok),
+                PERCPU_NAMES,
+            )
+        })
+        .map_err(|why| {
+            anyhow!("no .data..percpu section in BTF, and /proc/kallsyms does not give the per-CPU offsets either ({why}): cannot locate preempt_count")
+        })?;
     Ok((vars, true))
 }
 
-/// The offsets of the per-CPU symbols `names` in kallsyms `text`: on x86-64 the per-CPU area
+/// The offsets of the per-CPU symbols `names` in kallsyms `lines`: on x86-64 the per-CPU area
 /// is linked from `__per_cpu_start` (0 up to 6.14), and its symbols are listed with their
-/// link addresses (type `A`, not moved by KASLR), in address order, first. An error when
-/// none of `names` is there, or the addresses are hidden (`kptr_restrict`: all zero).
-pub fn percpu_from_kallsyms(text: &str, names: &[&str]) -> Result<HashMap<String, u64>, String> {
-    let mut start = 0;
+/// link addresses (type `A`, not moved by KASLR), in address order, before every other
+/// symbol; reading stops at the first other one. An error when none of `names` is there
+/// (a kernel without CONFIG_KALLSYMS_ALL lists no variables), or when the addresses are
+/// hidden (`kptr_restrict`: all zero).
+pub fn percpu_from_kallsyms(
+    lines: impl IntoIterator<Item = impl AsRef<str>>,
+    names: &[&str],
+) -> Result<HashMap<String, u64>, String> {
+    let mut start = None;
     let mut out = HashMap::new();
     let mut nonzero = false;
-    for l in text.lines() {
-        let mut f = l.split_whitespace();
-        let (Some(addr), Some(kind), Some(name), None) = (f.next(), f.next(), f.next(), f.next())
-        else {
+    for l in lines {
+        let mut f = l.as_ref().split_whitespace();
+        let (Some(addr), Some(kind), Some(name)) = (f.next(), f.next(), f.next()) else {
             continue;
         };
         let Ok(addr) = u64::from_str_radix(addr, 16) else {
             continue;
         };
         nonzero |= addr != 0;
+        let absolute = kind.eq_ignore_ascii_case("a");
+        if !absolute && start.is_some() {
+            // Past the per-CPU area's symbols.
+            break;
+        }
+        // A module's symbol (a fourth field, `[module]`) is never a per-CPU one of vmlinux.
+        if !absolute || f.next().is_some() {
+            continue;
+        }
         if name == "__per_cpu_start" {
-            start = addr;
-        } else if names.contains(&name) && kind.eq_ignore_ascii_case("a") {
+            start = Some(addr);
+        } else if names.contains(&name) {
             out.insert(name.to_string(), addr);
-            if out.len() == names.len() {
-                break;
-            }
         }
     }
     if !nonzero {
@@ -398,10 +415,11 @@ pub fn percpu_from_kallsyms(text: &str, names: &[&str]) -> Result<HashMap<String
     }
     if out.is_empty() {
         return Err(format!(
-            "none of {} listed as a per-CPU symbol",
+            "none of {} listed as a per-CPU symbol (they are only with CONFIG_KALLSYMS_ALL)",
             names.join(", ")
         ));
     }
+    let start = start.unwrap_or(0);
     for v in out.values_mut() {
         *v = v.wrapping_sub(start);
     }
@@ -508,12 +526,12 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
             field_path_offset(btf, "pcpu_hot", &["preempt_count"])?,
         )
     } else {
-        bail!("neither __preempt_count nor pcpu_hot is a per-CPU variable in BTF");
+        bail!("neither __preempt_count nor pcpu_hot is a per-CPU variable (BTF, kallsyms)");
     };
     let preempt_count = percpu[var] + preempt_member;
     let runqueues = *percpu
         .get("runqueues")
-        .ok_or_else(|| anyhow!("per-CPU variable runqueues not in BTF"))?;
+        .ok_or_else(|| anyhow!("per-CPU variable runqueues not found (BTF, kallsyms)"))?;
     let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
     let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
     let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
@@ -925,33 +943,39 @@ mod tests {
 
     #[test]
     fn per_cpu_offsets_come_from_kallsyms_where_btf_has_none() {
-        // Lines as Debian 11's 5.10 lists them (the two offsets are the issue's), with a
-        // module's symbol of the same name, which must not count.
+        // Lines as Debian 11's 5.10 lists them (the two offsets are the issue's); a module's
+        // symbol of the same name, even absolute, and a text symbol after the area must not
+        // count.
         let text = "0000000000000000 A fixed_percpu_data\n\
                     0000000000000000 A __per_cpu_start\n\
                     000000000001fb80 A __preempt_count\n\
                     0000000000033c40 A runqueues\n\
+                    0000000000033d00 A this_cpu_off\t[fake]\n\
                     ffffffff81000000 T _stext\n\
-                    ffffffffc0a00000 t runqueues\t[fake]\n";
-        let v = percpu_from_kallsyms(text, PERCPU_NAMES).unwrap();
+                    ffffffff81000010 A current_task\n";
+        let v = percpu_from_kallsyms(text.lines(), PERCPU_NAMES).unwrap();
         assert_eq!(v.get("__preempt_count"), Some(&0x1fb80));
         assert_eq!(v.get("runqueues"), Some(&0x33c40));
-        assert_eq!(v.get("_stext"), None);
-        // Relative to the area's start, wherever it is linked.
-        let moved = "ffffffff82000000 A __per_cpu_start\nffffffff82001000 A runqueues\n";
+        assert_eq!(v.get("this_cpu_off"), None, "a module's symbol");
+        assert_eq!(v.get("current_task"), None, "past the per-CPU area");
+        // Relative to the area's start, wherever it is linked and wherever it is listed.
+        let moved = "ffffffff82001000 A runqueues\nffffffff82000000 A __per_cpu_start\n";
         assert_eq!(
-            percpu_from_kallsyms(moved, &["runqueues"]).unwrap()["runqueues"],
+            percpu_from_kallsyms(moved.lines(), &["runqueues"]).unwrap()["runqueues"],
             0x1000
         );
         // kptr_restrict: every address reads 0.
         let hidden = "0000000000000000 A __per_cpu_start\n0000000000000000 A runqueues\n\
                       0000000000000000 T _stext\n";
-        assert!(percpu_from_kallsyms(hidden, PERCPU_NAMES)
+        assert!(percpu_from_kallsyms(hidden.lines(), PERCPU_NAMES)
             .unwrap_err()
             .contains("kptr_restrict"));
-        // A function of that name is not a per-CPU variable.
+        // A function of that name is not a per-CPU variable; without CONFIG_KALLSYMS_ALL none
+        // is listed.
         let none = "ffffffff81000000 T runqueues\n";
-        assert!(percpu_from_kallsyms(none, &["runqueues"]).is_err());
+        assert!(percpu_from_kallsyms(none.lines(), &["runqueues"])
+            .unwrap_err()
+            .contains("CONFIG_KALLSYMS_ALL"));
     }
 
     fn c(pc: u32, m: &ContextMasks) -> u32 {

@@ -268,11 +268,12 @@ fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> R
             modules: Vec::new(),
             // bpftrace brings LLVM: ~200 MB of libraries in the initramfs.
             mem_mb: 2048,
-            // The guest clock counts instructions (`-icount shift=0`: 1 guest ns is one
-            // instruction), so that a round's times do not move with the host's speed, which
-            // scattered the host-clocked rounds 0.25-1.44x around their median. QEMU 7.2 now and
-            // then corrupts a guest's flags under it; `vm::run` boots again when it does.
-            icount: Some(0),
+            // Under TCG the guest clock counts instructions (`-icount shift=0`: 1 guest ns is
+            // one instruction), so that a round's times do not move with the host's speed,
+            // which scattered the host-clocked rounds 0.25-1.44x and 0.09-0.85x around their
+            // medians in the last two such benches. QEMU 7.2 now and then corrupts a guest's
+            // flags under it; `vm::run` boots again when it does. (KVM: real time.)
+            icount: (accel == Accel::Tcg).then_some(0),
         },
     )?;
     if !r.success {
@@ -285,7 +286,17 @@ fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> R
     for e in fs::read_dir(&r.out_dir)?.flatten() {
         fs::copy(e.path(), out.join(e.file_name()))?;
     }
+    // How the rounds were clocked, for the report (a later bench may reuse this part).
+    fs::write(out.join("clock.txt"), clock_label(accel))?;
     Ok(())
+}
+
+/// The clock of a comparison run under `accel`.
+fn clock_label(accel: Accel) -> &'static str {
+    match accel {
+        Accel::Tcg => "TCG, -icount: 1 guest ns = 1 instruction",
+        Accel::Kvm => "KVM",
+    }
 }
 
 /// `record --attach auto` on each kernel of the matrix; leaves `<kernel>.json` in `out`.
@@ -497,7 +508,9 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             ],
         });
     }
-    let place = format!("VM {kernel} (TCG, -icount: 1 guest ns = 1 instruction)");
+    // Runs before the clock was recorded were host-clocked TCG.
+    let clock = fs::read_to_string(dir.join("clock.txt")).unwrap_or_else(|_| "TCG".into());
+    let place = format!("VM {kernel} ({})", clock.trim());
     let col = |i: usize| -> Vec<f64> { rounds.iter().filter_map(|r| r.per_call_ns[i]).collect() };
     let spread = |v: &[f64]| -> String {
         let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
@@ -1119,7 +1132,10 @@ pub fn bench(
     }
     let _ = write!(
         md,
-        "\n## memcg-trace and bpftrace, one boot of {kernel} (TCG)\n\nhackbench {} per run; full cost per call = (traced - untraced seconds of the round) / the calls of the round's run (counted by the fentry recording; kprobe: its own).\n\n{}",
+        "\n## memcg-trace and bpftrace, one boot of {kernel} ({})\n\nhackbench {} per run; full cost per call = (traced - untraced seconds of the round) / the calls of the round's run (counted by the fentry recording; kprobe: its own).\n\n{}",
+        fs::read_to_string(peer_dir.join("clock.txt"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "TCG".into()),
         hackbench_args(&peer_dir),
         peer_table(&peer)
     );

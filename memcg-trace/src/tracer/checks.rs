@@ -637,13 +637,18 @@ impl Tracer {
             // two more clock reads.
             let mut h = HistData::default();
             for cpu in 0..self.cpus as u32 {
-                // The daemon is no workload's task: its calls are in the context's cell.
                 h.add_cpu(
                     &self
                         .cells
                         .get(cell(cpu, self.probes, slot, CTX_TASK) as usize)
                         .hist,
                 );
+                // And in the workload's cell, should the daemon run inside the cgroup it
+                // traces (`--cgroup` of its own).
+                if self.workload {
+                    let w = workload_cell(cpu, self.probes, slot, CTX_TASK, self.workload_contexts);
+                    h.add_cpu(&self.workload_cells.get(w as usize).hist);
+                }
             }
             // Program run time, with bpf stats on for this batch only.
             self.start_stats()?;

@@ -407,7 +407,7 @@ pub struct Tracer {
     started: Instant,
     /// Whether task-context calls of a workload cgroup are counted apart.
     workload: bool,
-    /// Cells per (cpu, probe) of the workload histograms (`workload_contexts`).
+    /// Cells per (cpu, probe) of the workload cells (`workload_contexts`).
     workload_contexts: u32,
     /// The workload's memcg, whose subtree's ids the programs tell the workload by
     /// (`Config::workload_memcg`), and that set, kept up to date each snapshot.

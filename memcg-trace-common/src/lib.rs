@@ -131,6 +131,13 @@ pub mod names {
     pub const FENTRY: [&str; MAX_PROBES] = per_slot!("fentry");
     /// fexit programs, by probe slot.
     pub const FEXIT: [&str; MAX_PROBES] = per_slot!("fexit");
+    /// Lean fentry programs, by probe slot: the same pairing built for the usual settings (no
+    /// call sites, stacks or charged memcgs; direct reads of the task and its cgroup), whose
+    /// tests of those settings the compiler folded away. The loader takes them where those
+    /// settings hold (`lean_programs`).
+    pub const FENTRY_LEAN: [&str; MAX_PROBES] = per_slot!("fentry_lean");
+    /// Lean fexit programs, by probe slot (see [`FENTRY_LEAN`]).
+    pub const FEXIT_LEAN: [&str; MAX_PROBES] = per_slot!("fexit_lean");
     /// kprobe programs, by probe slot.
     pub const KPROBE: [&str; MAX_PROBES] = per_slot!("kprobe");
     /// kretprobe programs, by probe slot.
@@ -213,6 +220,8 @@ pub mod names {
         FENTRY
             .into_iter()
             .chain(FEXIT)
+            .chain(FENTRY_LEAN)
+            .chain(FEXIT_LEAN)
             .chain(KPROBE)
             .chain(KRETPROBE)
             .chain(TP)

@@ -387,18 +387,18 @@ fn read_context(st: St) -> Option<u32> {
 /// and BTF names the per-CPU pointer to the running task, the same pointer without a helper
 /// call: loaded from this CPU's copy and cast to `task_struct`.
 #[inline(always)]
-fn current_task(st: St) -> u64 {
+fn current_task(st: St, lean: bool) -> u64 {
     let l = layout();
     // Gated on read-only fields only, so that the verifier drops the branch not taken (a
     // cast to type id 0 does not load before 6.15).
-    if l.direct_task != 0 && l.direct_untrusted != 0 && l.current_task != 0 {
+    if (lean || l.direct_task != 0) && l.direct_untrusted != 0 && l.current_task != 0 {
         // SAFETY: a fault-safe load through the cast (see `cast`).
         let task = unsafe { *(cast(st.current_addr(), l.cast_u64_type_id) as *const u64) };
         return cast(task, l.cast_task_type_id);
     }
     // SAFETY: helpers without preconditions.
     unsafe {
-        if layout().direct_task != 0 {
+        if lean || layout().direct_task != 0 {
             bpf_get_current_task_btf() as u64
         } else {
             bpf_get_current_task()
@@ -444,9 +444,9 @@ fn cgroup_id(task: u64) -> u64 {
 /// `nvcsw + nivcsw` of `task` (from `current_task`): changes whenever the task leaves the CPU.
 /// Two counters, each a word the scheduler only increments: no read can make a switch up.
 #[inline(always)]
-fn read_switches(task: u64) -> u64 {
+fn read_switches(task: u64, lean: bool) -> u64 {
     let l = layout();
-    if l.direct_task == 0 && l.switches_adjacent != 0 {
+    if !lean && l.direct_task == 0 && l.switches_adjacent != 0 {
         // One helper call instead of two: nivcsw follows nvcsw in every kernel so far.
         // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
         let [v, iv]: [u64; 2] =
@@ -454,7 +454,12 @@ fn read_switches(task: u64) -> u64 {
                 .unwrap_or([0, 0]);
         return v.wrapping_add(iv);
     }
-    read_task_u64(l, task, l.task_nvcsw).wrapping_add(read_task_u64(l, task, l.task_nivcsw))
+    read_task_u64(l, task, l.task_nvcsw, lean).wrapping_add(read_task_u64(
+        l,
+        task,
+        l.task_nivcsw,
+        lean,
+    ))
 }
 
 /// The off-CPU clock of `task` (from `current_task`): `se.exec_start - se.sum_exec_runtime`,
@@ -464,26 +469,26 @@ fn read_switches(task: u64) -> u64 {
 /// the task's runtime. Every update moves `exec_start`, so a pair is taken only when
 /// `exec_start` reads the same before and after `sum_exec_runtime` (a second try at most).
 #[inline(always)]
-fn read_off_clock(task: u64) -> u64 {
+fn read_off_clock(task: u64, lean: bool) -> u64 {
     let l = layout();
     let (xo, so) = (l.task_exec_start, l.task_sum_exec);
-    let (mut x, mut s) = if l.direct_task == 0 && l.clock_adjacent != 0 {
+    let (mut x, mut s) = if !lean && l.direct_task == 0 && l.clock_adjacent != 0 {
         // One helper call for both: sum_exec_runtime follows exec_start in every kernel so far.
         // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
         let [x, s]: [u64; 2] =
             unsafe { bpf_probe_read_kernel((task + xo) as *const [u64; 2]) }.unwrap_or([0, 0]);
         (x, s)
     } else {
-        let x = read_task_u64(l, task, xo);
-        (x, read_task_u64(l, task, so))
+        let x = read_task_u64(l, task, xo, lean);
+        (x, read_task_u64(l, task, so, lean))
     };
     for _ in 0..2 {
-        let again = read_task_u64(l, task, xo);
+        let again = read_task_u64(l, task, xo, lean);
         if again == x {
             break;
         }
         x = again;
-        s = read_task_u64(l, task, so);
+        s = read_task_u64(l, task, so, lean);
     }
     x.wrapping_sub(s)
 }
@@ -491,8 +496,8 @@ fn read_off_clock(task: u64) -> u64 {
 /// A u64 of `task` (from `current_task`) at offset `off`: a plain load where the layout allows
 /// (volatile, so that two reads of one field stay two reads), else the fault-safe helper.
 #[inline(always)]
-fn read_task_u64(l: &KernelLayout, task: u64, off: u64) -> u64 {
-    if l.direct_task != 0 {
+fn read_task_u64(l: &KernelLayout, task: u64, off: u64, lean: bool) -> u64 {
+    if lean || l.direct_task != 0 {
         // SAFETY: the verifier's trusted task_struct pointer; it checks the load against the
         // type.
         return unsafe {
@@ -536,6 +541,13 @@ trait Env {
     fn testing(&self) -> bool {
         false
     }
+    /// A lean program (`names::FENTRY_LEAN`): built for the usual settings, which the loader
+    /// chose it for (no call sites, stacks or charged memcgs; plain loads of the task and its
+    /// cgroup: userspace's `lean_programs`). Its tests of those settings are constants, so the
+    /// compiler drops the code they guard and the loads of the settings.
+    fn lean(&self) -> bool {
+        false
+    }
 }
 
 /// The running kernel.
@@ -543,6 +555,8 @@ struct Kernel {
     st: St,
     /// fentry/fexit programs run preemptible on preemptible kernels.
     preemptible: bool,
+    /// A lean program (see `Env::lean`).
+    lean: bool,
 }
 
 impl Env for Kernel {
@@ -561,15 +575,15 @@ impl Env for Kernel {
     }
     #[inline(always)]
     fn task(&self) -> u64 {
-        current_task(self.st)
+        current_task(self.st, self.lean)
     }
     #[inline(always)]
     fn switches(&self, task: u64) -> u64 {
-        read_switches(task)
+        read_switches(task, self.lean)
     }
     #[inline(always)]
     fn clock(&self, task: u64) -> u64 {
-        read_off_clock(task)
+        read_off_clock(task, self.lean)
     }
     #[inline(always)]
     fn cross_cpu_clock(&self) -> bool {
@@ -583,7 +597,7 @@ impl Env for Kernel {
             return false;
         }
         let l = layout();
-        if l.direct_task != 0 && l.direct_cgroup != 0 {
+        if self.lean || (l.direct_task != 0 && l.direct_cgroup != 0) {
             let cgrp = dfl_cgrp(l, task);
             // SAFETY: `st` is this CPU's state, written only by this CPU's programs and only
             // through its pointer.
@@ -609,6 +623,10 @@ impl Env for Kernel {
     #[inline(always)]
     fn state(&self) -> St {
         self.st
+    }
+    #[inline(always)]
+    fn lean(&self) -> bool {
+        self.lean
     }
     #[inline(always)]
     fn nest(&self) -> Option<&'static mut Nest> {
@@ -646,12 +664,18 @@ fn add(p: &mut u64, v: u64, atomic: bool) {
 /// the workload's; in the task context, or in any where the workload is the charged memcg),
 /// else the context's. One lookup finds a call's counters and histogram.
 #[inline(always)]
-fn cell_of(cpu: u32, probe: u32, ctx: u32, workload: bool) -> Option<&'static mut Cell> {
+fn cell_of(
+    cpu: u32,
+    probe: u32,
+    ctx: u32,
+    workload: bool,
+    lean: bool,
+) -> Option<&'static mut Cell> {
     let probes = config().probes;
     if probe >= probes {
         return None;
     }
-    let by_memcg = config().workload_memcg != 0;
+    let by_memcg = !lean && config().workload_memcg != 0;
     let p = if workload && (ctx == CTX_TASK || by_memcg) {
         let contexts = workload_contexts(by_memcg);
         WORKLOAD_CELLS.get_ptr_mut(workload_cell(cpu, probes, probe, ctx, contexts))
@@ -667,7 +691,7 @@ fn cell_of(cpu: u32, probe: u32, ctx: u32, workload: bool) -> Option<&'static mu
 /// context, tracepoint hits).
 #[inline(always)]
 fn counters(cpu: u32, probe: u32, ctx: u32) -> Option<&'static mut Counters> {
-    cell_of(cpu, probe, ctx, false).map(|c| &mut c.counters)
+    cell_of(cpu, probe, ctx, false, false).map(|c| &mut c.counters)
 }
 
 /// Adds one duration, and its self time, to a histogram.
@@ -809,7 +833,7 @@ fn memcg_in_workload(id: u64) -> bool {
 #[inline(always)]
 fn workload_call<E: Env>(env: &E, ctx: u32, memcg: u64, task: u64) -> bool {
     let c = config();
-    if c.workload_memcg != 0 && memcg != 0 {
+    if !env.lean() && c.workload_memcg != 0 && memcg != 0 {
         return memcg_in_workload(memcg);
     }
     ctx == CTX_TASK && env.in_workload(task)
@@ -985,6 +1009,18 @@ fn nest_done<E: Env>(env: &E, ns: u64) {
     }
 }
 
+/// Writes a pending call's call site and charged memcg. Volatile: where both are constant
+/// zeros (a lean program), the compiler would otherwise make the two stores a call of a
+/// `memset` subprogram.
+#[inline(always)]
+fn set_origin(p: &mut Pending, caller: u64, memcg: u64) {
+    // SAFETY: aligned fields of a live slot.
+    unsafe {
+        core::ptr::write_volatile(&mut p.caller, caller);
+        core::ptr::write_volatile(&mut p.memcg, memcg);
+    }
+}
+
 /// Entry half: remember the call. `caller`: its call site (`Pending::caller`), 0 without
 /// `--callers`; `memcg`: the memcg it charges (`Pending::memcg`), 0 when not read.
 #[inline(always)]
@@ -1012,7 +1048,9 @@ fn pair_entry<E: Env>(
         return;
     };
     add(&mut cs.entries, 1, atomic);
-    stack(ctx);
+    if !env.lean() {
+        stack(ctx);
+    }
     if ctx != CTX_TASK {
         // One call in flight per interrupt context: what is left there is stale.
         let Some(p) = set.calls.get_mut(irq_slot(ctx)) else {
@@ -1028,11 +1066,10 @@ fn pair_entry<E: Env>(
             Some(m) => (PENDING_MISSES_KNOWN, m),
             None => (0, 0),
         };
-        let workload = config().workload_memcg != 0 && memcg_in_workload(memcg);
+        let workload = !env.lean() && config().workload_memcg != 0 && memcg_in_workload(memcg);
         p.flags = flags | if workload { PENDING_WORKLOAD } else { 0 };
         p.switches = misses;
-        p.caller = caller;
-        p.memcg = memcg;
+        set_origin(p, caller, memcg);
         p.key = key;
         nest_enter(env, p, NEST_IRQ);
         p.ts = env.now();
@@ -1094,8 +1131,7 @@ fn pair_entry<E: Env>(
     p.switches = switches;
     p.ctx = CTX_TASK;
     p.flags = flags;
-    p.caller = caller;
-    p.memcg = memcg;
+    set_origin(p, caller, memcg);
     // Before the timestamp: a call nested from here on is inside this one's time. (A claim
     // below fails only where runs interleave, and nesting is not followed there.)
     nest_enter(env, p, task);
@@ -1297,7 +1333,13 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     // ends, or to the copy).
     let call = unsafe { &*call };
     let ctx = call.ctx & (NUM_CTX as u32 - 1);
-    let Some(c) = cell_of(cpu, probe, ctx, call.flags & PENDING_WORKLOAD != 0) else {
+    let Some(c) = cell_of(
+        cpu,
+        probe,
+        ctx,
+        call.flags & PENDING_WORKLOAD != 0,
+        env.lean(),
+    ) else {
         return;
     };
     let cs = &mut c.counters;
@@ -1410,10 +1452,10 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         (ns - child, child_calls)
     };
     record(&mut c.hist, ns, self_ns, nested, off, atomic);
-    if config().callers != 0 {
+    if !env.lean() && config().callers != 0 {
         count_caller(cs, probe, ctx, call.caller, ns);
     }
-    if config().by_memcg != 0 {
+    if !env.lean() && config().by_memcg != 0 {
         count_memcg(cs, probe, ctx, call.memcg, ns, true);
     }
 }
@@ -1456,6 +1498,7 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
     let env = Kernel {
         st,
         preemptible: false,
+        lean: false,
     };
     let cfg = config();
     let memcg = if cfg.by_memcg != 0 || cfg.workload_memcg != 0 {
@@ -1686,44 +1729,70 @@ fn kprobe_caller(ctx: &ProbeContext) -> u64 {
     unsafe { bpf_probe_read_kernel((*ctx.regs).rsp as *const u64) }.unwrap_or(0)
 }
 
+/// The entry program of probe slot `$n` on context `$ctx` (fentry); `$lean`: a lean program
+/// (see `Env::lean`).
+macro_rules! fentry_body {
+    ($ctx:ident, $n:expr, $lean:expr) => {{
+        if let Some(st) = cpu_state(&$ctx) {
+            let env = Kernel {
+                st,
+                preemptible: true,
+                lean: $lean,
+            };
+            let caller = if !env.lean && config().callers != 0 {
+                fentry_caller(&$ctx)
+            } else {
+                0
+            };
+            let memcg = if !env.lean && (config().by_memcg != 0 || config().workload_memcg != 0) {
+                charged_memcg($n, first_arg($ctx.as_ptr()))
+            } else {
+                0
+            };
+            let stack = |c: u32| sample_stack(&$ctx, st, $n, c, caller);
+            pair_entry(&env, $n, Key::fentry(&$ctx), true, caller, memcg, stack);
+        } else {
+            no_state($n, false);
+        }
+        0
+    }};
+}
+
+/// The exit program of probe slot `$n` (fexit), as [`fentry_body`].
+macro_rules! fexit_body {
+    ($ctx:ident, $n:expr, $lean:expr) => {{
+        if let Some(st) = cpu_state(&$ctx) {
+            let env = Kernel {
+                st,
+                preemptible: true,
+                lean: $lean,
+            };
+            pair_exit(&env, $n, Key::fentry(&$ctx), true);
+        } else {
+            no_state($n, true);
+        }
+        0
+    }};
+}
+
 macro_rules! probe_slot {
-    ($n:expr, $fentry:ident, $fexit:ident, $kprobe:ident, $kretprobe:ident, $tp:ident) => {
+    ($n:expr, $fentry:ident, $fexit:ident, $fentry_lean:ident, $fexit_lean:ident,
+     $kprobe:ident, $kretprobe:ident, $tp:ident) => {
         #[fentry]
         pub fn $fentry(ctx: FEntryContext) -> u32 {
-            if let Some(st) = cpu_state(&ctx) {
-                let env = Kernel {
-                    st,
-                    preemptible: true,
-                };
-                let caller = if config().callers != 0 {
-                    fentry_caller(&ctx)
-                } else {
-                    0
-                };
-                let memcg = if config().by_memcg != 0 || config().workload_memcg != 0 {
-                    charged_memcg($n, first_arg(ctx.as_ptr()))
-                } else {
-                    0
-                };
-                let stack = |c: u32| sample_stack(&ctx, st, $n, c, caller);
-                pair_entry(&env, $n, Key::fentry(&ctx), true, caller, memcg, stack);
-            } else {
-                no_state($n, false);
-            }
-            0
+            fentry_body!(ctx, $n, false)
         }
         #[fexit]
         pub fn $fexit(ctx: FExitContext) -> u32 {
-            if let Some(st) = cpu_state(&ctx) {
-                let env = Kernel {
-                    st,
-                    preemptible: true,
-                };
-                pair_exit(&env, $n, Key::fentry(&ctx), true);
-            } else {
-                no_state($n, true);
-            }
-            0
+            fexit_body!(ctx, $n, false)
+        }
+        #[fentry]
+        pub fn $fentry_lean(ctx: FEntryContext) -> u32 {
+            fentry_body!(ctx, $n, true)
+        }
+        #[fexit]
+        pub fn $fexit_lean(ctx: FExitContext) -> u32 {
+            fexit_body!(ctx, $n, true)
         }
         #[kprobe]
         pub fn $kprobe(ctx: ProbeContext) -> u32 {
@@ -1731,6 +1800,7 @@ macro_rules! probe_slot {
                 let env = Kernel {
                     st,
                     preemptible: false,
+                    lean: false,
                 };
                 let caller = if config().callers != 0 {
                     kprobe_caller(&ctx)
@@ -1756,6 +1826,7 @@ macro_rules! probe_slot {
                 let env = Kernel {
                     st,
                     preemptible: false,
+                    lean: false,
                 };
                 pair_exit(&env, $n, Key::kretprobe(&ctx), false);
             } else {
@@ -1770,18 +1841,126 @@ macro_rules! probe_slot {
     };
 }
 
-probe_slot!(0, fentry_0, fexit_0, kprobe_0, kretprobe_0, tp_0);
-probe_slot!(1, fentry_1, fexit_1, kprobe_1, kretprobe_1, tp_1);
-probe_slot!(2, fentry_2, fexit_2, kprobe_2, kretprobe_2, tp_2);
-probe_slot!(3, fentry_3, fexit_3, kprobe_3, kretprobe_3, tp_3);
-probe_slot!(4, fentry_4, fexit_4, kprobe_4, kretprobe_4, tp_4);
-probe_slot!(5, fentry_5, fexit_5, kprobe_5, kretprobe_5, tp_5);
-probe_slot!(6, fentry_6, fexit_6, kprobe_6, kretprobe_6, tp_6);
-probe_slot!(7, fentry_7, fexit_7, kprobe_7, kretprobe_7, tp_7);
-probe_slot!(8, fentry_8, fexit_8, kprobe_8, kretprobe_8, tp_8);
-probe_slot!(9, fentry_9, fexit_9, kprobe_9, kretprobe_9, tp_9);
-probe_slot!(10, fentry_10, fexit_10, kprobe_10, kretprobe_10, tp_10);
-probe_slot!(11, fentry_11, fexit_11, kprobe_11, kretprobe_11, tp_11);
+probe_slot!(
+    0,
+    fentry_0,
+    fexit_0,
+    fentry_lean_0,
+    fexit_lean_0,
+    kprobe_0,
+    kretprobe_0,
+    tp_0
+);
+probe_slot!(
+    1,
+    fentry_1,
+    fexit_1,
+    fentry_lean_1,
+    fexit_lean_1,
+    kprobe_1,
+    kretprobe_1,
+    tp_1
+);
+probe_slot!(
+    2,
+    fentry_2,
+    fexit_2,
+    fentry_lean_2,
+    fexit_lean_2,
+    kprobe_2,
+    kretprobe_2,
+    tp_2
+);
+probe_slot!(
+    3,
+    fentry_3,
+    fexit_3,
+    fentry_lean_3,
+    fexit_lean_3,
+    kprobe_3,
+    kretprobe_3,
+    tp_3
+);
+probe_slot!(
+    4,
+    fentry_4,
+    fexit_4,
+    fentry_lean_4,
+    fexit_lean_4,
+    kprobe_4,
+    kretprobe_4,
+    tp_4
+);
+probe_slot!(
+    5,
+    fentry_5,
+    fexit_5,
+    fentry_lean_5,
+    fexit_lean_5,
+    kprobe_5,
+    kretprobe_5,
+    tp_5
+);
+probe_slot!(
+    6,
+    fentry_6,
+    fexit_6,
+    fentry_lean_6,
+    fexit_lean_6,
+    kprobe_6,
+    kretprobe_6,
+    tp_6
+);
+probe_slot!(
+    7,
+    fentry_7,
+    fexit_7,
+    fentry_lean_7,
+    fexit_lean_7,
+    kprobe_7,
+    kretprobe_7,
+    tp_7
+);
+probe_slot!(
+    8,
+    fentry_8,
+    fexit_8,
+    fentry_lean_8,
+    fexit_lean_8,
+    kprobe_8,
+    kretprobe_8,
+    tp_8
+);
+probe_slot!(
+    9,
+    fentry_9,
+    fexit_9,
+    fentry_lean_9,
+    fexit_lean_9,
+    kprobe_9,
+    kretprobe_9,
+    tp_9
+);
+probe_slot!(
+    10,
+    fentry_10,
+    fexit_10,
+    fentry_lean_10,
+    fexit_lean_10,
+    kprobe_10,
+    kretprobe_10,
+    tp_10
+);
+probe_slot!(
+    11,
+    fentry_11,
+    fexit_11,
+    fentry_lean_11,
+    fexit_lean_11,
+    kprobe_11,
+    kretprobe_11,
+    tp_11
+);
 
 // Floors for `cargo xtask bench`, attached next to the real programs on the same function:
 // (a) empty programs of the same type; (b) the least any latency tracer must do, a clock read
@@ -2042,7 +2221,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),
         test_op::BUCKET => {
-            if let Some(c) = cell_of(st.cpu(), probe, CTX_TASK, false) {
+            if let Some(c) = cell_of(st.cpu(), probe, CTX_TASK, false, false) {
                 record(&mut c.hist, a(2), a(2), 0, 0, false);
             }
         }

@@ -1,8 +1,9 @@
-# Guest part of `cargo xtask bench`'s peer comparison: ROUNDS rounds of the same hackbench
-# (PEER_HACKBENCH) untraced (U), under a typical bpftrace latency script (B), under memcg-trace
-# with fentry (F) and kprobe (K), and under empty fentry/fexit programs on the same functions
-# (E, the floor of any such tracer), the order rotated per round; then a calibration
-# round with bpf stats on for both tools. Set by the caller: ROUNDS, PEER_HACKBENCH, PROBES.
+# Guest part of `cargo xtask bench`'s peer comparison, one boot per round: round ROUND of the
+# same hackbench (PEER_HACKBENCH) untraced (U), under a typical bpftrace latency script (B),
+# under memcg-trace with fentry (F) and kprobe (K), and under empty fentry/fexit programs on the
+# same functions (E, the floor of any such tracer), the order rotated per round; or (CAL=1) the
+# calibration, with bpf stats on for both tools. Set by the caller: ROUND (0: none), CAL,
+# PEER_HACKBENCH, PROBES.
 # Leaves in /out: peer-<round>-<variant>.txt (hackbench's output), peer-<round>-B.bt
 # (bpftrace's), peer-<round>-<F|K>.json, peer.bt, and cal-B.json / cal-F.json / cal-K.json.
 #
@@ -98,8 +99,8 @@ run() { # round variant
     ;;
   esac
 }
-r=1
-while [ $r -le $ROUNDS ]; do
+r=$ROUND
+if [ "$r" -gt 0 ]; then
   case $((r % 5)) in
   1) order="U B F K E" ;;
   2) order="B F K E U" ;;
@@ -111,8 +112,8 @@ while [ $r -le $ROUNDS ]; do
     echo "guest: round $r: $v"
     run $r $v
   done
-  r=$((r + 1))
-done
+fi
+[ "$CAL" = 1 ] || exit 0
 # Calibration: both tools' programs with the kernel's stats on (which add two clock reads to
 # every run, so these times are not the rounds' costs; they compare the programs).
 echo 1 >/proc/sys/kernel/bpf_stats_enabled

@@ -624,7 +624,7 @@ impl Tracer {
             }
             Ok(start.elapsed())
         };
-        let programs = super::slot_programs(backend, slot);
+        let programs = super::slot_programs(backend, slot, self.lean);
         let result = (|| -> Result<Floor> {
             // Without the pair, then with it: the difference is what a traced call costs. The
             // faster of two batches each, the one least disturbed by the rest of the machine.

@@ -295,14 +295,27 @@ fn dup_fd(p: &Program) -> Option<OwnedFd> {
     fd.ok()?.as_fd().try_clone_to_owned().ok()
 }
 
-/// The programs of one probe slot for a backend, entry first.
-pub fn slot_programs(backend: Backend, slot: u32) -> Vec<&'static str> {
+/// The programs of one probe slot for a backend, entry first; `lean`: the lean fentry/fexit
+/// programs (`lean_programs`).
+pub fn slot_programs(backend: Backend, slot: u32, lean: bool) -> Vec<&'static str> {
     let s = slot as usize;
     match backend {
+        Backend::Fentry if lean => vec![names::FENTRY_LEAN[s], names::FEXIT_LEAN[s]],
         Backend::Fentry => vec![names::FENTRY[s], names::FEXIT[s]],
         Backend::Kprobe => vec![names::KPROBE[s], names::KRETPROBE[s]],
         Backend::Tracepoint => vec![names::TP[s]],
     }
+}
+
+/// Whether the lean fentry/fexit programs (`names::FENTRY_LEAN`) serve settings `o` on a kernel
+/// whose layout, as loaded, is `loaded`: what they were built for is what holds, no call sites
+/// (nor their stacks), no charged memcgs, and plain loads of the task and its cgroup.
+pub fn lean_programs(o: &LoadOptions, loaded: &KernelLayout) -> bool {
+    loaded.direct_task != 0
+        && loaded.direct_cgroup != 0
+        && !o.callers
+        && !o.by_memcg
+        && !o.workload_memcg
 }
 
 /// The kernel's run count, run time and recursion misses of a program: from its
@@ -453,6 +466,8 @@ pub struct Tracer {
     stats: Option<OwnedFd>,
     /// Stats stay on for the whole run (`--bpf-stats`).
     stats_always: bool,
+    /// fentry/fexit probes attach the lean programs (`lean_programs`).
+    lean: bool,
 }
 
 impl Tracer {
@@ -465,6 +480,7 @@ impl Tracer {
         targets: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self> {
         let (mut ebpf, loaded, loader_btf) = load_object(layout, opts)?;
+        let lean = lean_programs(opts, &loaded);
         let logger = if opts.ebpf_log {
             Some(
                 EbpfLogger::init_with_logger(&mut ebpf, StderrLog)
@@ -587,6 +603,7 @@ impl Tracer {
             logger,
             stats: None,
             stats_always: false,
+            lean,
         })
     }
 
@@ -627,7 +644,7 @@ impl Tracer {
             return false;
         }
         for plan in &res.plans {
-            let programs = slot_programs(plan.backend, slot);
+            let programs = slot_programs(plan.backend, slot, self.lean);
             // Before the programs run: a call never reads another target's path.
             let memcg_arg = self.set_memcg_path(slot, plan);
             // The entry program is new: its misses are 0 until it is attached.

@@ -253,6 +253,11 @@ pub struct ContextOut {
     /// flight).
     #[serde(default)]
     pub rejected: u64,
+    /// Of the rejected calls, the summed durations of those the kernel had counted inside an
+    /// enclosing call, ns: that call's self time was reduced by them, yet they are nobody's self
+    /// time (so the self times add up to `outermost_ns` less these).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unproven_nested_ns: u64,
     /// Deferred calls lost because the ring buffer was full.
     #[serde(default)]
     pub deferred_lost: u64,
@@ -320,7 +325,7 @@ pub struct ContextOut {
     pub self_unknown: u64,
     /// Summed duration of the timed calls that ran inside no other traced call followed on
     /// their CPU, ns: traced time counted once. Over all probes and contexts it equals the
-    /// summed self times when every self time is known.
+    /// summed self times plus `unproven_nested_ns` when every self time is known.
     #[serde(default)]
     pub outermost_ns: u64,
     /// Latency figures; absent for counts-only backends.
@@ -833,6 +838,7 @@ pub(crate) fn probes_out(
                             deferred: k.deferred,
                             confirmed: c.confirmed,
                             rejected: c.rejected,
+                            unproven_nested_ns: c.unproven_nested_ns,
                             deferred_lost: k.deferred_lost,
                             ambiguous: k.ambiguous,
                             switched: k.switched,
@@ -1219,6 +1225,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         },
                         confirmed: c.confirmed,
                         rejected: c.rejected,
+                        unproven_nested_ns: c.unproven_nested_ns,
                     };
                 }
                 ProbeStats {

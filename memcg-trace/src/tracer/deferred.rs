@@ -43,6 +43,10 @@ pub struct Outcome {
     pub hist: HistData,
     /// Calls rejected: the entry program missed a run while they were in flight.
     pub rejected: u64,
+    /// Of the rejected calls, those the kernel had already counted inside an enclosing call
+    /// (not `DEFERRED_OUTERMOST`): their durations, ns, summed. That enclosing call's self
+    /// time was reduced by them, yet they count nowhere as self time.
+    pub unproven_nested_ns: u64,
     /// Of the confirmed calls that left the CPU: their time off it, ns, summed.
     pub off_cpu_ns: u64,
     /// The longest time off the CPU of one confirmed call, ns.
@@ -175,6 +179,9 @@ impl Verifier {
                 }
             } else {
                 out.rejected += 1;
+                if d.flags & DEFERRED_OUTERMOST == 0 {
+                    out.unproven_nested_ns += d.end.saturating_sub(d.start);
+                }
             }
         }
         self.waiting = keep;
@@ -282,6 +289,21 @@ mod tests {
         let o = &v.outcomes[0][CTX_HARDIRQ as usize];
         assert_eq!((o.hist.count, o.rejected), (1, 1), "the first is rejected");
         assert_eq!(o.hist.sum_ns, 100);
+        // Nested (no DEFERRED_OUTERMOST): its 800 ns were taken out of its enclosing call.
+        assert_eq!(o.unproven_nested_ns, 800);
+    }
+
+    #[test]
+    fn a_rejected_outermost_call_took_no_time_from_another() {
+        let mut v = Verifier::new(1);
+        v.mark(0, mark(0, 7));
+        let mut d = call(100, 900, CTX_TASK);
+        d.flags = DEFERRED_OUTERMOST;
+        v.push(d);
+        v.mark(0, mark(1000, 8));
+        v.settle();
+        let o = &v.outcomes[0][0];
+        assert_eq!((o.rejected, o.unproven_nested_ns), (1, 0));
     }
 
     #[test]

@@ -1165,6 +1165,7 @@ impl Tracer {
                 stats.hist.merge(&out.hist);
                 stats.confirmed = out.hist.count;
                 stats.rejected = out.rejected;
+                stats.unproven_nested_ns = out.unproven_nested_ns;
                 // The snapshot's off-CPU figures cover every timed call: the kernel's and the
                 // confirmed ones.
                 let c = &mut stats.counters;

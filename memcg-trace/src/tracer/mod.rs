@@ -1270,3 +1270,70 @@ impl Drop for Tracer {
         self.detach_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lean_programs_only_where_what_they_fold_away_holds() {
+        let direct = KernelLayout {
+            direct_task: 1,
+            direct_cgroup: 1,
+            ..Default::default()
+        };
+        let usual = LoadOptions {
+            workload_cgroup: 7,
+            workload_owned: true,
+            probes: 3,
+            ..Default::default()
+        };
+        assert!(lean_programs(&usual, &direct));
+        assert_eq!(
+            slot_programs(Backend::Fentry, 3, true),
+            ["fentry_lean_3", "fexit_lean_3"]
+        );
+        assert_eq!(
+            slot_programs(Backend::Fentry, 3, false),
+            ["fentry_3", "fexit_3"]
+        );
+        // kprobes and tracepoints have one build.
+        assert_eq!(
+            slot_programs(Backend::Kprobe, 3, true),
+            ["kprobe_3", "kretprobe_3"]
+        );
+        assert_eq!(slot_programs(Backend::Tracepoint, 3, true), ["tp_3"]);
+        // Any setting the lean programs fold away as off takes the general ones.
+        for o in [
+            LoadOptions {
+                callers: true,
+                stack_depth: 4,
+                ..usual
+            },
+            LoadOptions {
+                by_memcg: true,
+                ..usual
+            },
+            LoadOptions {
+                workload_memcg: true,
+                ..usual
+            },
+        ] {
+            assert!(!lean_programs(&o, &direct), "{o:?}");
+        }
+        // So does a kernel where the task or its cgroup are not plain loads (or --probe-read,
+        // which turns direct task reads off).
+        for l in [
+            KernelLayout {
+                direct_task: 0,
+                ..direct
+            },
+            KernelLayout {
+                direct_cgroup: 0,
+                ..direct
+            },
+        ] {
+            assert!(!lean_programs(&usual, &l));
+        }
+    }
+}

@@ -88,6 +88,17 @@ pub struct ProbeDef {
     pub tracepoint: Option<&'static str>,
     /// Traced unless `--probe` says otherwise.
     pub default: bool,
+    /// What the step means on kernels of another layout, said with its resolution there.
+    pub caveat: Option<Caveat>,
+}
+
+/// A probe's meaning on kernels that lack a function marking the layout it was named for.
+#[derive(Debug)]
+pub struct Caveat {
+    /// The marker: where it exists, the caveat does not apply.
+    pub unless: &'static str,
+    /// What the probe's function means without it.
+    pub note: &'static str,
 }
 
 /// A kernel function that can implement a probe.
@@ -130,6 +141,7 @@ pub const PROBES: &[ProbeDef] = &[
         ],
         tracepoint: None,
         default: true,
+        caveat: None,
     },
     ProbeDef {
         name: "stat",
@@ -139,6 +151,7 @@ pub const PROBES: &[ProbeDef] = &[
         candidates: &[c("__mod_memcg_state"), c("mod_memcg_state")],
         tracepoint: Some("mod_memcg_state"),
         default: true,
+        caveat: None,
     },
     ProbeDef {
         name: "rstat",
@@ -148,6 +161,12 @@ pub const PROBES: &[ProbeDef] = &[
         candidates: &[c("__css_rstat_updated"), c("css_rstat_updated"), c("__cgroup_rstat_updated"), c("cgroup_rstat_updated")],
         tracepoint: None,
         default: true,
+        // Memcg statistics went onto rstat in 5.13 (its flush callback arrived then); before,
+        // the function serves the other controllers (cpu, io) only.
+        caveat: Some(Caveat {
+            unless: "mem_cgroup_css_rstat_flush",
+            note: "not a step of memcg's path on this kernel: memcg statistics go through rstat from 5.13 (mem_cgroup_css_rstat_flush, absent here), and before that its calls are other controllers' (cpu, io) updates",
+        }),
     },
     ProbeDef {
         name: "uncharge",
@@ -155,6 +174,7 @@ pub const PROBES: &[ProbeDef] = &[
         candidates: &[c("obj_cgroup_uncharge")],
         tracepoint: None,
         default: false,
+        caveat: None,
     },
     ProbeDef {
         name: "slab_post_alloc",
@@ -163,6 +183,7 @@ pub const PROBES: &[ProbeDef] = &[
         candidates: &[c("__memcg_slab_post_alloc_hook"), c("memcg_slab_post_alloc_hook")],
         tracepoint: None,
         default: false,
+        caveat: None,
     },
     ProbeDef {
         name: "slab_free",
@@ -170,6 +191,7 @@ pub const PROBES: &[ProbeDef] = &[
         candidates: &[c("__memcg_slab_free_hook"), c("memcg_slab_free_hook")],
         tracepoint: None,
         default: false,
+        caveat: None,
     },
     ProbeDef {
         name: "refill_stock",
@@ -177,6 +199,7 @@ pub const PROBES: &[ProbeDef] = &[
         candidates: &[c("refill_obj_stock"), c("refill_stock")],
         tracepoint: None,
         default: false,
+        caveat: None,
     },
     ProbeDef {
         name: "try_charge",
@@ -184,6 +207,7 @@ pub const PROBES: &[ProbeDef] = &[
         candidates: &[c("try_charge_memcg"), c("try_charge")],
         tracepoint: None,
         default: false,
+        caveat: None,
     },
     ProbeDef {
         name: "events",
@@ -191,6 +215,7 @@ pub const PROBES: &[ProbeDef] = &[
         candidates: &[c("count_memcg_events"), c("__count_memcg_events")],
         tracepoint: Some("count_memcg_events"),
         default: false,
+        caveat: None,
     },
 ];
 
@@ -297,6 +322,11 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
         }
     }
     let chosen = chosen.map(|c| c.0);
+    if let (Request::Probe(p), Some(sym)) = (req, chosen) {
+        if let Some(cv) = p.caveat.as_ref().filter(|cv| !exists(cv.unless)) {
+            r.notes.push(format!("{sym}: {}", cv.note));
+        }
+    }
     for &backend in order {
         match backend {
             Backend::Fentry | Backend::Kprobe => {
@@ -398,6 +428,7 @@ mod tests {
                 "__mod_memcg_state",
                 "__cgroup_rstat_updated",
                 "cgroup_rstat_updated",
+                "mem_cgroup_css_rstat_flush",
             ],
             &[],
         );
@@ -408,6 +439,7 @@ mod tests {
                 "__mod_memcg_state",
                 "__cgroup_rstat_updated",
                 "cgroup_rstat_updated",
+                "mem_cgroup_css_rstat_flush",
             ],
             &["mod_memcg_state"],
         );
@@ -419,6 +451,7 @@ mod tests {
                 "__account_obj_stock",
                 "mod_memcg_state",
                 "css_rstat_updated",
+                "mem_cgroup_css_rstat_flush",
             ],
             &["mod_memcg_state"],
         );
@@ -431,6 +464,7 @@ mod tests {
                 "mod_memcg_state",
                 "css_rstat_updated",
                 "__css_rstat_updated",
+                "mem_cgroup_css_rstat_flush",
             ],
             &["mod_memcg_state"],
         );
@@ -463,7 +497,47 @@ mod tests {
             assert_eq!(chosen(k, "charge"), charge);
             assert_eq!(chosen(k, "stat"), stat);
             assert_eq!(chosen(k, "rstat"), rstat);
+            assert!(
+                !rstat_notes(k)
+                    .iter()
+                    .any(|n| n.contains("not a step of memcg")),
+                "{rstat}: memcg's stats are on rstat here"
+            );
         }
+    }
+
+    fn rstat_notes(s: &Symbols) -> Vec<String> {
+        resolve(
+            &Request::Probe(probe_def("rstat").unwrap()),
+            AttachMode::Auto.order(false),
+            s,
+        )
+        .notes
+    }
+
+    /// 5.10 (Debian 11, seen in the VM): memcg statistics are not on rstat yet, so the function
+    /// `rstat` resolves to is other controllers' step, and its resolution says so.
+    #[test]
+    fn rstat_before_5_13_says_it_is_not_memcgs_step() {
+        let k510 = kernel(
+            &[
+                "obj_cgroup_charge",
+                "__mod_memcg_state",
+                "cgroup_rstat_updated",
+            ],
+            &[],
+        );
+        assert_eq!(chosen(&k510, "charge"), "obj_cgroup_charge");
+        assert_eq!(chosen(&k510, "stat"), "__mod_memcg_state");
+        assert_eq!(chosen(&k510, "rstat"), "cgroup_rstat_updated");
+        let notes = rstat_notes(&k510);
+        assert!(
+            notes.iter().any(
+                |n| n.starts_with("cgroup_rstat_updated: not a step of memcg's path")
+                    && n.contains("5.13")
+            ),
+            "{notes:?}"
+        );
     }
 
     #[test]

@@ -332,6 +332,7 @@ fn interest(sel: &ProbeSel) -> HashSet<String> {
             out.extend(c.requires.map(str::to_string));
         }
         out.extend(p.tracepoint.map(str::to_string));
+        out.extend(p.caveat.as_ref().map(|c| c.unless.to_string()));
     }
     out
 }

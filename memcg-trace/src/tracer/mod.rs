@@ -1090,7 +1090,9 @@ impl Tracer {
             .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?;
         let states: aya::maps::PerCpuArray<_, memcg_trace_common::CpuState> =
             aya::maps::PerCpuArray::try_from(map)?;
-        let states = states.get(&0, 0)?;
+        let states = states
+            .get(&0, 0)
+            .context("reading the pending calls (CPU_STATE)")?;
         let mut out = vec![0; self.attached.len()];
         for (slot, n) in out.iter_mut().enumerate() {
             for st in states.iter() {

@@ -1415,12 +1415,12 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             }
         }
     }
-    // Its enclosing call's time holds this one's (a deferred call's too: its pairing is
-    // rejected only when a stale entry joined another call's exit, both traced calls inside
-    // the enclosing one).
-    if nested.enclosed {
-        nest_done(env, ns);
-    } else {
+    // Its enclosing call's time holds this one's, once it is counted here or handed to
+    // userspace (a deferred call's too: its pairing is rejected only when a stale entry joined
+    // another call's exit, both traced calls inside the enclosing one; userspace reports what
+    // such a call took from its enclosing call's self time). A pair lost on the way (the ring
+    // buffer full) takes nothing from it.
+    if !nested.enclosed {
         flags |= DEFERRED_OUTERMOST;
     }
     if deferred {
@@ -1436,10 +1436,16 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             child_calls,
         ) {
             add(&mut cs.deferred, 1, atomic);
+            if nested.enclosed {
+                nest_done(env, ns);
+            }
         } else {
             add(&mut cs.deferred_lost, 1, atomic);
         }
         return;
+    }
+    if nested.enclosed {
+        nest_done(env, ns);
     }
     add(&mut cs.paired, 1, atomic);
     if flags & DEFERRED_OUTERMOST != 0 {

@@ -253,9 +253,10 @@ pub struct ContextOut {
     /// flight).
     #[serde(default)]
     pub rejected: u64,
-    /// Of the rejected calls, the summed durations of those the kernel had counted inside an
-    /// enclosing call, ns: that call's self time was reduced by them, yet they are nobody's self
-    /// time (so the self times add up to `outermost_ns` less these).
+    /// Of the rejected calls the kernel had counted inside an enclosing call, their own self
+    /// times summed, ns (the whole duration where their nesting is unknown): that call's self
+    /// time was reduced by their durations, yet their own self time is nobody's. Over all probes
+    /// and contexts, the self times plus these are at least `outermost_ns`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unproven_nested_ns: u64,
     /// Deferred calls lost because the ring buffer was full.
@@ -325,7 +326,8 @@ pub struct ContextOut {
     pub self_unknown: u64,
     /// Summed duration of the timed calls that ran inside no other traced call followed on
     /// their CPU, ns: traced time counted once. Over all probes and contexts it equals the
-    /// summed self times plus `unproven_nested_ns` when every self time is known.
+    /// summed self times when every call was timed and every self time is known; with
+    /// rejected pairs, it is at most the summed self times plus `unproven_nested_ns`.
     #[serde(default)]
     pub outermost_ns: u64,
     /// Latency figures; absent for counts-only backends.

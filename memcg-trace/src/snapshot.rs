@@ -168,8 +168,9 @@ pub struct CtxStats {
     /// Deferred pairs rejected: the entry program missed a run while they were in flight, so
     /// the pair may join a stale entry with another call's exit.
     pub rejected: u64,
-    /// Of the rejected pairs, the durations of those counted inside an enclosing call, ns: that
-    /// call's self time was reduced by them, yet they are nobody's self time.
+    /// Of the rejected pairs counted inside an enclosing call, their own self times, ns: that
+    /// call's self time was reduced by their durations, yet their own self time is nobody's
+    /// (see `deferred::Outcome::unproven_nested_ns`).
     pub unproven_nested_ns: u64,
 }
 

@@ -144,6 +144,17 @@ fn vm_matrix(short: &str) {
                 "{name} attached with {} under --attach {run}",
                 p.backend
             );
+            // The usual settings take the lean fentry/fexit programs (tracer::lean_programs).
+            let names: Vec<&str> = p.programs.iter().map(|g| g.name.as_str()).collect();
+            let want = if backend == "fentry" {
+                ["fentry_lean_", "fexit_lean_"]
+            } else {
+                ["kprobe_", "kretprobe_"]
+            };
+            assert!(
+                names.len() == 2 && names.iter().zip(want).all(|(n, w)| n.starts_with(w)),
+                "{short} {run} {name}: programs {names:?}, expected {want:?}"
+            );
             assert!(
                 p.count > 0,
                 "{short} {run}: {name} ({}) counted no calls",
@@ -618,6 +629,15 @@ fn callers_on(name: &str, short: &str) {
     let mut main_sites: Vec<(String, std::collections::BTreeSet<String>)> = Vec::new();
     for backend in ["fentry", "kprobe"] {
         let doc = load_recording(&r.out_dir.join(format!("callers-{backend}.json")));
+        // --callers needs the general programs, not the lean ones (tracer::lean_programs).
+        for p in &doc.probes {
+            assert!(
+                p.programs.iter().all(|g| !g.name.contains("lean")),
+                "{short} {backend} --callers {}: {:?}",
+                p.name,
+                p.programs.iter().map(|g| &g.name).collect::<Vec<_>>()
+            );
+        }
         // The kernel's own call graph: every call of the stat function updates rstat first
         // thing (memcg_rstat_updated), so rstat's calls from that function are the stat
         // probe's calls, up to what either lost and the calls cut by the window's edges.

@@ -48,7 +48,7 @@ pub enum Part {
     Host,
     /// One VM boot: fentry and kprobe against their floors, slowdown, daemon.
     Vm,
-    /// One VM boot: rounds of untraced, bpftrace, memcg-trace fentry and kprobe.
+    /// One VM boot per round: untraced, bpftrace, memcg-trace fentry and kprobe, the floor.
     Peer,
     /// One VM boot per kernel of the matrix: calls lost with `auto` under hackbench.
     Loss,
@@ -282,7 +282,8 @@ fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> R
                     crate::which("bpftrace")?,
                 ],
                 accel,
-                // Each guest step has its own 15-minute watchdog.
+                // A round takes about two minutes; a step that hangs ends at its own 15-minute
+                // watchdog, within this.
                 timeout: Duration::from_secs(1200),
                 echo: true,
                 modules: Vec::new(),
@@ -291,15 +292,26 @@ fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> R
                 icount,
             },
         )?;
+        // The harness's own second boot after an emulation fault (`vm::run`).
+        for f in &r.emulation_faults {
+            retried.push(format!(
+                "{what}: QEMU emulation fault ({f}), booted again by the harness"
+            ));
+        }
         if !r.success {
             let why = r.failure.clone().unwrap_or_default();
-            if retried.len() < 2 {
+            if retried
+                .iter()
+                .filter(|l| !l.ends_with("by the harness"))
+                .count()
+                < 2
+            {
                 eprintln!("xtask: the comparison's {what} failed ({why}); booting again for it");
                 retried.push(format!("{what}: {why}"));
                 continue;
             }
             bail!(
-                "the bench's comparison VM failed in {what}: {why} (after {} retries: {})\n{}",
+                "the bench's comparison VM failed in {what}: {why} (after {} more boots: {})\n{}",
                 retried.len(),
                 retried.join("; "),
                 r.tail(40)
@@ -595,7 +607,8 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
     let killed = |what: String| hangs.lines().any(|l| l == what);
     let retries = fs::read_to_string(dir.join("peer-retries.txt")).unwrap_or_default();
     rows.push(Row(
-        "comparison boots run again after the guest failed (QEMU's flag corruption)".into(),
+        "comparison boots run again after a failed one (QEMU's flag corruption, or as named)"
+            .into(),
         place.clone(),
         if retries.trim().is_empty() {
             "none".into()

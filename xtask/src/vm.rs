@@ -72,6 +72,9 @@ pub struct VmResult {
     pub out_dir: PathBuf,
     /// Wall time of the boot.
     pub elapsed: Duration,
+    /// Boots before this one that ended in an emulation fault (see [`run`]): the line showing
+    /// it, each.
+    pub emulation_faults: Vec<String>,
 }
 
 impl VmResult {
@@ -238,7 +241,9 @@ pub fn run(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
                 spec.name,
                 line.trim()
             );
-            run_once(kernel, spec)
+            let mut again = run_once(kernel, spec)?;
+            again.emulation_faults.push(line.trim().to_string());
+            Ok(again)
         }
         _ => Ok(r),
     }
@@ -400,6 +405,7 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
         log,
         out_dir,
         elapsed,
+        emulation_faults: Vec::new(),
     })
 }
 

@@ -44,8 +44,10 @@ pub struct Outcome {
     /// Calls rejected: the entry program missed a run while they were in flight.
     pub rejected: u64,
     /// Of the rejected calls, those the kernel had already counted inside an enclosing call
-    /// (not `DEFERRED_OUTERMOST`): their durations, ns, summed. That enclosing call's self
-    /// time was reduced by them, yet they count nowhere as self time.
+    /// (not `DEFERRED_OUTERMOST`): their own self times (their durations less the traced calls
+    /// nested in them; the whole duration where that is unknown), ns, summed. That enclosing
+    /// call's self time was reduced by their durations, yet their own self time is nobody's
+    /// (the nested calls count theirs).
     pub unproven_nested_ns: u64,
     /// Of the confirmed calls that left the CPU: their time off it, ns, summed.
     pub off_cpu_ns: u64,
@@ -180,7 +182,11 @@ impl Verifier {
             } else {
                 out.rejected += 1;
                 if d.flags & DEFERRED_OUTERMOST == 0 {
-                    out.unproven_nested_ns += d.end.saturating_sub(d.start);
+                    let ns = d.end.saturating_sub(d.start);
+                    out.unproven_nested_ns += match ns.checked_sub(d.child_ns) {
+                        Some(own) if d.child_ns != u64::MAX => own,
+                        _ => ns,
+                    };
                 }
             }
         }
@@ -291,6 +297,24 @@ mod tests {
         assert_eq!(o.hist.sum_ns, 100);
         // Nested (no DEFERRED_OUTERMOST): its 800 ns were taken out of its enclosing call.
         assert_eq!(o.unproven_nested_ns, 800);
+    }
+
+    #[test]
+    fn a_rejected_nested_call_leaves_out_only_its_own_self_time() {
+        let mut v = Verifier::new(1);
+        v.mark(0, mark(0, 7));
+        // 800 ns, of which 300 in traced calls nested in it (which count their own).
+        let mut d = call(100, 900, CTX_TASK);
+        d.child_ns = 300;
+        v.push(d);
+        // Its nesting unknown: the whole duration, an upper bound.
+        let mut d = call(200, 700, CTX_TASK);
+        d.child_ns = u64::MAX;
+        v.push(d);
+        v.mark(0, mark(1000, 8));
+        v.settle();
+        let o = &v.outcomes[0][0];
+        assert_eq!((o.rejected, o.unproven_nested_ns), (2, 500 + 500));
     }
 
     #[test]

@@ -173,7 +173,9 @@ pub fn check_privileges() -> Result<()> {
 /// What a session keeps once its programs are attached and its workload started:
 /// CAP_DAC_OVERRIDE, to write the recording where root could (a user's directory) and remove its
 /// memcg and kprobe events; CAP_KILL, to stop a workload tree that changed its user. Polling the
-/// maps, reading the programs' counts and detaching need no capability.
+/// maps, reading the programs' counts and detaching need no capability, except on kernels
+/// before 5.19 with unprivileged BPF off, where CAP_BPF (or CAP_SYS_ADMIN) is kept too
+/// ([`bpf_needs_caps`]).
 pub const KEPT_CAPS: [caps::Capability; 2] = [
     caps::Capability::CAP_DAC_OVERRIDE,
     caps::Capability::CAP_KILL,
@@ -187,9 +189,22 @@ pub fn drop_privileges() -> Result<()> {
     use caps::{CapSet, CapsHashSet};
     let permitted =
         caps::read(None, CapSet::Permitted).map_err(|e| anyhow!("read capabilities: {e}"))?;
+    let unprivileged_bpf_off = fs::read_to_string("/proc/sys/kernel/unprivileged_bpf_disabled")
+        .map(|v| v.trim() != "0")
+        .unwrap_or(true);
+    let bpf_needed = bpf_needs_caps(
+        crate::kernel::version(&crate::kernel::release()),
+        unprivileged_bpf_off,
+    );
     let keep: CapsHashSet = KEPT_CAPS
         .iter()
         .copied()
+        .chain(
+            bpf_needed
+                .then_some([caps::Capability::CAP_BPF, caps::Capability::CAP_SYS_ADMIN])
+                .into_iter()
+                .flatten(),
+        )
         .filter(|c| permitted.contains(c))
         .collect();
     // Needs CAP_SETPCAP, which a service account may not have: then the bounding set stays
@@ -210,6 +225,15 @@ pub fn drop_privileges() -> Result<()> {
         bail!("set no_new_privs: {}", std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Whether every bpf() command, map reads included, needs CAP_BPF or CAP_SYS_ADMIN on a
+/// kernel of `version` where unprivileged BPF is off (Debian's default): before 5.19 the
+/// syscall refused any command then (`kernel.unprivileged_bpf_disabled`), from 5.19 only the
+/// creation of maps and programs. Seen on 5.10: the final read of the per-CPU state failed
+/// with EPERM after the session dropped its capabilities. Unknown versions keep them.
+pub fn bpf_needs_caps(version: Option<(u32, u32)>, unprivileged_bpf_off: bool) -> bool {
+    unprivileged_bpf_off && version.is_none_or(|v| v < (5, 19))
 }
 
 /// How chatty attaching is.
@@ -1197,4 +1221,20 @@ pub fn cpu_time() -> Duration {
 /// Peak resident set size of this process, KiB.
 pub fn peak_rss_kib() -> u64 {
     rusage().ru_maxrss as u64
+}
+
+#[cfg(test)]
+mod caps_tests {
+    use super::bpf_needs_caps;
+
+    #[test]
+    fn map_reads_need_capabilities_only_before_5_19_with_unprivileged_bpf_off() {
+        assert!(bpf_needs_caps(Some((5, 10)), true));
+        assert!(bpf_needs_caps(Some((5, 18)), true));
+        assert!(!bpf_needs_caps(Some((5, 19)), true));
+        assert!(!bpf_needs_caps(Some((6, 1)), true));
+        assert!(!bpf_needs_caps(Some((5, 10)), false));
+        // A release that cannot be read keeps them.
+        assert!(bpf_needs_caps(None, true));
+    }
 }

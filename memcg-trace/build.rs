@@ -6,19 +6,32 @@ use aya_build::{Package, Toolchain};
 /// Builds memcg-trace-ebpf for bpfel-unknown-none with the nightly toolchain and bpf-linker and
 /// leaves the object in OUT_DIR. With AYA_BUILD_SKIP=1 (clippy, cargo check, machines without
 /// bpf-linker) an empty object is written instead and the binary says so when it starts.
+/// The object is built twice: with the feature `legacy` (kernels before 5.19, see the eBPF
+/// crate) into `memcg-trace-legacy`, then without it into `memcg-trace`. aya-build names its
+/// output after the binary, so the first is moved aside before the second is built.
 fn main() -> anyhow::Result<()> {
-    let ebpf = Package {
-        name: "memcg-trace-ebpf",
-        root_dir: concat!(env!("CARGO_MANIFEST_DIR"), "/../memcg-trace-ebpf"),
-        ..Default::default()
-    };
+    const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../memcg-trace-ebpf");
     println!("cargo:rerun-if-changed=../memcg-trace-common/src");
-    aya_build::build_ebpf([ebpf], Toolchain::Nightly)?;
-    let out = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?).join("memcg-trace");
-    if !out.exists() {
-        fs::write(&out, b"").context("write empty eBPF stub")?;
+    let dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
+    let out = dir.join("memcg-trace");
+    let legacy = dir.join("memcg-trace-legacy");
+    for (features, dest) in [(&["legacy"][..], &legacy), (&[][..], &out)] {
+        let _ = fs::remove_file(&out);
+        let ebpf = Package {
+            name: "memcg-trace-ebpf",
+            root_dir: ROOT,
+            features,
+            ..Default::default()
+        };
+        aya_build::build_ebpf([ebpf], Toolchain::Nightly)?;
+        if !out.exists() {
+            fs::write(&out, b"").context("write empty eBPF stub")?;
+        }
+        strip_dwarf(&out)?;
+        if dest != &out {
+            fs::rename(&out, dest).context("move the legacy eBPF object aside")?;
+        }
     }
-    strip_dwarf(&out)?;
     Ok(())
 }
 

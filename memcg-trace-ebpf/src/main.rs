@@ -196,6 +196,14 @@ fn opaque_u64(mut v: u64) -> u64 {
     v
 }
 
+/// The build for kernels before 5.19 (cargo feature `legacy`): no compare-and-swap or bitwise
+/// atomics (5.12), no `bpf_loop` (5.17) nor `bpf_map_lookup_percpu_elem` (5.19), so no search
+/// of the other CPUs for a migrated call: its exit is counted unmatched (`orphans`) and its
+/// entry left to go stale. Task slots are then written only from their own CPU, and plain loads
+/// and stores suffice where programs cannot interleave on a CPU (kernels that do not preempt
+/// them: the loader warns on the others).
+const LEGACY: bool = cfg!(feature = "legacy");
+
 #[inline(always)]
 fn layout() -> &'static KernelLayout {
     opaque(&LAYOUT)
@@ -884,6 +892,13 @@ fn pending(st: St, probe: u32) -> Option<&'static mut PendingSet> {
 /// another CPU (the exit of a migrated call) and, on preemptible kernels, by interleaved runs.
 #[inline(always)]
 fn claim(key: &mut u64, from: u64, to: u64) -> bool {
+    if LEGACY {
+        if *key == from {
+            *key = to;
+            return true;
+        }
+        return false;
+    }
     // SAFETY: an aligned u64 in a map value.
     unsafe {
         atomic_cxchg::<u64, { AtomicOrdering::AcqRel }, { AtomicOrdering::Relaxed }>(
@@ -903,6 +918,11 @@ fn claim(key: &mut u64, from: u64, to: u64) -> bool {
 /// declared clobbered.)
 #[inline(always)]
 fn atomic_set_bits(p: *mut u64, v: u64) {
+    if LEGACY {
+        // SAFETY: as below; only this CPU writes it (see LEGACY).
+        unsafe { *p |= v };
+        return;
+    }
     // SAFETY: `p` is an aligned u64 in a map value (the callers' contract); the instruction
     // reads and writes only it.
     unsafe {
@@ -914,6 +934,11 @@ fn atomic_set_bits(p: *mut u64, v: u64) {
 /// `*p &= v` atomically, without fetching the old value (as [`atomic_set_bits`]).
 #[inline(always)]
 fn atomic_keep_bits(p: *mut u64, v: u64) {
+    if LEGACY {
+        // SAFETY: as in `atomic_set_bits`.
+        unsafe { *p &= v };
+        return;
+    }
     // SAFETY: as in `atomic_set_bits`.
     unsafe {
         core::arch::asm!("lock *(u64 *)({p} + 0) &= {v}", p = in(reg) p, v = inout(reg) v => _,
@@ -1292,7 +1317,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
                 return;
             }
         };
-        if ctx == CTX_TASK {
+        if ctx == CTX_TASK && !LEGACY {
             // SAFETY: the search's inputs are written before the loop, and the callback only
             // touches the context passed here; `found` is read after it.
             let found_one = unsafe {

@@ -114,6 +114,11 @@ pub fn main() -> i32 {
             return code;
         }
     };
+    // A bad override of the eBPF object is refused before anything is loaded.
+    if let Err(e) = crate::tracer::Object::chosen() {
+        eprintln!("memcg-trace: error: {e}");
+        return 2;
+    }
     // No subcommand: the dashboard with its own defaults.
     let command = cli
         .command

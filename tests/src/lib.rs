@@ -15,7 +15,7 @@ use serde_json::Value;
 pub fn bin() -> PathBuf {
     let p = std::env::var_os("MEMCG_TRACE_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| xtask::workspace_root().join("target/release/memcg-trace"));
+        .unwrap_or_else(xtask::release_bin);
     assert!(
         p.exists(),
         "{} is missing: build it with `cargo xtask build` (cargo xtask test does)",

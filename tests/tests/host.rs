@@ -43,6 +43,54 @@ fn host_selftest_in_kernel_bucketing_and_context() {
     check_selftest(&stdout);
 }
 
+/// The object for kernels before 5.19, loaded here on request (`MEMCG_TRACE_BPF_OBJECT`): the
+/// same checks pass, except that every sequence with a call that exits on another CPU must now
+/// leave it unmatched (that object has no search of the other CPUs). A bad value is refused
+/// with one line before anything is loaded.
+#[test]
+fn host_selftest_legacy_object() {
+    let Some(_serial) = host_ready("host_selftest_legacy_object") else {
+        return;
+    };
+    let out = Command::new(bin())
+        .arg("selftest")
+        .env("MEMCG_TRACE_BPF_OBJECT", "legacy")
+        .output()
+        .expect("run memcg-trace");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "selftest (legacy object) failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_selftest(&stdout);
+    let migrated: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("selftest: pairing: ") && l.contains("migrated"))
+        .collect();
+    assert!(
+        !migrated.is_empty()
+            && migrated
+                .iter()
+                .all(|l| l.ends_with("(legacy object: unmatched instead): ok")),
+        "migrated cases under the legacy object:\n{stdout}"
+    );
+    let full = run(&["selftest"]);
+    assert!(
+        !String::from_utf8_lossy(&full.stdout).contains("legacy object"),
+        "the full object is the default on this kernel"
+    );
+    let bad = Command::new(bin())
+        .arg("selftest")
+        .env("MEMCG_TRACE_BPF_OBJECT", "ancient")
+        .output()
+        .expect("run memcg-trace");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("expected auto, full or legacy"), "{err}");
+}
+
 /// `record --attach tracepoint -- CMD` into a scratch JSON; checks it succeeded, validates the
 /// recording and its invariants, and returns it with the printed summary.
 fn record_tracepoint(name: &str, cmd: &[&str]) -> (memcg_trace::export::Document, String) {

@@ -73,7 +73,26 @@ fn vm_matrix(short: &str) {
         )
         .as_bytes(),
     );
-    check_selftest(&fs::read_to_string(r.out_dir.join("selftest.txt")).expect("selftest output"));
+    let selftest = fs::read_to_string(r.out_dir.join("selftest.txt")).expect("selftest output");
+    check_selftest(&selftest);
+    // Before 5.19 the legacy object is loaded (no migrated-call search) and the selftest
+    // checks that such calls are left unmatched instead; before 5.11 the task is read through
+    // bpf_probe_read_kernel (no bpf_get_current_task_btf), so the general programs are used.
+    let legacy = short == "5.10";
+    assert_eq!(
+        selftest.contains("(legacy object: unmatched instead): ok"),
+        legacy,
+        "{short}: the selftest's migrated cases for the {} object",
+        if legacy { "legacy" } else { "full" }
+    );
+    if legacy {
+        // The portable release binary ran with the guest's own Debian 11 C library.
+        let libc = fs::read_to_string(r.out_dir.join("libc.txt")).unwrap_or_default();
+        assert!(
+            libc.contains("version 2.31"),
+            "{short}: the guest's C library is not Debian 11's 2.31: {libc:?}"
+        );
+    }
     // auto: fentry where programs cannot be preempted, kprobe where they can.
     let preemptible = matches!(short, "6.18" | "7.3");
     for run in ["auto", "fentry", "kprobe"] {
@@ -86,6 +105,12 @@ fn vm_matrix(short: &str) {
             &r.out_dir.join(format!("{run}.json")),
         );
         assert_eq!(doc.meta.kernel_release, kernel.release);
+        let reads = doc.meta.reads.as_deref().unwrap_or("");
+        assert_eq!(
+            reads.contains("the eBPF object for kernels before 5.19"),
+            legacy,
+            "{short} {run}: reads {reads:?}"
+        );
         // The loader was spared its own parse of the kernel's BTF (tracer::kbtf), and the
         // programs still loaded and attached by the cut-down BTF's ids (checked below).
         assert_eq!(
@@ -121,8 +146,21 @@ fn vm_matrix(short: &str) {
             "{short} {run}: no instrumentation floor measured for {backend}: {:?}",
             doc.meta.calibration
         );
+        // 5.10's struct bpf_prog_stats has no recursion-miss counter (5.12): fentry's
+        // interrupt pairs are confirmed in userspace there, and the recording says so.
+        let expected: &[&str] = if legacy && backend == "fentry" {
+            &["fentry interrupt pairs confirmed per tick in userspace"]
+        } else {
+            &[]
+        };
         assert!(
-            doc.meta.calibration.is_empty(),
+            doc.meta.calibration.len() == expected.len()
+                && doc
+                    .meta
+                    .calibration
+                    .iter()
+                    .zip(expected)
+                    .all(|(c, e)| c.starts_with(e)),
             "{short} {run}: calibration fell short: {:?}",
             doc.meta.calibration
         );
@@ -146,15 +184,41 @@ fn vm_matrix(short: &str) {
             );
             // The usual settings take the lean fentry/fexit programs (tracer::lean_programs).
             let names: Vec<&str> = p.programs.iter().map(|g| g.name.as_str()).collect();
-            let want = if backend == "fentry" {
+            let want = if backend == "fentry" && legacy {
+                ["fentry_", "fexit_"]
+            } else if backend == "fentry" {
                 ["fentry_lean_", "fexit_lean_"]
             } else {
                 ["kprobe_", "kretprobe_"]
             };
             assert!(
-                names.len() == 2 && names.iter().zip(want).all(|(n, w)| n.starts_with(w)),
+                names.len() == 2
+                    && names.iter().zip(want).all(|(n, w)| n.starts_with(w))
+                    && (!legacy || !names.iter().any(|n| n.contains("_lean_"))),
                 "{short} {run} {name}: programs {names:?}, expected {want:?}"
             );
+            if legacy && name == "rstat" {
+                assert!(
+                    p.notes
+                        .iter()
+                        .any(|n| n.contains("not a step of memcg's path")),
+                    "{short}: rstat's notes do not say it is not memcg's step: {:?}",
+                    p.notes
+                );
+            }
+            // On 5.10 __mod_memcg_state is not called out of line on hackbench's path (see
+            // the README's resolution table): its calls may be none there.
+            if legacy && name == "stat" && p.count == 0 {
+                let _ = std::io::Write::write_all(
+                    &mut std::io::stderr(),
+                    format!(
+                        "{vm_name}: {run} stat ({}): no calls on this kernel\n",
+                        p.target
+                    )
+                    .as_bytes(),
+                );
+                continue;
+            }
             assert!(
                 p.count > 0,
                 "{short} {run}: {name} ({}) counted no calls",
@@ -220,6 +284,11 @@ fn vm_matrix(short: &str) {
     load_recording(&r.out_dir.join("term.json"));
     let leftover = fs::read_to_string(r.out_dir.join("leftover-after-term")).unwrap_or_default();
     assert_eq!(leftover.trim(), "0", "memcg left behind after SIGTERM");
+}
+
+#[test]
+fn vm_matrix_5_10() {
+    vm_matrix("5.10");
 }
 
 #[test]

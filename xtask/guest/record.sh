@@ -3,6 +3,8 @@
 # forced backend, e.g. --bpf-stats) are set by the caller.
 # In-kernel bucketing and pairing (BPF_PROG_TEST_RUN) and context classification on tracepoints
 # of known context.
+# The guest's own C library (the release binary runs with it): its version line.
+/lib/x86_64-linux-gnu/libc.so.6 2>&1 | head -1 >/out/libc.txt || true
 memcg-trace selftest >/out/selftest.txt 2>&1 || { cat /out/selftest.txt; exit 1; }
 for b in $BACKENDS; do
   flags=""

@@ -91,9 +91,10 @@ pub const KERNELS: &[KernelSpec] = &[
     },
 ];
 
-/// The kernels of the default matrix: the 6.1, 6.12 and 6.18, and 7.3, where the slab
-/// charge path changed again.
-pub const MATRIX: &[&str] = &["6.1", "6.12", "6.18", "7.3"];
+/// The kernels of the default matrix: 5.10 LTS (Debian 11, the kmem-accounting debates' era,
+/// with the legacy eBPF object and Debian 11's userland), 6.1, 6.12 and 6.18, and 7.3, where
+/// the slab charge path changed again.
+pub const MATRIX: &[&str] = &["5.10", "6.1", "6.12", "6.18", "7.3"];
 
 /// Parses `--kernel`: a short name, a comma list, `all` (the matrix) or `every` (all known).
 pub fn select(arg: &str) -> Result<Vec<&'static KernelSpec>> {
@@ -135,7 +136,7 @@ pub struct Kernel {
 
 /// A private apt configuration for Debian `suite` (its main, security and, where `backports`,
 /// backports archives) in `dir`, updated on first use.
-fn private_apt(dir: &Path, suite: &str, backports: bool) -> Result<Vec<String>> {
+pub(crate) fn private_apt(dir: &Path, suite: &str, backports: bool) -> Result<Vec<String>> {
     let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
     if !Path::new(keyring).exists() {
         bail!("{keyring} is missing: apt-get install debian-archive-keyring");

@@ -6,6 +6,7 @@ pub mod compare;
 pub mod kernels;
 pub mod setup;
 pub mod soak;
+pub mod userland;
 pub mod vm;
 
 use std::{
@@ -68,17 +69,41 @@ pub fn llvm_path() -> String {
     )
 }
 
-/// Builds the release `memcg-trace` binary (with its eBPF object) and returns its path.
+/// The target the release binary is built for, named so that cargo keeps it apart from the
+/// host build (`target/<triple>/release`) and applies the link flags to it alone, not to
+/// build scripts.
+pub const RELEASE_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Where [`build_release`] leaves the binary.
+pub fn release_bin() -> PathBuf {
+    workspace_root().join(format!("target/{RELEASE_TARGET}/release/memcg-trace"))
+}
+
+/// Builds the release `memcg-trace` binary (with its eBPF objects) and returns its path: linked
+/// against Debian 11's glibc 2.31 (unpacked into the cache, `userland::bullseye`), so that it
+/// runs on any x86_64 distribution with glibc 2.31 or newer; checked so.
 pub fn build_release() -> Result<PathBuf> {
     let root = workspace_root();
+    let sysroot = userland::bullseye()?;
     run(Command::new("cargo")
         .current_dir(&root)
         .env("PATH", llvm_path())
-        .args(["build", "--release", "--locked", "-p", "memcg-trace"]))
+        .env("RUSTFLAGS", userland::link_flags(&sysroot))
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "memcg-trace",
+            "--target",
+            RELEASE_TARGET,
+        ]))
     .context(
         "building memcg-trace (run `cargo xtask setup` if bpf-linker or rust-src is missing)",
     )?;
-    Ok(root.join("target/release/memcg-trace"))
+    let bin = release_bin();
+    userland::check_floor(&bin)?;
+    Ok(bin)
 }
 
 /// The guest script of the reclaim test: swap on zram, a memcg of `memory_max` filled for

@@ -32,7 +32,7 @@ enum Cmd {
     /// Boot stock kernels under qemu and run a guest script (default: record with fentry and
     /// kprobe alongside hackbench).
     Vm {
-        /// 6.1, 6.12, 6.18, 7.3, 5.10 (not in the matrix yet), a comma list, all (the matrix)
+        /// 5.10, 6.1, 6.12, 6.18, 7.3, a comma list, all (the matrix)
         /// or every (all known).
         #[arg(long, default_value = "all")]
         kernel: String,

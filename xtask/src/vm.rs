@@ -17,7 +17,7 @@ use std::{
 use anyhow::{anyhow, bail, Context as _, Result};
 use base64::Engine as _;
 
-use crate::kernels::Kernel;
+use crate::kernels::{Kernel, Suite};
 
 /// The accelerator: TCG (software emulation, single-threaded) or KVM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -145,6 +145,15 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
     ] {
         fs::create_dir_all(root.join(d))?;
     }
+    // A kernel of an older Debian release boots with that release's userland (its C library
+    // and hackbench, from its packages); the binaries under test are copied as they are and
+    // must run with its libraries. busybox (static, no libraries) is this machine's either
+    // way: Debian 11's lacks the base64 that carries /out back.
+    let userland = if kernel.spec.suite == Suite::Bullseye {
+        Some(crate::userland::bullseye()?)
+    } else {
+        None
+    };
     let busybox = Path::new("/bin/busybox");
     if !busybox.exists() {
         bail!("/bin/busybox is missing: run `cargo xtask setup` (apt package busybox-static)");
@@ -155,11 +164,39 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
         let name = bin
             .file_name()
             .ok_or_else(|| anyhow!("{}: not a file", bin.display()))?;
-        copy_into(&root, bin, &Path::new("bin").join(name))?;
-        libs.extend(libraries(bin)?);
+        let own = userland
+            .as_ref()
+            .map(|u| u.join("usr/bin").join(name))
+            .filter(|p| p.is_file());
+        copy_into(
+            &root,
+            own.as_deref().unwrap_or(bin),
+            &Path::new("bin").join(name),
+        )?;
+        if userland.is_none() {
+            libs.extend(libraries(bin)?);
+        }
     }
-    for lib in libs {
-        copy_into(&root, &lib, lib.strip_prefix("/").expect("absolute"))?;
+    match &userland {
+        None => {
+            for lib in libs {
+                copy_into(&root, &lib, lib.strip_prefix("/").expect("absolute"))?;
+            }
+        }
+        Some(u) => {
+            for rel in crate::userland::libraries(u)? {
+                let (src, dst) = (u.join(&rel), root.join(&rel));
+                fs::create_dir_all(dst.parent().expect("has parent"))?;
+                match fs::read_link(&src) {
+                    Ok(t) => std::os::unix::fs::symlink(t, &dst)?,
+                    Err(_) => {
+                        fs::copy(&src, &dst).with_context(|| {
+                            format!("copy {} into the initramfs", src.display())
+                        })?;
+                    }
+                }
+            }
+        }
     }
     fs::copy(
         &kernel.config,

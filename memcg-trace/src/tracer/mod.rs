@@ -46,6 +46,67 @@ use crate::{
 
 /// The eBPF object built by build.rs from memcg-trace-ebpf.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memcg-trace"));
+/// The same programs built for kernels before 5.19 (the eBPF crate's feature `legacy`).
+static EBPF_LEGACY: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memcg-trace-legacy"));
+
+/// The environment variable that overrides the choice of object (`full` or `legacy`).
+pub const OBJECT_ENV: &str = "MEMCG_TRACE_BPF_OBJECT";
+
+/// Which build of the eBPF programs is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Object {
+    /// Every feature: the migrated-call search (`bpf_loop`, 5.17; `bpf_map_lookup_percpu_elem`,
+    /// 5.19) and atomic claims of task slots (compare-and-swap, 5.12).
+    Full,
+    /// For kernels before 5.19: no migrated-call search (such a call's exit is counted
+    /// unmatched, its entry goes stale) and plain claims (sound only where programs cannot be
+    /// preempted).
+    Legacy,
+}
+
+impl Object {
+    /// The object for a kernel of this (major, minor) version (unknown: the full one).
+    pub fn for_kernel(version: Option<(u32, u32)>) -> Object {
+        match version {
+            Some(v) if v < (5, 19) => Object::Legacy,
+            _ => Object::Full,
+        }
+    }
+
+    /// The object for the running kernel, or the one `MEMCG_TRACE_BPF_OBJECT` names.
+    pub fn chosen() -> Result<Object> {
+        match std::env::var(OBJECT_ENV).ok().as_deref() {
+            None | Some("") | Some("auto") => Ok(Object::for_kernel(crate::kernel::version(
+                &crate::kernel::release(),
+            ))),
+            Some("full") => Ok(Object::Full),
+            Some("legacy") => Ok(Object::Legacy),
+            Some(x) => bail!("{OBJECT_ENV}={x}: expected auto, full or legacy"),
+        }
+    }
+
+    /// Its name in the JSON and the header.
+    pub fn name(self) -> &'static str {
+        match self {
+            Object::Full => "full",
+            Object::Legacy => "legacy",
+        }
+    }
+
+    fn bytes(self) -> &'static [u8] {
+        match self {
+            Object::Full => EBPF_OBJECT,
+            Object::Legacy => EBPF_LEGACY,
+        }
+    }
+}
+
+/// Whether the kernel lacks `bpf_get_current_task_btf` (5.11), which the direct reads of the
+/// task need: they are then made through `bpf_probe_read_kernel`, as with `--probe-read`.
+pub fn needs_probe_read(version: Option<(u32, u32)>) -> bool {
+    version.is_some_and(|v| v < (5, 11))
+}
 
 /// Bytes of the ring buffer of deferred pairs (24 bytes and a header each).
 const DEFERRED_BYTES: u32 = 1 << 20;
@@ -143,7 +204,8 @@ fn load_object(
     layout: &KernelLayout,
     o: &LoadOptions,
 ) -> Result<(Ebpf, KernelLayout, Option<String>)> {
-    if EBPF_OBJECT.is_empty() {
+    let image = Object::chosen()?.bytes();
+    if image.is_empty() {
         bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
     }
     let cpus = possible_cpus() as u32;
@@ -170,15 +232,15 @@ fn load_object(
     let cells = cpus * probes * NUM_CTX as u32;
     let mut layout = *layout;
     // A copy aligned like the original, for the ELF parser, patched below.
-    let mut words = vec![0u64; EBPF_OBJECT.len().div_ceil(8)];
+    let mut words = vec![0u64; image.len().div_ceil(8)];
     // SAFETY: a u64 buffer viewed as the bytes it holds.
     let bytes: &mut [u8] =
-        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), EBPF_OBJECT.len()) };
-    bytes.copy_from_slice(EBPF_OBJECT);
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), image.len()) };
+    bytes.copy_from_slice(image);
     // Source lines are only for the verifier's messages: kept with --ebpf-log.
     let mut changed = !o.ebpf_log && patch::drop_line_info(bytes)?;
     // Direct reads (plain loads instead of bpf_probe_read_kernel calls) unless asked not to.
-    if !o.probe_read {
+    if !o.probe_read && !needs_probe_read(crate::kernel::version(&crate::kernel::release())) {
         layout.direct_task = 1;
         if layout.preempt_var_id != 0 && patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
             layout.direct_preempt = 1;
@@ -194,8 +256,8 @@ fn load_object(
     let object = changed.then_some(words);
     let bytes: &[u8] = match &object {
         // SAFETY: as above; the buffer outlives the load.
-        Some(w) => unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), EBPF_OBJECT.len()) },
-        None => EBPF_OBJECT,
+        Some(w) => unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), image.len()) },
+        None => image,
     };
     let (mut loader, loader_btf) = kbtf::loader(bytes);
     loader
@@ -511,6 +573,12 @@ impl Tracer {
         let tp_percpu = opts.no_kprobes;
         // The kernel's symbols are copied now, while they can be read.
         let mut calibration = Vec::new();
+        let object = Object::chosen()?;
+        if object == Object::Legacy && opts.preemptible {
+            calibration.push(
+                "the eBPF object for kernels before 5.19 claims its slots without atomics, and this kernel can preempt the programs: a call may be paired with another's exit".into(),
+            );
+        }
         let names = if opts.callers {
             let (n, why) = crate::callers::Names::new();
             if let Some(why) = why {
@@ -566,7 +634,13 @@ impl Tracer {
             failed: Vec::new(),
             masks: None,
             off_cpu: crate::kernel::off_cpu_source(layout),
-            reads: crate::kernel::reads_of(&loaded, opts.no_kprobes),
+            reads: match object {
+                Object::Full => crate::kernel::reads_of(&loaded, opts.no_kprobes),
+                Object::Legacy => format!(
+                    "{}; the eBPF object for kernels before 5.19 (no search of other CPUs: a task call that moved to another CPU is counted unmatched)",
+                    crate::kernel::reads_of(&loaded, opts.no_kprobes)
+                ),
+            },
             extra: Vec::new(),
             calibration,
             started: Instant::now(),
@@ -1276,6 +1350,22 @@ impl Drop for Tracer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The legacy object below 5.19 (bpf_map_lookup_percpu_elem), direct task reads from 5.11
+    /// (bpf_get_current_task_btf); an unknown version takes the full object.
+    #[test]
+    fn object_and_reads_by_kernel_version() {
+        assert_eq!(Object::for_kernel(Some((5, 10))), Object::Legacy);
+        assert_eq!(Object::for_kernel(Some((5, 18))), Object::Legacy);
+        assert_eq!(Object::for_kernel(Some((5, 19))), Object::Full);
+        assert_eq!(Object::for_kernel(Some((6, 1))), Object::Full);
+        assert_eq!(Object::for_kernel(None), Object::Full);
+        assert!(needs_probe_read(Some((5, 10))));
+        assert!(!needs_probe_read(Some((5, 11))));
+        assert!(!needs_probe_read(None));
+        // Both objects are in the binary (or neither, with AYA_BUILD_SKIP).
+        assert_eq!(EBPF_OBJECT.is_empty(), EBPF_LEGACY.is_empty());
+    }
 
     #[test]
     fn lean_programs_only_where_what_they_fold_away_holds() {

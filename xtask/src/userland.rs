@@ -1,0 +1,184 @@
+//! Debian 11's userland, unpacked from its packages: the glibc 2.31 the portable release binary
+//! is linked against (`build_release`), and the guest userland of the 5.10 kernel's VM, where
+//! that binary then runs with Debian 11's own libraries.
+
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+
+use crate::{cache_dir, kernels, run};
+
+/// The packages: the C library (and its development files, to link against), the unwinder's
+/// libgcc_s that Rust's standard library needs, and hackbench (rt-tests).
+const PACKAGES: &[&str] = &["libc6", "libc6-dev", "libgcc-s1", "rt-tests"];
+
+/// The newest GNU C library version the portable binary may need: Debian 11's.
+pub const GLIBC_FLOOR: (u32, u32) = (2, 31);
+
+/// Debian 11's userland, downloaded and unpacked into the cache on first use. Absolute symbolic
+/// links (libc6-dev's `libm.so -> /lib/...`) are made relative, so that a link against it never
+/// reaches into this machine's own libraries.
+pub fn bullseye() -> Result<PathBuf> {
+    let dir = cache_dir().join("userland-bullseye");
+    let root = dir.join("root");
+    if dir.join("complete").exists() {
+        return Ok(root);
+    }
+    eprintln!(
+        "xtask: fetching Debian 11's userland ({})",
+        PACKAGES.join(", ")
+    );
+    let work = dir.with_extension("partial");
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(work.join("debs"))?;
+    // An empty dpkg status: this machine's newer installed versions must not stand in for
+    // the candidates.
+    let status = work.join("status");
+    fs::write(&status, "")?;
+    let mut opts = kernels::private_apt(&cache_dir().join("apt-bullseye"), "bullseye", false)?;
+    opts.push(format!("-oDir::State::status={}", status.display()));
+    run(Command::new("apt-get")
+        .current_dir(work.join("debs"))
+        .args(&opts)
+        .arg("download")
+        .args(PACKAGES))
+    .context("apt-get download of Debian 11's userland")?;
+    for deb in fs::read_dir(work.join("debs"))?.flatten() {
+        run(Command::new("dpkg")
+            .arg("-x")
+            .arg(deb.path())
+            .arg(work.join("root")))?;
+    }
+    relativize_links(&work.join("root"))?;
+    let _ = fs::remove_dir_all(&dir);
+    fs::rename(&work, &dir)?;
+    fs::write(dir.join("complete"), "")?;
+    Ok(root)
+}
+
+/// Rewrites every absolute symbolic link under `root` as a relative one inside `root`.
+fn relativize_links(root: &Path) -> Result<()> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d)?.flatten() {
+            let p = e.path();
+            let t = e.file_type()?;
+            if t.is_dir() {
+                stack.push(p);
+            } else if t.is_symlink() {
+                let target = fs::read_link(&p)?;
+                if let Ok(rest) = target.strip_prefix("/") {
+                    let depth = p
+                        .parent()
+                        .and_then(|q| q.strip_prefix(root).ok())
+                        .map(|q| q.components().count())
+                        .unwrap_or(0);
+                    let mut rel = PathBuf::new();
+                    for _ in 0..depth {
+                        rel.push("..");
+                    }
+                    rel.push(rest);
+                    fs::remove_file(&p)?;
+                    symlink(&rel, &p)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// rustc flags that link against the userland's C library instead of this machine's: its
+/// start files, libraries and linker scripts (`gcc --sysroot`, with its directories searched
+/// first: Debian's gcc otherwise puts its own multiarch directory ahead of the sysroot's).
+pub fn link_flags(root: &Path) -> String {
+    let r = root.display();
+    format!(
+        "-C link-arg=--sysroot={r} -C link-arg=-B{r}/usr/lib/x86_64-linux-gnu/ \
+         -C link-arg=-L{r}/usr/lib/x86_64-linux-gnu -C link-arg=-L{r}/lib/x86_64-linux-gnu"
+    )
+}
+
+/// The newest `GLIBC_x.y` symbol version a binary needs (from `objdump -T`).
+pub fn glibc_needed(bin: &Path) -> Result<(u32, u32)> {
+    let out = crate::output(Command::new("objdump").arg("-T").arg(bin))
+        .context("objdump (binutils) reading the binary's dynamic symbols")?;
+    out.split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|w| w.strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let mut it = v.split('.');
+            Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+        })
+        .max()
+        .ok_or_else(|| anyhow!("{}: no GLIBC symbol versions", bin.display()))
+}
+
+/// Fails unless `bin` runs on the floor's C library.
+pub fn check_floor(bin: &Path) -> Result<()> {
+    let need = glibc_needed(bin)?;
+    if need > GLIBC_FLOOR {
+        bail!(
+            "{} needs glibc {}.{}, newer than the floor {}.{} (Debian 11)",
+            bin.display(),
+            need.0,
+            need.1,
+            GLIBC_FLOOR.0,
+            GLIBC_FLOOR.1
+        );
+    }
+    Ok(())
+}
+
+/// The userland's libraries (the dynamic loader and `lib/x86_64-linux-gnu`), as paths relative
+/// to its root, for the guest.
+pub fn libraries(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut v = vec![PathBuf::from("lib64/ld-linux-x86-64.so.2")];
+    let dir = root.join("lib/x86_64-linux-gnu");
+    for e in fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+        let name = e?.file_name();
+        if name.to_string_lossy().contains(".so") {
+            v.push(Path::new("lib/x86_64-linux-gnu").join(name));
+        }
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The check tells a binary of this machine (Debian 12, glibc 2.36) from the floor.
+    #[test]
+    fn a_binary_of_this_machine_is_above_the_floor() {
+        let ls = Path::new("/bin/ls");
+        let need = glibc_needed(ls).expect("objdump reads /bin/ls");
+        assert!(need >= (2, 34), "/bin/ls needs glibc {need:?}");
+        assert!(check_floor(ls).is_err());
+    }
+
+    #[test]
+    fn absolute_links_become_relative_inside_the_root() {
+        let d = std::env::temp_dir().join(format!("mt-userland-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(d.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        fs::create_dir_all(d.join("lib/x86_64-linux-gnu")).unwrap();
+        fs::write(d.join("lib/x86_64-linux-gnu/libm.so.6"), "x").unwrap();
+        symlink(
+            "/lib/x86_64-linux-gnu/libm.so.6",
+            d.join("usr/lib/x86_64-linux-gnu/libm.so"),
+        )
+        .unwrap();
+        relativize_links(&d).unwrap();
+        let l = d.join("usr/lib/x86_64-linux-gnu/libm.so");
+        assert_eq!(
+            fs::read_link(&l).unwrap(),
+            Path::new("../../../lib/x86_64-linux-gnu/libm.so.6")
+        );
+        assert_eq!(fs::read_to_string(&l).unwrap(), "x");
+        let _ = fs::remove_dir_all(&d);
+    }
+}

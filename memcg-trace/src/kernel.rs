@@ -75,7 +75,11 @@ impl Symbols {
                         .lines()
                         .map_while(Result::ok)
                         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-                        .filter(|n| interest.contains(n))
+                        .filter(|n| {
+                            // Compiler clones of the functions of interest too (`foo.part.0`).
+                            interest.contains(n)
+                                || n.split_once('.').is_some_and(|(b, _)| interest.contains(b))
+                        })
                         .collect(),
                 );
                 break;

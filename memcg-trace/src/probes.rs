@@ -327,7 +327,32 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
             r.notes.push(format!("{sym}: {}", cv.note));
         }
     }
-    for &backend in order {
+    // A function the compiler split (GCC's partial inlining, `foo.part.N`): `foo` keeps its
+    // opening check and tail-calls the part, and the callers in its own file call the part
+    // directly (5.10's __mod_memcg_state: hackbench's stat updates never enter it). kprobe then
+    // traces the part, which every call past that check runs; fentry cannot (a clone has no
+    // BTF) and is tried after kprobe.
+    let part = chosen.and_then(|sym| {
+        syms.clones
+            .get(sym)?
+            .iter()
+            .find(|n| n.starts_with(&format!("{sym}.part.")))
+            .map(String::as_str)
+    });
+    let mut order = order.to_vec();
+    if let (Some(sym), Some(part)) = (chosen, part) {
+        r.notes.push(format!(
+            "{sym}: split by the compiler: callers in its own file call {part} directly, so kprobe traces {part} (every call past {sym}'s opening check) and fentry on {sym} would see only the calls entering through it"
+        ));
+        let f = order.iter().position(|b| *b == Backend::Fentry);
+        let k = order.iter().position(|b| *b == Backend::Kprobe);
+        if let (Some(f), Some(k)) = (f, k) {
+            if f < k {
+                order.swap(f, k);
+            }
+        }
+    }
+    for &backend in &order {
         match backend {
             Backend::Fentry | Backend::Kprobe => {
                 let Some(sym) = chosen else {
@@ -340,6 +365,10 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
                         .push(format!("fentry: {sym} has no BTF description"));
                     continue;
                 }
+                let sym = match part {
+                    Some(part) if backend == Backend::Kprobe => part,
+                    _ => sym,
+                };
                 if backend == Backend::Kprobe {
                     if !syms.kprobes {
                         r.notes.push(
@@ -347,7 +376,7 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
                         );
                         continue;
                     }
-                    if !syms.kallsyms.contains(sym) {
+                    if !syms.kallsyms.contains(sym) && part != Some(sym) {
                         r.notes.push(format!("kprobe: {sym} is not in kallsyms"));
                         continue;
                     }
@@ -595,6 +624,55 @@ mod tests {
                 .any(|n| n.contains("inlined") && n.contains("constprop")),
             "{:?}",
             r.notes
+        );
+    }
+
+    /// 5.10's __mod_memcg_state: the compiler split it, its file's callers call the part.
+    #[test]
+    fn a_split_function_is_traced_at_its_part_by_kprobe_first() {
+        let mut k = kernel(&["__mod_memcg_state"], &[]);
+        k.clones.insert(
+            "__mod_memcg_state".into(),
+            vec!["__mod_memcg_state.part.0".into()],
+        );
+        k.traceable = Some(
+            ["__mod_memcg_state", "__mod_memcg_state.part.0"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        );
+        let stat = Request::Probe(probe_def("stat").unwrap());
+        let r = resolve(&stat, AttachMode::Auto.order(false), &k);
+        let plans: Vec<(Backend, &str)> = r
+            .plans
+            .iter()
+            .map(|p| (p.backend, p.target.as_str()))
+            .collect();
+        assert_eq!(
+            &plans[..2],
+            &[
+                (Backend::Kprobe, "__mod_memcg_state.part.0"),
+                (Backend::Fentry, "__mod_memcg_state")
+            ],
+            "{:?}",
+            r.notes
+        );
+        assert!(
+            r.notes.iter().any(|n| n.contains("split by the compiler")),
+            "{:?}",
+            r.notes
+        );
+        // Forced fentry keeps the function itself, with the note; other clones change nothing.
+        let r = resolve(&stat, &[Backend::Fentry], &k);
+        assert_eq!(r.plans[0].target, "__mod_memcg_state");
+        k.clones.insert(
+            "__mod_memcg_state".into(),
+            vec!["__mod_memcg_state.constprop.0".into()],
+        );
+        let r = resolve(&stat, AttachMode::Auto.order(false), &k);
+        assert_eq!(
+            (r.plans[0].backend, r.plans[0].target.as_str()),
+            (Backend::Fentry, "__mod_memcg_state")
         );
     }
 

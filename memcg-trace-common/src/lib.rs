@@ -1050,6 +1050,11 @@ pub struct KernelLayout {
     /// Non-zero when the per-CPU offsets above came from /proc/kallsyms, because the kernel's
     /// BTF has no per-CPU section (5.10's). For the record; the programs do not read it.
     pub percpu_from_kallsyms: u64,
+    /// Non-zero when no source gave the per-CPU offsets (BTF's per-CPU section, kallsyms,
+    /// whose addresses `kptr_restrict` can hide): the preempt count cannot be read, so the
+    /// programs count every call in context 0 without looking for the per-CPU base, and
+    /// userspace names that context `all` (no context split).
+    pub no_context: u64,
 }
 
 /// The 64-bit immediate the programs load where they need the address of the per-CPU variable

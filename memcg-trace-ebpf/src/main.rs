@@ -99,6 +99,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     cast_task_type_id: 0,
     current_task: 0,
     percpu_from_kallsyms: 0,
+    no_context: 0,
 };
 
 /// Settings, filled in by userspace before load.
@@ -240,6 +241,16 @@ fn find_cpu_base<C: EbpfContext>(c: &C, ptr: *mut CpuState) -> bool {
     let l = layout();
     if l.valid == 0 {
         return false;
+    }
+    if l.no_context != 0 {
+        // No per-CPU offsets: nothing is read through the per-CPU area. The address is only
+        // the mark that this CPU's state is set up; `read_context` does not read it.
+        // SAFETY: a helper without preconditions.
+        st.cpu = unsafe { bpf_get_smp_processor_id() };
+        st.pcpu_offset = 0;
+        st.preempt_addr = 1;
+        st.current_addr = 0;
+        return true;
     }
     // SAFETY: reads of kernel memory through bpf_probe_read_kernel, which faults safely.
     unsafe {
@@ -385,6 +396,9 @@ fn preempt_count(st: St) -> Option<u32> {
 #[inline(always)]
 fn read_context(st: St) -> Option<u32> {
     let l = layout();
+    if l.no_context != 0 {
+        return Some(CTX_TASK);
+    }
     let pc = preempt_count(st)?;
     Some(classify(pc, l.nmi_mask, l.hardirq_mask, l.softirq_offset))
 }

@@ -16,6 +16,18 @@ use crate::{
 /// `--strict` refuses to go on. Kernels disagree: Debian 7.3 counts hardirqs from bit 24,
 /// earlier ones from bit 16.
 pub fn masks(mut layout: KernelLayout) -> (KernelLayout, kernel::ContextMasks) {
+    if layout.no_context != 0 {
+        // Nothing to calibrate: the preempt count cannot be read (see `kernel::layout`).
+        let mut m = kernel::ContextMasks::classic(&format!(
+            "none: no context split, every call is counted under context \"all\" (interrupt-context calls made while a workload task runs count as the workload's): {}",
+            kernel::no_context_reason().unwrap_or_default()
+        ));
+        (m.nmi_mask, m.hardirq_mask, m.softirq_offset) = (0, 0, 0);
+        m.nmi = "none".into();
+        m.percpu = "none".into();
+        (layout.nmi_mask, layout.hardirq_mask, layout.softirq_offset) = (0, 0, 0);
+        return (layout, m);
+    }
     let check = checks::context_check(
         &layout,
         &[CtxUse::Calibration],

@@ -14,7 +14,7 @@ use std::{
 use anyhow::{anyhow, Context as _, Result};
 use base64::Engine as _;
 use hdrhistogram::serialization::{Serializer as _, V2DeflateSerializer};
-use memcg_trace_common::{bucket_bounds, bucket_index, Counters, CTX_NAMES, NUM_BUCKETS, NUM_CTX};
+use memcg_trace_common::{bucket_bounds, bucket_index, Counters, NUM_BUCKETS, NUM_CTX};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -489,7 +489,8 @@ pub struct ProbeOut {
     pub notes: Vec<String>,
     /// The programs, entry first, with the kernel's statistics.
     pub programs: Vec<ProgramOut>,
-    /// Per context.
+    /// Per context: task, softirq, hardirq, nmi; or `all` alone where the kernel gives no
+    /// context split (`meta.context_masks.percpu` "none").
     pub contexts: Vec<ContextOut>,
     /// The workload's share, when memcg-trace ran one: task-context calls made by tasks of the
     /// workload's cgroup, or, told by the memcg charged (`--by-memcg`, a `--cgroup`), the
@@ -828,10 +829,13 @@ pub(crate) fn probes_out(
                     .contexts
                     .iter()
                     .enumerate()
+                    // Without the context split every call is in context 0 (`all`): no
+                    // interrupt rows, which would claim none were seen.
+                    .filter(|(i, _)| *i == 0 || kernel::no_context_reason().is_none())
                     .map(|(i, c)| {
                         let k = &c.counters;
                         ContextOut {
-                            context: CTX_NAMES[i].to_string(),
+                            context: kernel::ctx_name(i).to_string(),
                             count: p.ctx_calls(i),
                             rate_per_s: rate(p.ctx_calls(i), secs),
                             entries: k.entries,
@@ -872,7 +876,7 @@ pub(crate) fn probes_out(
                     .map(|s| {
                         let c = &p.contexts[(s.ctx as usize) % NUM_CTX];
                         CallerOut {
-                            context: CTX_NAMES[(s.ctx as usize) % NUM_CTX].to_string(),
+                            context: kernel::ctx_name(s.ctx as usize).to_string(),
                             site: s.name.clone(),
                             address: format!("{:#x}", s.addr),
                             calls: s.count,
@@ -903,7 +907,7 @@ pub(crate) fn probes_out(
                             .map(|o| o.count)
                             .sum();
                         StackOut {
-                            context: CTX_NAMES[ctx].to_string(),
+                            context: kernel::ctx_name(ctx).to_string(),
                             frames: s.names.clone(),
                             addresses: s.frames.iter().map(|f| format!("{f:#x}")).collect(),
                             sampled: s.count,
@@ -919,7 +923,7 @@ pub(crate) fn probes_out(
                         let ctx = (s.ctx as usize) % NUM_CTX;
                         let c = &p.contexts[ctx];
                         MemcgOut {
-                            context: CTX_NAMES[ctx].to_string(),
+                            context: kernel::ctx_name(ctx).to_string(),
                             cgroup: s.name.clone(),
                             id: s.addr,
                             calls: s.count,
@@ -1186,7 +1190,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
             .map(|p| {
                 let mut contexts: [CtxStats; NUM_CTX] = Default::default();
                 for c in &p.contexts {
-                    let Some(i) = CTX_NAMES.iter().position(|n| *n == c.context) else {
+                    let Some(i) = kernel::ctx_index(&c.context) else {
                         continue;
                     };
                     let timed = p.backend.has_latency();
@@ -1254,8 +1258,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         .callers
                         .iter()
                         .map(|c| {
-                            let ctx =
-                                CTX_NAMES.iter().position(|n| *n == c.context).unwrap_or(0) as u32;
+                            let ctx = kernel::ctx_index(&c.context).unwrap_or(0) as u32;
                             let addr = u64::from_str_radix(c.address.trim_start_matches("0x"), 16)
                                 .unwrap_or(0);
                             let mut s = crate::callers::Site::new(ctx, addr);
@@ -1274,8 +1277,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         .memcgs
                         .iter()
                         .map(|m| {
-                            let ctx =
-                                CTX_NAMES.iter().position(|n| *n == m.context).unwrap_or(0) as u32;
+                            let ctx = kernel::ctx_index(&m.context).unwrap_or(0) as u32;
                             let mut s = crate::callers::Site::new(ctx, m.id);
                             s.name = m.cgroup.clone();
                             s.count = m.calls;
@@ -1292,7 +1294,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         .stacks
                         .iter()
                         .map(|s| crate::callers::Stack {
-                            ctx: CTX_NAMES.iter().position(|n| *n == s.context).unwrap_or(0) as u32,
+                            ctx: kernel::ctx_index(&s.context).unwrap_or(0) as u32,
                             frames: s
                                 .addresses
                                 .iter()

@@ -12,7 +12,42 @@ use std::{
 use anyhow::{anyhow, bail, Context as _, Result};
 use btf_rs::{Backend, Btf, BtfType, Type};
 use fallible_iterator::FallibleIterator as _;
-use memcg_trace_common::{KernelLayout, PREEMPT_MASKS};
+use memcg_trace_common::{KernelLayout, CTX_NAMES, PREEMPT_MASKS};
+
+/// Why this kernel gives no context split (no per-CPU offsets), once `layout` found so.
+static NO_CONTEXT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Why the context split is off on this kernel (see `KernelLayout::no_context`), or None.
+/// Also set when a recording without the split is read back.
+pub fn no_context_reason() -> Option<String> {
+    NO_CONTEXT.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+fn set_no_context(why: String) {
+    *NO_CONTEXT.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+}
+
+/// The name of context `i` in tables, the JSON and metrics: `all` for context 0 where there is
+/// no context split (every call is counted there), else task, softirq, hardirq, nmi.
+pub fn ctx_name(i: usize) -> &'static str {
+    if i == 0 && no_context_reason().is_some() {
+        "all"
+    } else {
+        CTX_NAMES[i % CTX_NAMES.len()]
+    }
+}
+
+/// The index of a context named in a recording (`all`: 0, a recording without the split,
+/// which then names it so again).
+pub fn ctx_index(name: &str) -> Option<usize> {
+    if name == "all" {
+        if no_context_reason().is_none() {
+            set_no_context("the recording was made without a context split".into());
+        }
+        return Some(0);
+    }
+    CTX_NAMES.iter().position(|n| *n == name)
+}
 
 /// Where the running kernel's BTF lives.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -372,7 +407,7 @@ pub fn percpu_vars(btf: &Btf) -> Result<(HashMap<String, u64>, bool)> {
             )
         })
         .map_err(|why| {
-            anyhow!("no .data..percpu section in BTF, and /proc/kallsyms does not give the per-CPU offsets either ({why}): cannot locate preempt_count")
+            anyhow!("no per-CPU offsets to find the preempt count by: no .data..percpu section in BTF, and /proc/kallsyms does not give them either ({why})")
         })?;
     Ok((vars, true))
 }
@@ -520,9 +555,19 @@ fn named_struct_id(btf: &Btf, name: &str) -> Option<u32> {
 
 /// The offsets the eBPF programs need to read preempt_count and the task's off-CPU clock.
 pub fn layout(btf: &Btf) -> Result<KernelLayout> {
-    let (percpu, percpu_from_kallsyms) = percpu_vars(btf)?;
+    // Without per-CPU offsets there is no preempt count to read: degrade to latency without
+    // the context split (said in the header, the table and the JSON), never refuse to trace.
+    let (percpu, percpu_from_kallsyms, no_context) = match percpu_vars(btf) {
+        Ok((p, k)) => (p, k, false),
+        Err(e) => {
+            set_no_context(e.to_string());
+            (HashMap::new(), false, true)
+        }
+    };
     // Up to 6.1 and again from 6.15: `__preempt_count`; 6.2-6.14: `pcpu_hot.preempt_count`.
-    let (var, preempt_member) = if percpu.contains_key("__preempt_count") {
+    let (var, preempt_member) = if no_context {
+        ("", 0)
+    } else if percpu.contains_key("__preempt_count") {
         ("__preempt_count", 0)
     } else if percpu.contains_key("pcpu_hot") {
         (
@@ -532,10 +577,12 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     } else {
         bail!("neither __preempt_count nor pcpu_hot is a per-CPU variable (BTF, kallsyms)");
     };
-    let preempt_count = percpu[var] + preempt_member;
-    let runqueues = *percpu
-        .get("runqueues")
-        .ok_or_else(|| anyhow!("per-CPU variable runqueues not found (BTF, kallsyms)"))?;
+    let preempt_count = percpu.get(var).map_or(0, |o| o + preempt_member);
+    let runqueues = match percpu.get("runqueues") {
+        Some(o) => *o,
+        None if no_context => 0,
+        None => bail!("per-CPU variable runqueues not found (BTF, kallsyms)"),
+    };
     let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
     let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
     let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
@@ -599,7 +646,7 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         direct_task: 0,
         // The verifier finds the variable's address by name in kallsyms, where data symbols
         // are only with CONFIG_KALLSYMS_ALL (Debian has it; this sandbox's kernel does not).
-        preempt_var_id: if kallsyms_has(var) {
+        preempt_var_id: if !no_context && kallsyms_has(var) {
             var_id(btf, var).unwrap_or(0)
         } else {
             0
@@ -633,6 +680,7 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         softirq_offset,
         valid: 1,
         percpu_from_kallsyms: percpu_from_kallsyms as u64,
+        no_context: no_context as u64,
     })
 }
 
@@ -867,11 +915,12 @@ pub struct ContextMasks {
     /// "default (...)" with the reason calibration failed and the classic layout was used.
     pub source: String,
     /// How the NMI mask was found: "observed" (an NMI was seen during calibration) or
-    /// "inferred" (from the hardirq field; no NMI was raised here).
+    /// "inferred" (from the hardirq field; no NMI was raised here); "none" without the split.
     #[serde(default = "inferred")]
     pub nmi: String,
     /// Where the per-CPU offsets (of the preempt count, the run queues) came from: "btf" (its
-    /// `.data..percpu` section) or "kallsyms" (kernels whose BTF has none, such as 5.10).
+    /// `.data..percpu` section), "kallsyms" (kernels whose BTF has none, such as 5.10), or
+    /// "none" (neither gave them: no context split, `source` says why).
     #[serde(default = "btf")]
     pub percpu: String,
 }

@@ -387,7 +387,7 @@ pub fn summary(doc: &Document) -> String {
         for c in p
             .contexts
             .iter()
-            .filter(|c| c.count > 0 || c.lost > 0 || c.context == "task")
+            .filter(|c| c.count > 0 || c.lost > 0 || c.context == "task" || c.context == "all")
         {
             let _ = writeln!(
                 out,
@@ -404,8 +404,10 @@ pub fn summary(doc: &Document) -> String {
             );
         }
     }
-    // Told by the memcg charged, the workload's calls are those of every context.
-    let workload_ctx = if m.workload.as_ref().is_some_and(|w| w.by_memcg) {
+    // Told by the memcg charged, the workload's calls are those of every context; without the
+    // context split, its tasks' calls in any context.
+    let no_split = m.context_masks.as_ref().is_some_and(|c| c.percpu == "none");
+    let workload_ctx = if no_split || m.workload.as_ref().is_some_and(|w| w.by_memcg) {
         "all"
     } else {
         "task"

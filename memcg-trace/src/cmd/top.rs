@@ -123,13 +123,10 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
         // The run tick by tick: the rate and p99 panes, stepped through with the arrow keys.
         app.times_ms = h.t_ms.clone();
         for s in &h.rows {
-            let Some(context) = memcg_trace_common::CTX_NAMES
-                .iter()
-                .chain(&["workload"])
-                .find(|n| **n == s.context)
-                .copied()
-            else {
-                continue;
+            let context = match crate::kernel::ctx_index(&s.context) {
+                Some(i) => crate::kernel::ctx_name(i),
+                None if s.context == "workload" => "workload",
+                None => continue,
             };
             let key = (s.probe.clone(), context);
             app.history.insert(

@@ -6,8 +6,6 @@ use std::{
     time::Duration,
 };
 
-use memcg_trace_common::CTX_NAMES;
-
 use crate::{
     figures::{self, rate},
     probes::Backend,
@@ -403,7 +401,7 @@ impl App {
         let Some(cur) = self.current.as_ref() else {
             return Vec::new();
         };
-        let ctx = CTX_NAMES.iter().position(|c| *c == r.context).unwrap_or(0) as u32;
+        let ctx = crate::kernel::ctx_index(r.context).unwrap_or(0) as u32;
         let find = |s: &Snapshot| {
             s.probes
                 .iter()
@@ -535,7 +533,7 @@ impl App {
                 let known = self_known(c);
                 out.push(row(
                     &p.name,
-                    CTX_NAMES[i],
+                    crate::kernel::ctx_name(i),
                     p.backend,
                     h,
                     elapsed,

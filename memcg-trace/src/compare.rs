@@ -235,7 +235,7 @@ pub fn compare(
         }
     };
     for name in probes {
-        for ctx in memcg_trace_common::CTX_NAMES {
+        for ctx in crate::export::CTX_ORDER {
             let get = |d: &Document| -> Option<ContextOut> {
                 d.probes
                     .iter()

@@ -339,7 +339,7 @@ fn is_zero(v: &u64) -> bool {
 }
 
 /// The contexts in table order.
-pub const CTX_ORDER: [&str; 4] = ["task", "softirq", "hardirq", "nmi"];
+pub const CTX_ORDER: [&str; 5] = ["task", "all", "softirq", "hardirq", "nmi"];
 
 /// The timed calls of one call site of a probe in one context (`--callers`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

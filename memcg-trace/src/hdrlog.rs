@@ -23,7 +23,6 @@ use hdrhistogram::serialization::{
     interval_log::{IntervalLogWriterBuilder, Tag},
     V2DeflateSerializer,
 };
-use memcg_trace_common::CTX_NAMES;
 
 use crate::{
     export::{create_new, parent_dir, temp_name},
@@ -50,7 +49,10 @@ fn rows(snap: &Snapshot) -> Vec<(String, &HistData)> {
     let mut out = Vec::new();
     for p in snap.probes.iter().filter(|p| p.backend.has_latency()) {
         for (i, c) in p.contexts.iter().enumerate() {
-            out.push((format!("{}.{}", p.name, CTX_NAMES[i]), &c.hist));
+            out.push((
+                format!("{}.{}", p.name, crate::kernel::ctx_name(i)),
+                &c.hist,
+            ));
         }
         if let Some(w) = &p.workload {
             out.push((format!("{}.workload", p.name), w));

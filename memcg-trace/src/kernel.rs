@@ -23,7 +23,8 @@ pub fn no_context_reason() -> Option<String> {
     NO_CONTEXT.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-fn set_no_context(why: String) {
+/// Records that there is no context split (`layout`, or `view` of a recording made so).
+pub fn set_no_context(why: String) {
     *NO_CONTEXT.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
 }
 
@@ -37,13 +38,9 @@ pub fn ctx_name(i: usize) -> &'static str {
     }
 }
 
-/// The index of a context named in a recording (`all`: 0, a recording without the split,
-/// which then names it so again).
+/// The index of a context named in a recording (`all`: 0, a recording without the split).
 pub fn ctx_index(name: &str) -> Option<usize> {
     if name == "all" {
-        if no_context_reason().is_none() {
-            set_no_context("the recording was made without a context split".into());
-        }
         return Some(0);
     }
     CTX_NAMES.iter().position(|n| *n == name)

@@ -71,6 +71,9 @@ impl AttachMode {
 }
 
 /// Why `auto` put kprobe first, for the probes it attached with kprobe.
+pub const NO_SPLIT_NOTE: &str = "auto: kprobe before fentry without the context split (interrupt calls share the task slots, and fentry programs can interleave with them)";
+
+/// Why `auto` puts kprobe first on a preemptible kernel.
 pub const PREEMPTIBLE_NOTE: &str = "auto: kprobe before fentry on this preemptible kernel (fentry programs can be preempted holding their recursion guard, and calls are lost meanwhile)";
 
 /// A logical step of the charging path and the kernel symbols that implement it, newest kernels
@@ -340,7 +343,7 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
             .map(String::as_str)
     });
     let mut order = order.to_vec();
-    if let (Some(sym), Some(part)) = (chosen, part) {
+    if let (Some(sym), Some(part)) = (chosen, part.filter(|_| order.contains(&Backend::Kprobe))) {
         r.notes.push(format!(
             "{sym}: split by the compiler: callers in its own file call {part} directly, so kprobe traces {part} (every call past {sym}'s opening check) and fentry on {sym} would see only the calls entering through it"
         ));

@@ -484,6 +484,11 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     let release = kernel::release();
     let model = kernel::preemption_model(kernel::config(&release).as_ref());
     let preemptible = kernel::preemptible(&model);
+    // Without the context split, interrupt calls share the task slots: fentry programs then
+    // interleave on a CPU as they do on a preemptible kernel (kprobe programs never do), and
+    // are loaded and ordered as there.
+    let no_split = layout.no_context != 0;
+    let interleave = preemptible || no_split;
     let mut tracer = Tracer::load(
         &layout,
         &LoadOptions {
@@ -491,7 +496,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             workload_owned: o.workload_owned,
             // One more slot than requested: the floor is measured in it.
             probes: reqs.len() as u32 + 1,
-            preemptible,
+            preemptible: interleave,
             ebpf_log: o.ebpf_log,
             probe_read: o.probe_read,
             no_kprobes: !syms.kprobes,
@@ -512,9 +517,13 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     }
     let mut notes = HashMap::new();
     for req in &reqs {
-        let mut res = probes::resolve(req, sel.attach.order(preemptible), &syms);
-        if preemptible && sel.attach == AttachMode::Auto {
-            res.notes.push(probes::PREEMPTIBLE_NOTE.into());
+        let mut res = probes::resolve(req, sel.attach.order(interleave), &syms);
+        if sel.attach == AttachMode::Auto {
+            if preemptible {
+                res.notes.push(probes::PREEMPTIBLE_NOTE.into());
+            } else if no_split {
+                res.notes.push(probes::NO_SPLIT_NOTE.into());
+            }
         }
         if tracer.attach(req, &res) {
             let a = tracer.attached.last().expect("just attached");
@@ -550,9 +559,19 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
                 if o.workload_memcg {
                     why.push("the workload's calls are those its tasks make (by their cgroup v2 id: none in a v1 memcg)");
                 }
+                let because = if a.target.contains('.') {
+                    format!(
+                        "{} is a compiler clone, whose arguments are not known",
+                        a.target
+                    )
+                } else {
+                    format!(
+                        "{} takes no mem_cgroup, obj_cgroup, lruvec, css or cgroup first",
+                        a.target
+                    )
+                };
                 n.push(format!(
-                    "the charged memcg is not read ({} takes no mem_cgroup, obj_cgroup, lruvec, css or cgroup first): {}",
-                    a.target,
+                    "the charged memcg is not read ({because}): {}",
                     why.join("; ")
                 ));
             }
@@ -578,6 +597,14 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             .map(|f| format!("{}: {}", f.name, f.reasons.join("; ")))
             .collect();
         bail!("no probe could be attached ({})", why.join(" | "));
+    }
+    if interleave
+        && crate::tracer::Object::chosen()? == crate::tracer::Object::Legacy
+        && tracer.attached.iter().any(|a| a.backend == Backend::Fentry)
+    {
+        calibration.push(
+            "fentry with the eBPF object for kernels before 5.19, which claims its slots without atomics, where fentry programs can interleave on a CPU (a preemptible kernel, or no context split): a call may be paired with another's exit; --attach kprobe avoids it".into(),
+        );
     }
     calibration.append(&mut tracer.calibration);
     phases.end("attach");

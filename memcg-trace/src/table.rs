@@ -546,7 +546,7 @@ pub fn diff(a: &Document, b: &Document) -> String {
     for name in names {
         let pa = a.probes.iter().find(|p| p.name == name);
         let pb = b.probes.iter().find(|p| p.name == name);
-        for ctx in memcg_trace_common::CTX_NAMES {
+        for ctx in crate::export::CTX_ORDER {
             let ca = pa.and_then(|p| p.contexts.iter().find(|c| c.context == ctx));
             let cb = pb.and_then(|p| p.contexts.iter().find(|c| c.context == ctx));
             if ca.map(|c| c.count).unwrap_or(0) == 0 && cb.map(|c| c.count).unwrap_or(0) == 0 {

@@ -76,6 +76,7 @@ fn host_selftest_legacy_object() {
         "migrated cases under the legacy object:\n{stdout}"
     );
     let full = run(&["selftest"]);
+    assert!(full.status.success(), "selftest (full object) failed");
     assert!(
         !String::from_utf8_lossy(&full.stdout).contains("legacy object"),
         "the full object is the default on this kernel"

@@ -47,7 +47,7 @@ fn vm_matrix(short: &str) {
         // its addresses from root too with kptr_restrict 2. The tracer must still trace.
         script.push_str(
             "echo 2 >/proc/sys/kernel/kptr_restrict\n\
-             memcg-trace record -q --attach fentry -o /out/nosplit.json -- hackbench -g 2 -l 20 >/out/nosplit.txt 2>/out/nosplit.err || { cat /out/nosplit.err; exit 1; }\n\
+             memcg-trace record -q -o /out/nosplit.json -- hackbench -g 2 -l 20 >/out/nosplit.txt 2>/out/nosplit.err || { cat /out/nosplit.err; exit 1; }\n\
              echo 0 >/proc/sys/kernel/kptr_restrict\n",
         );
     }
@@ -345,6 +345,16 @@ fn check_no_context_split(out: &std::path::Path) {
     );
     for name in ["charge", "rstat"] {
         let p = probe(&doc, name);
+        // Interrupt calls share the task slots there: auto takes kprobe, whose programs never
+        // interleave on a CPU.
+        assert_eq!(p.backend.to_string(), "kprobe", "{name} without the split");
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("without the context split")),
+            "{name}: {:?}",
+            p.notes
+        );
         let names: Vec<&str> = p.contexts.iter().map(|c| c.context.as_str()).collect();
         assert_eq!(names, ["all"], "{name}: contexts without the split");
         let c = &p.contexts[0];
@@ -1252,7 +1262,14 @@ fn profile_on(name: &str, short: &str) {
         );
         // Traced alone, the charge step nests in nothing and holds no traced call.
         assert!(
-            (own - total).abs() < 1e-9 && net > 0.0 && net <= own && instr > 0.0 && total < 1.0,
+            // net = (self - instrumentation inside it) / (CPU - the tracer's full cost): at
+            // least self - instrumentation (the untraced CPU is at most the CPU), and above
+            // self where the tracer's cost is a large part of the CPU.
+            (own - total).abs() < 1e-9
+                && net > 0.0
+                && net + 1e-9 >= own - instr
+                && instr > 0.0
+                && total < 1.0,
             "{backend}: total {total}, self {own}, net {net}, instrumentation {instr}"
         );
         assert!(

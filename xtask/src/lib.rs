@@ -88,7 +88,8 @@ pub fn build_release() -> Result<PathBuf> {
     run(Command::new("cargo")
         .current_dir(&root)
         .env("PATH", llvm_path())
-        .env("RUSTFLAGS", userland::link_flags(&sysroot))
+        .env_remove("RUSTFLAGS")
+        .env("CARGO_ENCODED_RUSTFLAGS", userland::link_flags(&sysroot))
         .args([
             "build",
             "--release",

@@ -42,12 +42,20 @@ pub fn bullseye() -> Result<PathBuf> {
     fs::write(&status, "")?;
     let mut opts = kernels::private_apt(&cache_dir().join("apt-bullseye"), "bullseye", false)?;
     opts.push(format!("-oDir::State::status={}", status.display()));
-    run(Command::new("apt-get")
-        .current_dir(work.join("debs"))
-        .args(&opts)
-        .arg("download")
-        .args(PACKAGES))
-    .context("apt-get download of Debian 11's userland")?;
+    let download = || {
+        run(Command::new("apt-get")
+            .current_dir(work.join("debs"))
+            .args(&opts)
+            .arg("download")
+            .args(PACKAGES))
+    };
+    if download().is_err() {
+        // The cached package lists may name versions the mirror has replaced since.
+        eprintln!("xtask: apt-get download failed; updating the bullseye package lists once");
+        run(Command::new("apt-get").args(&opts).args(["-q", "update"]))
+            .context("apt-get update of the bullseye package lists")?;
+        download().context("apt-get download of Debian 11's userland")?;
+    }
     for deb in fs::read_dir(work.join("debs"))?.flatten() {
         run(Command::new("dpkg")
             .arg("-x")
@@ -95,12 +103,24 @@ fn relativize_links(root: &Path) -> Result<()> {
 /// rustc flags that link against the userland's C library instead of this machine's: its
 /// start files, libraries and linker scripts (`gcc --sysroot`, with its directories searched
 /// first: Debian's gcc otherwise puts its own multiarch directory ahead of the sysroot's).
+/// As `CARGO_ENCODED_RUSTFLAGS` (separated by 0x1f: paths may hold spaces), after the
+/// caller's own `RUSTFLAGS`.
 pub fn link_flags(root: &Path) -> String {
     let r = root.display();
-    format!(
-        "-C link-arg=--sysroot={r} -C link-arg=-B{r}/usr/lib/x86_64-linux-gnu/ \
-         -C link-arg=-L{r}/usr/lib/x86_64-linux-gnu -C link-arg=-L{r}/lib/x86_64-linux-gnu"
-    )
+    let mut flags: Vec<String> = std::env::var("RUSTFLAGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    for a in [
+        format!("--sysroot={r}"),
+        format!("-B{r}/usr/lib/x86_64-linux-gnu/"),
+        format!("-L{r}/usr/lib/x86_64-linux-gnu"),
+        format!("-L{r}/lib/x86_64-linux-gnu"),
+    ] {
+        flags.push(format!("-Clink-arg={a}"));
+    }
+    flags.join("\x1f")
 }
 
 /// The newest `GLIBC_x.y` symbol version a binary needs (from `objdump -T`).

@@ -173,8 +173,27 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
             own.as_deref().unwrap_or(bin),
             &Path::new("bin").join(name),
         )?;
-        if userland.is_none() {
-            libs.extend(libraries(bin)?);
+        match &userland {
+            None => libs.extend(libraries(bin)?),
+            Some(u) if own.is_none() => {
+                // A binary of this machine's must find every library it needs in the guest's.
+                for lib in libraries(bin)? {
+                    let Some(file) = lib.file_name() else {
+                        continue;
+                    };
+                    let there = [u.join("lib/x86_64-linux-gnu"), u.join("lib64")]
+                        .iter()
+                        .any(|d| d.join(file).exists());
+                    if !there {
+                        bail!(
+                            "{} needs {}, which Debian 11's userland of this kernel lacks",
+                            bin.display(),
+                            lib.display()
+                        );
+                    }
+                }
+            }
+            Some(_) => {}
         }
     }
     match &userland {

@@ -118,6 +118,15 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
         )
     });
     app.set_workload_cpu(doc.meta.workload.as_ref().and_then(|w| w.cpu_ns));
+    // A recording made without the context split names its one context `all` here too.
+    if let Some(m) = doc
+        .meta
+        .context_masks
+        .as_ref()
+        .filter(|m| m.percpu == "none")
+    {
+        crate::kernel::set_no_context(m.source.clone());
+    }
     app.on_snapshot(export::to_snapshot(doc));
     if let Some(h) = &doc.history {
         // The run tick by tick: the rate and p99 panes, stepped through with the arrow keys.

@@ -1051,9 +1051,9 @@ pub struct KernelLayout {
     /// BTF has no per-CPU section (5.10's). For the record; the programs do not read it.
     pub percpu_from_kallsyms: u64,
     /// Non-zero when no source gave the per-CPU offsets (BTF's per-CPU section, kallsyms,
-    /// whose addresses `kptr_restrict` can hide): the preempt count cannot be read, so the
-    /// programs count every call in context 0 without looking for the per-CPU base, and
-    /// userspace names that context `all` (no context split).
+    /// whose addresses `kptr_restrict` can hide): the preempt count cannot be read. The
+    /// offsets are then 0 and the masks 0, so the programs count every call in context 0
+    /// (which userspace names `all`: no context split), and read no per-CPU counter.
     pub no_context: u64,
 }
 

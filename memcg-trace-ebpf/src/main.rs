@@ -242,16 +242,6 @@ fn find_cpu_base<C: EbpfContext>(c: &C, ptr: *mut CpuState) -> bool {
     if l.valid == 0 {
         return false;
     }
-    if l.no_context != 0 {
-        // No per-CPU offsets: nothing is read through the per-CPU area. The address is only
-        // the mark that this CPU's state is set up; `read_context` does not read it.
-        // SAFETY: a helper without preconditions.
-        st.cpu = unsafe { bpf_get_smp_processor_id() };
-        st.pcpu_offset = 0;
-        st.preempt_addr = 1;
-        st.current_addr = 0;
-        return true;
-    }
     // SAFETY: reads of kernel memory through bpf_probe_read_kernel, which faults safely.
     unsafe {
         let task = bpf_get_current_task();
@@ -274,7 +264,12 @@ fn find_cpu_base<C: EbpfContext>(c: &C, ptr: *mut CpuState) -> bool {
         }
         let base = rq - l.runqueues;
         st.cpu = this_cpu;
-        st.pcpu_offset = if l.this_cpu_off != 0 {
+        // Without per-CPU offsets (`no_context`) every offset is 0: the "preempt count" read
+        // is then of this run queue, readable memory, and the masks, all 0, make every call
+        // context 0 at no cost on the hot path; no per-CPU offset of the kernel's either.
+        st.pcpu_offset = if l.no_context != 0 {
+            0
+        } else if l.this_cpu_off != 0 {
             bpf_probe_read_kernel((base + l.this_cpu_off) as *const u64).unwrap_or(0)
         } else {
             base
@@ -396,9 +391,6 @@ fn preempt_count(st: St) -> Option<u32> {
 #[inline(always)]
 fn read_context(st: St) -> Option<u32> {
     let l = layout();
-    if l.no_context != 0 {
-        return Some(CTX_TASK);
-    }
     let pc = preempt_count(st)?;
     Some(classify(pc, l.nmi_mask, l.hardirq_mask, l.softirq_offset))
 }

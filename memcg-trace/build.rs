@@ -15,6 +15,11 @@ fn main() -> anyhow::Result<()> {
     let dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
     let out = dir.join("memcg-trace");
     let legacy = dir.join("memcg-trace-legacy");
+    // One bytecode for every architecture: aya-build names the eBPF target's architecture
+    // after the binary's (`bpf_target_arch`, which picks aya's `pt_regs`); the programs read
+    // registers at offsets chosen when they are loaded (`KernelLayout::arch`), so the
+    // object is built as for x86_64 whatever the binary's target.
+    env::set_var("CARGO_CFG_TARGET_ARCH", "x86_64");
     for (features, dest) in [(&["legacy"][..], &legacy), (&[][..], &out)] {
         let _ = fs::remove_file(&out);
         let ebpf = Package {

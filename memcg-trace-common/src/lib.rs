@@ -266,8 +266,12 @@ pub const CTX_SOURCES: [(u32, CtxUse, &[&str]); CTX_CHECK_ROWS as usize] = [
     // receive timeout is a timer-wheel timer).
     (CTX_SOFTIRQ, CtxUse::Check, &["timer_expire_entry"]),
     // IPIs: another hardirq source than the timer the calibration watches (the self-test sends
-    // some with membarrier).
-    (CTX_HARDIRQ, CtxUse::Check, &["call_function_entry"]),
+    // some with membarrier): x86's vector tracepoint, else the generic one arm64 fires.
+    (
+        CTX_HARDIRQ,
+        CtxUse::Check,
+        &["call_function_entry", "ipi_entry"],
+    ),
     (
         CTX_HARDIRQ,
         CtxUse::Check,
@@ -1055,7 +1059,17 @@ pub struct KernelLayout {
     /// offsets are then 0 and the masks 0, so the programs count every call in context 0
     /// (which userspace names `all`: no context split), and read no per-CPU counter.
     pub no_context: u64,
+    /// The kernel's architecture ([`ARCH_X86_64`], [`ARCH_ARM64`]): where the preempt count
+    /// lives (x86: a per-CPU variable; arm64: the task's `thread_info`, `preempt_count` then
+    /// being its offset in `task_struct`) and the layout of a kprobe's registers. The programs
+    /// branch on it; the verifier, which knows the read-only layout, keeps one side only.
+    pub arch: u64,
 }
+
+/// [`KernelLayout::arch`]: x86_64.
+pub const ARCH_X86_64: u64 = 0;
+/// [`KernelLayout::arch`]: arm64 (aarch64).
+pub const ARCH_ARM64: u64 = 1;
 
 /// The 64-bit immediate the programs load where they need the address of the per-CPU variable
 /// holding the preempt count. Rust eBPF cannot name a kernel symbol (`__ksym`), so the loader

@@ -51,8 +51,8 @@ use memcg_trace_common::{
     bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
     task_slot_hint, test_op, workload_cell, workload_contexts, CallerKey, CallerStat, Cell, Config,
     Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, Nest, Pending,
-    PendingSet, StackKey, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI,
-    CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
+    PendingSet, StackKey, ARCH_ARM64, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ,
+    CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
     DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_IRQ,
     NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_SLOTS,
     PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND,
@@ -100,6 +100,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     current_task: 0,
     percpu_from_kallsyms: 0,
     no_context: 0,
+    arch: 0,
 };
 
 /// Settings, filled in by userspace before load.
@@ -372,6 +373,16 @@ fn cast(addr: u64, type_id: u32) -> u64 {
 #[inline(always)]
 fn preempt_count(st: St) -> Option<u32> {
     let l = layout();
+    if l.arch == ARCH_ARM64 {
+        // In the running task's thread_info (`preempt_count`: its offset in task_struct).
+        // SAFETY: a helper without preconditions.
+        let addr = unsafe { bpf_get_current_task() } + l.preempt_count;
+        if l.direct_untrusted != 0 {
+            return Some(untrusted_u32(addr));
+        }
+        // SAFETY: a fault-safe read of kernel memory.
+        return unsafe { bpf_probe_read_kernel(addr as *const u32) }.ok();
+    }
     if l.direct_preempt != 0 {
         // SAFETY: bpf_this_cpu_ptr of a per-CPU kernel variable never returns NULL, and the
         // verifier checks the load against the variable's BTF type.
@@ -1601,20 +1612,23 @@ impl Key {
     /// kprobe: the stack pointer at entry.
     #[inline(always)]
     fn kprobe(ctx: &ProbeContext) -> Key {
-        // SAFETY: ctx.regs points at the probe's pt_regs.
-        let frame = unsafe { (*ctx.regs).rsp };
+        let frame = reg_sp(ctx.regs as *const c_void);
         Key {
             frame,
             hint: task_slot_hint(frame),
         }
     }
 
-    /// kretprobe: the return address was popped, so the stack pointer is 8 bytes above the
-    /// entry's.
+    /// kretprobe: on x86 the return address was popped, so the stack pointer is 8 bytes above
+    /// the entry's; on arm64 it came in a register, and the stack pointer is the entry's.
     #[inline(always)]
     fn kretprobe(ctx: &RetProbeContext) -> Key {
-        // SAFETY: ctx.regs points at the probe's pt_regs.
-        let frame = unsafe { (*ctx.regs).rsp }.wrapping_sub(8);
+        let sp = reg_sp(ctx.regs as *const c_void);
+        let frame = if layout().arch == ARCH_ARM64 {
+            sp
+        } else {
+            sp.wrapping_sub(8)
+        };
         Key {
             frame,
             hint: task_slot_hint(frame),
@@ -1642,6 +1656,11 @@ impl Key {
 /// a call of it. When neither checks, the site is unknown (0), never a guess.
 #[inline(always)]
 fn fentry_caller(ctx: &FEntryContext) -> u64 {
+    // The frame read below is x86's trampoline's (arm64's keeps the caller's return address
+    // elsewhere): unknown there.
+    if layout().arch == ARCH_ARM64 {
+        return 0;
+    }
     // SAFETY: helpers the verifier inlines into loads from the trampoline's frame.
     let (nr, ip) = unsafe {
         (
@@ -1758,12 +1777,59 @@ fn sample_stack<C: EbpfContext>(c: &C, st: St, probe: u32, ctx: u32, caller: u64
     }
 }
 
-/// kprobe at a function's entry: the stack pointer points at the return address into the
-/// caller.
+/// kprobe at a function's entry: on x86 the stack pointer points at the return address into
+/// the caller; on arm64 the link register holds it.
 #[inline(always)]
 fn kprobe_caller(ctx: &ProbeContext) -> u64 {
-    // SAFETY: ctx.regs points at the probe's pt_regs; the stack is read fault-safely.
-    unsafe { bpf_probe_read_kernel((*ctx.regs).rsp as *const u64) }.unwrap_or(0)
+    let regs = ctx.regs as *const c_void;
+    if layout().arch == ARCH_ARM64 {
+        return reg_word::<ARM64_LR>(regs);
+    }
+    // SAFETY: a fault-safe read of the stack.
+    unsafe { bpf_probe_read_kernel(reg_sp(regs) as *const u64) }.unwrap_or(0)
+}
+
+/// Offsets in `struct pt_regs`, the kprobe programs' context: x86_64 (`sp`, `di`: the first
+/// argument) and arm64 (`sp`, `regs[0]`: the first argument, `regs[30]`: the link register).
+const X86_SP: u16 = 19 * 8;
+const X86_DI: u16 = 14 * 8;
+const ARM64_SP: u16 = 31 * 8;
+const ARM64_X0: u16 = 0;
+const ARM64_LR: u16 = 30 * 8;
+
+/// The word at offset `OFF` of the kprobe context `regs`: a load with the offset in the
+/// instruction, as the verifier requires of context reads. In assembly, so that the two
+/// architectures' loads (one of which the verifier drops, see `KernelLayout::arch`) stay two
+/// loads: merged into one with a computed offset, the verifier would refuse both.
+#[inline(always)]
+fn reg_word<const OFF: u16>(regs: *const c_void) -> u64 {
+    let v: u64;
+    // SAFETY: a load from the program's context at a constant offset inside `pt_regs`.
+    unsafe {
+        core::arch::asm!("{0} = *(u64 *)({1} + {off})", out(reg) v, in(reg) regs,
+            off = const OFF, options(readonly, nostack, preserves_flags));
+    }
+    v
+}
+
+/// The stack pointer in a kprobe's registers.
+#[inline(always)]
+fn reg_sp(regs: *const c_void) -> u64 {
+    if layout().arch == ARCH_ARM64 {
+        reg_word::<ARM64_SP>(regs)
+    } else {
+        reg_word::<X86_SP>(regs)
+    }
+}
+
+/// The first argument in a kprobe's registers (at the function's entry).
+#[inline(always)]
+fn reg_arg0(regs: *const c_void) -> u64 {
+    if layout().arch == ARCH_ARM64 {
+        reg_word::<ARM64_X0>(regs)
+    } else {
+        reg_word::<X86_DI>(regs)
+    }
 }
 
 /// The entry program of probe slot `$n` on context `$ctx` (fentry); `$lean`: a lean program
@@ -1845,8 +1911,7 @@ macro_rules! probe_slot {
                     0
                 };
                 let memcg = if config().by_memcg != 0 || config().workload_memcg != 0 {
-                    // SAFETY: ctx.regs points at the probe's pt_regs.
-                    charged_memcg($n, unsafe { (*ctx.regs).rdi })
+                    charged_memcg($n, reg_arg0(ctx.regs as *const c_void))
                 } else {
                     0
                 };

@@ -561,8 +561,19 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
             (HashMap::new(), false, true)
         }
     };
-    // Up to 6.1 and again from 6.15: `__preempt_count`; 6.2-6.14: `pcpu_hot.preempt_count`.
-    let (var, preempt_member) = if no_context {
+    // arm64: the preempt count is the running task's (thread_info, the first member of
+    // task_struct with THREAD_INFO_IN_TASK), read through `current`, no per-CPU variable.
+    let arm64 = cfg!(target_arch = "aarch64");
+    let task_preempt = if arm64 && !no_context {
+        Some(
+            field_path_offset(btf, "task_struct", &["thread_info", "preempt_count"])
+                .context("task_struct.thread_info.preempt_count (arm64)")?,
+        )
+    } else {
+        None
+    };
+    // x86, up to 6.1 and again from 6.15: `__preempt_count`; 6.2-6.14: `pcpu_hot.preempt_count`.
+    let (var, preempt_member) = if no_context || arm64 {
         ("", 0)
     } else if percpu.contains_key("__preempt_count") {
         ("__preempt_count", 0)
@@ -574,7 +585,10 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     } else {
         bail!("neither __preempt_count nor pcpu_hot is a per-CPU variable (BTF, kallsyms)");
     };
-    let preempt_count = percpu.get(var).map_or(0, |o| o + preempt_member);
+    let preempt_count = match task_preempt {
+        Some(o) => o,
+        None => percpu.get(var).map_or(0, |o| o + preempt_member),
+    };
     let runqueues = match percpu.get("runqueues") {
         Some(o) => *o,
         None if no_context => 0,
@@ -643,7 +657,7 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         direct_task: 0,
         // The verifier finds the variable's address by name in kallsyms, where data symbols
         // are only with CONFIG_KALLSYMS_ALL (Debian has it; this sandbox's kernel does not).
-        preempt_var_id: if !no_context && kallsyms_has(var) {
+        preempt_var_id: if !no_context && !arm64 && kallsyms_has(var) {
             var_id(btf, var).unwrap_or(0)
         } else {
             0
@@ -678,6 +692,11 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         valid: 1,
         percpu_from_kallsyms: percpu_from_kallsyms as u64,
         no_context: no_context as u64,
+        arch: if arm64 {
+            memcg_trace_common::ARCH_ARM64
+        } else {
+            memcg_trace_common::ARCH_X86_64
+        },
     })
 }
 
@@ -707,7 +726,13 @@ pub fn off_cpu_source(layout: &KernelLayout) -> String {
 /// the recording: what every run costs depends on it.
 pub fn reads_of(layout: &KernelLayout, tp_percpu: bool) -> String {
     let cast = layout.direct_untrusted != 0;
-    let preempt = if layout.direct_preempt != 0 {
+    let preempt = if layout.arch == memcg_trace_common::ARCH_ARM64 {
+        if cast {
+            "preempt count from the running task's thread_info by a plain fault-safe load (bpf_rdonly_cast)"
+        } else {
+            "preempt count from the running task's thread_info by bpf_probe_read_kernel"
+        }
+    } else if layout.direct_preempt != 0 {
         "preempt count by bpf_this_cpu_ptr and a plain load"
     } else if cast {
         "preempt count by a plain fault-safe load (bpf_rdonly_cast)"

@@ -346,7 +346,7 @@ fn clock_label(accel: Accel) -> &'static str {
 
 /// `record --attach auto` on each kernel of the matrix; leaves `<kernel>.json` in `out`.
 fn loss_run(bin: &Path, out: &Path, size: Size, accel: Accel) -> Result<()> {
-    for spec in kernels::select("all")? {
+    for spec in kernels::select_for("all", Some(kernels::Arch::X86_64))? {
         let k = kernels::fetch(spec)?;
         let script = format!(
             "memcg-trace record --attach auto -q -o /out/auto.json -- hackbench {} >/out/auto.txt\n",

@@ -23,11 +23,41 @@ pub enum Suite {
     Bullseye,
 }
 
+/// The guest's architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Arch {
+    /// x86_64 (Debian's amd64), the host's own.
+    #[value(name = "x86_64", alias = "amd64")]
+    X86_64,
+    /// arm64 (aarch64), emulated by qemu-system-aarch64.
+    #[value(name = "arm64", alias = "aarch64")]
+    Arm64,
+}
+
+impl Arch {
+    /// Debian's name of the architecture (`amd64`, `arm64`).
+    pub fn debian(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+    /// The GNU triplet's first part, as in `lib/<it>-linux-gnu` (`x86_64`, `aarch64`).
+    pub fn gnu(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Arm64 => "aarch64",
+        }
+    }
+}
+
 /// A stock kernel of the matrix.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelSpec {
-    /// The name used on the command line (`6.1`).
+    /// The name used on the command line (`6.1`; `arm64-6.12` for another architecture's).
     pub short: &'static str,
+    /// The architecture it runs on.
+    pub arch: Arch,
     /// `uname -r` of the kernel.
     pub release: &'static str,
     /// Packages holding vmlinuz and the config.
@@ -44,6 +74,7 @@ pub struct KernelSpec {
 /// Every kernel the VM tests know.
 pub const KERNELS: &[KernelSpec] = &[
     KernelSpec {
+        arch: Arch::X86_64,
         short: "5.10",
         release: "5.10.0-46-amd64",
         packages: &["linux-image-5.10.0-46-amd64"],
@@ -52,6 +83,7 @@ pub const KERNELS: &[KernelSpec] = &[
         cmdline: "",
     },
     KernelSpec {
+        arch: Arch::X86_64,
         short: "6.1",
         release: "6.1.0-57-amd64",
         packages: &["linux-image-6.1.0-57-amd64"],
@@ -62,6 +94,7 @@ pub const KERNELS: &[KernelSpec] = &[
         cmdline: "tsc=reliable",
     },
     KernelSpec {
+        arch: Arch::X86_64,
         short: "6.12",
         release: "6.12.117+deb12-amd64",
         packages: &["linux-image-6.12.117+deb12-amd64"],
@@ -70,6 +103,7 @@ pub const KERNELS: &[KernelSpec] = &[
         cmdline: "",
     },
     KernelSpec {
+        arch: Arch::X86_64,
         short: "6.18",
         release: "6.18.15+deb13-amd64",
         packages: &["linux-image-6.18.15+deb13-amd64"],
@@ -78,6 +112,7 @@ pub const KERNELS: &[KernelSpec] = &[
         cmdline: "",
     },
     KernelSpec {
+        arch: Arch::X86_64,
         short: "7.3",
         release: "7.3.4+deb13-amd64",
         // From 6.19 Debian splits the image: vmlinuz in linux-binary, the config in linux-base.
@@ -89,6 +124,27 @@ pub const KERNELS: &[KernelSpec] = &[
         suite: Suite::Trixie,
         cmdline: "",
     },
+    KernelSpec {
+        arch: Arch::Arm64,
+        short: "arm64-6.12",
+        release: "6.12.117+deb12-arm64",
+        packages: &["linux-image-6.12.117+deb12-arm64"],
+        series: r"^linux-image-6\.12\.[0-9]+\+deb12-arm64$",
+        suite: Suite::Host,
+        cmdline: "",
+    },
+    KernelSpec {
+        arch: Arch::Arm64,
+        short: "arm64-7.3",
+        release: "7.3.4+deb13-arm64",
+        packages: &[
+            "linux-binary-7.3.4+deb13-arm64",
+            "linux-base-7.3.4+deb13-arm64",
+        ],
+        series: r"^linux-binary-7\.3\.[0-9]+\+deb13-arm64$",
+        suite: Suite::Trixie,
+        cmdline: "",
+    },
 ];
 
 /// The kernels of the default matrix: 5.10 LTS (Debian 11, the kmem-accounting debates' era,
@@ -96,12 +152,54 @@ pub const KERNELS: &[KernelSpec] = &[
 /// the slab charge path changed again.
 pub const MATRIX: &[&str] = &["5.10", "6.1", "6.12", "6.18", "7.3"];
 
-/// Parses `--kernel`: a short name, a comma list, `all` (the matrix) or `every` (all known).
+/// The arm64 kernels of the matrix (`cargo xtask test` runs both matrices).
+pub const ARM64_MATRIX: &[&str] = &["arm64-6.12", "arm64-7.3"];
+
+/// Every kernel `cargo xtask test` boots: both matrices.
+pub fn test_matrix() -> Vec<&'static str> {
+    MATRIX.iter().chain(ARM64_MATRIX).copied().collect()
+}
+
+/// The name of kernel `short` on `arch` (`6.12` on arm64: `arm64-6.12`).
+pub fn arch_name(short: &str, arch: Arch) -> String {
+    match arch {
+        Arch::X86_64 => short.to_string(),
+        Arch::Arm64 if short.starts_with("arm64-") => short.to_string(),
+        Arch::Arm64 => format!("arm64-{short}"),
+    }
+}
+
+/// Parses `--kernel`: a short name, a comma list, `all` (both matrices) or `every` (all
+/// known).
 pub fn select(arg: &str) -> Result<Vec<&'static KernelSpec>> {
-    let names: Vec<&str> = match arg {
-        "all" => MATRIX.to_vec(),
-        "every" => KERNELS.iter().map(|k| k.short).collect(),
-        s => s.split(',').map(str::trim).collect(),
+    select_for(arg, None)
+}
+
+/// [`select`] for `--arch`: `all` and `every` are that architecture's kernels, and short names
+/// are taken as its (`--arch arm64 --kernel 6.12`: `arm64-6.12`).
+pub fn select_for(arg: &str, arch: Option<Arch>) -> Result<Vec<&'static KernelSpec>> {
+    let of_arch =
+        |n: &&str| arch.is_none_or(|a| KERNELS.iter().any(|k| k.short == *n && k.arch == a));
+    let names: Vec<String> = match arg {
+        "all" => test_matrix()
+            .into_iter()
+            .filter(of_arch)
+            .map(str::to_string)
+            .collect(),
+        "every" => KERNELS
+            .iter()
+            .map(|k| k.short)
+            .filter(of_arch)
+            .map(str::to_string)
+            .collect(),
+        s => s
+            .split(',')
+            .map(str::trim)
+            .map(|n| match arch {
+                Some(a) => arch_name(n, a),
+                None => n.to_string(),
+            })
+            .collect(),
     };
     names
         .into_iter()
@@ -135,8 +233,13 @@ pub struct Kernel {
 }
 
 /// A private apt configuration for Debian `suite` (its main, security and, where `backports`,
-/// backports archives) in `dir`, updated on first use.
-pub(crate) fn private_apt(dir: &Path, suite: &str, backports: bool) -> Result<Vec<String>> {
+/// backports archives) on `arch` in `dir`, updated on first use.
+pub(crate) fn private_apt(
+    dir: &Path,
+    suite: &str,
+    backports: bool,
+    arch: Arch,
+) -> Result<Vec<String>> {
     let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
     if !Path::new(keyring).exists() {
         bail!("{keyring} is missing: apt-get install debian-archive-keyring");
@@ -156,6 +259,8 @@ pub(crate) fn private_apt(dir: &Path, suite: &str, backports: bool) -> Result<Ve
     }
     fs::write(&list, sources)?;
     let opts = vec![
+        format!("-oAPT::Architecture={}", arch.debian()),
+        format!("-oAPT::Architectures={}", arch.debian()),
         format!("-oDir::Etc::SourceList={}", list.display()),
         "-oDir::Etc::SourceParts=/nonexistent".into(),
         format!("-oDir::State::Lists={}", dir.join("lists").display()),
@@ -198,10 +303,22 @@ fn find_file(root: &Path, prefix: &str) -> Option<PathBuf> {
 }
 
 fn apt_opts(spec: &KernelSpec) -> Result<Vec<String>> {
-    Ok(match spec.suite {
-        Suite::Host => vec!["-oAPT::Sandbox::User=root".to_string()],
-        Suite::Trixie => private_apt(&cache_dir().join("apt-trixie"), "trixie", true)?,
-        Suite::Bullseye => private_apt(&cache_dir().join("apt-bullseye"), "bullseye", false)?,
+    apt_for(spec.suite, spec.arch)
+}
+
+/// The apt options for `suite`'s packages of `arch`: the host's own configuration for its
+/// own release and architecture, else a private one (another architecture's packages are
+/// listed there, so this machine's dpkg never learns of them).
+pub(crate) fn apt_for(suite: Suite, arch: Arch) -> Result<Vec<String>> {
+    let dir = |name: &str| match arch {
+        Arch::X86_64 => cache_dir().join(format!("apt-{name}")),
+        Arch::Arm64 => cache_dir().join(format!("apt-{name}-arm64")),
+    };
+    Ok(match (suite, arch) {
+        (Suite::Host, Arch::X86_64) => vec!["-oAPT::Sandbox::User=root".to_string()],
+        (Suite::Host, _) => private_apt(&dir("bookworm"), "bookworm", false, arch)?,
+        (Suite::Trixie, _) => private_apt(&dir("trixie"), "trixie", true, arch)?,
+        (Suite::Bullseye, _) => private_apt(&dir("bullseye"), "bullseye", false, arch)?,
     })
 }
 
@@ -450,7 +567,17 @@ mod tests {
 
     #[test]
     fn selection_names_the_known_kernels() {
-        assert_eq!(select("all").unwrap().len(), MATRIX.len());
+        assert_eq!(
+            select("all").unwrap().len(),
+            MATRIX.len() + ARM64_MATRIX.len()
+        );
+        assert_eq!(
+            select_for("all", Some(Arch::X86_64)).unwrap().len(),
+            MATRIX.len()
+        );
+        let arm = select_for("6.12,7.3", Some(Arch::Arm64)).unwrap();
+        assert!(arm.iter().all(|k| k.arch == Arch::Arm64), "{arm:?}");
+        assert_eq!(arm[0].short, "arm64-6.12");
         assert_eq!(select("6.1,7.3").unwrap()[1].short, "7.3");
         let e = select("5.4").unwrap_err().to_string();
         assert!(
@@ -472,6 +599,7 @@ mod tests {
         let _ = fs::remove_dir_all(&cache);
         std::env::set_var("MEMCG_TRACE_CACHE", &cache);
         let spec = KernelSpec {
+            arch: Arch::X86_64,
             short: "6.1",
             release: "6.1.0-1-amd64",
             packages: &["linux-image-6.1.0-1-amd64"],

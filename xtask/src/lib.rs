@@ -74,22 +74,65 @@ pub fn llvm_path() -> String {
 /// build scripts.
 pub const RELEASE_TARGET: &str = "x86_64-unknown-linux-gnu";
 
+/// The Rust target of the release binary for `arch`.
+pub fn release_target(arch: kernels::Arch) -> &'static str {
+    match arch {
+        kernels::Arch::X86_64 => RELEASE_TARGET,
+        kernels::Arch::Arm64 => "aarch64-unknown-linux-gnu",
+    }
+}
+
 /// Where [`build_release`] leaves the binary.
 pub fn release_bin() -> PathBuf {
-    workspace_root().join(format!("target/{RELEASE_TARGET}/release/memcg-trace"))
+    release_bin_for(kernels::Arch::X86_64)
+}
+
+/// Where [`build_release_for`] leaves the binary of `arch`.
+pub fn release_bin_for(arch: kernels::Arch) -> PathBuf {
+    workspace_root().join(format!(
+        "target/{}/release/memcg-trace",
+        release_target(arch)
+    ))
 }
 
 /// Builds the release `memcg-trace` binary (with its eBPF objects) and returns its path: linked
 /// against Debian 11's glibc 2.31 (unpacked into the cache, `userland::bullseye`), so that it
 /// runs on any x86_64 distribution with glibc 2.31 or newer; checked so.
 pub fn build_release() -> Result<PathBuf> {
+    build_release_for(kernels::Arch::X86_64)
+}
+
+/// The C cross compiler that links the arm64 binary (Debian's gcc-aarch64-linux-gnu).
+pub const ARM64_LINKER: &str = "aarch64-linux-gnu-gcc";
+
+/// [`build_release`] for `arch`: arm64 is cross-compiled here, with the Rust target
+/// `aarch64-unknown-linux-gnu` and Debian's cross gcc linking against Debian 11's arm64 glibc
+/// (`userland::arm64_sysroot`). The eBPF objects inside are the same bytecode on both: what
+/// differs per architecture is chosen when they are loaded.
+pub fn build_release_for(arch: kernels::Arch) -> Result<PathBuf> {
     let root = workspace_root();
-    let sysroot = userland::bullseye()?;
-    run(Command::new("cargo")
-        .current_dir(&root)
+    let sysroot = match arch {
+        kernels::Arch::X86_64 => userland::bullseye()?,
+        kernels::Arch::Arm64 => {
+            if Command::new(ARM64_LINKER)
+                .arg("--version")
+                .output()
+                .is_err()
+            {
+                bail!("{ARM64_LINKER} is missing: run `cargo xtask setup` (apt package gcc-aarch64-linux-gnu)");
+            }
+            userland::arm64_sysroot()?
+        }
+    };
+    let target = release_target(arch);
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(&root)
         .env("PATH", llvm_path())
         .env_remove("RUSTFLAGS")
-        .env("CARGO_ENCODED_RUSTFLAGS", userland::link_flags(&sysroot))
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            userland::link_flags(&sysroot, arch),
+        )
         .args([
             "build",
             "--release",
@@ -97,12 +140,18 @@ pub fn build_release() -> Result<PathBuf> {
             "-p",
             "memcg-trace",
             "--target",
-            RELEASE_TARGET,
-        ]))
-    .context(
-        "building memcg-trace (run `cargo xtask setup` if bpf-linker or rust-src is missing)",
-    )?;
-    let bin = release_bin();
+            target,
+        ]);
+    if arch == kernels::Arch::Arm64 {
+        cmd.env(
+            "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
+            ARM64_LINKER,
+        );
+    }
+    run(&mut cmd).with_context(|| {
+        format!("building memcg-trace for {target} (run `cargo xtask setup` if bpf-linker, rust-src or the {target} Rust target is missing)")
+    })?;
+    let bin = release_bin_for(arch);
     userland::check_floor(&bin)?;
     Ok(bin)
 }

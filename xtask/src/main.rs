@@ -11,7 +11,9 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 use xtask::{
-    build_release, kernels, llvm_path, record_script, run, setup,
+    build_release, build_release_for,
+    kernels::{self, Arch},
+    llvm_path, record_script, run, setup,
     vm::{self, Accel, VmSpec},
     workspace_root,
 };
@@ -28,14 +30,21 @@ enum Cmd {
     /// Install what is missing: apt packages, rust-src, bpf-linker.
     Setup,
     /// Build the release binary with its eBPF programs.
-    Build,
+    Build {
+        /// The architecture to build for: x86_64 (this machine's) or arm64 (cross-compiled).
+        #[arg(long, alias = "target", value_enum, default_value = "x86_64")]
+        arch: Arch,
+    },
     /// Boot stock kernels under qemu and run a guest script (default: record with fentry and
     /// kprobe alongside hackbench).
     Vm {
-        /// 5.10, 6.1, 6.12, 6.18, 7.3, a comma list, all (the matrix)
+        /// 5.10, 6.1, 6.12, 6.18, 7.3 (arm64: 6.12, 7.3), a comma list, all (the matrix)
         /// or every (all known).
         #[arg(long, default_value = "all")]
         kernel: String,
+        /// Only this architecture's kernels (x86_64 or arm64; default: as named, `all` both).
+        #[arg(long, value_enum)]
+        arch: Option<Arch>,
         /// tcg (software emulation, works here) or kvm.
         #[arg(long, value_enum, default_value = "tcg")]
         accel: Accel,
@@ -66,6 +75,9 @@ enum Cmd {
         /// Kernel for the VM demo.
         #[arg(long, default_value = "6.12")]
         kernel: String,
+        /// The guest's architecture: x86_64 or arm64 (emulated).
+        #[arg(long, value_enum, default_value = "x86_64")]
+        arch: Arch,
         /// tcg or kvm.
         #[arg(long, value_enum, default_value = "tcg")]
         accel: Accel,
@@ -128,28 +140,32 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Setup => setup::setup(),
-        Cmd::Build => build_release().map(|p| eprintln!("xtask: built {}", p.display())),
+        Cmd::Build { arch } => {
+            build_release_for(arch).map(|p| eprintln!("xtask: built {}", p.display()))
+        }
         Cmd::Vm {
             kernel,
+            arch,
             accel,
             script,
             timeout,
             bin,
             mem,
             icount,
-        } => vm_cmd(&kernel, accel, script, timeout, bin, mem, icount),
+        } => vm_cmd(&kernel, arch, accel, script, timeout, bin, mem, icount),
         Cmd::Demo {
             host,
             kernel,
+            arch,
             accel,
             hackbench,
             compare,
             runs,
         } => {
             if compare {
-                demo_compare(&kernel, accel, &hackbench, runs)
+                demo_compare(&arch_kernel(&kernel, arch), accel, &hackbench, runs)
             } else {
-                demo(host, &kernel, accel, &hackbench)
+                demo(host, &arch_kernel(&kernel, arch), accel, &hackbench)
             }
         }
         Cmd::Test {
@@ -218,8 +234,19 @@ fn main() {
     }
 }
 
+/// `--kernel` as `--arch` names it (`6.12` on arm64: `arm64-6.12`).
+fn arch_kernel(kernel: &str, arch: Arch) -> String {
+    kernel
+        .split(',')
+        .map(|k| kernels::arch_name(k.trim(), arch))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[allow(clippy::too_many_arguments)]
 fn vm_cmd(
     kernel: &str,
+    arch: Option<Arch>,
     accel: Accel,
     script: Option<PathBuf>,
     timeout: u64,
@@ -227,15 +254,23 @@ fn vm_cmd(
     mem: u32,
     icount: Option<u32>,
 ) -> Result<()> {
-    let specs = kernels::select(kernel)?;
+    let specs = kernels::select_for(kernel, arch)?;
     let script = match script {
         Some(p) => fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?,
         None => record_script("auto fentry kprobe", "-g 2 -l 100", true),
     };
-    let bin = build_release()?;
     let hackbench = xtask::hackbench()?;
     let (mut passed, mut failed) = (0, 0);
+    let mut built = std::collections::HashMap::new();
     for spec in specs {
+        let bin = match built.get(&spec.arch) {
+            Some(b) => PathBuf::clone(b),
+            None => {
+                let b = build_release_for(spec.arch)?;
+                built.insert(spec.arch, b.clone());
+                b
+            }
+        };
         let k = kernels::fetch(spec)?;
         let r = vm::run(
             &k,
@@ -282,6 +317,11 @@ fn vm_cmd(
 
 fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
     let bin = build_release()?;
+    let specs = if host {
+        Vec::new()
+    } else {
+        kernels::select(kernel)?
+    };
     let out = workspace_root().join("target/demo");
     fs::create_dir_all(&out)?;
     if host {
@@ -300,16 +340,21 @@ fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
         println!("demo: the recording is at {}", json.display());
         return Ok(());
     }
-    let specs = kernels::select(kernel)?;
     for spec in specs {
         let k = kernels::fetch(spec)?;
+        // The guest's binary: this machine's, or the one built for the guest's architecture;
+        // the plots are drawn here by this machine's.
+        let guest_bin = match spec.arch {
+            Arch::X86_64 => bin.clone(),
+            a => build_release_for(a)?,
+        };
         eprintln!("demo: booting Debian's {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", k.release);
         let r = vm::run(
             &k,
             &VmSpec {
                 name: format!("{}-demo", spec.short),
                 script: record_script("fentry kprobe", hackbench, false),
-                bins: vec![bin.clone(), xtask::hackbench()?],
+                bins: vec![guest_bin, xtask::hackbench()?],
                 accel,
                 timeout: Duration::from_secs(900),
                 echo: false,

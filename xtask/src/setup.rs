@@ -16,6 +16,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "libzstd-dev",
     "zlib1g-dev",
     "qemu-system-x86",
+    // The arm64 guests, and the cross linker of the arm64 binary.
+    "qemu-system-arm",
+    "gcc-aarch64-linux-gnu",
     "busybox-static",
     "rt-tests",
     "cpio",
@@ -97,6 +100,19 @@ pub fn setup() -> Result<()> {
         }
         eprintln!("setup: rustup component add rust-src --toolchain nightly");
         run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    })?;
+    step("the aarch64 Rust target", || {
+        let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))
+            .context("rustup cannot list the installed targets")?;
+        if installed
+            .lines()
+            .any(|l| l.trim() == "aarch64-unknown-linux-gnu")
+        {
+            eprintln!("setup: Rust target aarch64-unknown-linux-gnu present");
+            return Ok(());
+        }
+        eprintln!("setup: rustup target add aarch64-unknown-linux-gnu (the arm64 build)");
+        run(Command::new("rustup").args(["target", "add", "aarch64-unknown-linux-gnu"]))
     })?;
     step("nightly LLVM version", || {
         let v = output(Command::new("rustup").args(["run", "nightly", "rustc", "-vV"]))?;

@@ -11,7 +11,11 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-use crate::{cache_dir, kernels, run};
+use crate::{
+    cache_dir,
+    kernels::{self, Arch, Suite},
+    run,
+};
 
 /// The packages: the C library (and its development files, to link against), the unwinder's
 /// libgcc_s that Rust's standard library needs, and hackbench (rt-tests).
@@ -24,14 +28,42 @@ pub const GLIBC_FLOOR: (u32, u32) = (2, 31);
 /// links (libc6-dev's `libm.so -> /lib/...`) are made relative, so that a link against it never
 /// reaches into this machine's own libraries.
 pub fn bullseye() -> Result<PathBuf> {
-    let dir = cache_dir().join("userland-bullseye");
+    unpack("userland-bullseye", Suite::Bullseye, Arch::X86_64, PACKAGES)
+}
+
+/// What the arm64 build links against: Debian 11's arm64 C library (the same glibc floor as
+/// the x86_64 build).
+pub fn arm64_sysroot() -> Result<PathBuf> {
+    unpack(
+        "userland-bullseye-arm64",
+        Suite::Bullseye,
+        Arch::Arm64,
+        &["libc6", "libc6-dev", "libgcc-s1"],
+    )
+}
+
+/// The arm64 guests' userland: Debian 12's arm64 C library, hackbench and busybox.
+pub fn arm64_guest() -> Result<PathBuf> {
+    unpack(
+        "userland-bookworm-arm64",
+        Suite::Host,
+        Arch::Arm64,
+        &["libc6", "libgcc-s1", "rt-tests", "busybox-static"],
+    )
+}
+
+/// Debian packages `packages` of `suite` on `arch`, downloaded and unpacked into the cache's
+/// `name` on first use, absolute links made relative.
+fn unpack(name: &str, suite: Suite, arch: Arch, packages: &[&str]) -> Result<PathBuf> {
+    let dir = cache_dir().join(name);
     let root = dir.join("root");
     if dir.join("complete").exists() {
         return Ok(root);
     }
     eprintln!(
-        "xtask: fetching Debian 11's userland ({})",
-        PACKAGES.join(", ")
+        "xtask: fetching {name} ({}, {})",
+        packages.join(", "),
+        arch.debian()
     );
     let work = dir.with_extension("partial");
     let _ = fs::remove_dir_all(&work);
@@ -40,21 +72,28 @@ pub fn bullseye() -> Result<PathBuf> {
     // the candidates.
     let status = work.join("status");
     fs::write(&status, "")?;
-    let mut opts = kernels::private_apt(&cache_dir().join("apt-bullseye"), "bullseye", false)?;
+    let mut opts = kernels::apt_for(suite, arch)?;
     opts.push(format!("-oDir::State::status={}", status.display()));
     let download = || {
         run(Command::new("apt-get")
             .current_dir(work.join("debs"))
             .args(&opts)
             .arg("download")
-            .args(PACKAGES))
+            .args(packages))
     };
     if download().is_err() {
         // The cached package lists may name versions the mirror has replaced since.
-        eprintln!("xtask: apt-get download failed; updating the bullseye package lists once");
+        eprintln!("xtask: apt-get download failed; updating the package lists once");
         run(Command::new("apt-get").args(&opts).args(["-q", "update"]))
-            .context("apt-get update of the bullseye package lists")?;
-        download().context("apt-get download of Debian 11's userland")?;
+            .context("apt-get update of the package lists")?;
+        if download().is_err() {
+            // A mirror may list a version it does not carry (seen: bullseye-security's
+            // arm64 glibc): each package's other versions, newest first.
+            for p in packages {
+                download_any(&opts, &work.join("debs"), p)
+                    .with_context(|| format!("apt-get download of {name}"))?;
+            }
+        }
     }
     for deb in fs::read_dir(work.join("debs"))?.flatten() {
         run(Command::new("dpkg")
@@ -67,6 +106,41 @@ pub fn bullseye() -> Result<PathBuf> {
     fs::rename(&work, &dir)?;
     fs::write(dir.join("complete"), "")?;
     Ok(root)
+}
+
+/// Downloads one version of `package` into `dir`: the candidate, else the others the package
+/// lists name, newest first.
+fn download_any(opts: &[String], dir: &Path, package: &str) -> Result<()> {
+    let policy = crate::output(
+        Command::new("apt-cache")
+            .args(opts)
+            .args(["policy", package]),
+    )?;
+    // The version table's lines: "     2.31-13+deb11u11 500" (a leading "***" marks the
+    // installed one).
+    let versions: Vec<&str> = policy
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("Version table:"))
+        .skip(1)
+        .filter_map(|l| {
+            let mut w = l.split_whitespace().filter(|w| *w != "***");
+            let (v, prio) = (w.next()?, w.next()?);
+            prio.parse::<i32>().ok().map(|_| v)
+        })
+        .collect();
+    for v in &versions {
+        let ok = Command::new("apt-get")
+            .current_dir(dir)
+            .args(opts)
+            .arg("download")
+            .arg(format!("{package}={v}"))
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Ok(());
+        }
+    }
+    bail!("no version of {package} could be downloaded (tried {versions:?})")
 }
 
 /// Rewrites every absolute symbolic link under `root` as a relative one inside `root`.
@@ -105,8 +179,9 @@ fn relativize_links(root: &Path) -> Result<()> {
 /// first: Debian's gcc otherwise puts its own multiarch directory ahead of the sysroot's).
 /// As `CARGO_ENCODED_RUSTFLAGS` (separated by 0x1f: paths may hold spaces), after the
 /// caller's own `RUSTFLAGS`.
-pub fn link_flags(root: &Path) -> String {
+pub fn link_flags(root: &Path, arch: Arch) -> String {
     let r = root.display();
+    let g = arch.gnu();
     let mut flags: Vec<String> = std::env::var("RUSTFLAGS")
         .unwrap_or_default()
         .split_whitespace()
@@ -114,9 +189,9 @@ pub fn link_flags(root: &Path) -> String {
         .collect();
     for a in [
         format!("--sysroot={r}"),
-        format!("-B{r}/usr/lib/x86_64-linux-gnu/"),
-        format!("-L{r}/usr/lib/x86_64-linux-gnu"),
-        format!("-L{r}/lib/x86_64-linux-gnu"),
+        format!("-B{r}/usr/lib/{g}-linux-gnu/"),
+        format!("-L{r}/usr/lib/{g}-linux-gnu"),
+        format!("-L{r}/lib/{g}-linux-gnu"),
     ] {
         flags.push(format!("-Clink-arg={a}"));
     }
@@ -153,18 +228,38 @@ pub fn check_floor(bin: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The userland's libraries (the dynamic loader and `lib/x86_64-linux-gnu`), as paths relative
+/// The userland's libraries (the dynamic loader and `lib/<arch>-linux-gnu`), as paths relative
 /// to its root, for the guest.
-pub fn libraries(root: &Path) -> Result<Vec<PathBuf>> {
-    let mut v = vec![PathBuf::from("lib64/ld-linux-x86-64.so.2")];
-    let dir = root.join("lib/x86_64-linux-gnu");
+pub fn libraries(root: &Path, arch: Arch) -> Result<Vec<PathBuf>> {
+    let mut v = vec![PathBuf::from(loader(arch))];
+    let lib = format!("lib/{}-linux-gnu", arch.gnu());
+    let dir = root.join(&lib);
     for e in fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
         let name = e?.file_name();
         if name.to_string_lossy().contains(".so") {
-            v.push(Path::new("lib/x86_64-linux-gnu").join(name));
+            v.push(Path::new(&lib).join(name));
         }
     }
     Ok(v)
+}
+
+/// The dynamic loader's path on `arch`.
+pub fn loader(arch: Arch) -> &'static str {
+    match arch {
+        Arch::X86_64 => "lib64/ld-linux-x86-64.so.2",
+        Arch::Arm64 => "lib/ld-linux-aarch64.so.1",
+    }
+}
+
+/// The shared libraries an ELF binary of any architecture names (`objdump -p`'s NEEDED).
+pub fn needed(bin: &Path) -> Result<Vec<String>> {
+    let out = crate::output(Command::new("objdump").arg("-p").arg(bin))
+        .with_context(|| format!("objdump -p {}", bin.display()))?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("NEEDED"))
+        .map(|n| n.trim().to_string())
+        .collect())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{anyhow, bail, Context as _, Result};
 use base64::Engine as _;
 
-use crate::kernels::{Kernel, Suite};
+use crate::kernels::{Arch, Kernel, Suite};
 
 /// The accelerator: TCG (software emulation, single-threaded) or KVM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -107,8 +107,8 @@ echo "init: kernel $(uname -r), $(nproc) cpus"
 cd /tmp
 sh -e /guest.sh
 rc=$?
-stty -F /dev/ttyS1 raw -echo 2>/dev/null
-{ echo MEMCG-TRACE-DATA-BEGIN; tar c -C /out . | base64; echo MEMCG-TRACE-DATA-END; } > /dev/ttyS1
+stty -F @DATA@ raw -echo 2>/dev/null
+{ echo MEMCG-TRACE-DATA-BEGIN; tar c -C /out . | base64; echo MEMCG-TRACE-DATA-END; } > @DATA@
 sync
 if [ "$rc" = 0 ]; then echo "init: success"; else echo "init: failure (guest script exit $rc)"; fi
 reboot -f
@@ -146,19 +146,30 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
         fs::create_dir_all(root.join(d))?;
     }
     // A kernel of an older Debian release boots with that release's userland (its C library
-    // and hackbench, from its packages); the binaries under test are copied as they are and
-    // must run with its libraries. busybox (static, no libraries) is this machine's either
-    // way: Debian 11's lacks the base64 that carries /out back.
-    let userland = if kernel.spec.suite == Suite::Bullseye {
+    // and hackbench, from its packages), an arm64 kernel with Debian 12's arm64 userland; the
+    // binaries under test are copied as they are and must run with its libraries. busybox
+    // (static, no libraries) is this machine's on x86_64: Debian 11's lacks the base64 that
+    // carries /out back.
+    let arch = kernel.spec.arch;
+    let userland = if arch == Arch::Arm64 {
+        Some(crate::userland::arm64_guest()?)
+    } else if kernel.spec.suite == Suite::Bullseye {
         Some(crate::userland::bullseye()?)
     } else {
         None
     };
-    let busybox = Path::new("/bin/busybox");
+    let busybox = match (arch, &userland) {
+        (Arch::Arm64, Some(u)) => u.join("bin/busybox"),
+        _ => PathBuf::from("/bin/busybox"),
+    };
     if !busybox.exists() {
-        bail!("/bin/busybox is missing: run `cargo xtask setup` (apt package busybox-static)");
+        bail!(
+            "{} is missing: run `cargo xtask setup` (apt package busybox-static)",
+            busybox.display()
+        );
     }
-    copy_into(&root, busybox, Path::new("bin/busybox"))?;
+    copy_into(&root, &busybox, Path::new("bin/busybox"))?;
+    let gnu_lib = format!("lib/{}-linux-gnu", arch.gnu());
     let mut libs = BTreeSet::new();
     for bin in &spec.bins {
         let name = bin
@@ -176,19 +187,17 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
         match &userland {
             None => libs.extend(libraries(bin)?),
             Some(u) if own.is_none() => {
-                // A binary of this machine's must find every library it needs in the guest's.
-                for lib in libraries(bin)? {
-                    let Some(file) = lib.file_name() else {
-                        continue;
-                    };
-                    let there = [u.join("lib/x86_64-linux-gnu"), u.join("lib64")]
+                // A binary of this machine's (or built for the guest's architecture) must
+                // find every library it needs in the guest's.
+                for lib in crate::userland::needed(bin)? {
+                    let there = [u.join(&gnu_lib), u.join("lib64"), u.join("lib")]
                         .iter()
-                        .any(|d| d.join(file).exists());
+                        .any(|d| d.join(&lib).exists());
                     if !there {
                         bail!(
-                            "{} needs {}, which Debian 11's userland of this kernel lacks",
+                            "{} needs {lib}, which the guest userland of this kernel ({}) lacks",
                             bin.display(),
-                            lib.display()
+                            u.display()
                         );
                     }
                 }
@@ -203,7 +212,7 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
             }
         }
         Some(u) => {
-            for rel in crate::userland::libraries(u)? {
+            for rel in crate::userland::libraries(u, arch)? {
                 let (src, dst) = (u.join(&rel), root.join(&rel));
                 fs::create_dir_all(dst.parent().expect("has parent"))?;
                 match fs::read_link(&src) {
@@ -234,7 +243,11 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
         }
         fs::write(dir.join("order"), order)?;
     }
-    fs::write(root.join("init"), INIT)?;
+    let data_tty = match arch {
+        Arch::X86_64 => "/dev/ttyS1",
+        Arch::Arm64 => "/dev/hvc0",
+    };
+    fs::write(root.join("init"), INIT.replace("@DATA@", data_tty))?;
     fs::set_permissions(root.join("init"), fs::Permissions::from_mode(0o755))?;
     fs::write(root.join("guest.sh"), &spec.script)?;
     let cpio = work.join("initramfs.cpio");
@@ -320,9 +333,13 @@ pub fn emulation_fault(console: &str) -> Option<&str> {
 
 /// One boot of [`run`].
 fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
-    let qemu = "qemu-system-x86_64";
+    let arch = kernel.spec.arch;
+    let (qemu, package) = match arch {
+        Arch::X86_64 => ("qemu-system-x86_64", "qemu-system-x86"),
+        Arch::Arm64 => ("qemu-system-aarch64", "qemu-system-arm"),
+    };
     if Command::new(qemu).arg("--version").output().is_err() {
-        bail!("{qemu} is missing: run `cargo xtask setup` (apt package qemu-system-x86)");
+        bail!("{qemu} is missing: run `cargo xtask setup` (apt package {package})");
     }
     let work = crate::workspace_root().join("target/vm").join(&spec.name);
     let _ = fs::remove_dir_all(&work);
@@ -345,7 +362,19 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
             if spec.icount.is_some() {
                 bail!("-icount needs TCG: drop --icount or use --accel tcg");
             }
+            if arch != Arch::X86_64 {
+                bail!("KVM runs only the host's architecture: use --accel tcg for {qemu}");
+            }
             cmd.args(["-accel", "kvm", "-cpu", "host"])
+        }
+    };
+    // arm64: QEMU's generic board; its one UART is the console, and /out comes back over a
+    // virtio console (the board has no second UART).
+    let console = match arch {
+        Arch::X86_64 => "ttyS0",
+        Arch::Arm64 => {
+            cmd.args(["-machine", "virt"]);
+            "ttyAMA0"
         }
     };
     let mem = if spec.mem_mb == 0 { 1024 } else { spec.mem_mb }.to_string();
@@ -359,20 +388,29 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
         "-no-reboot",
         "-nodefaults",
     ])
-    .args(["-serial", "stdio", "-serial"])
-    .arg(format!("file:{}", data.display()))
-    .arg("-kernel")
-    .arg(&kernel.vmlinuz)
-    .arg("-initrd")
-    .arg(&cpio)
-    .arg("-append")
-    .arg(format!(
-        "console=ttyS0 rdinit=/init panic=-1 quiet {}",
-        kernel.spec.cmdline
-    ))
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    .args(["-serial", "stdio"]);
+    match arch {
+        Arch::X86_64 => {
+            cmd.arg("-serial").arg(format!("file:{}", data.display()));
+        }
+        Arch::Arm64 => {
+            cmd.args(["-device", "virtio-serial-pci", "-chardev"])
+                .arg(format!("file,id=data,path={}", data.display()))
+                .args(["-device", "virtconsole,chardev=data"]);
+        }
+    }
+    cmd.arg("-kernel")
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(&cpio)
+        .arg("-append")
+        .arg(format!(
+            "console={console} rdinit=/init panic=-1 quiet {}",
+            kernel.spec.cmdline
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let start = Instant::now();
     let mut child = cmd
         .spawn()

@@ -86,14 +86,6 @@ impl Object {
         }
     }
 
-    /// Its name in the JSON and the header.
-    pub fn name(self) -> &'static str {
-        match self {
-            Object::Full => "full",
-            Object::Legacy => "legacy",
-        }
-    }
-
     fn bytes(self) -> &'static [u8] {
         match self {
             Object::Full => EBPF_OBJECT,

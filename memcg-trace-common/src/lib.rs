@@ -1064,6 +1064,12 @@ pub struct KernelLayout {
     /// being its offset in `task_struct`) and the layout of a kprobe's registers. The programs
     /// branch on it; the verifier, which knows the read-only layout, keeps one side only.
     pub arch: u64,
+    /// arm64: the address of `__per_cpu_start` (kallsyms; 0 when hidden). There per-CPU
+    /// symbols are not zero-based as on x86_64: a CPU's `__per_cpu_offset` is its per-CPU
+    /// area less this, and a `__percpu` pointer (a program's `stats`) is reached by adding that
+    /// offset. 0: the programs do not read another per-CPU pointer (their fentry miss counters
+    /// are then read by userspace per tick instead).
+    pub percpu_start: u64,
 }
 
 /// [`KernelLayout::arch`]: x86_64.

@@ -101,6 +101,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     percpu_from_kallsyms: 0,
     no_context: 0,
     arch: 0,
+    percpu_start: 0,
 };
 
 /// Settings, filled in by userspace before load.
@@ -272,6 +273,13 @@ fn find_cpu_base<C: EbpfContext>(c: &C, ptr: *mut CpuState) -> bool {
             0
         } else if l.this_cpu_off != 0 {
             bpf_probe_read_kernel((base + l.this_cpu_off) as *const u64).unwrap_or(0)
+        } else if l.arch == ARCH_ARM64 {
+            // Per-CPU symbols start at __per_cpu_start there, not at 0 (unknown: none).
+            if l.percpu_start != 0 {
+                base.wrapping_sub(l.percpu_start)
+            } else {
+                0
+            }
         } else {
             base
         };

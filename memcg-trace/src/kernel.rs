@@ -484,6 +484,20 @@ fn percpu_vars_btf(btf: &Btf) -> HashMap<String, u64> {
     out
 }
 
+/// The address kallsyms gives symbol `name` (None: absent, or hidden as 0 by kptr_restrict).
+pub fn kallsyms_addr(name: &str) -> Option<u64> {
+    let f = fs::File::open("/proc/kallsyms").ok()?;
+    BufReader::new(f)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            let addr = w.next()?;
+            (w.nth(1) == Some(name)).then(|| u64::from_str_radix(addr, 16).ok())?
+        })
+        .filter(|a| *a != 0)
+}
+
 /// Whether /proc/kallsyms lists `name` (any symbol type). Per-CPU variables, when listed, come
 /// first (lowest addresses), so a present one is found after a few lines.
 pub fn kallsyms_has(name: &str) -> bool {
@@ -696,6 +710,11 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
             memcg_trace_common::ARCH_ARM64
         } else {
             memcg_trace_common::ARCH_X86_64
+        },
+        percpu_start: if arm64 {
+            kallsyms_addr("__per_cpu_start").unwrap_or(0)
+        } else {
+            0
         },
     })
 }

@@ -24,6 +24,24 @@ pub fn bin() -> PathBuf {
     p
 }
 
+/// The release binary for guests of `arch`: [`bin`] on x86_64; on arm64 the cross-compiled
+/// one (`MEMCG_TRACE_BIN_ARM64`, else where `cargo xtask build --arch arm64` leaves it).
+pub fn bin_for(arch: xtask::kernels::Arch) -> PathBuf {
+    if arch == xtask::kernels::Arch::X86_64 {
+        return bin();
+    }
+    let p = std::env::var_os("MEMCG_TRACE_BIN_ARM64")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| xtask::release_bin_for(arch));
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo xtask build --arch arm64` (cargo xtask test does)",
+        p.display()
+    );
+    p
+}
+
 /// Prints a skip where the test runner cannot swallow it, and records it for `cargo xtask
 /// test` (which counts it as skipped, not passed): the caller returns right after.
 pub fn skip(name: &str, reason: &str) {

@@ -102,6 +102,12 @@ pub fn build_release() -> Result<PathBuf> {
     build_release_for(kernels::Arch::X86_64)
 }
 
+/// Whether rustup has the standard library of `target` for the default toolchain.
+pub fn target_installed(target: &str) -> bool {
+    output(Command::new("rustup").args(["target", "list", "--installed"]))
+        .is_ok_and(|l| l.lines().any(|t| t.trim() == target))
+}
+
 /// The C cross compiler that links the arm64 binary (Debian's gcc-aarch64-linux-gnu).
 pub const ARM64_LINKER: &str = "aarch64-linux-gnu-gcc";
 
@@ -126,6 +132,14 @@ pub fn build_release_for(arch: kernels::Arch) -> Result<PathBuf> {
     };
     let target = release_target(arch);
     let mut cmd = Command::new("cargo");
+    // Without rustup's prebuilt standard library for the target (a machine whose rustup cannot
+    // fetch it), the nightly toolchain builds it from its rust-src, as it does for the eBPF
+    // crate.
+    let prebuilt = arch == kernels::Arch::X86_64 || target_installed(target);
+    if !prebuilt {
+        eprintln!("xtask: the Rust target {target} is not installed: building its standard library with nightly (-Z build-std)");
+        cmd.arg("+nightly");
+    }
     cmd.current_dir(&root)
         .env("PATH", llvm_path())
         .env_remove("RUSTFLAGS")
@@ -147,6 +161,9 @@ pub fn build_release_for(arch: kernels::Arch) -> Result<PathBuf> {
             "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
             ARM64_LINKER,
         );
+    }
+    if !prebuilt {
+        cmd.args(["-Z", "build-std=std,panic_abort"]);
     }
     run(&mut cmd).with_context(|| {
         format!("building memcg-trace for {target} (run `cargo xtask setup` if bpf-linker, rust-src or the {target} Rust target is missing)")

@@ -517,11 +517,18 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     // Tests that skip record it here: cargo counts them as passed, we count them as skipped.
     let skip_file = root.join("target/test-skips.tsv");
     let _ = fs::remove_file(&skip_file);
-    let kernels_env = kernels::select(kernel)?
+    let selected = kernels::select(kernel)?;
+    let kernels_env = selected
         .iter()
         .map(|k| k.short)
         .collect::<Vec<_>>()
         .join(",");
+    // The arm64 guests run the cross-compiled binary.
+    let bin_arm64 = if selected.iter().any(|k| k.arch == Arch::Arm64) {
+        Some(build_release_for(Arch::Arm64)?)
+    } else {
+        None
+    };
     eprintln!("test: unit and host tests");
     let (p1, f1, ok1) = cargo_test(
         cargo(&[
@@ -536,6 +543,10 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
             "vm_",
         ])
         .env("MEMCG_TRACE_BIN", &bin)
+        .env(
+            "MEMCG_TRACE_BIN_ARM64",
+            bin_arm64.clone().unwrap_or_default(),
+        )
         .env("MEMCG_TRACE_SKIP_FILE", &skip_file)
         .env("MEMCG_TRACE_MATRIX_RUNS", if long { "20" } else { "1" })
         .env("MEMCG_TRACE_FUZZ_SECS", if long { "600" } else { "8" }),
@@ -553,6 +564,10 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
             "--test-threads=2",
         ])
         .env("MEMCG_TRACE_BIN", &bin)
+        .env(
+            "MEMCG_TRACE_BIN_ARM64",
+            bin_arm64.clone().unwrap_or_default(),
+        )
         .env("MEMCG_TRACE_KERNELS", &kernels_env)
         .env("MEMCG_TRACE_ACCEL", format!("{accel:?}").to_lowercase())
         .env("MEMCG_TRACE_SKIP_FILE", &skip_file),

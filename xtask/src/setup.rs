@@ -112,7 +112,13 @@ pub fn setup() -> Result<()> {
             return Ok(());
         }
         eprintln!("setup: rustup target add aarch64-unknown-linux-gnu (the arm64 build)");
-        run(Command::new("rustup").args(["target", "add", "aarch64-unknown-linux-gnu"]))
+        // Not fatal: without it the arm64 build compiles the standard library with nightly.
+        if let Err(e) =
+            run(Command::new("rustup").args(["target", "add", "aarch64-unknown-linux-gnu"]))
+        {
+            eprintln!("setup: {e:#}: the arm64 build will build its standard library from nightly's rust-src instead");
+        }
+        Ok(())
     })?;
     step("nightly LLVM version", || {
         let v = output(Command::new("rustup").args(["run", "nightly", "rustc", "-vV"]))?;

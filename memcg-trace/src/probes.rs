@@ -294,7 +294,23 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
     };
     let exists = |c: &str| syms.btf_funcs.contains(c) || syms.kallsyms.contains(c);
     let usable = |c: &(&str, Option<&str>, &str)| exists(c.0) && c.1.map(exists).unwrap_or(true);
-    let chosen = candidates.iter().find(|c| usable(c));
+    // Function tracing needs the function in available_filter_functions (or its `.part`
+    // clone, which kprobe then traces). A preferred candidate that exists but is not there
+    // (inlined at every call site with an unused out-of-line copy, or notrace: x86 6.12's
+    // count_memcg_events) gives way to the next usable one, which then sees every call.
+    let traceable = |sym: &str| {
+        syms.traceable.as_ref().is_none_or(|t| {
+            t.contains(sym)
+                || syms.clones.get(sym).is_some_and(|cs| {
+                    cs.iter()
+                        .any(|n| n.starts_with(&format!("{sym}.part.")) && t.contains(n))
+                })
+        })
+    };
+    let chosen = candidates
+        .iter()
+        .find(|c| usable(c) && traceable(c.0))
+        .or_else(|| candidates.iter().find(|c| usable(c)));
     for c in &candidates {
         let (sym, requires, why) = *c;
         if chosen.map(|x| x.0) == Some(sym) {
@@ -307,6 +323,11 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
             r.notes.push(format!(
                 "{sym}: not used, only stands in on kernels with {}",
                 requires.unwrap_or("?")
+            ));
+        } else if exists(sym) && !traceable(sym) {
+            r.notes.push(format!(
+                "{sym}: not traceable (not in available_filter_functions: inlined at its call sites or notrace), so {} stands in",
+                chosen.map(|x| x.0).unwrap_or("nothing")
             ));
         } else if exists(sym) {
             r.notes.push(format!(
@@ -677,6 +698,38 @@ mod tests {
             (r.plans[0].backend, r.plans[0].target.as_str()),
             (Backend::Fentry, "__mod_memcg_state")
         );
+    }
+
+    /// x86 6.12: `count_memcg_events` is in BTF and kallsyms but not traceable (inlined at its
+    /// call sites), and arm64 6.12 has only `__count_memcg_events`: both must trace
+    /// `__count_memcg_events` (x86 6.12 traced nothing for `events` before).
+    #[test]
+    fn an_untraceable_preferred_candidate_gives_way() {
+        let mut x86 = kernel(&["count_memcg_events", "__count_memcg_events"], &[]);
+        x86.traceable = Some(["__count_memcg_events".to_string()].into_iter().collect());
+        assert_eq!(chosen(&x86, "events"), "__count_memcg_events");
+        let r = resolve(
+            &Request::Probe(probe_def("events").unwrap()),
+            AttachMode::Auto.order(false),
+            &x86,
+        );
+        assert!(
+            r.notes.iter().any(|n| n.starts_with("count_memcg_events: not traceable")
+                && n.ends_with("so __count_memcg_events stands in")),
+            "{:?}",
+            r.notes
+        );
+        let mut arm64 = kernel(&["__count_memcg_events"], &[]);
+        arm64.traceable = Some(["__count_memcg_events".to_string()].into_iter().collect());
+        assert_eq!(chosen(&arm64, "events"), "__count_memcg_events");
+        // Where both are traceable the preferred one stays (tracing both counts twice).
+        x86.traceable = Some(
+            ["count_memcg_events", "__count_memcg_events"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        );
+        assert_eq!(chosen(&x86, "events"), "count_memcg_events");
     }
 
     #[test]

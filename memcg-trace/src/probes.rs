@@ -714,8 +714,10 @@ mod tests {
             &x86,
         );
         assert!(
-            r.notes.iter().any(|n| n.starts_with("count_memcg_events: not traceable")
-                && n.ends_with("so __count_memcg_events stands in")),
+            r.notes
+                .iter()
+                .any(|n| n.starts_with("count_memcg_events: not traceable")
+                    && n.ends_with("so __count_memcg_events stands in")),
             "{:?}",
             r.notes
         );

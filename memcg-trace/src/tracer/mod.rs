@@ -496,6 +496,9 @@ pub struct Tracer {
     probes: u32,
     /// `offsetof(struct bpf_prog_stats, misses)` (0: unknown).
     misses_offset: u64,
+    /// Why the programs cannot reach their per-CPU miss counters whatever their address
+    /// (arm64 without `__per_cpu_start`), if so.
+    misses_unreachable: Option<String>,
     cells: Shared<Cell>,
     workload_cells: Shared<Cell>,
     /// The tracepoint programs count their hits in the per-CPU state (`Config::tp_percpu`),
@@ -643,6 +646,11 @@ impl Tracer {
             cpus,
             probes,
             misses_offset: layout.stats_misses,
+            misses_unreachable: (layout.arch == memcg_trace_common::ARCH_ARM64
+                && layout.percpu_start == 0)
+                .then(|| {
+                    "arm64: __per_cpu_start is not in kallsyms (kptr_restrict hides addresses), so no per-CPU offset".to_string()
+                }),
             cells: shared_cells,
             workload_cells,
             tp_percpu,
@@ -830,6 +838,11 @@ impl Tracer {
             Ok(stats + self.misses_offset)
         })();
         let addr = match addr {
+            _ if self.misses_unreachable.is_some() => {
+                let why = self.misses_unreachable.clone().unwrap_or_default();
+                self.notes_once(why);
+                0
+            }
             Ok(a) if self.misses_offset != 0 => a,
             Ok(_) => {
                 self.notes_once("struct bpf_prog_stats has no misses field in BTF".into());

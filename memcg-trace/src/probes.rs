@@ -324,7 +324,12 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
                 "{sym}: not used, only stands in on kernels with {}",
                 requires.unwrap_or("?")
             ));
-        } else if exists(sym) && !traceable(sym) {
+        } else if exists(sym)
+            && !traceable(sym)
+            && chosen.is_some_and(|x| traceable(x.0))
+            && candidates.iter().position(|x| x.0 == sym)
+                < chosen.and_then(|x| candidates.iter().position(|y| y.0 == x.0))
+        {
             r.notes.push(format!(
                 "{sym}: not traceable (not in available_filter_functions: inlined at its call sites or notrace), so {} stands in",
                 chosen.map(|x| x.0).unwrap_or("nothing")

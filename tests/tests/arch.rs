@@ -24,10 +24,13 @@ fn ebpf_objects(bin: &[u8]) -> Vec<Vec<u8>> {
         }
         let shoff = u64_at(h, 0x28) as usize;
         let (shentsize, shnum) = (u16_at(h, 0x3a) as usize, u16_at(h, 0x3c) as usize);
-        let end = shoff + shentsize * shnum;
-        if shnum == 0 || end > h.len() {
+        let Some(end) = shentsize
+            .checked_mul(shnum)
+            .and_then(|n| n.checked_add(shoff))
+            .filter(|e| shnum > 0 && *e <= h.len())
+        else {
             continue;
-        }
+        };
         out.push(h[..end].to_vec());
         i = at + end;
     }

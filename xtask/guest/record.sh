@@ -4,7 +4,7 @@
 # In-kernel bucketing and pairing (BPF_PROG_TEST_RUN) and context classification on tracepoints
 # of known context.
 # The guest's own C library (the release binary runs with it): its version line.
-/lib/x86_64-linux-gnu/libc.so.6 2>&1 | head -1 >/out/libc.txt || true
+"/lib/$(uname -m)-linux-gnu/libc.so.6" 2>&1 | head -1 >/out/libc.txt || true
 memcg-trace selftest >/out/selftest.txt 2>&1 || { cat /out/selftest.txt; exit 1; }
 # What every probe, optional ones too, resolves to on this kernel (the README's table).
 memcg-trace probes --all >/out/probes.txt 2>&1 || true

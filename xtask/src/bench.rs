@@ -208,6 +208,13 @@ fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
 
 fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Result<()> {
     let spec = kernels::select(kernel)?[0];
+    if spec.arch != kernels::Arch::X86_64 {
+        bail!(
+            "the bench boots x86_64 kernels only: {} is {}",
+            spec.short,
+            spec.arch.debian()
+        );
+    }
     let k = kernels::fetch(spec)?;
     let script = format!(
         "BACKENDS='fentry kprobe'\nPAIRS={}\nREPEATS={}\nHACKBENCH='{}'\nDAEMON_HACKBENCH='{}'\n{}",
@@ -246,6 +253,13 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
 
 fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Result<()> {
     let spec = kernels::select(kernel)?[0];
+    if spec.arch != kernels::Arch::X86_64 {
+        bail!(
+            "the bench boots x86_64 kernels only: {} is {}",
+            spec.short,
+            spec.arch.debian()
+        );
+    }
     let k = kernels::fetch(spec)?;
     // Under TCG the guest's clock counts instructions (`-icount shift=0`: 1 guest ns per
     // instruction), so that a round's times do not move with the host's load: host-clocked,

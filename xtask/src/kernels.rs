@@ -42,6 +42,13 @@ impl Arch {
             Arch::Arm64 => "arm64",
         }
     }
+    /// The ELF `e_machine` of its binaries.
+    pub fn elf_machine(self) -> u16 {
+        match self {
+            Arch::X86_64 => 62,
+            Arch::Arm64 => 183,
+        }
+    }
     /// The GNU triplet's first part, as in `lib/<it>-linux-gnu` (`x86_64`, `aarch64`).
     pub fn gnu(self) -> &'static str {
         match self {

@@ -165,7 +165,7 @@ fn main() {
             if compare {
                 demo_compare(&arch_kernel(&kernel, arch), accel, &hackbench, runs)
             } else {
-                demo(host, &arch_kernel(&kernel, arch), accel, &hackbench)
+                demo(host, &kernel, arch, accel, &hackbench)
             }
         }
         Cmd::Test {
@@ -315,12 +315,12 @@ fn vm_cmd(
     Ok(())
 }
 
-fn demo(host: bool, kernel: &str, accel: Accel, hackbench: &str) -> Result<()> {
+fn demo(host: bool, kernel: &str, arch: Arch, accel: Accel, hackbench: &str) -> Result<()> {
     let bin = build_release()?;
     let specs = if host {
         Vec::new()
     } else {
-        kernels::select(kernel)?
+        kernels::select_for(kernel, Some(arch))?
     };
     let out = workspace_root().join("target/demo");
     fs::create_dir_all(&out)?;
@@ -411,6 +411,9 @@ fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Res
     }
     let bin = build_release()?;
     let spec = kernels::select(kernel)?[0];
+    if spec.arch != Arch::X86_64 {
+        bail!("--compare boots x86_64 kernels only (it has not been run on arm64)");
+    }
     let k = kernels::fetch(spec)?;
     let out = workspace_root().join("target/demo/compare");
     let _ = fs::remove_dir_all(&out);
@@ -599,8 +602,8 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     );
     // The README's main command, short: it must not rot.
     eprintln!("test: demo (short), in a VM and on the host");
-    let demo_ok = demo(false, "6.12", accel, "-g 1 -l 20")
-        .and_then(|_| demo(true, "", accel, "-g 1 -l 20"))
+    let demo_ok = demo(false, "6.12", Arch::X86_64, accel, "-g 1 -l 20")
+        .and_then(|_| demo(true, "", Arch::X86_64, accel, "-g 1 -l 20"))
         .map_err(|e| eprintln!("test: demo failed: {e:#}"))
         .is_ok();
     println!(

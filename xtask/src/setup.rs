@@ -22,6 +22,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "busybox-static",
     "rt-tests",
     "cpio",
+    // objdump: the glibc floor check and the guests' library check.
+    "binutils",
     // Unpacking the cached kernels' images, for the call-site test's call graph.
     "zstd",
     "xz-utils",

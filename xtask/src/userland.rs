@@ -88,11 +88,10 @@ fn unpack(name: &str, suite: Suite, arch: Arch, packages: &[&str]) -> Result<Pat
             .context("apt-get update of the package lists")?;
         if download().is_err() {
             // A mirror may list a version it does not carry (seen: bullseye-security's
-            // arm64 glibc): each package's other versions, newest first.
-            for p in packages {
-                download_any(&opts, &work.join("debs"), p)
-                    .with_context(|| format!("apt-get download of {name}"))?;
-            }
+            // arm64 glibc): the first package's other versions, newest first, each taken by
+            // every package that has it (libc6 and libc6-dev must match).
+            download_any(&opts, &work.join("debs"), packages)
+                .with_context(|| format!("apt-get download of {name}"))?;
         }
     }
     for deb in fs::read_dir(work.join("debs"))?.flatten() {
@@ -108,9 +107,8 @@ fn unpack(name: &str, suite: Suite, arch: Arch, packages: &[&str]) -> Result<Pat
     Ok(root)
 }
 
-/// Downloads one version of `package` into `dir`: the candidate, else the others the package
-/// lists name, newest first.
-fn download_any(opts: &[String], dir: &Path, package: &str) -> Result<()> {
+/// The versions apt lists for `package`, newest first.
+fn versions(opts: &[String], package: &str) -> Result<Vec<String>> {
     let policy = crate::output(
         Command::new("apt-cache")
             .args(opts)
@@ -118,29 +116,48 @@ fn download_any(opts: &[String], dir: &Path, package: &str) -> Result<()> {
     )?;
     // The version table's lines: "     2.31-13+deb11u11 500" (a leading "***" marks the
     // installed one).
-    let versions: Vec<&str> = policy
+    Ok(policy
         .lines()
         .skip_while(|l| !l.trim_start().starts_with("Version table:"))
         .skip(1)
         .filter_map(|l| {
             let mut w = l.split_whitespace().filter(|w| *w != "***");
             let (v, prio) = (w.next()?, w.next()?);
-            prio.parse::<i32>().ok().map(|_| v)
+            prio.parse::<i32>().ok().map(|_| v.to_string())
         })
-        .collect();
-    for v in &versions {
+        .collect())
+}
+
+/// Downloads `packages` into `dir` at one version of the first: each of its listed versions,
+/// newest first, taken by every package that lists it (the others at their candidate), until
+/// all download.
+fn download_any(opts: &[String], dir: &Path, packages: &[&str]) -> Result<()> {
+    let first = packages.first().copied().unwrap_or_default();
+    let tried = versions(opts, first)?;
+    for v in &tried {
+        for e in fs::read_dir(dir)?.flatten() {
+            let _ = fs::remove_file(e.path());
+        }
+        let mut args = Vec::new();
+        for p in packages {
+            if versions(opts, p)?.contains(v) {
+                args.push(format!("{p}={v}"));
+            } else {
+                args.push(p.to_string());
+            }
+        }
         let ok = Command::new("apt-get")
             .current_dir(dir)
             .args(opts)
             .arg("download")
-            .arg(format!("{package}={v}"))
+            .args(&args)
             .status()
             .is_ok_and(|s| s.success());
         if ok {
             return Ok(());
         }
     }
-    bail!("no version of {package} could be downloaded (tried {versions:?})")
+    bail!("no version of {first} could be downloaded with the others (tried {tried:?})")
 }
 
 /// Rewrites every absolute symbolic link under `root` as a relative one inside `root`.

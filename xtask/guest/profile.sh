@@ -1,19 +1,28 @@
 # Guest script of the profiler comparison (issue "Where the workload's CPU goes"): hackbench
-# under memcg-trace (each backend of $BACKENDS, the default probes, the workload in its fresh
-# memcg) while perf samples that memcg's tasks (software clock, kernel callchains) in the same
-# run. The workload waits 3 s before hackbench, for perf to start on the memcg. Per traced
-# function, the perf samples whose callchain holds it (inclusive) and those whose innermost
-# traced function it is (what memcg-trace's self time counts) come back as counts.
+# under memcg-trace (each backend of $BACKENDS, the probes $PROBES, the workload in its fresh
+# memcg) while perf samples every CPU (software clock, kernel callchains) in the same run. The
+# workload waits 3 s before hackbench, for perf to be running.
+#
+# Each sample stands for the time since the previous sample on its CPU, not for one period: a
+# timer expiry that could not interrupt (interrupts off, or a vCPU waiting for its turn on the
+# host) fires once when it can, for all the time that passed, and that time belongs to where
+# it fires, as it does in the guest's own clock (and in the cgroup's CPU usage). Counted
+# unweighted, those stretches would shrink to one period. Samples of the workload: its tasks'
+# (comm hackbench). Per traced function, the samples whose callchain holds it (inclusive) and
+# those whose innermost traced function it is (what memcg-trace's self time counts), reached
+# before any instrumentation, come back as counts and as weighted ns (with the samples QEMU
+# delivers late, see the END block). Then the same recording
+# without perf (`alone-$b.json`).
 echo +memory >/sys/fs/cgroup/cgroup.subtree_control
 HB=${HB:-'-g 2 -l 100'}
 for b in $BACKENDS; do
-  echo "guest: record --attach $b, perf record -G its memcg"
+  echo "guest: record --attach $b, perf record -a"
   memcg-trace record --attach "$b" $PROBES -q -o "/out/profile-$b.json" -- sh -c "sleep 3; exec hackbench $HB" \
     >"/out/profile-$b.txt" 2>"/out/profile-$b.err" &
   mt=$!
   i=0
   while [ ! -d "/sys/fs/cgroup/memcg-trace.$mt" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-  perf record -a -e cpu-clock -F "${FREQ:-4000}" -g -G "memcg-trace.$mt" -o "/tmp/perf-$b.data" \
+  perf record -a -e cpu-clock -F "${FREQ:-4000}" -g -o "/tmp/perf-$b.data" \
     >/dev/null 2>"/out/perf-record-$b.err" &
   perf=$!
   if ! wait $mt; then
@@ -24,45 +33,87 @@ for b in $BACKENDS; do
   wait $perf || true  # perf ends on the SIGINT with 130
   # The functions traced, by the summary's footnotes ("NAME TARGET via ...").
   targets=$(awk '$3 == "via" { printf "%s%s", sep, $2; sep = "," }' "/out/profile-$b.txt")
-  perf script -i "/tmp/perf-$b.data" -F ip,sym 2>"/out/perf-script-$b.err" | awk -v targets="$targets" '
+  perf script -i "/tmp/perf-$b.data" -F comm,cpu,time,ip,sym,symoff 2>"/out/perf-script-$b.err" | awk -v targets="$targets" '
     # A frame of the instrumentation: a BPF program or trampoline (unnamed kernel text is
-    # JIT code here), or the kprobe and return-probe machinery that runs the programs.
+    # JIT code here), or the ftrace, kprobe and return-probe machinery that runs the programs
+    # (the ftrace trampoline a kprobe enters by is its own frame above the function).
     function instr(s) {
       return s ~ /^bpf_prog_/ || s ~ /^bpf_trampoline_/ || s == "[unknown]" ||
-        s ~ /^(kprobe_ftrace_handler|kprobe_dispatcher|kretprobe_dispatcher|kprobe_perf_func|kretprobe_perf_func|trace_call_bpf|arch_rethook_trampoline|arch_rethook_trampoline_callback|rethook_trampoline_handler|kretprobe_rethook_handler|__kretprobe_trampoline|kretprobe_trampoline)$/
+        s ~ /^(ftrace_trampoline|ftrace_regs_caller|ftrace_caller|ftrace_regs_call|ftrace_call|ftrace_stub|arch_ftrace_ops_list_func|ftrace_ops_list_func|kprobe_ftrace_handler|kprobe_dispatcher|kretprobe_dispatcher|kprobe_perf_func|kretprobe_perf_func|trace_call_bpf|arch_rethook_trampoline|arch_rethook_trampoline_callback|rethook_trampoline_handler|kretprobe_rethook_handler|__kretprobe_trampoline|kretprobe_trampoline)$/
     }
     BEGIN { n = split(targets, t, ","); for (i = 1; i <= n; i++) want[t[i]] = 1 }
     function done_sample() {
-      if (inside) {
-        total++
-        if (ins) instrumentation++
-        else {
-          if (hit != "") self[hit]++
-          for (k in seen) incl[k]++
+      if (mine) {
+        total++; total_ns += w
+        if (ins) {
+          instrumentation++; instrumentation_ns += w
+          late_n[leaf]++; late_ns[leaf] += w; late_sym[leaf] = leaf_sym
+        } else {
+          if (hit != "") { self[hit]++; self_ns[hit] += w; if (ret != "") back[ret] = hit }
+          for (k in seen) { incl[k]++; incl_ns[k] += w }
         }
       }
-      inside = 0; hit = ""; ins = 0; split("", seen)
+      mine = 0; hit = ""; ins = 0; split("", seen); leaf = ""; after = 0; ret = ""
     }
     /^[ \t]*$/ { done_sample(); next }
+    # A sample: "COMM [CPU] SECONDS:", then its callchain, innermost first.
+    $0 !~ /^\t/ && match($0, /\[[0-9]+\] +[0-9]+\.[0-9]+:/) {
+      done_sample()
+      split(substr($0, RSTART, RLENGTH), h, /[] :[]+/)
+      cpu = h[2]; now = h[3] * 1e9
+      w = (cpu in last) ? now - last[cpu] : 0
+      last[cpu] = now
+      mine = $1 == "hackbench"
+      next
+    }
     {
       s = $2; sub(/\+0x[0-9a-f]+$/, "", s)
       # User-space frames end the kernel chain.
-      if ($1 !~ /^ffff/) { inside = 1; next }
+      if ($1 !~ /^ffff/) next
+      if (leaf == "") { leaf = $1; leaf_sym = $2 }
+      # The address the innermost traced function returns to.
+      if (after) { ret = $1; after = 0 }
       # Innermost first: instrumentation reached before any traced function.
       if (hit == "" && !ins && instr(s)) ins = 1
-      inside = 1
-      if (s in want) { if (hit == "") hit = s; seen[s] = 1 }
+      if (s in want) { if (hit == "") { hit = s; after = 1 } seen[s] = 1 }
     }
     END {
-      done_sample(); print "samples", total
-      print "instrumentation", instrumentation + 0
-      for (i = 1; i <= n; i++) print t[i], self[t[i]] + 0, incl[t[i]] + 0
+      done_sample()
+      # Samples due while a traced function ran with interrupts off, taken late: a CPU takes
+      # the timer interrupt right after the function enables interrupts again; the TCG of
+      # QEMU takes it only at the end of its translation block, the return of the function,
+      # so the sample lands on the first instruction the function returned to: in the
+      # instrumentation (the BPF trampoline after its call of the function; the trampoline
+      # of the return probe, where one function is traced). They belong to the function.
+      for (a in late_n) {
+        f = back[a]
+        if (f == "" && n == 1 && late_sym[a] ~ /^(arch_rethook_trampoline|__kretprobe_trampoline|kretprobe_trampoline)\+0x0$/)
+          f = t[1]
+        if (f == "") continue
+        instrumentation -= late_n[a]; instrumentation_ns -= late_ns[a]
+        self[f] += late_n[a]; self_ns[f] += late_ns[a]
+        incl[f] += late_n[a]; incl_ns[f] += late_ns[a]
+        moved += late_n[a]; moved_ns += late_ns[a]
+      }
+      printf "samples %d %.0f\n", total, total_ns
+      printf "instrumentation %d %.0f\n", instrumentation, instrumentation_ns
+      printf "late %d %.0f\n", moved, moved_ns
+      for (i = 1; i <= n; i++)
+        printf "%s %d %d %.0f %.0f\n", t[i], self[t[i]], incl[t[i]], self_ns[t[i]], incl_ns[t[i]]
     }
   ' >"/out/perf-shares-$b.txt"
   if ! grep -q '^samples [1-9]' "/out/perf-shares-$b.txt"; then
-    echo "guest: perf took no sample of W"
+    echo "guest: perf took no sample of the workload"
     cat "/out/perf-record-$b.err" "/out/perf-script-$b.err"
     exit 1
   fi
   cat "/out/perf-shares-$b.txt"
+  # The same run without perf: its sampling interrupts land inside the timed windows too (in
+  # proportion to their time), which the floor, measured without them, does not take out.
+  echo "guest: record --attach $b without perf"
+  if ! memcg-trace record --attach "$b" $PROBES -q -o "/out/alone-$b.json" -- sh -c "exec hackbench $HB" \
+    >"/out/alone-$b.txt" 2>"/out/alone-$b.err"; then
+    cat "/out/alone-$b.err" "/out/alone-$b.txt"
+    exit 1
+  fi
 done

@@ -235,6 +235,7 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
             echo: true,
             modules: Vec::new(),
             mem_mb: 0,
+            cpus: 0,
             icount: None,
         },
     )?;
@@ -305,6 +306,7 @@ fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> R
                 modules: Vec::new(),
                 // bpftrace brings LLVM: ~200 MB of libraries in the initramfs.
                 mem_mb: 2048,
+                cpus: 0,
                 icount,
             },
         )?;
@@ -377,6 +379,7 @@ fn loss_run(bin: &Path, out: &Path, size: Size, accel: Accel) -> Result<()> {
                 echo: false,
                 modules: Vec::new(),
                 mem_mb: 0,
+                cpus: 0,
                 icount: None,
             },
         )?;

@@ -73,6 +73,7 @@ pub fn kmem_runs(
                     echo: false,
                     modules: Vec::new(),
                     mem_mb: 0,
+                    cpus: 0,
                     icount: None,
                 },
             )?;

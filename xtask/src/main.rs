@@ -65,6 +65,10 @@ enum Cmd {
         /// guest's flags once in about ten such boots).
         #[arg(long, value_name = "N")]
         icount: Option<u32>,
+        /// Virtual CPUs (under TCG they take turns on one host thread, and one waiting for
+        /// its turn sees time pass).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+        cpus: u32,
     },
     /// The main job: memcg-trace alongside hackbench on a stock kernel in a VM (or the host).
     Demo {
@@ -152,7 +156,10 @@ fn main() {
             bin,
             mem,
             icount,
-        } => vm_cmd(&kernel, arch, accel, script, timeout, bin, mem, icount),
+            cpus,
+        } => vm_cmd(
+            &kernel, arch, accel, script, timeout, bin, mem, icount, cpus,
+        ),
         Cmd::Demo {
             host,
             kernel,
@@ -253,6 +260,7 @@ fn vm_cmd(
     extra_bins: Vec<PathBuf>,
     mem: u32,
     icount: Option<u32>,
+    cpus: u32,
 ) -> Result<()> {
     let specs = kernels::select_for(kernel, arch)?;
     let script = match script {
@@ -286,6 +294,7 @@ fn vm_cmd(
                 echo: true,
                 modules: Vec::new(),
                 mem_mb: mem,
+                cpus,
                 icount,
             },
         )?;
@@ -360,6 +369,7 @@ fn demo(host: bool, kernel: &str, arch: Arch, accel: Accel, hackbench: &str) -> 
                 echo: false,
                 modules: Vec::new(),
                 mem_mb: 0,
+                cpus: 0,
                 icount: None,
             },
         )?;

@@ -49,6 +49,9 @@ pub struct VmSpec {
     pub modules: Vec<PathBuf>,
     /// Guest memory, MiB (0: 1024).
     pub mem_mb: u32,
+    /// Virtual CPUs (0: 2). Under TCG they take turns on one host thread while the guest
+    /// clock runs on: a vCPU waiting for its turn sees time pass.
+    pub cpus: u32,
     /// TCG only: the guest's clock counts executed instructions, 2^shift ns each, instead of
     /// following the host's (`-icount shift=N`): guest times are then free of the host's load
     /// and of emulation speed (rounds of one boot repeat within a few percent), and measure
@@ -416,11 +419,12 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
         }
     };
     let mem = if spec.mem_mb == 0 { 1024 } else { spec.mem_mb }.to_string();
+    let cpus = if spec.cpus == 0 { 2 } else { spec.cpus }.to_string();
     cmd.args([
         "-m",
         &mem,
         "-smp",
-        "2",
+        &cpus,
         "-display",
         "none",
         "-no-reboot",

@@ -7,21 +7,28 @@
 # timer expiry that could not interrupt (interrupts off, or a vCPU waiting for its turn on the
 # host) fires once when it can, for all the time that passed, and that time belongs to where
 # it fires, as it does in the guest's own clock (and in the cgroup's CPU usage). Counted
-# unweighted, those stretches would shrink to one period. Samples of the workload: its tasks'
-# (comm hackbench). Per traced function, the samples whose callchain holds it (inclusive) and
+# unweighted, those stretches would shrink to one period. Samples of the workload: those of
+# tasks named hackbench (the cgroup's other task, the shell that execs it, takes next to no
+# CPU). Per traced function, the samples whose callchain holds it (inclusive) and
 # those whose innermost traced function it is (what memcg-trace's self time counts), reached
-# before any instrumentation, come back as counts and as weighted ns (with the samples QEMU
-# delivers late, see the END block). Then the same recording
+# before any instrumentation, come back as counts and as weighted ns (and the sum of the
+# squared weights, for the effective number of samples). Then the same recording
 # without perf (`alone-$b.json`).
 echo +memory >/sys/fs/cgroup/cgroup.subtree_control
 HB=${HB:-'-g 2 -l 100'}
+# What one context switch costs here, at most (half a round trip of perf's pipe benchmark:
+# two switches and a pipe write and read): memcg-trace's time off the CPU runs between the
+# scheduler's clock updates, which lie up to that far from the switches themselves.
+perf bench sched pipe -l 5000 2>/dev/null | awk '$2 == "usecs/op" { printf "%.0f\n", $1 * 1000 / 2 }' >/out/switch-ns.txt
+if ! grep -q '^[1-9]' /out/switch-ns.txt; then
+  echo "guest: perf bench sched pipe gave no time"
+  exit 1
+fi
 for b in $BACKENDS; do
   echo "guest: record --attach $b, perf record -a"
   memcg-trace record --attach "$b" $PROBES -q -o "/out/profile-$b.json" -- sh -c "sleep 3; exec hackbench $HB" \
     >"/out/profile-$b.txt" 2>"/out/profile-$b.err" &
   mt=$!
-  i=0
-  while [ ! -d "/sys/fs/cgroup/memcg-trace.$mt" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
   perf record -a -e cpu-clock -F "${FREQ:-4000}" -g -o "/tmp/perf-$b.data" \
     >/dev/null 2>"/out/perf-record-$b.err" &
   perf=$!
@@ -33,7 +40,7 @@ for b in $BACKENDS; do
   wait $perf || true  # perf ends on the SIGINT with 130
   # The functions traced, by the summary's footnotes ("NAME TARGET via ...").
   targets=$(awk '$3 == "via" { printf "%s%s", sep, $2; sep = "," }' "/out/profile-$b.txt")
-  perf script -i "/tmp/perf-$b.data" -F comm,cpu,time,ip,sym,symoff 2>"/out/perf-script-$b.err" | awk -v targets="$targets" '
+  perf script -i "/tmp/perf-$b.data" --ns -F comm,cpu,time,ip,sym 2>"/out/perf-script-$b.err" | awk -v targets="$targets" '
     # A frame of the instrumentation: a BPF program or trampoline (unnamed kernel text is
     # JIT code here), or the ftrace, kprobe and return-probe machinery that runs the programs
     # (the ftrace trampoline a kprobe enters by is its own frame above the function).
@@ -45,15 +52,14 @@ for b in $BACKENDS; do
     function done_sample() {
       if (mine) {
         total++; total_ns += w
-        if (ins) {
-          instrumentation++; instrumentation_ns += w
-          late_n[leaf]++; late_ns[leaf] += w; late_sym[leaf] = leaf_sym
-        } else {
-          if (hit != "") { self[hit]++; self_ns[hit] += w; if (ret != "") back[ret] = hit }
+        total_ns2 += w * w
+        if (ins) { instrumentation++; instrumentation_ns += w }
+        else {
+          if (hit != "") { self[hit]++; self_ns[hit] += w }
           for (k in seen) { incl[k]++; incl_ns[k] += w }
         }
       }
-      mine = 0; hit = ""; ins = 0; split("", seen); leaf = ""; after = 0; ret = ""
+      mine = 0; hit = ""; ins = 0; split("", seen)
     }
     /^[ \t]*$/ { done_sample(); next }
     # A sample: "COMM [CPU] SECONDS:", then its callchain, innermost first.
@@ -70,34 +76,14 @@ for b in $BACKENDS; do
       s = $2; sub(/\+0x[0-9a-f]+$/, "", s)
       # User-space frames end the kernel chain.
       if ($1 !~ /^ffff/) next
-      if (leaf == "") { leaf = $1; leaf_sym = $2 }
-      # The address the innermost traced function returns to.
-      if (after) { ret = $1; after = 0 }
       # Innermost first: instrumentation reached before any traced function.
       if (hit == "" && !ins && instr(s)) ins = 1
-      if (s in want) { if (hit == "") { hit = s; after = 1 } seen[s] = 1 }
+      if (s in want) { if (hit == "") hit = s; seen[s] = 1 }
     }
     END {
       done_sample()
-      # Samples due while a traced function ran with interrupts off, taken late: a CPU takes
-      # the timer interrupt right after the function enables interrupts again; the TCG of
-      # QEMU takes it only at the end of its translation block, the return of the function,
-      # so the sample lands on the first instruction the function returned to: in the
-      # instrumentation (the BPF trampoline after its call of the function; the trampoline
-      # of the return probe, where one function is traced). They belong to the function.
-      for (a in late_n) {
-        f = back[a]
-        if (f == "" && n == 1 && late_sym[a] ~ /^(arch_rethook_trampoline|__kretprobe_trampoline|kretprobe_trampoline)\+0x0$/)
-          f = t[1]
-        if (f == "") continue
-        instrumentation -= late_n[a]; instrumentation_ns -= late_ns[a]
-        self[f] += late_n[a]; self_ns[f] += late_ns[a]
-        incl[f] += late_n[a]; incl_ns[f] += late_ns[a]
-        moved += late_n[a]; moved_ns += late_ns[a]
-      }
-      printf "samples %d %.0f\n", total, total_ns
+      printf "samples %d %.0f %.0f\n", total, total_ns, total_ns2
       printf "instrumentation %d %.0f\n", instrumentation, instrumentation_ns
-      printf "late %d %.0f\n", moved, moved_ns
       for (i = 1; i <= n; i++)
         printf "%s %d %d %.0f %.0f\n", t[i], self[t[i]], incl[t[i]], self_ns[t[i]], incl_ns[t[i]]
     }

@@ -51,9 +51,25 @@ impl HistData {
         self.self_ns += h.self_ns;
         self.nested += h.nested;
         self.off_ns += h.off_ns;
-        self.max_ns = self.max_ns.max(h.max_ns);
-        if h.min_ns_inv != 0 {
-            let m = !h.min_ns_inv;
+        // The copy of a CPU's histogram is read while that CPU may record a call: the program
+        // writes the extremes before the bucket, and the copy can hold the bucket and not yet
+        // the extreme. An extreme outside the buckets' range is taken to the nearest value of
+        // the outermost bucket (the exact one comes with the next read); else a reader of the
+        // interval's histogram would find that call at the stale extreme.
+        let first = h.buckets.iter().position(|&n| n > 0);
+        let last = h.buckets.iter().rposition(|&n| n > 0);
+        let mut max = h.max_ns;
+        if let Some(i) = last {
+            max = max.max(bucket_bounds(i).0);
+        }
+        self.max_ns = self.max_ns.max(max);
+        let min = match (h.min_ns_inv, first) {
+            (0, None) => None,
+            (0, Some(i)) => Some(bucket_bounds(i).1 - 1),
+            (inv, None) => Some(!inv),
+            (inv, Some(i)) => Some((!inv).min(bucket_bounds(i).1 - 1)),
+        };
+        if let Some(m) = min {
             self.min_ns = if self.min_ns == 0 {
                 m
             } else {
@@ -318,6 +334,47 @@ mod tests {
         assert_eq!(d.sum_ns, 5000);
         assert_eq!(d.timed(), 1);
         assert_eq!(d.buckets[bucket_index(5000)], 1);
+    }
+
+    /// A read of a CPU's histogram torn by a call being recorded: the bucket of an 8.2 ms
+    /// call already counted, the maximum still the earlier 5.1 ms (seen in a 6.1 VM run: the
+    /// interval log put that call at 5.1 ms, and HdrHistogram's own reader then disagreed
+    /// with the recording's maximum). Same for a new minimum.
+    #[test]
+    fn a_torn_read_keeps_the_extremes_in_the_buckets() {
+        let mut cpu = Hist {
+            sum_ns: 5_100_000 + 8_202_632 + 700,
+            max_ns: 5_100_000,
+            min_ns_inv: !5_100_000,
+            buckets: [0; NUM_BUCKETS],
+            self_ns: 0,
+            nested: 0,
+            off_ns: 0,
+        };
+        for v in [700, 5_100_000, 8_202_632] {
+            cpu.buckets[bucket_index(v)] += 1;
+        }
+        let mut h = HistData::default();
+        h.add_cpu(&cpu);
+        let (lo, hi) = bucket_bounds(bucket_index(8_202_632));
+        assert!((lo..hi).contains(&h.max_ns), "max {}", h.max_ns);
+        let (lo, hi) = bucket_bounds(bucket_index(700));
+        assert!((lo..hi).contains(&h.min_ns), "min {}", h.min_ns);
+        // The interval log's histogram of it holds the long call in its bucket.
+        let out = crate::figures::hdr_with(&h, crate::figures::INTERCHANGE_DIGITS);
+        assert!(
+            out.equivalent(out.max(), 8_202_632),
+            "interval max {}",
+            out.max()
+        );
+        // An untorn read is left as it is.
+        let exact = HistData::of(&[700, 5_100_000, 8_202_632]);
+        let mut again = HistData::default();
+        let mut whole = cpu;
+        whole.max_ns = 8_202_632;
+        whole.min_ns_inv = !700;
+        again.add_cpu(&whole);
+        assert_eq!((again.min_ns, again.max_ns), (exact.min_ns, exact.max_ns));
     }
 
     #[test]

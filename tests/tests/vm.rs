@@ -1271,8 +1271,11 @@ fn by_memcg_on(name: &str, short: &str) {
                 assert_eq!(m.cgroup, want, "{backend} {}: id {}", p.name, m.id);
             }
             let (ta, tb) = (calls(a, Some("task")), calls(b, Some("task")));
+            // B's hackbench runs three times A's loops, but both fork and reap as many tasks,
+            // whose charges do not scale with the loops: B's share is between 1.5x (1.9x seen
+            // for stat on 7.3) and 5x A's, never A's or below (calls put on the wrong memcg).
             assert!(
-                ta > 0 && tb > 2 * ta && tb < 5 * ta,
+                ta > 0 && 2 * tb > 3 * ta && tb < 5 * ta,
                 "{backend} {}: task-context calls charging A {ta}, B {tb} (B ran three times A's hackbench)\n{text}",
                 p.name
             );

@@ -544,22 +544,12 @@ fn boot(
     script: String,
     modules: Vec<std::path::PathBuf>,
 ) -> vm::VmResult {
-    boot_with(kernel, name, script, modules, Vec::new())
+    boot_on(kernel, name, script, modules, Vec::new(), 0, None)
 }
 
-/// `boot` with more host programs (and their libraries) in the initramfs.
-fn boot_with(
-    kernel: &kernels::Kernel,
-    name: String,
-    script: String,
-    modules: Vec<std::path::PathBuf>,
-    extra_bins: Vec<std::path::PathBuf>,
-) -> vm::VmResult {
-    boot_on(kernel, name, script, modules, extra_bins, 0, None)
-}
-
-/// `boot_with` on `cpus` vCPUs (0: the default) and, under TCG, with `icount`: the guest clock
-/// counts instructions (`-icount shift=N`).
+/// `boot` with more host programs (and their libraries) in the initramfs, on `cpus` vCPUs (0:
+/// the default) and, under TCG, with `icount`: the guest clock counts instructions
+/// (`-icount shift=N`).
 fn boot_on(
     kernel: &kernels::Kernel,
     name: String,

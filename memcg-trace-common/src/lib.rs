@@ -493,6 +493,13 @@ pub struct Pending {
     pub nest_top: u64,
     /// This call's own number on its CPU (`Nest::seq` at entry).
     pub nest_id: u64,
+    /// Task context: the task's `se.nr_migrations` at entry. An exit that finds a pending call
+    /// of its task and frame on its CPU takes it as its own only if the task has not moved to
+    /// another CPU since, or no newer entry of that task and frame is pending on another CPU:
+    /// else it is a stale entry (its call exited on another CPU, or its exit was lost) and the
+    /// exit's own entry is elsewhere. Without the search of other CPUs (the legacy object) such
+    /// a pair cannot be told from a call that left and came back, and is not timed (ambiguous).
+    pub migrations: u64,
 }
 
 /// The call was made by a task of the workload's cgroup.
@@ -671,6 +678,12 @@ pub struct Config {
     /// (see [`Deferred`]); and fentry programs can interleave on one CPU, so they update
     /// counters atomically.
     pub preemptible: u32,
+    /// Non-zero where kprobe task calls that left the CPU are deferred: on preemptible kernels
+    /// only. Not without the context split on other kernels (where `preemptible` is set for
+    /// the fentry programs, which then interleave): a kprobe program never interleaves, and on
+    /// a kernel that does not preempt no task holds `bpf_prog_active` while off the CPU, so no
+    /// kprobe entry of another task is skipped meanwhile.
+    pub kprobe_defers: u32,
     /// Probe slots in use: the stride of the per-CPU regions of the shared arrays.
     pub probes: u32,
     /// Non-zero when memcg-trace created the workload's cgroup and removes it only after the
@@ -1031,6 +1044,9 @@ pub struct KernelLayout {
     pub task_exec_start: u64,
     /// `offsetof(struct task_struct, se) + offsetof(struct sched_entity, sum_exec_runtime)`.
     pub task_sum_exec: u64,
+    /// `offsetof(struct task_struct, se) + offsetof(struct sched_entity, nr_migrations)`: how
+    /// often the task moved to another CPU (see `Pending::migrations`).
+    pub task_migrations: u64,
     /// Per-CPU offset of x86's `this_cpu_off` (the CPU's `__per_cpu_offset`); 0 when absent.
     /// Dynamically allocated per-CPU data (a program's stats) is at its pointer plus that; the
     /// base the programs find from `runqueues` also holds `__per_cpu_start`, which is not zero

@@ -71,6 +71,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     task_nivcsw: 0,
     task_exec_start: 0,
     task_sum_exec: 0,
+    task_migrations: 0,
     this_cpu_off: 0,
     prog_aux: 0,
     prog_stats: 0,
@@ -111,6 +112,7 @@ static CONFIG: Config = Config {
     probes: MAX_PROBES as u32,
     cpus: 1,
     preemptible: 1,
+    kprobe_defers: 1,
     workload_owned: 0,
     tp_percpu: 0,
     callers: 0,
@@ -555,6 +557,8 @@ trait Env {
     fn switches(&self, task: u64) -> u64;
     /// The current task's off-CPU clock (`read_off_clock`).
     fn clock(&self, task: u64) -> u64;
+    /// The current task's `se.nr_migrations` (see `Pending::migrations`).
+    fn migrations(&self, task: u64) -> u64;
     /// Whether the current task belongs to the workload's cgroup.
     fn in_workload(&self, task: u64) -> bool;
     /// Whether counter and histogram updates must be atomic: programs that can be preempted
@@ -617,6 +621,10 @@ impl Env for Kernel {
     #[inline(always)]
     fn clock(&self, task: u64) -> u64 {
         read_off_clock(task, self.lean)
+    }
+    #[inline(always)]
+    fn migrations(&self, task: u64) -> u64 {
+        read_task_u64(layout(), task, layout().task_migrations, self.lean)
     }
     #[inline(always)]
     fn cross_cpu_clock(&self) -> bool {
@@ -1179,6 +1187,7 @@ fn pair_entry<E: Env>(
     // Written before the key: the slot is only found once its key is set.
     p.task = task;
     p.switches = switches;
+    p.migrations = env.migrations(task);
     p.ctx = CTX_TASK;
     p.flags = flags;
     set_origin(p, caller, memcg);
@@ -1197,6 +1206,9 @@ fn pair_entry<E: Env>(
     }
 }
 
+/// `pair_exit`'s "the exit's context was not read".
+const CTX_NOT_READ: u32 = u32::MAX;
+
 /// Search of the other CPUs' pending sets for a migrated call.
 #[repr(C)]
 struct Search {
@@ -1204,6 +1216,10 @@ struct Search {
     found: u32,
     key: u64,
     task: u64,
+    /// The CPU not to search (the exit's own: its slots were looked at already).
+    skip: u64,
+    /// Only entries made after this time (a local entry's): an older one elsewhere is stale.
+    after: u64,
     /// The call found (set with `found`); also the copy of a slot `pair_exit` makes where runs
     /// interleave (one buffer: the program's stack is small).
     call: core::mem::MaybeUninit<Pending>,
@@ -1213,6 +1229,9 @@ struct Search {
 unsafe extern "C" fn search_cpu(cpu: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes the context it was given.
     let s = unsafe { &mut *(ctx as *mut Search) };
+    if cpu == s.skip {
+        return 0;
+    }
     let zero = 0u32;
     // SAFETY: helper lookup of CPU_STATE's element on another CPU.
     let st = unsafe {
@@ -1231,7 +1250,7 @@ unsafe extern "C" fn search_cpu(cpu: u64, ctx: *mut c_void) -> i64 {
     };
     for i in 0..TASK_SLOTS {
         let p = &mut set.calls[i];
-        if p.key == s.key && p.task == s.task {
+        if p.key == s.key && p.task == s.task && p.ts > s.after {
             let call = *p;
             if claim(&mut p.key, s.key, 0) {
                 vacate(set, i);
@@ -1280,41 +1299,131 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     let mut slot = PENDING_SLOTS;
     let mut found = false;
     let mut migrated = false;
-    // Interrupt contexts first: their calls are the innermost.
+    // The exit's own context, read only where an interrupt slot holds this frame
+    // (`CTX_NOT_READ`: not read yet; `CTX_UNKNOWN`: unreadable). Plain words, not `Option`s:
+    // an `Option`'s unset payload can reach the stack uninitialised, which verifiers before
+    // 6.x refuse to read (5.10 did, for this function).
+    let mut own_ctx: u32 = CTX_NOT_READ;
+    // Interrupt contexts first: their calls are the innermost. A slot holding this frame is
+    // this exit's only if it is the slot of the exit's own context: on x86_64 hardirqs and the
+    // softirqs run at their end share the irq stack, so a hardirq entry whose exit was skipped
+    // can sit at the frame a later softirq call exits at (that entry is stale: the hardirq
+    // context's next entry counts it).
+    let mut irq_frame = false;
     for ctx in [CTX_NMI, CTX_HARDIRQ, CTX_SOFTIRQ] {
-        let Some(p) = set.calls.get_mut(irq_slot(ctx)) else {
-            continue;
-        };
-        if p.key == key {
+        if let Some(p) = set.calls.get(irq_slot(ctx)) {
+            irq_frame |= p.key == key;
+        }
+    }
+    if irq_frame {
+        let c = env.context();
+        own_ctx = c.unwrap_or(CTX_UNKNOWN);
+        if let Some(c) = c.filter(|&c| c != CTX_TASK) {
+            if let Some(p) = set.calls.get_mut(irq_slot(c)) {
+                if p.key == key {
+                    if atomic {
+                        // SAFETY: the copy buffer, a local.
+                        unsafe { copy.write(*p) };
+                    }
+                    p.key = 0;
+                    slot = irq_slot(c);
+                    found = true;
+                }
+            }
+        }
+    }
+    // The task's switch count now, where a task slot holds this task and frame
+    // (`switches_read`).
+    let mut switches_now: u64 = 0;
+    let mut switches_read = false;
+    if !found {
+        // The task slot holding this task and frame (`PENDING_SLOTS`: none).
+        let mut local = PENDING_SLOTS;
+        for j in 0..TASK_SLOTS {
+            let i = (k.hint + j) & (TASK_SLOTS - 1);
+            let p = &set.calls[i];
+            if p.key == key && p.task == task {
+                local = i;
+                break;
+            }
+        }
+        if let Some(p) = set.calls.get(local) {
+            let sw = env.switches(task);
+            switches_now = sw;
+            switches_read = true;
+            // The task moved to another CPU since this entry: the entry may be stale (its
+            // call exited there, or its exit was lost) while this exit's own entry waits on
+            // the CPU the call began on. The newer entry there wins; with none, this is a
+            // call that left and came back.
+            if sw != p.switches && env.migrations(task) != p.migrations {
+                let after = p.ts;
+                let workload = p.flags & PENDING_WORKLOAD != 0;
+                let mut own_elsewhere = false;
+                if !LEGACY {
+                    // SAFETY: as in the search below.
+                    own_elsewhere = unsafe {
+                        core::ptr::addr_of_mut!((*sp).probe).write(probe);
+                        core::ptr::addr_of_mut!((*sp).found).write(0);
+                        core::ptr::addr_of_mut!((*sp).key).write(key);
+                        core::ptr::addr_of_mut!((*sp).task).write(task);
+                        core::ptr::addr_of_mut!((*sp).skip).write(cpu as u64);
+                        core::ptr::addr_of_mut!((*sp).after).write(after);
+                        bpf_loop(
+                            config().cpus,
+                            search_cpu as *mut c_void,
+                            sp as *mut c_void,
+                            0,
+                        );
+                        (*sp).found != 0
+                    };
+                }
+                if own_elsewhere || LEGACY {
+                    // The key the match was made on: an interleaved run may have taken the
+                    // slot for another call since.
+                    let claimed = match set.calls.get_mut(local) {
+                        Some(p) => claim(&mut p.key, key, 0),
+                        None => false,
+                    };
+                    if claimed {
+                        vacate(set, local);
+                        if own_elsewhere {
+                            if let Some(c) = counters(cpu, probe, CTX_TASK) {
+                                add(&mut c.stale, 1, atomic);
+                            }
+                        }
+                    }
+                    if !own_elsewhere {
+                        // The legacy object cannot look: neither half is timed (counted where
+                        // the call's exit would have been).
+                        if let Some(c) = cell_of(cpu, probe, CTX_TASK, workload, env.lean()) {
+                            add(&mut c.counters.exits, 1, atomic);
+                            if claimed {
+                                add(&mut c.counters.ambiguous, 1, atomic);
+                            } else {
+                                add(&mut c.counters.orphans, 1, atomic);
+                            }
+                        }
+                        return;
+                    }
+                    found = true;
+                    migrated = true;
+                    local = PENDING_SLOTS;
+                }
+            }
+        }
+        if let Some(p) = set.calls.get_mut(local) {
             if atomic {
                 // SAFETY: the copy buffer, a local.
                 unsafe { copy.write(*p) };
             }
-            p.key = 0;
-            slot = irq_slot(ctx);
-            found = true;
-            break;
-        }
-    }
-    if !found {
-        for j in 0..TASK_SLOTS {
-            let i = (k.hint + j) & (TASK_SLOTS - 1);
-            let p = &mut set.calls[i];
-            if p.key == key && p.task == task {
-                if atomic {
-                    // SAFETY: the copy buffer, a local.
-                    unsafe { copy.write(*p) };
-                }
-                if claim(&mut p.key, key, 0) {
-                    vacate(set, i);
-                    slot = i;
-                    found = true;
-                }
-                break;
+            if claim(&mut p.key, key, 0) {
+                vacate(set, local);
+                slot = local;
+                found = true;
             }
         }
     }
-    if found && !atomic {
+    if found && !atomic && !migrated {
         // In place: the slot's index goes through the probe's set and back, which the
         // verifier reads as any index, so that every slot's path reaches the code below as
         // one state (with the slot's known offset it explored all of it once per slot: three
@@ -1333,7 +1442,14 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     }
     if !found {
         // Not pending here: a task call that migrated, or an exit whose entry was lost.
-        let ctx = match env.context() {
+        let read = if own_ctx == CTX_NOT_READ {
+            env.context()
+        } else if own_ctx == CTX_UNKNOWN {
+            None
+        } else {
+            Some(own_ctx)
+        };
+        let ctx = match read {
             Some(c) => c,
             None => {
                 if let Some(c) = counters(cpu, probe, CTX_TASK) {
@@ -1350,6 +1466,8 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
                 core::ptr::addr_of_mut!((*sp).found).write(0);
                 core::ptr::addr_of_mut!((*sp).key).write(key);
                 core::ptr::addr_of_mut!((*sp).task).write(task);
+                core::ptr::addr_of_mut!((*sp).skip).write(u64::MAX);
+                core::ptr::addr_of_mut!((*sp).after).write(0);
                 bpf_loop(
                     config().cpus,
                     search_cpu as *mut c_void,
@@ -1395,7 +1513,13 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     let cs = &mut c.counters;
     add(&mut cs.exits, 1, atomic);
     // A task call that left the CPU: other tasks ran there meanwhile.
-    let switched = ctx == CTX_TASK && (migrated || env.switches(task) != call.switches);
+    let switched = ctx == CTX_TASK
+        && (migrated
+            || if switches_read {
+                switches_now
+            } else {
+                env.switches(task)
+            } != call.switches);
     // This CPU's nesting sums are set back whatever happens below; the call's duration is
     // added for the enclosing call only if the call is counted.
     let nested = nest_exit(env, call, ctx, !migrated);
@@ -1452,7 +1576,12 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
                     None => flags |= DEFERRED_OFF_UNKNOWN,
                 }
             }
-            deferred = config().preemptible != 0;
+            // `defer_irq`: the fexit program (whose runs can interleave where `preemptible`).
+            deferred = if defer_irq {
+                config().preemptible != 0
+            } else {
+                config().kprobe_defers != 0
+            };
             if !deferred {
                 if flags & DEFERRED_OFF_UNKNOWN != 0 {
                     add(&mut cs.off_cpu_unknown, 1, atomic);
@@ -2231,6 +2360,7 @@ struct Given {
     task: u64,
     switches: u64,
     clock: u64,
+    migrations: u64,
     workload: bool,
     misses: Option<u64>,
     cross_cpu_clock: bool,
@@ -2257,6 +2387,9 @@ impl Env for Given {
     }
     fn clock(&self, _task: u64) -> u64 {
         self.clock
+    }
+    fn migrations(&self, _task: u64) -> u64 {
+        self.migrations
     }
     fn cross_cpu_clock(&self) -> bool {
         self.cross_cpu_clock
@@ -2310,6 +2443,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         task: a(4),
         switches: a(5),
         clock: a(11),
+        migrations: a(7) >> 8,
         workload: a(7) & 1 != 0,
         misses: (a(9) != 0).then(|| a(8)),
         cross_cpu_clock: a(10) == 0,

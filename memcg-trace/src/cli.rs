@@ -86,6 +86,8 @@ async fn dispatch(command: Command) -> Result<i32> {
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
+    // First of all: a stop signal from here until a session listens waits in the kernel.
+    crate::session::block_stop_signals(true);
     crate::tracer::large_allocations_mapped();
     // A bug's panic: one line saying so, then the unwinding drops what the session holds
     // (workload and memcg, programs and links; the dashboard's terminal is restored first by
@@ -123,6 +125,14 @@ pub fn main() -> i32 {
     let command = cli
         .command
         .unwrap_or_else(|| Command::Top(top::TopArgs::default()));
+    // Only the live commands listen to the stop signals (their session unblocks them); the
+    // others keep the default actions.
+    if !matches!(
+        command,
+        Command::Top(_) | Command::Record(_) | Command::Serve(_) | Command::Bench(_)
+    ) {
+        crate::session::block_stop_signals(false);
+    }
     let r = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

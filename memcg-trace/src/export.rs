@@ -330,6 +330,13 @@ pub struct ContextOut {
     /// rejected pairs, it is at most the summed self times plus `unproven_nested_ns`.
     #[serde(default)]
     pub outermost_ns: u64,
+    /// Calls that left the CPU (slept, were preempted or moved) and are not timed: pairs that
+    /// could not be proven (`rejected`), pairs lost on the way to userspace
+    /// (`deferred_lost`), and task pairs that cannot be told from a stale entry (`ambiguous`,
+    /// the legacy object). They are the slow tail: where this is not 0 the upper percentiles,
+    /// the maximum and the mean of `latency` are lower bounds (the table marks them `>=`).
+    #[serde(default)]
+    pub censored: u64,
     /// Latency figures; absent for counts-only backends.
     pub latency: Option<Latency>,
 }
@@ -431,8 +438,15 @@ pub struct Latency {
     /// time is `sum_ns` (and `self_ns`) less this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub off_cpu_ns: Option<u64>,
-    /// That as a share of the recording's wall time (1.0 = one CPU).
+    /// The time these calls spent on the CPU (`sum_ns` less `off_cpu_ns`) as a share of the
+    /// recording's wall time (1.0 = one CPU); absent where some call's time off the CPU is not
+    /// known (then at most `wall_share`). Before 0.1 of schema 2 this held the wall share: a
+    /// recording without `wall_share` is read so.
     pub cpu_share: Option<f64>,
+    /// `sum_ns` as a share of the recording's wall time: time inside the calls, sleep and
+    /// preemption included (a call asleep for a second in reclaim counts a second).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_share: Option<f64>,
     /// Shortest, ns.
     pub min_ns: u64,
     /// Longest, ns.
@@ -597,7 +611,8 @@ pub struct NotAttachedOut {
 
 /// Latency figures of one histogram over a recording of length `secs`; `floor` is the
 /// backend's instrumentation floor (median), ns.
-fn latency_out(h: &HistData, secs: Duration, floor: Option<u64>) -> Latency {
+/// `off_unknown`: some call's time off the CPU is not known (its on-CPU share is then not).
+fn latency_out(h: &HistData, secs: Duration, floor: Option<u64>, off_unknown: bool) -> Latency {
     let mut buf = Vec::new();
     V2DeflateSerializer::new()
         .serialize(&figures::hdr_with(h, figures::INTERCHANGE_DIGITS), &mut buf)
@@ -617,7 +632,15 @@ fn latency_out(h: &HistData, secs: Duration, floor: Option<u64>) -> Latency {
         self_ns: Some(h.self_ns),
         nested_calls: Some(h.nested),
         off_cpu_ns: Some(h.off_ns),
-        cpu_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
+        cpu_share: if off_unknown {
+            None
+        } else {
+            ratio(
+                h.sum_ns.saturating_sub(h.off_ns) as f64,
+                secs.as_nanos() as f64,
+            )
+        },
+        wall_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
         min_ns: h.min_ns,
         max_ns: h.max_ns,
         mean_ns: l.as_ref().map(|l| l.mean_ns),
@@ -794,7 +817,15 @@ pub(crate) fn probes_out(
                             p.ctx_calls(0)
                         } as f64,
                     ),
-                    latency: timed.then(|| latency_out(w, secs, floor)),
+                    // Its calls are task calls (with --by-memcg, mostly): their off-CPU time is
+                    // unknown where any task call's is.
+                    latency: timed.then(|| {
+                        let unknown = p
+                            .contexts
+                            .first()
+                            .is_some_and(|c| c.counters.off_cpu_unknown > 0);
+                        latency_out(w, secs, floor, unknown)
+                    }),
                     // CPU time: what the calls spent off the CPU (asleep in reclaim, say) is
                     // not the workload's CPU.
                     share_of_workload_cpu: timed
@@ -866,7 +897,9 @@ pub(crate) fn probes_out(
                             memcgs_other: k.memcgs_other,
                             self_unknown: k.self_unknown,
                             outermost_ns: k.outermost_ns,
-                            latency: timed.then(|| latency_out(&c.hist, secs, floor)),
+                            censored: c.censored(i),
+                            latency: timed
+                                .then(|| latency_out(&c.hist, secs, floor, k.off_cpu_unknown > 0)),
                         }
                     })
                     .collect(),
@@ -1053,7 +1086,20 @@ pub fn parse(text: &str) -> Result<Document> {
     if schema == SCHEMA_V1 {
         upgrade_v1(&mut doc);
     }
+    wall_shares(&mut doc);
     Ok(doc)
+}
+
+/// Recordings made before `wall_share` existed held the wall share in `cpu_share`: it moves
+/// there, and the on-CPU share is not known.
+fn wall_shares(doc: &mut Document) {
+    for p in doc.probes.iter_mut() {
+        for c in p.contexts.iter_mut() {
+            if let Some(l) = c.latency.as_mut().filter(|l| l.wall_share.is_none()) {
+                l.wall_share = l.cpu_share.take();
+            }
+        }
+    }
 }
 
 /// Refuses shapes no recording has: more probes, programs, contexts or buckets than memcg-trace
@@ -1330,11 +1376,36 @@ mod tests {
     }
 
     #[test]
+    fn cpu_share_is_time_on_the_cpu_and_the_wall_share_is_told_apart() {
+        // Two calls of 1 s and 3 s over 10 s; the second slept 2 s of them.
+        let mut h = HistData::of(&[1_000_000_000, 3_000_000_000]);
+        h.off_ns = 2_000_000_000;
+        let l = latency_out(&h, Duration::from_secs(10), None, false);
+        assert_eq!((l.cpu_share, l.wall_share), (Some(0.2), Some(0.4)));
+        // A call whose time off the CPU is unknown: no on-CPU share, the wall share stays.
+        let l = latency_out(&h, Duration::from_secs(10), None, true);
+        assert_eq!((l.cpu_share, l.wall_share), (None, Some(0.4)));
+        // A recording made before `wall_share`: its `cpu_share` was the wall share.
+        let old = fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/6.12-fentry.json"),
+        )
+        .unwrap();
+        let was: serde_json::Value = serde_json::from_str(&old).unwrap();
+        let doc = parse(&old).unwrap();
+        let l = doc.probes[0].contexts[0].latency.as_ref().unwrap();
+        assert_eq!(l.cpu_share, None);
+        assert_eq!(
+            l.wall_share,
+            was["probes"][0]["contexts"][0]["latency"]["cpu_share"].as_f64()
+        );
+    }
+
+    #[test]
     fn hdr_strings_are_the_compressed_interchange_form_at_the_stated_resolution() {
         use base64::Engine as _;
         use hdrhistogram::serialization::Deserializer;
         let h = HistData::of(&[480, 500, 1_000, 1_500, 2_000, 90_000]);
-        let l = latency_out(&h, Duration::from_secs(1), None);
+        let l = latency_out(&h, Duration::from_secs(1), None, false);
         assert!(l.hdr_v2.starts_with("HISTF"), "{}", &l.hdr_v2[..8]);
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(&l.hdr_v2)

@@ -101,7 +101,9 @@ pub struct Latency {
     pub mean_ns: f64,
     /// Standard deviation, ns (from the histogram).
     pub stddev_ns: f64,
-    /// Sum of latencies as a share of one CPU over the window (1.0 = one CPU).
+    /// Time on the CPU inside the calls (their latencies less their time off the CPU, where
+    /// measured) as a share of one CPU over the window (1.0 = one CPU). A call whose time off
+    /// the CPU is unknown counts whole: an upper bound then.
     pub cpu_share: Option<f64>,
     /// `(quantile, ns)`, each within `[min_ns, max_ns]`; the quantile 1.0 is the maximum.
     pub percentiles: Vec<(f64, u64)>,
@@ -133,7 +135,10 @@ pub fn latency(h: &HistData, window: Duration, quantiles: &[f64]) -> Option<Late
         max_ns: h.max_ns,
         mean_ns: h.sum_ns as f64 / timed as f64,
         stddev_ns: hdr.stdev(),
-        cpu_share: ratio(h.sum_ns as f64, window.as_nanos() as f64),
+        cpu_share: ratio(
+            h.sum_ns.saturating_sub(h.off_ns) as f64,
+            window.as_nanos() as f64,
+        ),
         percentiles: quantiles
             .iter()
             .map(|&q| {

@@ -614,6 +614,7 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     // The task's off-CPU clock (see memcg_trace_common::off_cpu).
     let task_exec_start = field_path_offset(btf, "task_struct", &["se", "exec_start"])?;
     let task_sum_exec = field_path_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?;
+    let task_migrations = field_path_offset(btf, "task_struct", &["se", "nr_migrations"])?;
     // rq->clock_task, the clock of both, is rq->clock minus interrupt and steal time where the
     // kernel accounts those per CPU; then two CPUs' task clocks differ.
     // And sched_clock, under both, must agree between CPUs: it does where the kernel keeps a
@@ -700,6 +701,7 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         rq_cpu: field_path_offset(btf, "rq", &["cpu"])?,
         task_exec_start,
         task_sum_exec,
+        task_migrations,
         nmi_mask,
         hardirq_mask,
         softirq_offset,

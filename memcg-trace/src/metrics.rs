@@ -101,6 +101,7 @@ struct Row<'a> {
     calls: u64,
     lost: Option<u64>,
     unmatched: Option<u64>,
+    censored: Option<u64>,
     latency: Option<&'a Latency>,
 }
 
@@ -152,6 +153,7 @@ impl Collector for Figures {
                     calls: c.count,
                     lost: Some(c.lost),
                     unmatched: Some(c.orphans),
+                    censored: Some(c.censored),
                     latency: c.latency.as_ref(),
                 });
                 let w = p.workload.iter().map(move |w| Row {
@@ -164,6 +166,7 @@ impl Collector for Figures {
                     calls: w.count,
                     lost: None,
                     unmatched: None,
+                    censored: None,
                     latency: w.latency.as_ref(),
                 });
                 ctx.chain(w)
@@ -193,6 +196,12 @@ impl Collector for Figures {
             "lost",
             "Calls lost in any way the tracer counts (not workload rows)",
             &|r| r.lost,
+        )?;
+        counter(
+            &mut e,
+            "censored",
+            "Calls that left the CPU and are not timed (of the lost): the latency histogram's tail misses them (not workload rows)",
+            &|r| r.censored,
         )?;
         counter(
             &mut e,
@@ -355,6 +364,33 @@ mod tests {
             "/../tests/fixtures/6.12-fentry.json"
         )))
         .expect("the committed recording")
+    }
+
+    #[test]
+    fn censored_calls_are_served_beside_the_histogram() {
+        let mut d = fixture();
+        d.probes[0].contexts[0].censored = 7;
+        let t = encode(Some(&d), Format::Text);
+        assert!(t.contains("# TYPE memcg_trace_censored counter"), "{t}");
+        let line = t
+            .lines()
+            .find(|l| l.starts_with("memcg_trace_censored_total{probe=\"charge\",context=\"task\""))
+            .unwrap_or_else(|| panic!("{t}"));
+        assert!(line.ends_with(" 7"), "{line}");
+        // Its table row marks the tail figures as lower bounds; the others' rows do not.
+        let table = crate::table::summary(&d);
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("charge") && l.contains(" task "))
+            .unwrap();
+        assert_eq!(row.matches(">=").count(), 4, "{row}");
+        assert!(
+            !table
+                .lines()
+                .filter(|l| l.starts_with("stat "))
+                .any(|l| l.contains(">=")),
+            "{table}"
+        );
     }
 
     #[test]

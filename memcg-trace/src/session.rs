@@ -497,6 +497,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             // One more slot than requested: the floor is measured in it.
             probes: reqs.len() as u32 + 1,
             preemptible: interleave,
+            kernel_preemptible: preemptible,
             ebpf_log: o.ebpf_log,
             probe_read: o.probe_read,
             no_kprobes: !syms.kprobes,
@@ -677,16 +678,71 @@ pub struct Options {
     pub least_privilege: bool,
 }
 
+/// The stop signals: SIGINT, SIGTERM and SIGHUP.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Blocks (`true`) or unblocks the stop signals in the calling thread. `cli::main` blocks them
+/// first of all, before any thread exists (threads inherit the mask; children get an empty one
+/// from std's spawn), and a session unblocks them once its handlers and their actions are in
+/// place: a stop signal that comes meanwhile waits in the kernel and is delivered then, never
+/// dropped. (Installing a handler is not atomic: signal-hook-registry, under tokio, sets the
+/// OS handler before it registers the action, and a signal in between reached no action: a
+/// SIGINT at start-up was lost and the whole workload traced.) The commands that have no
+/// session unblock them at once.
+pub fn block_stop_signals(block: bool) {
+    // SAFETY: sigset_t is a plain bit set that sigemptyset initialises; pthread_sigmask only
+    // reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in STOP_SIGNALS {
+            libc::sigaddset(&mut set, s);
+        }
+        let how = if block {
+            libc::SIG_BLOCK
+        } else {
+            libc::SIG_UNBLOCK
+        };
+        // Fails only for an invalid `how`.
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
+/// Test-only switch: a directory; start-up stops at each point of [`Signals::install`] (file
+/// `<point>.held` written) until `<point>.go` exists there (60 s at most), so that a test sends
+/// its signal inside the window every time. Points: `before-handlers` (signals blocked, no
+/// handler yet), `before-unblock` (handlers and actions in place, signals still blocked).
+pub const HOLD_START: &str = "MEMCG_TRACE_TEST_HOLD_START";
+
+/// Holds start-up at `point` where [`HOLD_START`] asks for it.
+fn hold_start(point: &str) {
+    let Some(dir) = std::env::var_os(HOLD_START).map(PathBuf::from) else {
+        return;
+    };
+    let _ = fs::write(dir.join(format!("{point}.held")), b"");
+    let go = dir.join(format!("{point}.go"));
+    let t0 = Instant::now();
+    while !go.exists() && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// SIGINT, SIGTERM and SIGHUP, listened to from the first moment of a session.
 struct Signals(Signal, Signal, Signal);
 
 impl Signals {
+    /// Installs the handlers, then unblocks the signals (blocked since `cli::main` began):
+    /// one that arrived before is delivered now, to a handler with its action.
     fn install() -> Result<Signals> {
-        Ok(Signals(
+        hold_start("before-handlers");
+        let s = Signals(
             signal(SignalKind::interrupt())?,
             signal(SignalKind::terminate())?,
             signal(SignalKind::hangup())?,
-        ))
+        );
+        hold_start("before-unblock");
+        block_stop_signals(false);
+        Ok(s)
     }
 
     async fn recv(&mut self) -> i32 {

@@ -191,6 +191,15 @@ pub struct CtxStats {
 }
 
 impl CtxStats {
+    /// Calls of context `ctx` known to have left the CPU and not timed (see
+    /// `export::ContextOut::censored`): every deferred pair is a call that left the CPU, and
+    /// an ambiguous task pair is one whose task moved (interrupt pairs are ambiguous for a
+    /// skipped entry run, whatever their length).
+    pub fn censored(&self, ctx: usize) -> u64 {
+        let c = &self.counters;
+        self.rejected + c.deferred_lost + if ctx == 0 { c.ambiguous } else { 0 }
+    }
+
     /// Calls seen in this context but not timed: exits without their own entry, entries whose
     /// exit was lost or pushed out, pairs that could not be proven (ambiguous, rejected) or were
     /// lost on the way to userspace, runs whose context could not be read.

@@ -66,8 +66,19 @@ fn row(
     count: u64,
     rate: Option<f64>,
     lat: Option<&Latency>,
-    lost: Option<u64>,
+    // Calls lost, and of them those that left the CPU (`ContextOut::censored`); None for
+    // the workload rows.
+    lost: Option<(u64, u64)>,
 ) -> String {
+    let censored = lost.map_or(0, |l| l.1);
+    // Calls that left the CPU and are not timed: the tail is missing them.
+    let low = |s: String| {
+        if censored > 0 && !s.is_empty() {
+            format!(">={s}")
+        } else {
+            s
+        }
+    };
     let dash = |s: String| if s.is_empty() { "-".to_string() } else { s };
     let mut cells = vec![
         probe.to_string(),
@@ -81,19 +92,22 @@ fn row(
             pct(&l.percentiles, 0.5),
             pct(&l.percentiles_floor_corrected, 0.5),
             pct(&l.percentiles, 0.9),
-            pct(&l.percentiles, 0.99),
-            pct(&l.percentiles, 0.999),
-            fmt_ns(l.max_ns as f64),
-            l.mean_ns.map(fmt_ns).unwrap_or_default(),
+            low(pct(&l.percentiles, 0.99)),
+            low(pct(&l.percentiles, 0.999)),
+            low(fmt_ns(l.max_ns as f64)),
+            low(l.mean_ns.map(fmt_ns).unwrap_or_default()),
             fmt_ns(l.sum_ns as f64),
             l.self_ns.map(|s| fmt_ns(s as f64)).unwrap_or_default(),
-            l.cpu_share
-                .map(|s| format!("{:.2}", s * 100.0))
-                .unwrap_or_default(),
+            // On the CPU; where some call's time off it is unknown, at most the wall share.
+            match (l.cpu_share, l.wall_share) {
+                (Some(s), _) => format!("{:.2}", s * 100.0),
+                (None, Some(w)) => format!("<={:.2}", w * 100.0),
+                (None, None) => String::new(),
+            },
         ]),
         _ => cells.extend(std::iter::repeat_n(String::new(), 10)),
     }
-    cells.push(lost.map(|n| fmt_count(n as f64)).unwrap_or_default());
+    cells.push(lost.map(|n| fmt_count(n.0 as f64)).unwrap_or_default());
     line(&cells.into_iter().map(dash).collect::<Vec<_>>())
 }
 
@@ -399,7 +413,7 @@ pub fn summary(doc: &Document) -> String {
                     c.count,
                     c.rate_per_s,
                     c.latency.as_ref(),
-                    Some(c.lost),
+                    Some((c.lost, c.censored)),
                 )
             );
         }

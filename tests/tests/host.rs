@@ -665,6 +665,78 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
     assert!(start_up > 0 && traced > 0, "the delays missed a phase");
 }
 
+/// A stop signal sent while start-up is held inside the window around the handlers'
+/// installation (`MEMCG_TRACE_TEST_HOLD_START`): before any handler exists, and with the
+/// handlers in place but the signals not yet unblocked. Every run must end like a shell
+/// (128 + N) with the one-line "stopped by signal N before tracing began", never trace the
+/// workload nor die by the signal's default action. Without the mask the first point dies by
+/// the signal; without the unblock the signal is never delivered and the run goes on.
+#[test]
+fn host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost() {
+    let name = "host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let points = ["before-handlers", "before-unblock"];
+    let mut runs = 0;
+    for (i, point) in points.iter().enumerate() {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            let hold = scratch(&format!("{name}-{i}-{sig}"));
+            // Every other point goes at once.
+            for p in points.iter().filter(|p| *p != point) {
+                fs::write(hold.join(format!("{p}.go")), b"").unwrap();
+            }
+            let marker = format!("{}.{i}{sig}", 700 + i);
+            let mut child = Command::new(bin())
+                .args(["record", "-q", "--attach", "tracepoint", "-o"])
+                .arg(hold.join("run.json"))
+                .args(["--", "sleep", &marker])
+                .env(memcg_trace::session::HOLD_START, &hold)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let held = hold.join(format!("{point}.held"));
+            let t0 = Instant::now();
+            while !held.exists() && t0.elapsed() < Duration::from_secs(30) {
+                thread::sleep(Duration::from_millis(5));
+            }
+            assert!(held.exists(), "{point}: start-up never reached the hold");
+            // SAFETY: kill(2) of our child.
+            unsafe { libc::kill(child.id() as i32, sig) };
+            fs::write(hold.join(format!("{point}.go")), b"").unwrap();
+            // A lost signal would trace the whole sleep: stop waiting well before.
+            let t0 = Instant::now();
+            while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(60) {
+                thread::sleep(Duration::from_millis(20));
+            }
+            let lost = child.try_wait().unwrap().is_none();
+            if lost {
+                let _ = child.kill();
+            }
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            let what = format!("signal {sig} held at {point}: {:?}: {err}", out.status);
+            assert!(
+                !lost,
+                "{what}: the signal was lost (still tracing after 60 s)"
+            );
+            assert_eq!(out.status.code(), Some(128 + sig), "{what}");
+            assert!(
+                err.contains(&format!("stopped by signal {sig} before tracing began")),
+                "{what}"
+            );
+            assert!(!hold.join("run.json").exists(), "{what}: a recording");
+            assert_left_nothing(&what, &marker);
+            runs += 1;
+        }
+    }
+    summary(
+        name,
+        &format!("{runs} signals sent inside the handler window: each delivered once unblocked"),
+    );
+}
+
 #[test]
 fn host_a_workload_that_made_its_own_cgroups_is_removed_with_them() {
     let name = "host_a_workload_that_made_its_own_cgroups_is_removed_with_them";

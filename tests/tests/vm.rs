@@ -3,7 +3,7 @@
 //! Each test boots one kernel; `MEMCG_TRACE_KERNELS` (default: the whole matrix) picks which run
 //! and the others print a skip.
 
-use std::{collections::BTreeSet, fs, time::Duration};
+use std::{collections::BTreeSet, fmt::Write as _, fs, path::Path, time::Duration};
 
 use memcg_trace_tests::callgraph::Link;
 
@@ -806,13 +806,256 @@ fn vm_reclaim_6_12() {
     );
 }
 
+/// The kernel's own per-call durations: ftrace's function_graph on the probe's function, in
+/// the same run as memcg-trace, on two vCPUs (`xtask/guest/oracle.sh`).
+struct Fgraph {
+    calls: u64,
+    max_ns: u64,
+    /// (threshold ns, calls at or above it).
+    ge: Vec<(u64, u64)>,
+    /// Events function_graph's ring buffers lost (overrun + dropped, all CPUs).
+    lost: u64,
+    /// Calls under 10 us and their summed durations.
+    short: (u64, u64),
+}
+
+fn fgraph(path: &Path) -> Fgraph {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut f = Fgraph {
+        calls: 0,
+        max_ns: 0,
+        ge: Vec::new(),
+        lost: 0,
+        short: (0, 0),
+    };
+    for l in text.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let num = |i: usize| w.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        match w.first().copied() {
+            Some("calls") => f.calls = num(1),
+            Some("max_ns") => f.max_ns = num(1),
+            Some("short") => f.short = (num(1), num(2)),
+            Some("ge") => f.ge.push((num(1), num(2))),
+            Some(c) if c.starts_with("cpu") => f.lost += num(w.len() - 1),
+            _ => {}
+        }
+    }
+    f
+}
+
+/// The calls of `buckets` whose duration is at or above `ns`, as a range: the buckets wholly at
+/// or above it, and those reaching above it.
+fn at_least(buckets: &[memcg_trace::export::Bucket], ns: u64) -> (u64, u64) {
+    let mut r = (0, 0);
+    for b in buckets {
+        if b.min_ns >= ns {
+            r.0 += b.count;
+        }
+        if b.max_ns > ns {
+            r.1 += b.count;
+        }
+    }
+    r
+}
+
+/// function_graph beside memcg-trace on the same function, on 2 vCPUs, both on the workload's
+/// calls (function_graph filtered to its tasks, memcg-trace's workload row): hackbench (charge)
+/// and the reclaim workload (try_charge: calls that sleep, are preempted and migrate).
+///
+/// The two windows differ by the instrumentation: with fentry function_graph's holds
+/// memcg-trace's (the BPF trampoline runs inside ftrace's hooks); with kprobe, itself an
+/// ftrace handler, memcg-trace's holds function_graph's. Which one is wider is measured (the
+/// mean duration of the calls under 10 us, each tool's), and then:
+/// - counts: memcg-trace's workload calls are the kernel's (at most its lost calls and its
+///   interrupt-context calls and 1% more, and the workload shell's first calls fewer);
+/// - no made-up slow call: at every threshold the wider window has at least as many calls above
+///   it, and the longest call;
+/// - no censored tail: the wider window has at most twice the windows' ratio as many calls
+///   above 100 us, 1 ms and 10 ms as the narrower, plus 3 sigma (a stall or an interrupt lands
+///   in a window in proportion to its length, so the wider window sees more of them).
+fn oracle_on(name: &str, short: &str, attach: &str) {
+    let Some(kernel) = one_kernel(name, short) else {
+        return;
+    };
+    let modules = kernels::modules(&kernel, &["zram"]).expect("the zram module");
+    let runs = [
+        "hackbench charge hackbench -g 2 -l 100",
+        "reclaim try_charge reclaim",
+    ];
+    let r = boot_on(
+        &kernel,
+        format!("{short}-oracle-{attach}"),
+        xtask::oracle_script(attach, &runs),
+        modules,
+        Vec::new(),
+        2,
+        None,
+    );
+    let mut report = format!("{name} ({attach}, 2 vCPUs):\n");
+    let mut failures = Vec::new();
+    for run in runs {
+        let (w, probe_name) = {
+            let mut it = run.split_whitespace();
+            (it.next().unwrap(), it.next().unwrap())
+        };
+        let doc = load_recording(&r.out_dir.join(format!("oracle-{w}.json")));
+        let p = probe(&doc, probe_name);
+        let fg = fgraph(&r.out_dir.join(format!("fgraph-{w}.txt")));
+        let wl = p.workload.as_ref().expect("the workload row");
+        let l = wl.latency.as_ref().expect("the workload's latencies");
+        let ctx = |f: fn(&memcg_trace::export::ContextOut) -> u64| -> u64 {
+            p.contexts.iter().map(f).sum()
+        };
+        let irq: u64 = p
+            .contexts
+            .iter()
+            .filter(|c| c.context != "task")
+            .map(|c| c.count)
+            .sum();
+        let _ = writeln!(
+            report,
+            "  {w}: {} ({}): function_graph {} calls (lost {}), max {} ns; memcg-trace's workload row {} calls, max {} ns (probe: {} timed, {} lost, {} interrupt-context; switched {}, migrated {}, deferred {}, rejected {}, ambiguous {}, censored {})",
+            p.name,
+            p.target,
+            fg.calls,
+            fg.lost,
+            fg.max_ns,
+            wl.count,
+            l.max_ns,
+            p.count,
+            p.lost,
+            irq,
+            ctx(|c| c.switched),
+            ctx(|c| c.migrated),
+            ctx(|c| c.deferred),
+            ctx(|c| c.rejected),
+            ctx(|c| c.ambiguous),
+            ctx(|c| c.censored),
+        );
+        // The instrumentation's difference: the mean window of the calls under 10 us, each
+        // tool's (memcg-trace's from its buckets' midpoints).
+        let (n, sum) =
+            l.buckets
+                .iter()
+                .filter(|b| b.max_ns <= 10_000)
+                .fold((0u64, 0f64), |a, b| {
+                    (
+                        a.0 + b.count,
+                        a.1 + b.count as f64 * (b.min_ns + b.max_ns) as f64 / 2.0,
+                    )
+                });
+        let mt_short = sum / n.max(1) as f64;
+        let fg_short = fg.short.1 as f64 / fg.short.0.max(1) as f64;
+        let ratio = fg_short / mt_short;
+        let fg_wider = ratio >= 1.0;
+        let _ = writeln!(
+            report,
+            "    calls under 10 us: mean {fg_short:.0} ns (function_graph) vs {mt_short:.0} ns (memcg-trace): the {} window is {:.2}x the other's",
+            if fg_wider { "kernel's" } else { "tracer's" },
+            ratio.max(1.0 / ratio)
+        );
+        let mut rows = Vec::new();
+        for &(ns, k) in &fg.ge {
+            let (lo, hi) = at_least(&l.buckets, ns);
+            rows.push((ns, k, lo, hi));
+            let _ = writeln!(
+                report,
+                "    >= {ns:>8} ns: function_graph {k:>7}, memcg-trace {lo}..{hi}"
+            );
+        }
+        let mut fail = |what: String| failures.push(format!("{w}: {what}"));
+        if fg.lost > 0 {
+            fail(format!("function_graph lost {} events", fg.lost));
+        }
+        if fg.calls == 0 || wl.count == 0 {
+            fail("no calls".into());
+        }
+        // Counts against the kernel's. function_graph starts once the workload's shell has
+        // turned it on for itself (26-41 calls later, seen on 5.10 and 6.12); memcg-trace's
+        // lost and interrupt-context calls may be the workload's.
+        const PREAMBLE: u64 = 200;
+        let upper = wl.count + p.lost + irq;
+        if fg.calls + PREAMBLE < wl.count || fg.calls > upper + upper / 100 {
+            fail(format!(
+                "the kernel counted {} calls of the workload, memcg-trace {} (+ {} lost, + {} in interrupts)",
+                fg.calls, wl.count, p.lost, irq
+            ));
+        }
+        let k = 2.0 * ratio.max(1.0 / ratio);
+        for &(ns, kernel_n, lo, hi) in &rows {
+            // The wider window's count above the threshold (at its least) and the narrower's
+            // (at its most).
+            let (wide, narrow) = if fg_wider {
+                (kernel_n, hi)
+            } else {
+                (lo, kernel_n)
+            };
+            let (wide_most, narrow_least) = if fg_wider {
+                (kernel_n, lo)
+            } else {
+                (hi, kernel_n)
+            };
+            if narrow_least > wide_most {
+                fail(format!(
+                    "{narrow_least} calls of {ns} ns or more in the narrower window, {wide_most} in the wider"
+                ));
+            }
+            if ns >= 100_000 {
+                let bound = k * narrow as f64;
+                if wide as f64 > bound + 3.0 * bound.sqrt() + 10.0 {
+                    fail(format!(
+                        "{wide} calls of {ns} ns or more in the wider window, {narrow} in the narrower: beyond {k:.2}x"
+                    ));
+                }
+            }
+        }
+        let (wide_max, narrow_max) = if fg_wider {
+            (fg.max_ns, l.max_ns)
+        } else {
+            (l.max_ns, fg.max_ns)
+        };
+        if narrow_max > wide_max {
+            fail(format!(
+                "the narrower window's longest call {narrow_max} ns, the wider's {wide_max} ns"
+            ));
+        }
+    }
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), report.as_bytes());
+    assert!(
+        failures.is_empty(),
+        "{}\n{report}\n--- last console lines ({}) ---\n{}",
+        failures.join("\n"),
+        r.log.display(),
+        r.tail(20)
+    );
+}
+
+#[test]
+fn vm_oracle_6_12() {
+    oracle_on("vm_oracle_6_12", "6.12", "fentry");
+}
+
+#[test]
+fn vm_oracle_5_10() {
+    oracle_on("vm_oracle_5_10", "5.10", "kprobe");
+}
+
+#[test]
+fn vm_oracle_7_3() {
+    oracle_on("vm_oracle_7_3", "7.3", "kprobe");
+}
+
 /// The A/B workflow end to end on the switch the kmem-accounting debate was about: Debian's
 /// 6.12 booted three times as it is and three times with `cgroup.memory=nokmem`, `record
 /// --attach auto` under hackbench each time, then `memcg-trace diff A1 A2 A3 -- B1 B2 B3`
 /// (with two a side and B without spread, Welch's test has one degree of freedom: too weak to
 /// call even a change to 0 beyond 5% noise). With kmem accounting
-/// off, `obj_cgroup_charge` is never called: its calls/s drop to 0, beyond the noise; page
-/// charging goes on (`rstat` still has calls on both sides).
+/// off, `obj_cgroup_charge` is never called: its calls per hackbench message drop to 0, beyond
+/// the noise; page charging goes on (`rstat` still has calls on both sides). The verdict is
+/// held on calls/op, which counts and does not time: under emulation a boot's calls/s moved by
+/// 40% (13.2k, 12.8k, 24.9k over three boots: Welch's p 0.051 against a change to exactly 0),
+/// while the calls a hackbench message makes do not depend on how fast the emulator ran. The
+/// rates are held to their direction only.
 #[test]
 fn vm_compare_kmem_6_12() {
     let name = "vm_compare_kmem_6_12";
@@ -855,10 +1098,26 @@ fn vm_compare_kmem_6_12() {
             .find(|x| x["probe"] == probe && x["context"] == ctx && x["figure"] == fig)
             .unwrap_or_else(|| panic!("{probe} {ctx} {fig} missing: {json}"))
     };
-    let charge = find("charge", "task", "calls/s");
-    assert!(charge["a"]["mean"].as_f64().unwrap() > 0.0, "{charge}");
-    assert_eq!(charge["b"]["mean"].as_f64(), Some(0.0), "{charge}");
-    assert_eq!(charge["beyond_noise"], true, "{charge}");
+    let rate = find("charge", "task", "calls/s");
+    let runs = |side: &str| -> Vec<f64> {
+        rate[side]["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    assert!(runs("a").iter().all(|&r| r > 0.0), "{rate}");
+    assert!(runs("b").iter().all(|&r| r == 0.0), "{rate}");
+    // The workload's own calls per message where the workload row is there, else the task
+    // context's.
+    let per_op = figs
+        .iter()
+        .find(|x| x["probe"] == "charge" && x["context"] == "workload" && x["figure"] == "calls/op")
+        .unwrap_or_else(|| find("charge", "task", "calls/op"));
+    assert!(per_op["a"]["mean"].as_f64().unwrap() > 0.0, "{per_op}");
+    assert_eq!(per_op["b"]["mean"].as_f64(), Some(0.0), "{per_op}");
+    assert_eq!(per_op["beyond_noise"], true, "{per_op}");
     let rstat = find("rstat", "task", "calls/s");
     assert!(
         rstat["a"]["mean"].as_f64().unwrap() > 0.0 && rstat["b"]["mean"].as_f64().unwrap() > 0.0,

@@ -494,7 +494,11 @@ pub fn modules(kernel: &Kernel, names: &[&str]) -> Result<Vec<PathBuf>> {
     let work = dir.with_extension("partial");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(work.join("debs"))?;
-    let pkgs: Vec<String> = kernel.spec.packages.iter().map(|p| p.to_string()).collect();
+    let mut pkgs: Vec<String> = kernel.spec.packages.iter().map(|p| p.to_string()).collect();
+    // From 6.19 on the image's package holds no module: they are in linux-modules-<release>.
+    if pkgs.iter().any(|p| p.starts_with("linux-binary-")) {
+        pkgs.push(format!("linux-modules-{}", kernel.release));
+    }
     run(Command::new("apt-get")
         .current_dir(work.join("debs"))
         .args(&opts)

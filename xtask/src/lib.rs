@@ -198,6 +198,17 @@ pub fn profile_script(backends: &str, probes: &str, hackbench: &str, freq: u32) 
     )
 }
 
+/// The guest script of the oracle test (`xtask/guest/oracle.sh`): function_graph beside
+/// `record --attach attach` for each of `runs` ("NAME PROBE WORKLOAD", one a line; WORKLOAD
+/// `reclaim` or a hackbench command line).
+pub fn oracle_script(attach: &str, runs: &[&str]) -> String {
+    format!(
+        "ATTACH='{attach}'\nRUNS='{}'\n{}",
+        runs.join("\n"),
+        include_str!("../guest/oracle.sh")
+    )
+}
+
 /// The guest script of the by-memcg test (`xtask/guest/bymemcg.sh`).
 pub fn bymemcg_script() -> String {
     include_str!("../guest/bymemcg.sh").to_string()

@@ -31,12 +31,13 @@ struct TestRig {
 }
 
 impl TestRig {
-    fn new(layout: &KernelLayout, preemptible: bool) -> Result<TestRig> {
+    fn new(layout: &KernelLayout, preemptible: bool, kprobe_defers: bool) -> Result<TestRig> {
         let (mut ebpf, _, _) = load_object(
             layout,
             &LoadOptions {
                 probes: MAX_PROBES as u32,
                 preemptible,
+                kernel_preemptible: kprobe_defers,
                 // The sequences' calls go through the per-site and per-memcg counting too.
                 callers: true,
                 by_memcg: true,
@@ -132,7 +133,7 @@ impl TestRig {
 pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Option<usize>)>> {
     let mut out = Vec::new();
     for chunk in values.chunks(MAX_PROBES) {
-        let rig = TestRig::new(layout, true)?;
+        let rig = TestRig::new(layout, true, true)?;
         for (probe, &v) in chunk.iter().enumerate() {
             rig.run(
                 None,
@@ -149,7 +150,7 @@ pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Opti
 
 /// The context a program run from a syscall sees (the caller runs in task context), or None.
 pub fn syscall_context(layout: &KernelLayout) -> Result<Option<u32>> {
-    let rig = TestRig::new(layout, true)?;
+    let rig = TestRig::new(layout, true, true)?;
     let r = rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])?;
     Ok(u32::try_from(r).ok())
 }
@@ -172,6 +173,10 @@ pub enum Step {
     /// An exit run of the kretprobe program with an off-CPU clock of its own: (key, context,
     /// task, switch count, off-CPU clock, time, CPU).
     ExitKprobeClock(u64, u32, u64, u64, u64, u64, u32),
+    /// No program runs: the task ran on this CPU meanwhile (task, CPU). The sequence keeps
+    /// each task's migration count (`se.nr_migrations`) from the CPUs its steps run on: a step
+    /// of a task on another CPU than its last one is a migration.
+    Ran(u64, u32),
 }
 
 /// The kind of kernel a pairing sequence is run for.
@@ -184,6 +189,10 @@ pub struct RigKind {
     /// Runs of the programs interleave on one CPU (fentry on a preemptible kernel): an exit
     /// reads its call from a copy made before freeing the slot, and self time is not followed.
     pub interleaving: bool,
+    /// kprobe task calls that left the CPU are deferred too (`Config::kprobe_defers`): the
+    /// kernel preempts (not where `preemptible` stands for fentry programs interleaving
+    /// without the context split).
+    pub kprobe_defers: bool,
 }
 
 /// What the real pairing code made of a sequence, per context.
@@ -211,11 +220,24 @@ pub struct Outcome {
 /// programs are loaded for.
 pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Outcome> {
     let kind = rig;
-    let mut rig = TestRig::new(layout, kind.preemptible)?;
+    let mut rig = TestRig::new(layout, kind.preemptible, kind.kprobe_defers)?;
     let probe = 0u64;
+    // Per task: the CPU of its last step and its migrations so far.
+    let mut moves: std::collections::HashMap<u64, (u32, u64)> = Default::default();
+    let mut migrations = |task: u64, cpu: u32| -> u64 {
+        let m = moves.entry(task).or_insert((cpu, 0));
+        if m.0 != cpu {
+            *m = (cpu, m.1 + 1);
+        }
+        m.1
+    };
     for s in steps {
+        if let Step::Ran(task, cpu) = *s {
+            migrations(task, cpu);
+            continue;
+        }
         // (op, key, ctx, task, switches, now, flags, misses, cpu): flags bit 0 workload, bit 1
-        // fentry entry, bit 2 runs interleave.
+        // fentry entry, bit 2 runs interleave, bits 8 and up the task's migrations.
         let (op, key, ctx, task, sw, clock, now, flags, misses, cpu) = match *s {
             Step::Entry(k, c, t, sw, now, wl, cpu) => {
                 (test_op::ENTRY, k, c, t, sw, sw, now, wl as u64, None, cpu)
@@ -232,6 +254,12 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
             Step::ExitKprobeClock(k, c, t, sw, clock, now, cpu) => {
                 (test_op::EXIT_KPROBE, k, c, t, sw, clock, now, 0, None, cpu)
             }
+            Step::Ran(..) => unreachable!("handled above"),
+        };
+        let flags = if task != 0 && ctx == CTX_TASK {
+            flags | migrations(task, cpu) << 8
+        } else {
+            flags
         };
         if cpu as usize >= rig.cpus {
             bail!(
@@ -717,7 +745,7 @@ mod tests {
         let btf = crate::kernel::open_btf().expect("kernel BTF");
         let layout = crate::kernel::layout(&btf).expect("layout");
         drop(btf);
-        let rig = TestRig::new(&layout, false).expect("the self-test program");
+        let rig = TestRig::new(&layout, false, false).expect("the self-test program");
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("bpf stats");
         for _ in 0..7 {
             rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])

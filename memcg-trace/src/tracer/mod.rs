@@ -138,8 +138,11 @@ pub struct LoadOptions {
     pub workload_owned: bool,
     /// Probe slots to size the shared arrays for.
     pub probes: u32,
-    /// The kernel can preempt fentry programs (and tasks holding a BPF recursion guard).
+    /// The kernel can preempt fentry programs (and tasks holding a BPF recursion guard), or
+    /// they interleave on a CPU for another reason (no context split).
     pub preemptible: bool,
+    /// The kernel preempts (see `Config::kprobe_defers`).
+    pub kernel_preemptible: bool,
     /// Diagnostics from inside the programs.
     pub ebpf_log: bool,
     /// Read the preempt count and the task's switch counts with `bpf_probe_read_kernel`, as
@@ -207,6 +210,7 @@ fn load_object(
         probes,
         cpus,
         preemptible: o.preemptible as u32,
+        kprobe_defers: o.kernel_preemptible as u32,
         workload_owned: o.workload_owned as u32,
         tp_percpu: o.no_kprobes as u32,
         callers: o.callers as u32,

@@ -98,6 +98,9 @@ pub struct Row {
     /// The same for its self time (the traced calls nested in it left out); None where the
     /// nesting was not followed (recordings from before, fentry on preemptible kernels).
     pub self_cpu: Option<f64>,
+    /// Calls that left the CPU were not timed in the row's window (`CtxStats::censored`): its
+    /// p99, p99.9, maximum and mean are lower bounds (shown `>=`).
+    pub censored: bool,
     /// The histogram behind the row.
     pub hist: HistData,
 }
@@ -531,7 +534,9 @@ impl App {
                     continue;
                 }
                 let known = self_known(c);
-                out.push(row(
+                let censored =
+                    c.censored(i) > before.map(|b| b.contexts[i].censored(i)).unwrap_or(0);
+                let mut r = row(
                     &p.name,
                     crate::kernel::ctx_name(i),
                     p.backend,
@@ -539,7 +544,9 @@ impl App {
                     elapsed,
                     latency,
                     known,
-                ));
+                );
+                r.censored = censored;
+                out.push(r);
             }
             if let Some(w) = &p.workload {
                 let h = match before.and_then(|b| b.workload.as_ref()) {
@@ -547,9 +554,11 @@ impl App {
                     None => w.clone(),
                 };
                 let known = self_known(&p.contexts[0]);
-                out.push(row(
-                    &p.name, "workload", p.backend, h, elapsed, latency, known,
-                ));
+                let mut r = row(&p.name, "workload", p.backend, h, elapsed, latency, known);
+                // Its calls are task calls: those of the task row's window left out.
+                r.censored = p.contexts[0].censored(0)
+                    > before.map(|b| b.contexts[0].censored(0)).unwrap_or(0);
+                out.push(r);
             }
         }
         out
@@ -666,6 +675,7 @@ fn row(
             .as_ref()
             .filter(|_| self_known && !elapsed.is_zero())
             .map(|_| h.self_ns as f64 / elapsed.as_nanos() as f64),
+        censored: false,
         hist: h,
     }
 }

@@ -24,6 +24,15 @@ fn opt_ns(v: Option<u64>) -> String {
     v.map(|n| fmt_ns(n as f64)).unwrap_or_else(|| "-".into())
 }
 
+/// A tail figure of a row whose slow calls were not all timed: a lower bound, `>=`.
+fn low(r: &Row, s: String) -> String {
+    if r.censored && s != "-" {
+        format!(">={s}")
+    } else {
+        s
+    }
+}
+
 /// Draws the whole dashboard.
 pub fn draw(f: &mut Frame, app: &App) {
     let area = f.area();
@@ -202,12 +211,15 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
                 Cell::from(r.context),
                 Cell::from(r.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
                 Cell::from(opt_ns(r.p50)),
-                Cell::from(opt_ns(r.p99)),
+                Cell::from(low(r, opt_ns(r.p99))),
             ];
             if wide {
-                cells.push(Cell::from(opt_ns(r.p999)));
-                cells.push(Cell::from(opt_ns(r.max)));
-                cells.push(Cell::from(r.mean.map(fmt_ns).unwrap_or_else(|| "-".into())));
+                cells.push(Cell::from(low(r, opt_ns(r.p999))));
+                cells.push(Cell::from(low(r, opt_ns(r.max))));
+                cells.push(Cell::from(low(
+                    r,
+                    r.mean.map(fmt_ns).unwrap_or_else(|| "-".into()),
+                )));
             }
             cells.push(Cell::from(
                 r.cpu

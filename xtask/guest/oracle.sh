@@ -1,0 +1,94 @@
+# Guest script of the oracle test: memcg-trace beside the kernel's own per-call durations
+# (ftrace's function_graph tracer, filtered to the one function the probe resolves to) in the
+# same run, on every vCPU. For each workload of $RUNS ("NAME PROBE WORKLOAD...", one a line):
+# hackbench in a fresh memcg, or "reclaim": swap on zram and a memcg at a small memory.max filled
+# by `tail /dev/zero`, whose charges enter reclaim, sleep and migrate. ATTACH is the backend.
+#
+# function_graph keeps a return stack per task: a call that sleeps, is preempted or moves to
+# another CPU is one duration, nesting and interrupts included. It traces the workload's tasks
+# only (set_ftrace_pid with function-fork), as memcg-trace's workload row counts them. The two
+# windows differ by the instrumentation: with fentry function_graph's holds memcg-trace's (the
+# BPF trampoline runs inside ftrace's hooks), with kprobe (an ftrace handler too) the other way
+# round. Per workload it leaves /out/oracle-NAME.{json,txt} (memcg-trace)
+# and /out/fgraph-NAME.txt: "calls N", "max_ns N", then "ge NS N" for thresholds, and the
+# per-CPU ring-buffer "overrun" and "dropped" counts (calls function_graph lost).
+T=/sys/kernel/tracing
+[ -e $T/current_tracer ] || T=/sys/kernel/debug/tracing
+echo +memory >/sys/fs/cgroup/cgroup.subtree_control
+zram_ready=
+while read -r name probe workload; do
+  [ -n "$name" ] || continue
+  # What the probe resolves to with this backend: a short recording's footnote
+  # ("NAME FUNCTION via ...").
+  memcg-trace record --attach "$ATTACH" -p "$probe" -q -d 1s -o /tmp/resolve.json >/tmp/resolve.txt 2>&1 || {
+    cat /tmp/resolve.txt; exit 1; }
+  func=$(awk -v p="$probe" '$1 == p && $3 == "via" { print $2; exit }' /tmp/resolve.txt)
+  if [ -z "$func" ]; then
+    echo "guest: $probe resolved to nothing"; cat /tmp/resolve.txt; exit 1
+  fi
+  echo "$func" >"/out/func-$name.txt"
+  echo 0 >$T/tracing_on
+  echo nop >$T/current_tracer
+  echo 32768 >$T/buffer_size_kb
+  if ! echo "$func" >$T/set_ftrace_filter; then
+    echo "guest: ftrace cannot trace $func"; exit 1
+  fi
+  echo function_graph >$T/current_tracer
+  # Only the workload's tasks (its shell and all it forks, whatever interrupts them), from
+  # its first instruction: the workload's shell turns tracing on for itself.
+  echo 1 >$T/options/function-fork
+  echo >$T/trace
+  cg=
+  case "$workload" in
+    reclaim*)
+      if [ -z "$zram_ready" ]; then
+        echo 256M >/sys/block/zram0/disksize
+        mkswap /dev/zram0 >/dev/null && swapon /dev/zram0
+        zram_ready=1
+      fi
+      mkdir -p /sys/fs/cgroup/oracle
+      echo 16M >/sys/fs/cgroup/oracle/memory.max
+      cg="--cgroup /sys/fs/cgroup/oracle"
+      cmd="timeout 4 tail /dev/zero; true"
+      ;;
+    *) cmd="exec $workload" ;;
+  esac
+  echo "guest: $name: function_graph on $func beside record --attach $ATTACH -p $probe -- $cmd"
+  # shellcheck disable=SC2086
+  if ! memcg-trace record --attach "$ATTACH" -p "$probe" $cg -q -o "/out/oracle-$name.json" \
+      -- sh -c "echo \$\$ >$T/set_ftrace_pid; echo 1 >$T/tracing_on; $cmd" >"/out/oracle-$name.txt" 2>"/out/oracle-$name.err"; then
+    echo 0 >$T/tracing_on
+    cat "/out/oracle-$name.err" "/out/oracle-$name.txt"; exit 1
+  fi
+  echo 0 >$T/tracing_on
+  cat "/out/oracle-$name.txt"
+  # One duration per call: on its return line ("}", or "func();" for a call with no traced
+  # call inside), left of the first "|", in us, after an optional marker (+ ! # * @ $).
+  awk '
+    BEGIN { n = split("1000 10000 100000 1000000 10000000", th, " ") }
+    index($0, "|") && index($0, " us ") {
+      left = substr($0, 1, index($0, "|") - 1)
+      m = split(left, f, " ")
+      us = ""
+      for (i = 1; i <= m; i++) if (f[i] == "us" && i > 1) us = f[i - 1]
+      if (us == "") next
+      ns = us * 1000
+      calls++
+      if (ns < 10000) { short++; short_ns += ns }
+      if (ns > max) max = ns
+      for (i = 1; i <= n; i++) if (ns >= th[i]) ge[i]++
+    }
+    END {
+      printf "calls %.0f\nmax_ns %.0f\nshort %.0f %.0f\n", calls, max, short, short_ns
+      for (i = 1; i <= n; i++) printf "ge %.0f %.0f\n", th[i], ge[i]
+    }' $T/trace >"/out/fgraph-$name.txt"
+  for c in $T/per_cpu/cpu*; do
+    awk -v c="${c##*/}" '$1 == "overrun:" || $1 == "dropped" { print c, $0 }' "$c/stats"
+  done >>"/out/fgraph-$name.txt"
+  cat "/out/fgraph-$name.txt"
+  echo nop >$T/current_tracer
+  echo >$T/set_ftrace_pid
+  [ -z "$cg" ] || rmdir /sys/fs/cgroup/oracle 2>/dev/null || true
+done <<EOF
+$RUNS
+EOF

@@ -94,6 +94,21 @@ pub fn welch(a: &Spread, b: &Spread) -> Option<Welch> {
     Some(Welch { t, df, p })
 }
 
+/// A count (calls/s, calls/op) that every run of a side repeated exactly, differing between the
+/// sides: no run-to-run noise to test against, and the change is beyond it (`Some(true)`).
+/// Not for latencies, whose percentiles fall on bucket values: equal runs there say nothing
+/// of the noise. Calls per workload operation repeat exactly where the workload does the same
+/// work each run (hackbench's kmem charges per message).
+fn counts_apart(unit: &str, a: &Spread, b: &Spread) -> Option<bool> {
+    (matches!(unit, "calls/s" | "calls/op")
+        && a.n >= 2
+        && b.n >= 2
+        && a.sd == 0.0
+        && b.sd == 0.0
+        && a.mean != b.mean)
+        .then_some(true)
+}
+
 /// One figure of one row, both sides.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Figure {
@@ -221,12 +236,16 @@ pub fn compare(
                 (Some(x), Some(y)) => welch(x, y),
                 _ => None,
             };
+            let beyond_noise = w
+                .as_ref()
+                .map(|w| w.p < alpha)
+                .or_else(|| counts_apart(unit, sa.as_ref()?, sb.as_ref()?));
             figures.push(Figure {
                 probe: probe.to_string(),
                 context: context.to_string(),
                 figure: name.to_string(),
                 unit: unit.to_string(),
-                beyond_noise: w.as_ref().map(|w| w.p < alpha),
+                beyond_noise,
                 a: sa,
                 b: sb,
                 change,
@@ -351,6 +370,9 @@ fn cells(f: &Figure) -> [String; 7] {
             })
             .unwrap_or_else(|| "-".into()),
         match (f.beyond_noise, &f.a, &f.b) {
+            (Some(true), Some(a), Some(b)) if f.welch.is_none() && a.sd == 0.0 && b.sd == 0.0 => {
+                "beyond noise (every run the same)".into()
+            }
             (Some(true), ..) => "beyond noise".into(),
             (Some(false), ..) => "within noise".into(),
             (None, Some(a), Some(b)) if a.n < 2 || b.n < 2 => "n/a (1 run on a side)".into(),
@@ -451,6 +473,26 @@ mod tests {
         assert!((w.t - -2.970442628930023).abs() < 1e-9, "{w:?}");
         assert!((w.df - 4.0046189376443415).abs() < 1e-9, "{w:?}");
         assert!((w.p - 0.04106668924202211).abs() < 1e-6, "{w:?}");
+    }
+
+    #[test]
+    fn counts_every_run_repeated_are_apart_latencies_are_not_told() {
+        let (a, b) = (
+            Spread::of(&[2.222, 2.222, 2.222]).unwrap(),
+            Spread::of(&[0.0, 0.0, 0.0]).unwrap(),
+        );
+        assert_eq!(welch(&a, &b), None);
+        assert_eq!(counts_apart("calls/op", &a, &b), Some(true));
+        assert_eq!(counts_apart("calls/s", &a, &b), Some(true));
+        // Percentiles fall on bucket values: equal runs are no evidence of no noise.
+        assert_eq!(counts_apart("ns", &a, &b), None);
+        // One run a side, or the same count both sides: nothing to call.
+        let one = Spread::of(&[2.222]).unwrap();
+        assert_eq!(counts_apart("calls/op", &one, &b), None);
+        assert_eq!(counts_apart("calls/op", &a, &a), None);
+        // Any spread: Welch decides.
+        let noisy = Spread::of(&[2.0, 2.2, 2.4]).unwrap();
+        assert_eq!(counts_apart("calls/op", &noisy, &b), None);
     }
 
     #[test]

@@ -371,7 +371,10 @@ mod tests {
         let mut d = fixture();
         d.probes[0].contexts[0].censored = 7;
         let t = encode(Some(&d), Format::Text);
-        assert!(t.contains("# TYPE memcg_trace_censored counter"), "{t}");
+        assert!(
+            t.contains("# TYPE memcg_trace_censored_total counter"),
+            "{t}"
+        );
         let line = t
             .lines()
             .find(|l| l.starts_with("memcg_trace_censored_total{probe=\"charge\",context=\"task\""))

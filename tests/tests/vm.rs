@@ -869,19 +869,21 @@ fn at_least(buckets: &[memcg_trace::export::Bucket], ns: u64) -> (u64, u64) {
 /// - counts: memcg-trace's workload calls are the kernel's (at most its lost calls and its
 ///   interrupt-context calls and 1% more, and the workload shell's first calls fewer);
 /// - no made-up slow call: at every threshold the wider window has at least as many calls above
-///   it, and the longest call;
-/// - no censored tail: the wider window has at most twice the windows' ratio as many calls
-///   above 100 us, 1 ms and 10 ms as the narrower, plus 3 sigma (a stall or an interrupt lands
-///   in a window in proportion to its length, so the wider window sees more of them).
-fn oracle_on(name: &str, short: &str, attach: &str) {
+///   it (memcg-trace's lost calls counted in where its window is the wider), and the longest
+///   call;
+/// - no censored tail: the wider window has at most 3x the windows' ratio as many calls above
+///   100 us, 1 ms and 10 ms as the narrower, plus 3 sigma (a stall or an interrupt lands in a
+///   window about in proportion to its length, so the wider window sees more of them).
+///
+/// `charge` and `try_charge`: the functions they resolve to on this kernel with this backend.
+fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &str) {
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };
     let modules = kernels::modules(&kernel, &["zram"]).expect("the zram module");
-    let runs = [
-        "hackbench charge hackbench -g 2 -l 100",
-        "reclaim try_charge reclaim",
-    ];
+    let hackbench = format!("hackbench charge {charge} hackbench -g 2 -l 60");
+    let reclaim = format!("reclaim try_charge {try_charge} reclaim");
+    let runs = [hackbench.as_str(), reclaim.as_str()];
     let r = boot_on(
         &kernel,
         format!("{short}-oracle-{attach}"),
@@ -894,12 +896,14 @@ fn oracle_on(name: &str, short: &str, attach: &str) {
     let mut report = format!("{name} ({attach}, 2 vCPUs):\n");
     let mut failures = Vec::new();
     for run in runs {
-        let (w, probe_name) = {
+        let (w, probe_name, func) = {
             let mut it = run.split_whitespace();
-            (it.next().unwrap(), it.next().unwrap())
+            (it.next().unwrap(), it.next().unwrap(), it.next().unwrap())
         };
         let doc = load_recording(&r.out_dir.join(format!("oracle-{w}.json")));
         let p = probe(&doc, probe_name);
+        // function_graph traced the function memcg-trace resolved the probe to.
+        assert_eq!(p.target, func, "{w}: {probe_name} resolved elsewhere");
         let fg = fgraph(&r.out_dir.join(format!("fgraph-{w}.txt")));
         let wl = p.workload.as_ref().expect("the workload row");
         let l = wl.latency.as_ref().expect("the workload's latencies");
@@ -981,7 +985,9 @@ fn oracle_on(name: &str, short: &str, attach: &str) {
                 fg.calls, wl.count, p.lost, irq
             ));
         }
-        let k = 2.0 * ratio.max(1.0 / ratio);
+        // Measured: 1.1-1.5 times the ratio of the means (stalls do not land uniformly: the
+        // instrumentation's paths end more translation blocks under TCG); 3x leaves twice that.
+        let k = 3.0 * ratio.max(1.0 / ratio);
         for &(ns, kernel_n, lo, hi) in &rows {
             // The wider window's count above the threshold (at its least) and the narrower's
             // (at its most).
@@ -990,10 +996,11 @@ fn oracle_on(name: &str, short: &str, attach: &str) {
             } else {
                 (lo, kernel_n)
             };
+            // memcg-trace's lost calls may be any of the kernel's, the slow ones too.
             let (wide_most, narrow_least) = if fg_wider {
                 (kernel_n, lo)
             } else {
-                (hi, kernel_n)
+                (hi + p.lost, kernel_n)
             };
             if narrow_least > wide_most {
                 fail(format!(
@@ -1004,7 +1011,7 @@ fn oracle_on(name: &str, short: &str, attach: &str) {
                 let bound = k * narrow as f64;
                 if wide as f64 > bound + 3.0 * bound.sqrt() + 10.0 {
                     fail(format!(
-                        "{wide} calls of {ns} ns or more in the wider window, {narrow} in the narrower: beyond {k:.2}x"
+                        "{wide} calls of {ns} ns or more in the wider window, {narrow} in the narrower: beyond {k:.2}x (3x the windows' ratio)"
                     ));
                 }
             }
@@ -1014,7 +1021,8 @@ fn oracle_on(name: &str, short: &str, attach: &str) {
         } else {
             (l.max_ns, fg.max_ns)
         };
-        if narrow_max > wide_max {
+        // (Where memcg-trace is the wider window and lost a call, that call may be the longest.)
+        if narrow_max > wide_max && (fg_wider || p.lost == 0) {
             fail(format!(
                 "the narrower window's longest call {narrow_max} ns, the wider's {wide_max} ns"
             ));
@@ -1032,17 +1040,35 @@ fn oracle_on(name: &str, short: &str, attach: &str) {
 
 #[test]
 fn vm_oracle_6_12() {
-    oracle_on("vm_oracle_6_12", "6.12", "fentry");
+    oracle_on(
+        "vm_oracle_6_12",
+        "6.12",
+        "fentry",
+        "obj_cgroup_charge",
+        "try_charge_memcg",
+    );
 }
 
 #[test]
 fn vm_oracle_5_10() {
-    oracle_on("vm_oracle_5_10", "5.10", "kprobe");
+    oracle_on(
+        "vm_oracle_5_10",
+        "5.10",
+        "kprobe",
+        "obj_cgroup_charge",
+        "try_charge",
+    );
 }
 
 #[test]
 fn vm_oracle_7_3() {
-    oracle_on("vm_oracle_7_3", "7.3", "kprobe");
+    oracle_on(
+        "vm_oracle_7_3",
+        "7.3",
+        "kprobe",
+        "__memcg_slab_post_alloc_hook",
+        "try_charge_memcg",
+    );
 }
 
 /// The A/B workflow end to end on the switch the kmem-accounting debate was about: Debian's

@@ -199,8 +199,8 @@ pub fn profile_script(backends: &str, probes: &str, hackbench: &str, freq: u32) 
 }
 
 /// The guest script of the oracle test (`xtask/guest/oracle.sh`): function_graph beside
-/// `record --attach attach` for each of `runs` ("NAME PROBE WORKLOAD", one a line; WORKLOAD
-/// `reclaim` or a hackbench command line).
+/// `record --attach attach` for each of `runs` ("NAME PROBE FUNCTION WORKLOAD", one a line;
+/// WORKLOAD `reclaim` or a hackbench command line).
 pub fn oracle_script(attach: &str, runs: &[&str]) -> String {
     format!(
         "ATTACH='{attach}'\nRUNS='{}'\n{}",

@@ -506,6 +506,10 @@ pub struct Pending {
 pub const PENDING_WORKLOAD: u32 = 1;
 /// Interrupt context: `switches` holds the entry program's recursion misses on this CPU.
 pub const PENDING_MISSES_KNOWN: u32 = 2;
+/// At entry, the innermost open call on the CPU (`nest_owner`) was running and encloses this
+/// call: an interrupt call of a lower context still pending there, or a call of the task this
+/// call runs in or interrupted (see [`Nest`]).
+pub const PENDING_ENCLOSED: u32 = 4;
 
 /// The pending calls of one probe on one CPU.
 #[repr(C)]
@@ -570,9 +574,11 @@ pub const DEFERRED_OFF_UNKNOWN: u8 = 8;
 pub const DEFERRED_OUTERMOST: u8 = 16;
 
 /// The time a task spent off the CPU during a call, from its off-CPU clock at entry and at exit
-/// (`Pending::clock`), clamped to the call's wall time `wall`; None when the clock went
-/// back (it never does for one task on one CPU: a read that raced with the scheduler updating
-/// the task from another CPU, or two CPUs' clocks), so that no time is made up. The scheduler adds the time
+/// (`Pending::clock`), at most the call's wall time `wall`; None when the clock went back, or
+/// moved by more than the call lasted beyond the drift of the two clocks (`OFF_CPU_SLACK`): it
+/// does neither for one task on one CPU, so the reads were not a pair (one raced with the
+/// scheduler updating the task from another CPU, failed, or came from two CPUs' clocks), and
+/// no time is made up. The scheduler adds the time
 /// a task ran to `se.sum_exec_runtime` and sets `se.exec_start` to the same instant whenever it
 /// accounts a running task (ticks, switch-out), so `exec_start - sum_exec_runtime` stays put
 /// while the task runs and jumps by the time it was away when it is switched back in
@@ -583,10 +589,23 @@ pub const fn off_cpu(entry: u64, exit: u64, wall: u64) -> Option<u64> {
     if d < 0 {
         None
     } else if d as u64 > wall {
-        Some(wall)
+        if d as u64 - wall <= off_cpu_slack(wall) {
+            Some(wall)
+        } else {
+            None
+        }
     } else {
         Some(d as u64)
     }
+}
+
+/// How far the off-CPU clock (the scheduler's, `rq_clock_task`) may run ahead of the call's
+/// wall time (`bpf_ktime_get_ns`) over a call of `wall` ns and still be taken as "off the CPU
+/// for all of it": the two clocks' drift (NTP slews the monotonic clock by up to 500 ppm) and
+/// the few ns between the two reads at each end.
+#[inline(always)]
+pub const fn off_cpu_slack(wall: u64) -> u64 {
+    (wall >> 10) + 1000
 }
 
 /// Per-CPU state the programs keep for themselves.
@@ -642,8 +661,14 @@ pub const TP_CELLS: usize = (MAX_PROBES * NUM_CTX).next_power_of_two();
 /// caller, so its calls leave the sums as they found them). Exits out of order (a call that
 /// migrated, or whose task was switched out while another task's call began there and is
 /// still open) find another call innermost: their nesting is unknown (self time = duration,
-/// counted in `Counters::self_unknown`). A few loads and stores a call, no search; a call whose exit was
-/// lost leaves nothing to clean up.
+/// counted in `Counters::self_unknown`). A call enclosed by what it interrupted is told at its
+/// entry, by who is innermost: an interrupt call of a lower context whose slot is still taken,
+/// or the very task the call runs in or interrupted (another task's open call is not running:
+/// it was switched out, so an interrupt now is not inside its time). An open state that cannot
+/// be running any more (a task's call with no task call pending on the CPU, after a call that
+/// migrated away or whose exit was lost; an interrupt call with no lower interrupt call
+/// pending) is dropped by the next call that enters: it notes "none open". A few loads and
+/// stores a call, no search.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct Nest {

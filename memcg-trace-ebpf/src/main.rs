@@ -54,9 +54,9 @@ use memcg_trace_common::{
     PendingSet, StackKey, ARCH_ARM64, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ,
     CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
     DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_IRQ,
-    NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_MISSES_KNOWN, PENDING_SLOTS,
-    PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND,
-    STACK_UNWOUND, TASK_SLOTS, TP_CELLS, WINDOW_OPEN,
+    NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_ENCLOSED, PENDING_MISSES_KNOWN,
+    PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH,
+    STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, TP_CELLS, WINDOW_OPEN,
 };
 
 /// Filled in by userspace from the running kernel's BTF before load.
@@ -503,6 +503,14 @@ fn read_switches(task: u64, lean: bool) -> u64 {
 /// between this program's two reads: a tick on this CPU interrupting it, or another CPU reading
 /// the task's runtime. Every update moves `exec_start`, so a pair is taken only when
 /// `exec_start` reads the same before and after `sum_exec_runtime` (a second try at most).
+/// That check cannot see one interleaving: the scheduler stores `exec_start` before
+/// `sum_exec_runtime`, so an update from another CPU (`task_sched_runtime`, under this CPU's
+/// runqueue lock) whose first store lands before our first read and whose second lands after
+/// our read of the sum gives (new `exec_start`, old sum): off by the task's runtime since its
+/// last update. Both our reads must fall in the few instructions between its two stores; the
+/// result is then either beyond the call's wall time, which `off_cpu` makes unknown, or inside
+/// it and wrong. (On arm64 the plain loads of a direct read may also be reordered.) No
+/// sequence count guards the pair in the kernel, so no reader can do better.
 #[inline(always)]
 fn read_off_clock(task: u64, lean: bool) -> u64 {
     let l = layout();
@@ -1000,21 +1008,77 @@ fn vacate(set: &mut PendingSet, i: usize) {
 
 /// Gives a call that is entering its number, notes this CPU's nesting state in its slot
 /// (before its timestamp: a call nested from here on is inside its time), and makes it the
-/// innermost open call; `owner`: its task, or `NEST_IRQ` (see [`Nest`]).
+/// innermost open call; `owner`: its task, or `NEST_IRQ` (see [`Nest`]). `open`: what may be
+/// open on this CPU (see [`encloses`]); `task`: the task the call runs in or interrupted (read
+/// only if an open task call is noted here).
 #[inline(always)]
-fn nest_enter<E: Env>(env: &E, p: &mut Pending, owner: u64) {
+fn nest_enter<E: Env>(
+    env: &E,
+    p: &mut Pending,
+    owner: u64,
+    open: Open,
+    task: impl FnOnce() -> u64,
+) {
     let Some(n) = env.nest() else {
         return;
     };
+    // The slot's last call is the open one: it was dropped as stale or evicted just now, or
+    // its exit was on another CPU (a call that exited here set the state back to what it
+    // noted, so it is not open).
+    let dead = n.top == p.nest_id && n.owner != NEST_NONE;
     let id = n.seq.wrapping_add(1);
     n.seq = id;
     p.nest_id = id;
     p.nest_ns = n.ns;
     p.nest_calls = n.calls;
-    p.nest_owner = n.owner;
-    p.nest_top = n.top;
+    match if dead {
+        None
+    } else {
+        encloses(n.owner, open, task)
+    } {
+        Some(enclosed) => {
+            p.nest_owner = n.owner;
+            p.nest_top = n.top;
+            if enclosed {
+                p.flags |= PENDING_ENCLOSED;
+            }
+        }
+        // Left open by a call that cannot be running: this call (and what it restores at its
+        // exit) starts from "none open".
+        None => {
+            p.nest_owner = NEST_NONE;
+            p.nest_top = 0;
+        }
+    }
     n.owner = owner;
     n.top = id;
+}
+
+/// What may be open on a CPU when a call enters there, from its pending calls of the probe.
+#[derive(Clone, Copy)]
+struct Open {
+    /// A task slot is taken (`PendingSet::used`).
+    task: bool,
+    /// The slot of an interrupt context below the entering call's is taken (task calls:
+    /// false).
+    lower_irq: bool,
+}
+
+/// Whether the innermost open call noted on this CPU, `owner`'s, encloses a call entering now
+/// (`task`: the task that call runs in or interrupted); `None` when the open call cannot be
+/// running any more (its exit was on another CPU, or lost).
+#[inline(always)]
+fn encloses(owner: u64, open: Open, task: impl FnOnce() -> u64) -> Option<bool> {
+    match owner {
+        NEST_NONE => Some(false),
+        // Task code does not run while an interrupt call is open on its CPU; an interrupt call
+        // runs inside one of a lower context only, which is still in its slot.
+        NEST_IRQ => open.lower_irq.then_some(true),
+        // A task's call is pending in a task slot of this CPU while it is open here. It encloses
+        // its own task's calls, and interrupt calls only while it runs: an interrupt of another
+        // task is not inside its time.
+        t => open.task.then(|| t == task()),
+    }
 }
 
 /// What ran nested in a call, found at its exit.
@@ -1027,13 +1091,13 @@ struct Nested {
     enclosed: bool,
 }
 
-/// At the exit of `call` (context `ctx`): what ran nested in it, from the growth of this CPU's
+/// At the exit of `call`: what ran nested in it, from the growth of this CPU's
 /// sums since its entry, known only if it is still the innermost open call (see [`Nest`]).
 /// The state is set back to what it was at its entry whatever happens (the call itself is
-/// added by `nest_done` once it is counted, if the call open then encloses it). `here`: the
+/// added by `nest_done` once it is counted, if it was enclosed at entry). `here`: the
 /// call entered on this CPU (a migrated call's exit leaves this CPU's state alone).
 #[inline(always)]
-fn nest_exit<E: Env>(env: &E, call: &Pending, ctx: u32, here: bool) -> Nested {
+fn nest_exit<E: Env>(env: &E, call: &Pending, here: bool) -> Nested {
     let mut r = Nested {
         child_ns: u64::MAX,
         child_calls: 0,
@@ -1053,7 +1117,7 @@ fn nest_exit<E: Env>(env: &E, call: &Pending, ctx: u32, here: bool) -> Nested {
     n.calls = call.nest_calls;
     n.owner = call.nest_owner;
     n.top = call.nest_top;
-    r.enclosed = call.nest_owner != NEST_NONE && (ctx != CTX_TASK || call.nest_owner == call.task);
+    r.enclosed = call.flags & PENDING_ENCLOSED != 0;
     r
 }
 
@@ -1109,7 +1173,19 @@ fn pair_entry<E: Env>(
     if !env.lean() {
         stack(ctx);
     }
+    // SAFETY: an aligned u64 in a map value.
+    let used = unsafe { core::ptr::read_volatile(&set.used) };
     if ctx != CTX_TASK {
+        let mut lower_irq = false;
+        for c in CTX_SOFTIRQ..CTX_NMI {
+            if c < ctx && set.calls[irq_slot(c)].key != 0 {
+                lower_irq = true;
+            }
+        }
+        let open = Open {
+            task: used != 0,
+            lower_irq,
+        };
         // One call in flight per interrupt context: what is left there is stale.
         let Some(p) = set.calls.get_mut(irq_slot(ctx)) else {
             return;
@@ -1129,7 +1205,7 @@ fn pair_entry<E: Env>(
         p.switches = misses;
         set_origin(p, caller, memcg);
         p.key = key;
-        nest_enter(env, p, NEST_IRQ);
+        nest_enter(env, p, NEST_IRQ, open, || env.task());
         p.ts = env.now();
         return;
     }
@@ -1146,8 +1222,7 @@ fn pair_entry<E: Env>(
     let mut oldest = 0;
     let mut oldest_ts = u64::MAX;
     // No slot taken: nothing stale, the first choice is free (the usual case); no search.
-    // SAFETY: an aligned u64 in a map value.
-    let none_taken = unsafe { core::ptr::read_volatile(&set.used) } == 0;
+    let none_taken = used == 0;
     if none_taken {
         free = k.hint & (TASK_SLOTS - 1);
     }
@@ -1193,7 +1268,11 @@ fn pair_entry<E: Env>(
     set_origin(p, caller, memcg);
     // Before the timestamp: a call nested from here on is inside this one's time. (A claim
     // below fails only where runs interleave, and nesting is not followed there.)
-    nest_enter(env, p, task);
+    let open = Open {
+        task: !none_taken,
+        lower_irq: false,
+    };
+    nest_enter(env, p, task, open, || task);
     p.ts = env.now();
     // After the timestamp: time off the CPU before it is not part of the call's latency.
     p.clock = env.clock(task);
@@ -1522,7 +1601,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             } != call.switches);
     // This CPU's nesting sums are set back whatever happens below; the call's duration is
     // added for the enclosing call only if the call is counted.
-    let nested = nest_exit(env, call, ctx, !migrated);
+    let nested = nest_exit(env, call, !migrated);
     if call.ts > now {
         // Cannot happen for a real pair; never a sample.
         add(&mut cs.orphans, 1, atomic);

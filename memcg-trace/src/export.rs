@@ -490,6 +490,10 @@ pub struct ProbeOut {
     /// Calls its kprobes missed (kprobe backend).
     #[serde(default)]
     pub kprobe_missed: u64,
+    /// Runs of its kprobe programs the kernel skipped (another program was running on that
+    /// CPU): the kernel's hits of the kprobes less the runs counted (kprobe backend).
+    #[serde(default)]
+    pub kprobe_skipped: u64,
     /// Every way a call can be lost, added up (an upper bound: see the README).
     #[serde(default)]
     pub lost_upper: u64,
@@ -802,6 +806,7 @@ pub(crate) fn probes_out(
                 lost: p.lost(),
                 recursion_misses: p.recursion_misses(),
                 kprobe_missed: p.kprobe_missed,
+                kprobe_skipped: p.kprobe_skipped,
                 lost_upper: p.lost_upper(),
                 loss_share: p.loss_share(),
                 pending_at_end: snap.pending.get(slot).copied().unwrap_or(0),
@@ -1300,6 +1305,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         .as_ref()
                         .map(|w| hist(w.count, w.latency.as_ref())),
                     kprobe_missed: p.kprobe_missed,
+                    kprobe_skipped: p.kprobe_skipped,
                     callers: p
                         .callers
                         .iter()

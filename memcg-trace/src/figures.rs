@@ -215,7 +215,7 @@ pub fn losses(s: &Snapshot) -> (u64, u64) {
         s.probes.iter().map(ProbeStats::lost).sum(),
         s.probes
             .iter()
-            .map(|p| p.recursion_misses() + p.kprobe_missed)
+            .map(|p| p.skipped_runs() + p.kprobe_missed)
             .sum(),
     )
 }

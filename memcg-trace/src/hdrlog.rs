@@ -211,6 +211,7 @@ mod tests {
                 programs: Vec::new(),
                 workload: None,
                 kprobe_missed: 0,
+                kprobe_skipped: 0,
                 callers: Vec::new(),
                 memcgs: Vec::new(),
                 stacks: Vec::new(),

@@ -236,6 +236,11 @@ pub struct ProbeStats {
     pub workload: Option<HistData>,
     /// Calls the kprobes themselves missed (kprobe backend; `kprobe_profile`): no program ran.
     pub kprobe_missed: u64,
+    /// Runs of the kprobe programs the kernel skipped, told by the kernel's own hit counts
+    /// (`kprobe_profile`) less the runs the programs counted (kprobe backend): a program skipped
+    /// while another ran on that CPU (`bpf_prog_active`), which kernels before 6.7 count
+    /// nowhere else. From 6.7 the same runs are the programs' `recursion_misses` too.
+    pub kprobe_skipped: u64,
     /// With `--callers`: the timed calls by call site, costliest first (the calls no site had
     /// room for are each context's `counters.callers_other`).
     pub callers: Vec<crate::callers::Site>,
@@ -276,11 +281,18 @@ impl ProbeStats {
         self.programs.iter().map(|p| p.recursion_misses).sum()
     }
 
-    /// Every way a call can be lost, added up: calls seen but not timed, runs the kernel's
-    /// recursion protection skipped, calls the kprobes missed. An upper bound: a call whose
-    /// entry was skipped and whose exit ran is counted twice (a miss and an orphan exit).
+    /// Runs the kernel did not run a program for, as far as it tells: the programs' recursion
+    /// misses, or, where more, the kprobe hits the programs never saw (the same runs from 6.7,
+    /// the only count of them before).
+    pub fn skipped_runs(&self) -> u64 {
+        self.recursion_misses().max(self.kprobe_skipped)
+    }
+
+    /// Every way a call can be lost, added up: calls seen but not timed, runs the kernel
+    /// skipped, calls the kprobes missed. An upper bound: a call whose entry was skipped and
+    /// whose exit ran is counted twice (a miss and an orphan exit).
     pub fn lost_upper(&self) -> u64 {
-        self.lost() + self.recursion_misses() + self.kprobe_missed
+        self.lost() + self.skipped_runs() + self.kprobe_missed
     }
 
     /// `lost_upper` as a share of the calls counted and lost.

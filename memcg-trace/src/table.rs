@@ -156,7 +156,7 @@ pub fn workload_cpu(doc: &Document) -> String {
 pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
     let sum = |f: fn(&crate::export::ContextOut) -> u64| p.contexts.iter().map(f).sum::<u64>();
     format!(
-        "{} via {}: {} calls, {} lost (orphan exits {}, lost exits {}, evicted {}, unproven {}, ring full {}, no context {}), {} recursion misses, {} kprobe misses; loss at most {}; {} left the CPU ({} migrated){}; {} outside the window",
+        "{} via {}: {} calls, {} lost (orphan exits {}, lost exits {}, evicted {}, unproven {}, ring full {}, no context {}), {} recursion misses, {} kprobe misses{}; loss at most {}; {} left the CPU ({} migrated){}; {} outside the window",
         p.target,
         p.backend,
         p.count,
@@ -169,6 +169,12 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
         sum(|c| c.no_context_entries + c.no_context_exits),
         p.recursion_misses,
         p.kprobe_missed,
+        // The kernel counted more kprobe hits than the programs ran (before 6.7 these runs
+        // are in no recursion count).
+        match p.kprobe_skipped {
+            n if n > p.recursion_misses => format!(", {n} kprobe hits not run"),
+            _ => String::new(),
+        },
         p.loss_share
             .map(|s| format!("{:.2}%", s * 100.0))
             .unwrap_or_else(|| "-".into()),

@@ -299,6 +299,7 @@ fn plot_draws_calls_per_second_from_an_interval_log() {
                 programs: Vec::new(),
                 workload: None,
                 kprobe_missed: 0,
+                kprobe_skipped: 0,
                 callers: Vec::new(),
                 memcgs: Vec::new(),
                 stacks: Vec::new(),

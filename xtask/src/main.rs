@@ -144,9 +144,9 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Setup => setup::setup(),
-        Cmd::Build { arch } => {
+        Cmd::Build { arch } => setup::setup().and_then(|_| {
             build_release_for(arch).map(|p| eprintln!("xtask: built {}", p.display()))
-        }
+        }),
         Cmd::Vm {
             kernel,
             arch,
@@ -157,9 +157,11 @@ fn main() {
             mem,
             icount,
             cpus,
-        } => vm_cmd(
-            &kernel, arch, accel, script, timeout, bin, mem, icount, cpus,
-        ),
+        } => setup::setup().and_then(|_| {
+            vm_cmd(
+                &kernel, arch, accel, script, timeout, bin, mem, icount, cpus,
+            )
+        }),
         Cmd::Demo {
             host,
             kernel,
@@ -168,13 +170,13 @@ fn main() {
             hackbench,
             compare,
             runs,
-        } => {
+        } => setup::setup().and_then(|_| {
             if compare {
                 demo_compare(&arch_kernel(&kernel, arch), accel, &hackbench, runs)
             } else {
                 demo(host, &kernel, arch, accel, &hackbench)
             }
-        }
+        }),
         Cmd::Test {
             kernel,
             accel,
@@ -466,9 +468,11 @@ fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Res
     Ok(())
 }
 
-/// Runs `cmd`, echoing its output, and returns the (passed, failed) totals of cargo test's
-/// `test result:` lines.
+/// Runs `cmd`, echoing its output (each test's result line with the time since the start, so
+/// that a slow test shows), and returns the (passed, failed) totals of cargo test's `test
+/// result:` lines.
 fn cargo_test(cmd: &mut Command) -> Result<(u64, u64, bool)> {
+    let start = Instant::now();
     let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
@@ -478,7 +482,11 @@ fn cargo_test(cmd: &mut Command) -> Result<(u64, u64, bool)> {
         .lines()
         .map_while(Result::ok)
     {
-        println!("{line}");
+        if line.starts_with("test ") && line.contains(" ... ") {
+            println!("[{:>5.0}s] {line}", start.elapsed().as_secs_f64());
+        } else {
+            println!("{line}");
+        }
         if let Some(rest) = line.strip_prefix("test result: ") {
             let num = |key: &str| -> u64 {
                 rest.split(';')
@@ -506,15 +514,17 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     let start = Instant::now();
     let root = workspace_root();
     setup::setup()?;
+    // Each step with the time since the start: where a run's minutes go.
+    let step = |what: &str| eprintln!("test: [{:>5.0}s] {what}", start.elapsed().as_secs_f64());
     let cargo = |args: &[&str]| {
         let mut c = Command::new("cargo");
         c.current_dir(&root).env("PATH", llvm_path()).args(args);
         c
     };
-    eprintln!("test: cargo fmt --check");
+    step("cargo fmt --check");
     run(&mut cargo(&["fmt", "--all", "--", "--check"]))
         .context("formatting differs: run `cargo fmt --all`")?;
-    eprintln!("test: cargo clippy -D warnings");
+    step("cargo clippy -D warnings");
     run(&mut cargo(&[
         "clippy",
         "--locked",
@@ -542,7 +552,7 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     } else {
         None
     };
-    eprintln!("test: unit and host tests");
+    step("unit and host tests");
     let (p1, f1, ok1) = cargo_test(
         cargo(&[
             "test",
@@ -550,6 +560,8 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
             "--workspace",
             "--exclude",
             "memcg-trace-ebpf",
+            // A failing unit test must not keep the host tests from running.
+            "--no-fail-fast",
             "--",
             // Every VM test runs in the VM step below (once).
             "--skip",
@@ -564,7 +576,7 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         .env("MEMCG_TRACE_MATRIX_RUNS", if long { "20" } else { "1" })
         .env("MEMCG_TRACE_FUZZ_SECS", if long { "600" } else { "8" }),
     )?;
-    eprintln!("test: VM matrix ({kernels_env}, {accel:?})");
+    step(&format!("VM matrix ({kernels_env}, {accel:?})"));
     let (p2, f2, ok2) = cargo_test(
         cargo(&[
             "test",
@@ -592,16 +604,18 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         .filter(|(n, _)| n.starts_with("vm_"))
         .count() as u64;
     // The bench is separate from the tests; its smoke run (one pair) keeps it from rotting.
-    eprintln!("test: bench smoke run");
+    step("bench smoke run");
     let bench_ok = xtask::bench::bench(
         &bin,
         xtask::bench::SMOKE,
         "6.12",
         accel,
-        // The loss part boots every kernel of the matrix: only when all are selected.
+        // The smoke run's loss part boots 6.12: only when it is selected.
         &xtask::bench::ALL_PARTS
             .into_iter()
-            .filter(|p| kernel == "all" || *p != xtask::bench::Part::Loss)
+            .filter(|p| {
+                *p != xtask::bench::Part::Loss || selected.iter().any(|k| k.short == "6.12")
+            })
             .collect::<Vec<_>>(),
     )
     .map_err(|e| eprintln!("test: bench smoke run failed: {e:#}"))
@@ -611,7 +625,7 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         bench_ok as u32, !bench_ok as u32
     );
     // The README's main command, short: it must not rot.
-    eprintln!("test: demo (short), in a VM and on the host");
+    step("demo (short), in a VM and on the host");
     let demo_ok = demo(false, "6.12", Arch::X86_64, accel, "-g 1 -l 20")
         .and_then(|_| demo(true, "", Arch::X86_64, accel, "-g 1 -l 20"))
         .map_err(|e| eprintln!("test: demo failed: {e:#}"))
@@ -622,7 +636,7 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     );
     // Long runs, short: two minutes of record beside a looping workload (30 in the long mode).
     let soak_minutes = if long { 30.0 } else { 2.0 };
-    eprintln!("test: soak ({soak_minutes} minutes)");
+    step(&format!("soak ({soak_minutes} minutes)"));
     let soak_ok = match xtask::soak::soak(&bin, soak_minutes) {
         Ok(s) => {
             println!("{}", s.verdict);

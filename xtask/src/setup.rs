@@ -74,17 +74,21 @@ fn missing_packages() -> Vec<&'static str> {
         .collect()
 }
 
-/// Runs every setup step.
+/// Runs every setup step: each checks first and installs only what is missing. Every command
+/// that builds or boots runs it first, so that each works on a machine that has nothing yet.
 pub fn setup() -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("setup must run as root (it installs apt packages): run it with sudo");
-    }
     step("apt packages", || {
         let missing = missing_packages();
         if missing.is_empty() {
             eprintln!("setup: apt packages present");
             return Ok(());
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!(
+                "{} missing: run this as root once (it installs apt packages), e.g. with sudo",
+                missing.join(" ")
+            );
         }
         eprintln!("setup: apt-get install {}", missing.join(" "));
         run(Command::new("apt-get").args(["-q", "update"]))?;

@@ -186,6 +186,15 @@ fn self_time(o: &Outcome, ctx: u32, want: u64) -> Result<(), String> {
     )
 }
 
+/// The calls of `ctx` counted as outermost (no traced call open around them) took `want` ns.
+fn outermost(o: &Outcome, ctx: u32, want: u64) -> Result<(), String> {
+    expect(
+        &format!("{} outermost ns", CTX_NAMES[ctx as usize]),
+        o.counters[ctx as usize].outermost_ns,
+        want,
+    )
+}
+
 fn expect(what: &str, got: u64, want: u64) -> Result<(), String> {
     if got == want {
         Ok(())
@@ -432,6 +441,65 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: MIGRATED_LEAVES_NOTHING_OPEN,
+            cpus: 2,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5, 1000, false, 0),
+                XK(0xa0, task, T, 6, 2000, 1),
+                Step::Ran(T2, 0),
+                E(0xb0, hard, 0, 0, 3000, false, 0),
+                XK(0xb0, hard, 0, 0, 3100, 0),
+                E(0xa0, task, T, 6, 4000, false, 0),
+                XK(0xa0, task, T, 6, 4200, 0),
+            ],
+            check: |o| {
+                expect("migrated", o.counters[0].migrated, 1)?;
+                timed(o, CTX_TASK, 2, 1000 + 200)?;
+                timed(o, CTX_HARDIRQ, 1, 100)?;
+                outermost(o, CTX_TASK, 1000 + 200)?;
+                outermost(o, CTX_HARDIRQ, 100)
+            },
+        },
+        Case {
+            name: "an interrupt call whose exit was skipped leaves nothing open: the next interrupt calls are outermost",
+            cpus: 1,
+            kernel: PREEMPT,
+            steps: vec![
+                E(0xb0, hard, 0, 0, 1000, false, 0),
+                E(0xc0, soft, 0, 0, 2000, false, 0),
+                XK(0xc0, soft, 0, 0, 2100, 0),
+                E(0xb8, hard, 0, 0, 3000, false, 0),
+                XK(0xb8, hard, 0, 0, 3050, 0),
+            ],
+            check: |o| {
+                expect("hardirq stale", o.counters[CTX_HARDIRQ as usize].stale, 1)?;
+                timed(o, CTX_SOFTIRQ, 1, 100)?;
+                timed(o, CTX_HARDIRQ, 1, 50)?;
+                outermost(o, CTX_SOFTIRQ, 100)?;
+                outermost(o, CTX_HARDIRQ, 50)
+            },
+        },
+        Case {
+            name: "not preemptible: an interrupt of another task while a task call is off the CPU is not nested in it",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5, 1000, false, 0),
+                Step::Ran(T2, 0),
+                E(0xb0, hard, 0, 0, 2000, false, 0),
+                XK(0xb0, hard, 0, 0, 2100, 0),
+                Step::Ran(T, 0),
+                XK(0xa0, task, T, 6, 5000, 0),
+            ],
+            check: |o| {
+                timed(o, CTX_TASK, 1, 4000)?;
+                self_time(o, CTX_TASK, 4000)?;
+                outermost(o, CTX_TASK, 4000)?;
+                outermost(o, CTX_HARDIRQ, 100)
+            },
+        },
+        Case {
             name: "a softirq call whose exit was skipped: stale at the next softirq entry",
             cpus: 1,
             kernel: PREEMPT,
@@ -537,26 +605,30 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
-            name: "not preemptible: calls that left the CPU are timed in the kernel, time off the CPU summed, clamped to the call",
+            name: "not preemptible: calls that left the CPU are timed in the kernel, time off the CPU summed; a clock that moved by more than the call lasted is unknown, never off for all of it",
             cpus: 1,
             kernel: NO_PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5000, 1000, false, 0),
                 XK(0xa0, task, T, 8000, 9000, 0),
-                // The clock moved by more than the call lasted: off for all of it, no more.
+                // The clock moved by far more than the call lasted (a torn or failed read):
+                // unknown.
                 E(0xb0, task, T, 20_000, 10_000, false, 0),
                 XK(0xb0, task, T, 90_000, 12_000, 0),
+                // Ahead of the call by less than the clocks' drift: off for all of it.
+                E(0xd0, task, T, 90_000, 20_000, false, 0),
+                XK(0xd0, task, T, 92_500, 22_000, 0),
                 // Unmoved: never left the CPU.
-                E(0xc0, task, T, 90_000, 13_000, false, 0),
-                XK(0xc0, task, T, 90_000, 13_500, 0),
+                E(0xc0, task, T, 92_500, 23_000, false, 0),
+                XK(0xc0, task, T, 92_500, 23_500, 0),
             ],
             check: |o| {
                 let c = &o.counters[0];
-                timed(o, CTX_TASK, 3, 8000 + 2000 + 500)?;
-                expect("switched", c.switched, 2)?;
+                timed(o, CTX_TASK, 4, 8000 + 2000 + 2000 + 500)?;
+                expect("switched", c.switched, 3)?;
                 expect("off-CPU ns", c.off_cpu_ns, 3000 + 2000)?;
                 expect("off-CPU max ns", c.off_cpu_max_ns, 3000)?;
-                expect("off-CPU unknown", c.off_cpu_unknown, 0)?;
+                expect("off-CPU unknown", c.off_cpu_unknown, 1)?;
                 deferred(o, &[])
             },
         },
@@ -876,6 +948,17 @@ fn legacy_outcome(case: &str) -> Option<(&'static str, Check)> {
             "the local entry cannot be told from a stale one: ambiguous, nothing timed",
             |o| untimed(o, 0, 1, 1),
         ),
+        MIGRATED_LEAVES_NOTHING_OPEN => (
+            "the migrated exit unmatched, its entry stale at the task's next call there: the later calls outermost",
+            |o| {
+                let c = &o.counters[CTX_TASK as usize];
+                expect("orphans", c.orphans, 1)?;
+                expect("stale", c.stale, 1)?;
+                timed(o, CTX_TASK, 1, 200)?;
+                outermost(o, CTX_TASK, 200)?;
+                outermost(o, CTX_HARDIRQ, 100)
+            },
+        ),
         LEFT_AND_CAME_BACK => (
             "cannot be told from a stale entry: ambiguous, nothing timed",
             |o| untimed(o, 0, 1, 0),
@@ -892,6 +975,8 @@ const STALE_THEN_MIGRATED_INTERLEAVING: &str =
     "runs interleave: a stale entry of the task and frame, then a migrated call: its exit takes its own entry on the other CPU, from a copy";
 const OLD_STALE_ELSEWHERE: &str =
     "a stale entry of the task and frame on another CPU, then a call that moved there and back: its own (newer) entry, not the stale one";
+const MIGRATED_LEAVES_NOTHING_OPEN: &str =
+    "a call that migrated leaves nothing open on the CPU it entered on: later calls there, interrupt or its own task's, are outermost";
 const LEFT_AND_CAME_BACK: &str = "a call that moved to another CPU and back keeps its own entry";
 
 /// What the legacy object (no search of other CPUs) must make of a migrated call: its exit

@@ -175,7 +175,8 @@ pub enum Step {
     ExitKprobeClock(u64, u32, u64, u64, u64, u64, u32),
     /// No program runs: the task ran on this CPU meanwhile (task, CPU). The sequence keeps
     /// each task's migration count (`se.nr_migrations`) from the CPUs its steps run on: a step
-    /// of a task on another CPU than its last one is a migration.
+    /// of a task on another CPU than its last one is a migration. An interrupt step that names
+    /// no task (0) interrupts the task that ran last on its CPU (its last task step or `Ran`).
     Ran(u64, u32),
 }
 
@@ -231,9 +232,13 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
         }
         m.1
     };
+    // Per CPU: the task running there (its last task step or `Ran`), which the interrupt
+    // steps that name no task interrupt.
+    let mut running: std::collections::HashMap<u32, u64> = Default::default();
     for s in steps {
         if let Step::Ran(task, cpu) = *s {
             migrations(task, cpu);
+            running.insert(cpu, task);
             continue;
         }
         // (op, key, ctx, task, switches, now, flags, misses, cpu): flags bit 0 workload, bit 1
@@ -257,9 +262,14 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
             Step::Ran(..) => unreachable!("handled above"),
         };
         let flags = if task != 0 && ctx == CTX_TASK {
+            running.insert(cpu, task);
             flags | migrations(task, cpu) << 8
         } else {
             flags
+        };
+        let task = match task {
+            0 if ctx != CTX_TASK => running.get(&cpu).copied().unwrap_or(0),
+            t => t,
         };
         if cpu as usize >= rig.cpus {
             bail!(

@@ -47,6 +47,8 @@ pub struct KprobeEvent {
     /// The event name alone (as `kprobe_profile` lists it).
     name: String,
     perf: OwnedFd,
+    /// A kretprobe.
+    pub ret: bool,
 }
 
 impl KprobeEvent {
@@ -95,11 +97,17 @@ impl KprobeEvent {
             event,
             name,
             perf,
+            ret,
         })
     }
 
     /// Hits and misses of this probe (`kprobe_profile`): a miss is a call the kprobe could not
-    /// handle (another kprobe was running on that CPU; for a kretprobe, no free instance).
+    /// handle (another kprobe was running on that CPU; for a kretprobe, no free instance). A
+    /// hit is a call the kprobe handled, whether or not the kernel then ran the program (it
+    /// skips it while another BPF program runs on that CPU, `bpf_prog_active`, and counts that
+    /// as the program's miss only from 6.7): hits less the program's runs are the runs it
+    /// skipped, on every kernel. The program is attached before the event is enabled, so every
+    /// hit could run it.
     pub fn profile(&self) -> Option<(u64, u64)> {
         let text = fs::read_to_string(self.tracefs.join("kprobe_profile")).ok()?;
         text.lines().find_map(|l| {

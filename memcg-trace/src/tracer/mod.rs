@@ -1207,6 +1207,16 @@ impl Tracer {
             None
         };
         for a in &self.attached {
+            // The kernel's counts of the kprobe events: (kretprobe, hits, misses). Read before
+            // the programs' counters, so that a hit counted here has run (or was skipped)
+            // before they are read: hits less runs never exceeds the runs skipped (exact once
+            // the probes are detached).
+            let profiles: Vec<(bool, u64, u64)> = a
+                .programs
+                .iter()
+                .filter_map(|p| self.kprobes.get(p))
+                .filter_map(|k| k.profile().map(|(hits, missed)| (k.ret, hits, missed)))
+                .collect();
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
             // The programs time a workload's call, and count its exit, in its workload cell
             // only (one record per call; its entry is counted in the context's cell); the
@@ -1267,12 +1277,25 @@ impl Tracer {
                 }
                 w
             });
-            let kprobe_missed = a
-                .programs
+            let kprobe_missed = profiles.iter().map(|p| p.2).sum();
+            // Every run of an entry program counts one entry (or an entry whose context or
+            // state could not be read), every run of an exit program one exit.
+            let runs = |exit: bool| -> u64 {
+                contexts
+                    .iter()
+                    .map(|c| {
+                        let c = &c.counters;
+                        if exit {
+                            c.exits + c.no_context_exits
+                        } else {
+                            c.entries + c.no_context_entries
+                        }
+                    })
+                    .sum()
+            };
+            let kprobe_skipped = profiles
                 .iter()
-                .filter_map(|p| self.kprobes.get(p))
-                .filter_map(KprobeEvent::profile)
-                .map(|(_, missed)| missed)
+                .map(|&(ret, hits, _)| hits.saturating_sub(runs(ret)))
                 .sum();
             probes.push(ProbeStats {
                 workload,
@@ -1282,6 +1305,7 @@ impl Tracer {
                 contexts,
                 programs: a.programs.iter().map(|p| self.cost(p)).collect(),
                 kprobe_missed,
+                kprobe_skipped,
                 callers: sites.remove(&a.slot).unwrap_or_default(),
                 memcgs: memcgs.remove(&a.slot).unwrap_or_default(),
                 stacks: stacks.remove(&a.slot).unwrap_or_default(),

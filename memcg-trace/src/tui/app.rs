@@ -776,6 +776,7 @@ pub(crate) mod tests {
                 programs: vec![],
                 workload: None,
                 kprobe_missed: 0,
+                kprobe_skipped: 0,
                 callers: Vec::new(),
                 memcgs: Vec::new(),
                 stacks: Vec::new(),

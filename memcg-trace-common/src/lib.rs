@@ -714,6 +714,10 @@ pub struct Config {
     /// Non-zero when memcg-trace created the workload's cgroup and removes it only after the
     /// programs are detached (see `CpuState::workload_cgrp`).
     pub workload_owned: u32,
+    /// The depth of the workload's cgroup v2 below the root (0: unknown): a task of a cgroup
+    /// the workload made below its own (and moved into) is the workload's too, as its CPU
+    /// time is in the workload's `cpu.stat`. Not followed by the legacy object.
+    pub workload_level: u32,
     /// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks
     /// are timed, and their exits counted, in the workload cells.
     pub workload_cgroup: u64,

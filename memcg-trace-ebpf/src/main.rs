@@ -33,10 +33,10 @@ use core::{
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_task, bpf_get_current_task_btf,
-        bpf_get_func_arg_cnt, bpf_get_func_ip, bpf_get_smp_processor_id, bpf_get_stack,
-        bpf_ktime_get_ns, bpf_loop, bpf_map_lookup_percpu_elem, bpf_probe_read_kernel,
-        bpf_seq_write, bpf_this_cpu_ptr,
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_current_task,
+        bpf_get_current_task_btf, bpf_get_func_arg_cnt, bpf_get_func_ip, bpf_get_smp_processor_id,
+        bpf_get_stack, bpf_ktime_get_ns, bpf_loop, bpf_map_lookup_percpu_elem,
+        bpf_probe_read_kernel, bpf_seq_write, bpf_this_cpu_ptr,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -114,6 +114,7 @@ static CONFIG: Config = Config {
     preemptible: 1,
     kprobe_defers: 1,
     workload_owned: 0,
+    workload_level: 0,
     tp_percpu: 0,
     callers: 0,
     by_memcg: 0,
@@ -476,6 +477,19 @@ fn cgroup_id(task: u64) -> u64 {
     unsafe { bpf_get_current_cgroup_id() }
 }
 
+/// Whether the current task's cgroup lies below the workload's (a cgroup the workload made and
+/// moved into): its ancestor at the workload's depth is the workload's cgroup. One helper
+/// call, made only for tasks outside the workload's own cgroup. Not in the legacy object,
+/// whose kernels may refuse the helper to tracing programs.
+#[inline(always)]
+fn under_workload(c: &Config) -> bool {
+    if LEGACY || c.workload_level == 0 {
+        return false;
+    }
+    // SAFETY: helper without preconditions.
+    unsafe { bpf_get_current_ancestor_cgroup_id(c.workload_level as i32) == c.workload_cgroup }
+}
+
 /// `nvcsw + nivcsw` of `task` (from `current_task`): changes whenever the task leaves the CPU.
 /// Two counters, each a word the scheduler only increments: no read can make a switch up.
 #[inline(always)]
@@ -655,7 +669,7 @@ impl Env for Kernel {
                 return true;
             }
             if cgrp_id(l, cgrp) != w {
-                return false;
+                return under_workload(c);
             }
             if c.workload_owned != 0 {
                 // SAFETY: as above.
@@ -663,7 +677,7 @@ impl Env for Kernel {
             }
             return true;
         }
-        cgroup_id(task) == w
+        cgroup_id(task) == w || under_workload(c)
     }
     #[inline(always)]
     fn atomic(&self) -> bool {

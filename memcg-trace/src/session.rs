@@ -295,6 +295,8 @@ pub struct AttachOptions {
     pub workload_cgroup: u64,
     /// memcg-trace created that cgroup and removes it only after detaching.
     pub workload_owned: bool,
+    /// The depth of that cgroup below the v2 root (0: unknown).
+    pub workload_level: u32,
     /// Diagnostics from inside the programs.
     pub ebpf_log: bool,
     /// bpf stats on for the whole run.
@@ -328,6 +330,7 @@ impl AttachOptions {
             verbosity: Verbosity::Quiet,
             workload_cgroup: 0,
             workload_owned: false,
+            workload_level: 0,
             ebpf_log: false,
             bpf_stats: false,
             probe_read: false,
@@ -494,6 +497,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
         &LoadOptions {
             workload_cgroup: o.workload_cgroup,
             workload_owned: o.workload_owned,
+            workload_level: o.workload_level,
             // One more slot than requested: the floor is measured in it.
             probes: reqs.len() as u32 + 1,
             preemptible: interleave,
@@ -912,6 +916,7 @@ impl Session {
                 verbosity: opts.verbosity,
                 workload_cgroup: cgid,
                 workload_owned: memcg.as_ref().is_some_and(|m| m.owned()),
+                workload_level: memcg.as_ref().map_or(0, |m| m.cgroup_level),
                 ebpf_log: args.ebpf_log,
                 bpf_stats: args.bpf_stats,
                 probe_read: args.probe_read,

@@ -45,6 +45,25 @@ pub fn cgroup_id(dir: &Path) -> Option<u64> {
     fs::metadata(dir).ok().map(|m| m.ino())
 }
 
+/// The depth of cgroup directory `dir` below the root of its hierarchy (the root's parent is
+/// on another file system): the level the kernel gives it (`cgroup->level`). 0 if unreadable.
+pub fn cgroup_level(dir: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(dev) = fs::metadata(dir).map(|m| m.dev()) else {
+        return 0;
+    };
+    let mut level = 0;
+    let mut p = dir;
+    while let Some(parent) = p.parent() {
+        if fs::metadata(parent).map(|m| m.dev()).ok() != Some(dev) {
+            break;
+        }
+        level += 1;
+        p = parent;
+    }
+    level
+}
+
 /// Finds the hierarchy to use from /proc/self/mountinfo: v2 when its root offers the memory
 /// controller, else the v1 memory hierarchy.
 pub fn find_hierarchy() -> Result<Hierarchy> {
@@ -85,6 +104,8 @@ pub struct Memcg {
     /// The cgroup v2 id that identifies the workload's tasks in the eBPF programs (0: none).
     /// On a v1 memcg it is that of a companion v2 cgroup the workload also joins.
     pub cgroup_id: u64,
+    /// The depth of that v2 cgroup below the v2 root (0: unknown).
+    pub cgroup_level: u32,
     /// The companion v2 cgroup on v1 systems.
     companion: Option<PathBuf>,
     /// Whether we created it (and so remove it).
@@ -283,6 +304,7 @@ impl Memcg {
         let mut m = Memcg {
             path,
             cgroup_id: 0,
+            cgroup_level: 0,
             companion: None,
             owned: true,
             v2: h.v2,
@@ -292,6 +314,7 @@ impl Memcg {
         m._locks.push(lock?);
         if h.v2 {
             m.cgroup_id = cgroup_id(&m.path).unwrap_or(0);
+            m.cgroup_level = cgroup_level(&m.path);
         } else if let Some(root) = v2root {
             // v1 memcg: the eBPF side identifies tasks by their v2 cgroup, so the workload also
             // joins a controller-less v2 cgroup of the same name.
@@ -301,6 +324,7 @@ impl Memcg {
                 if let Ok(l) = DirLock::take(&c, libc::LOCK_EX | libc::LOCK_NB) {
                     m._locks.push(l);
                     m.cgroup_id = cgroup_id(&c).unwrap_or(0);
+                    m.cgroup_level = cgroup_level(&c);
                 }
             }
         }
@@ -333,6 +357,7 @@ impl Memcg {
         Ok(Memcg {
             path: path.to_path_buf(),
             cgroup_id,
+            cgroup_level: if v2 { cgroup_level(path) } else { 0 },
             companion: None,
             owned: false,
             v2,

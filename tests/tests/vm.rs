@@ -54,6 +54,15 @@ fn vm_matrix(short: &str) {
              echo 0 >/proc/sys/kernel/kptr_restrict\n",
         );
     }
+    // A workload that makes a cgroup below its own and moves into it (as systemd-run --scope
+    // and container runtimes do): its CPU time stays in its cgroup's cpu.stat, so its calls
+    // must stay the workload's.
+    let moved = matches!(short, "6.12" | "7.3");
+    if moved {
+        script.push_str(
+            "memcg-trace record -q -p charge -o /out/moved.json -- sh -c 'cg=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup); mkdir $cg/in && echo $$ >$cg/in/cgroup.procs && exec hackbench -g 2 -l 50' >/out/moved.txt 2>&1 || { cat /out/moved.txt; exit 1; }\n",
+        );
+    }
     if short == "arm64-6.12" {
         // kallsyms' addresses hidden from root too: arm64's per-CPU offset (from
         // __per_cpu_start) is then unknown, and the recording must say how fentry's interrupt
@@ -136,6 +145,24 @@ fn vm_matrix(short: &str) {
         assert!(
             probe(&doc, "rstat").count > 0,
             "arm64 hidden kallsyms: rstat"
+        );
+    }
+    if moved {
+        let doc = load_recording(&r.out_dir.join("moved.json"));
+        let summary = fs::read_to_string(r.out_dir.join("moved.txt")).expect("summary");
+        check_invariants(&doc, &summary);
+        let p = probe(&doc, "charge");
+        let own = p.workload.as_ref().expect("workload figures").count;
+        let task_calls = ctx_count(p, "task");
+        // hackbench makes nearly all task calls; before the workload's sub-cgroups were
+        // followed, only the shell's few calls before its move were the workload's.
+        assert!(
+            own * 2 >= task_calls && own <= task_calls,
+            "{short}: a workload in a cgroup below its own: workload {own} of {task_calls} task calls\n{summary}"
+        );
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("{vm_name}: moved workload: {own} of {task_calls} task calls\n").as_bytes(),
         );
     }
     // auto: fentry where programs cannot be preempted, kprobe where they can.

@@ -136,6 +136,8 @@ pub struct LoadOptions {
     pub workload_cgroup: u64,
     /// memcg-trace created that cgroup and removes it only after detaching.
     pub workload_owned: bool,
+    /// The depth of that cgroup below the v2 root (0: unknown).
+    pub workload_level: u32,
     /// Probe slots to size the shared arrays for.
     pub probes: u32,
     /// The kernel can preempt fentry programs (and tasks holding a BPF recursion guard), or
@@ -212,6 +214,7 @@ fn load_object(
         preemptible: o.preemptible as u32,
         kprobe_defers: o.kernel_preemptible as u32,
         workload_owned: o.workload_owned as u32,
+        workload_level: o.workload_level,
         tp_percpu: o.no_kprobes as u32,
         callers: o.callers as u32,
         by_memcg: o.by_memcg as u32,

@@ -128,7 +128,11 @@ pub struct Figure {
     pub change: Option<f64>,
     /// The test, where both sides have two runs or more.
     pub welch: Option<Welch>,
-    /// `p < alpha`.
+    /// Welch's p adjusted for the number of figures tested in this comparison
+    /// (Benjamini-Hochberg): among the figures called beyond noise, the expected share of
+    /// unchanged ones is at most `alpha`.
+    pub q: Option<f64>,
+    /// `q < alpha` (or every run of both sides the same, and the sides apart).
     pub beyond_noise: Option<bool>,
 }
 
@@ -165,6 +169,12 @@ fn about(docs: &[Document]) -> String {
         .any(|x| x.meta.kernel_release != d.meta.kernel_release)
     {
         s.push_str("; runs on different kernels");
+    }
+    // Backends differ in their floor (hundreds of ns under emulation): their latencies do not
+    // compare.
+    let backends = |x: &Document| x.probes.iter().map(|p| p.backend).collect::<Vec<_>>();
+    if docs.iter().any(|x| backends(x) != backends(d)) {
+        s.push_str("; runs with different backends");
     }
     s
 }
@@ -236,9 +246,10 @@ pub fn compare(
                 (Some(x), Some(y)) => welch(x, y),
                 _ => None,
             };
+            // Decided below for the tested figures, once every p is known.
             let beyond_noise = w
                 .as_ref()
-                .map(|w| w.p < alpha)
+                .map(|_| false)
                 .or_else(|| counts_apart(unit, sa.as_ref()?, sb.as_ref()?));
             figures.push(Figure {
                 probe: probe.to_string(),
@@ -250,6 +261,7 @@ pub fn compare(
                 b: sb,
                 change,
                 welch: w,
+                q: None,
             });
         }
     };
@@ -271,12 +283,14 @@ pub fn compare(
                 // A run where the probe was attached but saw no call here: 0 calls/s (kmem
                 // accounting off, say), not a missing run.
                 let attached = d.probes.iter().any(|p| p.name == name);
+                // Calls per operation of the workload: of its own calls only (the workload
+                // row), not of the system's.
                 row_figures(
                     c.as_ref()
                         .and_then(|c| c.rate_per_s)
                         .or(attached.then_some(0.0)),
                     c.as_ref().map(|c| c.count).or(attached.then_some(0)),
-                    ops(d),
+                    None,
                     c.as_ref().and_then(|c| c.latency.as_ref()),
                 )
             });
@@ -309,6 +323,18 @@ pub fn compare(
     push("run", "-", &|d: &Document| {
         vec![("duration", "s", Some(d.meta.duration_ns as f64 / 1e9))]
     });
+    // Every row is a test: at 0.05, one unchanged figure in twenty would come out beyond noise
+    // by chance. The p values are adjusted for the number tested.
+    let ps: Vec<f64> = figures
+        .iter()
+        .filter_map(|f| f.welch.as_ref().map(|w| w.p))
+        .collect();
+    let mut qs = benjamini_hochberg(&ps).into_iter();
+    for f in figures.iter_mut().filter(|f| f.welch.is_some()) {
+        let q = qs.next();
+        f.q = q;
+        f.beyond_noise = q.map(|q| q < alpha);
+    }
     Comparison {
         alpha,
         a_about: about(a),
@@ -317,6 +343,21 @@ pub fn compare(
         b_files,
         figures,
     }
+}
+
+/// Benjamini-Hochberg adjusted p values (q), in the order given: q of the i-th smallest p of m is
+/// the least `p_j * m / j` over j >= i, at most 1.
+pub fn benjamini_hochberg(ps: &[f64]) -> Vec<f64> {
+    let m = ps.len();
+    let mut order: Vec<usize> = (0..m).collect();
+    order.sort_by(|&i, &j| ps[i].total_cmp(&ps[j]));
+    let mut q = vec![1.0; m];
+    let mut least: f64 = 1.0;
+    for (rank, &i) in order.iter().enumerate().rev() {
+        least = least.min(ps[i] * m as f64 / (rank + 1) as f64);
+        q[i] = least;
+    }
+    q
 }
 
 /// The operations the run's workload reports (see `workload::operations`).
@@ -388,11 +429,12 @@ const HEADER: [&str; 10] = [
 
 fn preamble(c: &Comparison) -> String {
     format!(
-        "A: {} runs, {}\nB: {} runs, {}\nWelch's t-test on the per-run values, two-sided; beyond noise: p < {}\n",
+        "A: {} runs, {}\nB: {} runs, {}\nWelch's t-test on the per-run values, two-sided; beyond noise: p adjusted for the {} figures tested (Benjamini-Hochberg) < {}\n",
         c.a_files.len(),
         c.a_about,
         c.b_files.len(),
         c.b_about,
+        c.figures.iter().filter(|f| f.welch.is_some()).count(),
         c.alpha
     )
 }
@@ -452,6 +494,57 @@ pub fn markdown(c: &Comparison) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn benjamini_hochberg_matches_a_reference() {
+        // R: p.adjust(c(0.01, 0.04, 0.03, 0.005), "BH")
+        let q = benjamini_hochberg(&[0.01, 0.04, 0.03, 0.005]);
+        for (got, want) in q.iter().zip([0.02, 0.04, 0.04, 0.02]) {
+            assert!((got - want).abs() < 1e-12, "{q:?}");
+        }
+        assert_eq!(benjamini_hochberg(&[0.9, 1.0]), vec![1.0, 1.0]);
+        assert!(benjamini_hochberg(&[]).is_empty());
+    }
+
+    /// Many unchanged figures (3 noisy runs a side, 40 figures a comparison, 400
+    /// comparisons): a comparison that calls any of them beyond noise is a false alarm. Tested
+    /// one by one at 0.05 nearly every comparison would raise one (1 - 0.95^40 = 87%); adjusted,
+    /// at most about 5% may.
+    #[test]
+    fn unchanged_figures_are_rarely_called_beyond_noise() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut uniform = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut normal = move || {
+            let (u, v) = (uniform().max(1e-300), uniform());
+            (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+        };
+        let (comparisons, rows) = (400, 40);
+        let (mut alarms, mut raw_alarms) = (0, 0);
+        for _ in 0..comparisons {
+            let ps: Vec<f64> = (0..rows)
+                .filter_map(|_| {
+                    let a: Vec<f64> = (0..3).map(|_| 100.0 + normal()).collect();
+                    let b: Vec<f64> = (0..3).map(|_| 100.0 + normal()).collect();
+                    welch(&Spread::of(&a)?, &Spread::of(&b)?).map(|w| w.p)
+                })
+                .collect();
+            assert_eq!(ps.len(), rows);
+            raw_alarms += ps.iter().any(|&p| p < 0.05) as u32;
+            alarms += benjamini_hochberg(&ps).iter().any(|&q| q < 0.05) as u32;
+        }
+        let share = alarms as f64 / comparisons as f64;
+        let raw = raw_alarms as f64 / comparisons as f64;
+        assert!(raw > 0.6, "unadjusted: {raw}");
+        assert!(
+            share <= 0.09,
+            "adjusted: {share} of comparisons raised a false alarm"
+        );
+    }
 
     #[test]
     fn spread_is_the_sample_standard_deviation() {

@@ -494,7 +494,12 @@ pub struct ProbeOut {
     /// CPU): the kernel's hits of the kprobes less the runs counted (kprobe backend).
     #[serde(default)]
     pub kprobe_skipped: u64,
-    /// Every way a call can be lost, added up (an upper bound: see the README).
+    /// How long its calls were counted, ns: from its own attach to the end (rates and shares
+    /// are over it; absent: the recording's duration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ns: Option<u64>,
+    /// Every way a call can be lost, added up, the calls still pending at the end included (an
+    /// upper bound: see docs/usage.md).
     #[serde(default)]
     pub lost_upper: u64,
     /// `lost_upper` as a share of the calls counted and lost.
@@ -541,6 +546,8 @@ pub struct WorkloadShares<'a> {
     pub net_self_share: Option<f64>,
     /// The instrumentation's share (None where a probe's is unknown).
     pub floor_share: Option<f64>,
+    /// Some probe's shares are upper bounds (`WorkloadOut::shares_at_most`).
+    pub at_most: bool,
 }
 
 /// See [`WorkloadShares`]; None when no probe has a self share.
@@ -554,6 +561,7 @@ pub fn workload_shares(probes: &[ProbeOut]) -> Option<WorkloadShares<'_>> {
         return None;
     }
     Some(WorkloadShares {
+        at_most: rows.iter().any(|(_, w)| w.shares_at_most),
         self_share: rows
             .iter()
             .filter_map(|(_, w)| w.self_share_of_workload_cpu)
@@ -602,6 +610,11 @@ pub struct WorkloadOut {
     /// the untraced workload, as a profiler of it would see it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_self_share_of_workload_cpu: Option<f64>,
+    /// The shares are upper bounds: some call's time off the CPU is unknown (counted as CPU), or
+    /// the rows hold interrupt-context calls charging the workload's memcg (`--by-memcg`),
+    /// whose CPU time is not the workload's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shares_at_most: bool,
 }
 
 /// A probe that could not be attached.
@@ -782,11 +795,12 @@ pub(crate) fn probes_out(
     let untraced_cpu = workload_cpu_ns
         .map(|c| c as f64 - instrumented.unwrap_or(0.0))
         .filter(|c| *c > 0.0);
-    let secs = snap.elapsed;
     snap.probes
         .iter()
         .enumerate()
         .map(|(slot, p)| {
+            // Rates and shares over the probe's own window.
+            let secs = p.window.unwrap_or(snap.elapsed);
             let f = floor_of(p.backend);
             let floor = f.map(|f| f.p50_ns);
             // The instrumentation inside the self time of `w`'s calls, ns.
@@ -798,6 +812,7 @@ pub(crate) fn probes_out(
                 Some(w.count as f64 * f.p50_ns as f64 + w.nested as f64 * outside)
             };
             let timed = p.backend.has_latency();
+            let pending = snap.pending.get(slot).copied().unwrap_or(0);
             ProbeOut {
                 name: p.name.clone(),
                 target: p.target.clone(),
@@ -807,11 +822,22 @@ pub(crate) fn probes_out(
                 recursion_misses: p.recursion_misses(),
                 kprobe_missed: p.kprobe_missed,
                 kprobe_skipped: p.kprobe_skipped,
-                lost_upper: p.lost_upper(),
-                loss_share: p.loss_share(),
-                pending_at_end: snap.pending.get(slot).copied().unwrap_or(0),
+                window_ns: p.window.map(|w| w.as_nanos() as u64),
+                // Calls still in flight at the end were seen and not timed: lost as well.
+                lost_upper: p.lost_upper() + pending,
+                loss_share: p.loss_share_with(pending),
+                pending_at_end: pending,
                 notes: notes.get(&p.name).cloned().unwrap_or_default(),
                 workload: p.workload.as_ref().map(|w| WorkloadOut {
+                    // Upper bounds where some call's time off the CPU is unknown (counted as
+                    // CPU), and where the rows hold interrupt calls charging the workload's
+                    // memcg (`--by-memcg`): their CPU time is not in its cgroup's.
+                    shares_at_most: timed
+                        && (p
+                            .contexts
+                            .first()
+                            .is_some_and(|c| c.counters.off_cpu_unknown > 0)
+                            || (workload_by_memcg && (1..NUM_CTX).any(|i| p.ctx_calls(i) > 0))),
                     count: w.count,
                     rate_per_s: rate(w.count, secs),
                     share_of_task_calls: ratio(
@@ -1306,6 +1332,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         .map(|w| hist(w.count, w.latency.as_ref())),
                     kprobe_missed: p.kprobe_missed,
                     kprobe_skipped: p.kprobe_skipped,
+                    window: p.window_ns.map(Duration::from_nanos),
                     callers: p
                         .callers
                         .iter()
@@ -1404,6 +1431,32 @@ mod tests {
             l.wall_share,
             was["probes"][0]["contexts"][0]["latency"]["cpu_share"].as_f64()
         );
+    }
+
+    #[test]
+    fn each_probe_rates_over_its_own_window() {
+        // The committed recording: every probe's calls over the run's duration. Say the second
+        // probe was attached 4 s into a 10 s run: its rate is over its 6 s.
+        let old = fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/6.12-fentry.json"),
+        )
+        .unwrap();
+        let mut snap = to_snapshot(&parse(&old).unwrap());
+        snap.elapsed = Duration::from_secs(10);
+        snap.probes[0].window = None;
+        snap.probes[1].window = Some(Duration::from_secs(6));
+        let out = probes_out(&snap, &HashMap::new(), &[], false, None);
+        let rate = |i: usize| out[i].contexts[0].rate_per_s.unwrap();
+        let calls = |i: usize| out[i].contexts[0].count as f64;
+        assert!((rate(0) - calls(0) / 10.0).abs() < 1e-6, "{}", rate(0));
+        assert!((rate(1) - calls(1) / 6.0).abs() < 1e-6, "{}", rate(1));
+        assert_eq!(out[1].window_ns, Some(6_000_000_000));
+        // It travels: read back, the probe keeps its window.
+        let back = to_snapshot(&Document {
+            probes: out,
+            ..parse(&old).unwrap()
+        });
+        assert_eq!(back.probes[1].window, Some(Duration::from_secs(6)));
     }
 
     #[test]

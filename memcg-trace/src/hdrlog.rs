@@ -212,6 +212,7 @@ mod tests {
                 workload: None,
                 kprobe_missed: 0,
                 kprobe_skipped: 0,
+                window: None,
                 callers: Vec::new(),
                 memcgs: Vec::new(),
                 stacks: Vec::new(),

@@ -2,8 +2,10 @@
 //! [`Document`], the same path the table and the JSON take, and encoded by `prometheus-client`
 //! as the Prometheus text format (0.0.4) or OpenMetrics.
 //!
-//! Label sets are bounded: probe, context (task, softirq, hardirq, nmi, or workload), symbol
-//! (the function or tracepoint traced) and backend, a few dozen series per metric at most.
+//! Label sets are bounded: probe, context (task, softirq, hardirq, nmi), symbol (the function
+//! or tracepoint traced) and backend, a few dozen series per metric at most. The workload's
+//! rows, whose calls are some of the contexts', have families of their own (`workload_*`), so
+//! that a sum over a family's series counts every call once.
 //! The latency histogram's buckets are the octaves of the in-kernel histogram, whose bucket
 //! bounds fall on powers of two: each `le` bucket holds exactly the calls shorter than its bound
 //! (a call of exactly 2^k ns, which `le` would put in the 2^k bucket, is in the next: the
@@ -95,9 +97,9 @@ pub const CALLER_SERIES: usize = 10;
 /// A row of a breakdown of a probe's calls (call site, memcg): context, name, calls, summed ns.
 type Part = (String, String, u64, u64);
 
-/// One row's series: its labels and figures (lost and unmatched: None for workload rows).
+/// One row's series: its labels and figures (lost, unmatched, censored: None for workload rows).
 struct Row<'a> {
-    labels: [(&'static str, &'a str); 4],
+    labels: Vec<(&'static str, &'a str)>,
     calls: u64,
     lost: Option<u64>,
     unmatched: Option<u64>,
@@ -139,38 +141,51 @@ impl Collector for Figures {
                 ("context_masks", masks.as_str()),
             ])?;
         }
-        // Every row: the probe's contexts and its workload row.
+        // The rows: the probe's contexts, or (`workload`) its workload row, whose calls are
+        // some of the contexts' calls: in families of their own, so that a sum over the
+        // contexts' series counts every call once.
         let backends: Vec<String> = d.probes.iter().map(|p| p.backend.to_string()).collect();
-        let rows = || {
-            d.probes.iter().zip(&backends).flat_map(|(p, b)| {
-                let ctx = p.contexts.iter().map(move |c| Row {
-                    labels: [
-                        ("probe", p.name.as_str()),
-                        ("context", c.context.as_str()),
-                        ("symbol", p.target.as_str()),
-                        ("backend", b.as_str()),
-                    ],
-                    calls: c.count,
-                    lost: Some(c.lost),
-                    unmatched: Some(c.orphans),
-                    censored: Some(c.censored),
-                    latency: c.latency.as_ref(),
-                });
-                let w = p.workload.iter().map(move |w| Row {
-                    labels: [
-                        ("probe", p.name.as_str()),
-                        ("context", "workload"),
-                        ("symbol", p.target.as_str()),
-                        ("backend", b.as_str()),
-                    ],
-                    calls: w.count,
-                    lost: None,
-                    unmatched: None,
-                    censored: None,
-                    latency: w.latency.as_ref(),
-                });
-                ctx.chain(w)
-            })
+        let rows = |workload: bool| -> Vec<Row> {
+            d.probes
+                .iter()
+                .zip(&backends)
+                .flat_map(|(p, b)| {
+                    let ctx = p
+                        .contexts
+                        .iter()
+                        .filter(move |_| !workload)
+                        .map(move |c| Row {
+                            labels: vec![
+                                ("probe", p.name.as_str()),
+                                ("context", c.context.as_str()),
+                                ("symbol", p.target.as_str()),
+                                ("backend", b.as_str()),
+                            ],
+                            calls: c.count,
+                            lost: Some(c.lost),
+                            unmatched: Some(c.orphans),
+                            censored: Some(c.censored),
+                            latency: c.latency.as_ref(),
+                        });
+                    let w = p
+                        .workload
+                        .iter()
+                        .filter(move |_| workload)
+                        .map(move |w| Row {
+                            labels: vec![
+                                ("probe", p.name.as_str()),
+                                ("symbol", p.target.as_str()),
+                                ("backend", b.as_str()),
+                            ],
+                            calls: w.count,
+                            lost: None,
+                            unmatched: None,
+                            censored: None,
+                            latency: w.latency.as_ref(),
+                        });
+                    ctx.chain(w)
+                })
+                .collect()
         };
         let counter = |e: &mut DescriptorEncoder,
                        name: &str,
@@ -178,7 +193,7 @@ impl Collector for Figures {
                        f: &dyn Fn(&Row) -> Option<u64>|
          -> Result<(), std::fmt::Error> {
             let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for r in rows() {
+            for r in rows(name.starts_with("workload_")) {
                 if let Some(v) = f(&r) {
                     ConstCounter::new(v).encode(m.encode_family(&r.labels)?)?;
                 }
@@ -193,30 +208,43 @@ impl Collector for Figures {
         )?;
         counter(
             &mut e,
+            "workload_calls",
+            "Calls of the workload (its tasks' task-context calls; with --by-memcg, the calls in every context charging its memcg): some of calls_total's, since serve started",
+            &|r| Some(r.calls),
+        )?;
+        counter(
+            &mut e,
             "lost",
-            "Calls lost in any way the tracer counts (not workload rows)",
+            "Calls lost in any way the tracer counts",
             &|r| r.lost,
         )?;
         counter(
             &mut e,
             "censored",
-            "Calls that left the CPU and are not timed (of the lost): the latency histogram's tail misses them (not workload rows)",
+            "Calls that left the CPU and are not timed (of the lost): the latency histogram's tail misses them",
             &|r| r.censored,
         )?;
         counter(
             &mut e,
             "unmatched",
-            "Exits that found no entry of their own (not workload rows)",
+            "Exits that found no entry of their own",
             &|r| r.unmatched,
         )?;
-        {
-            let mut m = e.encode_descriptor(
+        for (name, help, workload) in [
+            (
                 "latency",
                 "Latency of the calls timed, entry to exit (wall clock), per context",
-                Some(&Unit::Seconds),
-                MetricType::Histogram,
-            )?;
-            for r in rows() {
+                false,
+            ),
+            (
+                "workload_latency",
+                "Latency of the workload's calls timed, entry to exit (wall clock)",
+                true,
+            ),
+        ] {
+            let mut m =
+                e.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?;
+            for r in rows(workload) {
                 if let Some(l) = r.latency {
                     let b = buckets(l);
                     let count = b.iter().map(|x| x.1).sum();
@@ -533,6 +561,32 @@ mod tests {
             charge.target, task.count
         );
         assert!(t.contains(&line), "{line}\n{t}");
+        // Every call once in calls_total, whose series are the contexts': a sum over them
+        // is the probe's calls. The workload's calls, some of them, are a family of their own.
+        let summed: u64 = t
+            .lines()
+            .filter(|l| l.starts_with("memcg_trace_calls_total{probe=\"charge\","))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(
+            summed,
+            charge.contexts.iter().map(|c| c.count).sum::<u64>(),
+            "{t}"
+        );
+        let w = charge
+            .workload
+            .as_ref()
+            .expect("the recording's workload row");
+        let line = format!(
+            "memcg_trace_workload_calls_total{{probe=\"charge\",symbol=\"{}\",backend=\"fentry\"}} {}",
+            charge.target, w.count
+        );
+        assert!(t.contains(&line), "{line}\n{t}");
+        assert!(
+            t.contains("memcg_trace_workload_latency_seconds_bucket{"),
+            "{t}"
+        );
+        assert!(!t.contains("context=\"workload\""), "{t}");
         assert!(t.contains("memcg_trace_latency_seconds_bucket{"), "{t}");
         assert!(t.contains("le=\"+Inf\""), "{t}");
         assert!(t.contains("memcg_trace_build_info{"), "{t}");

@@ -241,6 +241,9 @@ pub struct ProbeStats {
     /// while another ran on that CPU (`bpf_prog_active`), which kernels before 6.7 count
     /// nowhere else. From 6.7 the same runs are the programs' `recursion_misses` too.
     pub kprobe_skipped: u64,
+    /// How long its calls were counted: from its own attach (the probes attach one after the
+    /// other, each taking a while) to the end; None: the snapshot's `elapsed`.
+    pub window: Option<std::time::Duration>,
     /// With `--callers`: the timed calls by call site, costliest first (the calls no site had
     /// room for are each context's `counters.callers_other`).
     pub callers: Vec<crate::callers::Site>,
@@ -297,7 +300,12 @@ impl ProbeStats {
 
     /// `lost_upper` as a share of the calls counted and lost.
     pub fn loss_share(&self) -> Option<f64> {
-        let lost = self.lost_upper() as f64;
+        self.loss_share_with(0)
+    }
+
+    /// The same with `more` calls lost besides (those still pending when tracing stopped).
+    pub fn loss_share_with(&self, more: u64) -> Option<f64> {
+        let lost = (self.lost_upper() + more) as f64;
         let all = self.calls() as f64 + lost;
         (all > 0.0).then(|| lost / all)
     }

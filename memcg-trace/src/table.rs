@@ -127,8 +127,10 @@ pub fn workload_cpu(doc: &Document) -> String {
     let Some(shares) = crate::export::workload_shares(&doc.probes) else {
         return out;
     };
+    // Where some call's time off the CPU is unknown it counts as CPU: at most.
+    let at = if shares.at_most { "<=" } else { "" };
     let pc = |v: Option<f64>| {
-        v.map(|v| format!("{:.2}%", v * 100.0))
+        v.map(|v| format!("{at}{:.2}%", v * 100.0))
             .unwrap_or_else(|| "-".into())
     };
     let _ = writeln!(

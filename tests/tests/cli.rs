@@ -134,13 +134,22 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
     assert_eq!(same["beyond_noise"], false, "{same}");
     assert_eq!(same["welch"]["p"].as_f64(), Some(1.0));
     assert_eq!(find("stat", "task", "calls/s")["beyond_noise"], false);
-    // Calls per hackbench message: the recording's workload is hackbench -g 2 -l 100, 2 x 20
-    // x 20 x 100 = 80,000 messages.
-    let count = base["probes"][0]["contexts"][0]["count"].as_f64().unwrap();
-    let per_op = find("charge", "task", "calls/op")["a"]["mean"]
+    // Calls per hackbench message, of the workload's own calls: the recording's workload is
+    // hackbench -g 2 -l 100, 2 x 20 x 20 x 100 = 80,000 messages. The system's rows have
+    // none (their calls are not the workload's operations').
+    let count = base["probes"][0]["workload"]["count"].as_f64().unwrap();
+    let per_op = find("charge", "workload", "calls/op")["a"]["mean"]
         .as_f64()
         .unwrap();
     assert!((per_op - count / 80_000.0).abs() < 1e-9, "{per_op}");
+    assert!(
+        json["figures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["figure"] != "calls/op" || f["context"] == "workload"),
+        "calls/op of a system-wide row: {json}"
+    );
     assert_eq!(json["a_files"].as_array().unwrap().len(), 3);
     // The table and the markdown say the same.
     let table = run_with("table");
@@ -300,6 +309,7 @@ fn plot_draws_calls_per_second_from_an_interval_log() {
                 workload: None,
                 kprobe_missed: 0,
                 kprobe_skipped: 0,
+                window: None,
                 callers: Vec::new(),
                 memcgs: Vec::new(),
                 stacks: Vec::new(),

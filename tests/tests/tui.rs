@@ -157,6 +157,53 @@ fn tui_live_dashboard_with_a_workload() {
     let _ = writeln_screen(name, &screen);
 }
 
+/// `top -- CMD` ends on the workload's whole run: once it exits, the dashboard shows the run's
+/// figures (cumulative, from its final snapshot), whatever its length: a workload shorter than
+/// one tick had no interval at all, a longer one's last interval may have had no call.
+#[test]
+fn tui_top_ends_on_the_whole_run() {
+    let name = "tui_top_ends_on_the_whole_run";
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !is_root() {
+        skip(name, "needs root");
+        return;
+    }
+    if !tmux_ready(name) {
+        return;
+    }
+    let bin = bin();
+    // Shorter than the tick (0.4 s here), and several ticks long.
+    for (loops, tick) in [(300, "2s"), (3000, "500ms")] {
+        let s = Session::start(
+            "memcg-trace-ends",
+            &format!(
+                "{} top --tick {tick} -p stat -- hackbench -g 2 -l {loops}",
+                bin.display()
+            ),
+        );
+        let screen = s.wait_for("the workload's end", Duration::from_secs(120), |sc| {
+            sc.contains("whole run shown")
+        });
+        assert!(
+            screen.contains("exited 0 after") && screen.contains("cumulative"),
+            "-l {loops}: {screen}"
+        );
+        for ctx in ["task", "workload"] {
+            let rate = rate_of(&screen, "stat", ctx);
+            assert!(
+                matches!(&rate, Some(r) if r != "0" && r != "-"),
+                "-l {loops}: stat {ctx}: calls/s {rate:?} at the end of the run:\n{screen}"
+            );
+        }
+        s.keys("q");
+        let end = s.wait_for("the exit status", Duration::from_secs(30), |sc| {
+            sc.contains("EXIT=")
+        });
+        assert!(end.contains("EXIT=0"), "-l {loops}: {end}");
+        let _ = writeln_screen(name, &screen);
+    }
+}
+
 fn writeln_screen(name: &str, screen: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     writeln!(

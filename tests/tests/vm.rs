@@ -647,11 +647,19 @@ fn vm_serve_6_12() {
         .find(|c| c.context == "task")
         .expect("charge task");
     let workload = charge.workload.as_ref().expect("charge's workload row");
+    // The contexts' series, or (context "workload") the workload's families.
     let series = |suffix: &str, context: &str, extra: &str| {
-        format!(
-            "memcg_trace_{suffix}{{probe=\"charge\",context=\"{context}\",symbol=\"{}\",backend=\"{}\"{extra}}} ",
-            charge.target, charge.backend
-        )
+        if context == "workload" {
+            format!(
+                "memcg_trace_workload_{suffix}{{probe=\"charge\",symbol=\"{}\",backend=\"{}\"{extra}}} ",
+                charge.target, charge.backend
+            )
+        } else {
+            format!(
+                "memcg_trace_{suffix}{{probe=\"charge\",context=\"{context}\",symbol=\"{}\",backend=\"{}\"{extra}}} ",
+                charge.target, charge.backend
+            )
+        }
     };
     let value = |s: &str| -> f64 {
         text.lines()
@@ -1162,12 +1170,8 @@ fn vm_compare_kmem_6_12() {
     };
     assert!(runs("a").iter().all(|&r| r > 0.0), "{rate}");
     assert!(runs("b").iter().all(|&r| r == 0.0), "{rate}");
-    // The workload's own calls per message where the workload row is there, else the task
-    // context's.
-    let per_op = figs
-        .iter()
-        .find(|x| x["probe"] == "charge" && x["context"] == "workload" && x["figure"] == "calls/op")
-        .unwrap_or_else(|| find("charge", "task", "calls/op"));
+    // The workload's own calls per message.
+    let per_op = find("charge", "workload", "calls/op");
     assert!(per_op["a"]["mean"].as_f64().unwrap() > 0.0, "{per_op}");
     assert_eq!(per_op["b"]["mean"].as_f64(), Some(0.0), "{per_op}");
     assert_eq!(per_op["beyond_noise"], true, "{per_op}");

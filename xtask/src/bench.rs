@@ -41,6 +41,8 @@ pub struct Size {
     pub scrape_secs: u64,
     /// The kernels the loss part boots (`all`: every x86_64 kernel of the matrix).
     pub loss_kernels: &'static str,
+    /// The backends the VM part measures.
+    pub vm_backends: &'static [&'static str],
 }
 
 /// The parts of the bench.
@@ -76,6 +78,7 @@ pub const FULL: Size = Size {
     serve_scrapes: 8,
     scrape_secs: 15,
     loss_kernels: "all",
+    vm_backends: &["fentry", "kprobe"],
 };
 
 /// The smoke run of the test suite: one pair, tiny workloads; proves the bench runs.
@@ -91,6 +94,8 @@ pub const SMOKE: Size = Size {
     scrape_secs: 2,
     // One boot proves the part runs; the VM matrix holds every kernel's loss.
     loss_kernels: "6.12",
+    // fentry's run proves the part runs; kprobe's takes as long again.
+    vm_backends: &["fentry"],
 };
 
 fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
@@ -222,7 +227,8 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
     }
     let k = kernels::fetch(spec)?;
     let script = format!(
-        "BACKENDS='fentry kprobe'\nPAIRS={}\nREPEATS={}\nHACKBENCH='{}'\nDAEMON_HACKBENCH='{}'\n{}",
+        "BACKENDS='{}'\nPAIRS={}\nREPEATS={}\nHACKBENCH='{}'\nDAEMON_HACKBENCH='{}'\n{}",
+        size.vm_backends.join(" "),
         size.pairs,
         size.repeats,
         size.vm_hackbench,
@@ -1167,7 +1173,7 @@ pub fn bench(
     let vm = rows_for(
         &vm_dir,
         &format!("VM {kernel} (TCG)"),
-        &["fentry", "kprobe"],
+        size.vm_backends,
         false,
         &mut rows,
     )?;
@@ -1219,11 +1225,53 @@ pub fn bench(
         hackbench_args(&peer_dir),
         peer_table(&peer)
     );
-    fs::write(root.join("report.md"), md)?;
+    fs::write(root.join("report.md"), &md)?;
+    // The full run's report is the project's page of measured figures: written here, never by
+    // hand, stamped with the commit it measured.
+    if !smoke {
+        let page = format!(
+            "# What tracing costs: measured figures\n\n[README](../README.md) · [how the bench measures](bench.md)\n\n_Written by `cargo xtask bench` at commit {} on {}; rerun it, do not edit by hand. Earlier figures are in this file's git history._\n\n{}",
+            git_commit(),
+            today(),
+            md.trim_start_matches("# memcg-trace bench\n\n")
+        );
+        fs::write(workspace_root().join("docs/results.md"), page)?;
+    }
     summary.push('\n');
     summary.push_str(&peer_table(&peer));
     println!("{summary}");
     Ok(root.join("report.md"))
+}
+
+/// The commit the tree is at, `+dirty` when it has changes (`unknown` without git).
+fn git_commit() -> String {
+    let out = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(workspace_root())
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match out(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(c) => {
+            let dirty = out(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            format!("{c}{}", if dirty { "+dirty" } else { "" })
+        }
+        None => "unknown".into(),
+    }
+}
+
+/// Today's date (UTC), as `date` prints it.
+fn today() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

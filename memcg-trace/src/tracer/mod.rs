@@ -445,6 +445,8 @@ pub struct Attached {
     pub programs: Vec<&'static str>,
     /// The struct of the argument the charged memcg is read from, when it is read.
     pub memcg_arg: Option<String>,
+    /// When its window opened: its calls are counted from then on.
+    pub opened: Instant,
 }
 
 /// A probe that could not be attached, and why.
@@ -479,6 +481,8 @@ pub struct Tracer {
     /// What could not be set up as planned, one line each.
     pub calibration: Vec<String>,
     started: Instant,
+    /// When the windows closed (`finish`): the end of every probe's window.
+    ended: Option<Instant>,
     /// Whether task-context calls of a workload cgroup are counted apart.
     workload: bool,
     /// Cells per (cpu, probe) of the workload cells (`workload_contexts`).
@@ -641,6 +645,7 @@ impl Tracer {
             extra: Vec::new(),
             calibration,
             started: Instant::now(),
+            ended: None,
             workload: opts.workload_cgroup != 0 || opts.workload_memcg,
             workload_contexts,
             workload_memcg: None,
@@ -750,6 +755,7 @@ impl Tracer {
                         notes: reasons,
                         programs,
                         memcg_arg,
+                        opened: Instant::now(),
                     });
                     if self.attached.len() == 1 {
                         self.started = Instant::now();
@@ -1154,6 +1160,7 @@ impl Tracer {
     /// decided.
     pub fn finish(&mut self) -> Result<Snapshot> {
         let elapsed = self.started.elapsed();
+        self.ended = Some(Instant::now());
         self.detach_all();
         self.flush_log();
         let mut snap = self.snapshot()?;
@@ -1309,6 +1316,11 @@ impl Tracer {
                 programs: a.programs.iter().map(|p| self.cost(p)).collect(),
                 kprobe_missed,
                 kprobe_skipped,
+                window: Some(
+                    self.ended
+                        .unwrap_or_else(Instant::now)
+                        .saturating_duration_since(a.opened),
+                ),
                 callers: sites.remove(&a.slot).unwrap_or_default(),
                 memcgs: memcgs.remove(&a.slot).unwrap_or_default(),
                 stacks: stacks.remove(&a.slot).unwrap_or_default(),

@@ -194,6 +194,8 @@ pub struct App {
     pub mode: Mode,
     /// Paused: snapshots are not taken in.
     pub paused: bool,
+    /// The workload ended: the whole run is shown, frozen at its end (until `p`).
+    pub ended: bool,
     /// Help overlay shown.
     pub help: bool,
     /// Poll interval.
@@ -249,6 +251,7 @@ impl App {
             selected: 0,
             mode: Mode::Interval,
             paused: false,
+            ended: false,
             help: false,
             tick,
             message: None,
@@ -349,7 +352,10 @@ impl App {
                     Mode::Cumulative => Mode::Interval,
                 }
             }
-            Key::Char('p') => self.paused = !self.paused,
+            Key::Char('p') => {
+                self.paused = !self.paused;
+                self.ended = false;
+            }
             Key::Char('r') => {
                 self.base = self.current.clone();
                 self.history.clear();
@@ -615,14 +621,16 @@ impl App {
                 ))
             })
             .collect();
+        // Some call's time off the CPU unknown (counted as CPU): at most.
+        let at = if shares.at_most { "<=" } else { "" };
         let short = format!(
-            "traced {:.1}% of its CPU{}",
+            "traced {at}{:.1}% of its CPU{}",
             total * 100.0,
             net.map(|n| format!(" (net {:.1}%)", n * 100.0))
                 .unwrap_or_default(),
         );
         let long = format!(
-            "traced {:.1}% of its CPU ({}self {})",
+            "traced {at}{:.1}% of its CPU ({}self {})",
             total * 100.0,
             net.map(|n| format!("net of instrumentation {:.1}%; ", n * 100.0))
                 .unwrap_or_default(),
@@ -777,6 +785,7 @@ pub(crate) mod tests {
                 workload: None,
                 kprobe_missed: 0,
                 kprobe_skipped: 0,
+                window: None,
                 callers: Vec::new(),
                 memcgs: Vec::new(),
                 stacks: Vec::new(),

@@ -15,7 +15,7 @@ use ratatui::crossterm::event::{
     Event, EventStream, KeyCode, KeyEvent, KeyEventKind, KeyModifiers,
 };
 
-use self::app::{Action, App, Key};
+use self::app::{Action, App, Key, Mode};
 use crate::{
     export,
     session::{End, Event as SessionEvent, Session},
@@ -132,15 +132,24 @@ pub async fn live(app: &mut App, session: &mut Session, exit_with_workload: bool
                 SessionEvent::Signal(sig) => return Ok(End::Signal(sig)),
                 SessionEvent::WorkloadExited(code) => {
                     exited = Some(code);
-                    // The final figures include everything the workload did.
+                    // The final figures include everything the workload did; shown for the
+                    // whole run, whatever its length: its last interval may have had no call,
+                    // and a run shorter than a tick had no interval at all.
+                    // A snapshot now, not the last tick's (none yet in a run shorter than one).
+                    let last = (*session.refresh().await?).clone();
+                    let took = last.elapsed;
                     app.set_workload_cpu(session.workload_cpu_ns());
-                    app.on_snapshot((*session.latest()).clone());
-                    app.workload = Some(format!(
-                        "workload: {} exited {}; figures frozen, q to quit",
-                        session.argv().join(" "),
-                        code.map(|c| c.to_string()).unwrap_or_else(|| "?".into())
-                    ));
+                    app.paused = false;
+                    app.on_snapshot(last);
+                    app.mode = Mode::Cumulative;
                     app.paused = true;
+                    app.ended = true;
+                    app.workload = Some(format!(
+                        "workload: {} exited {} after {:.1} s; whole run shown, p to go on, q to quit",
+                        session.argv().join(" "),
+                        code.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),
+                        took.as_secs_f64()
+                    ));
                     app.dirty = true;
                     if exit_with_workload {
                         return Ok(End::Exited(code));

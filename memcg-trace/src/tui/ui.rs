@@ -123,7 +123,12 @@ fn header(app: &App, width: u16) -> Paragraph<'static> {
         Mode::Interval => "interval",
         Mode::Cumulative => "cumulative",
     };
-    let mut state = if app.paused { " PAUSED" } else { "" }.to_string();
+    let mut state = match (app.paused, app.ended) {
+        (true, true) => " | the whole run, at its end",
+        (true, false) => " PAUSED",
+        _ => "",
+    }
+    .to_string();
     if app.sort != Sort::Probe {
         state.push_str(&format!(" | sorted by {}", app.sort.name()));
     }

@@ -11,6 +11,7 @@ use aya_build::{Package, Toolchain};
 /// output after the binary, so the first is moved aside before the second is built.
 fn main() -> anyhow::Result<()> {
     const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../memcg-trace-ebpf");
+    stamp_commit();
     println!("cargo:rerun-if-changed=../memcg-trace-common/src");
     let dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
     let out = dir.join("memcg-trace");
@@ -38,6 +39,34 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The commit the binary is built from, for `--version` (`MEMCG_TRACE_COMMIT`): `git describe`
+/// of the tree, `+dirty` with changes, `unknown` outside git.
+fn stamp_commit() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = match git(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(c) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            format!("{c}{}", if dirty { "+dirty" } else { "" })
+        }
+        None => "unknown".into(),
+    };
+    println!("cargo:rustc-env=MEMCG_TRACE_COMMIT={commit}");
+    if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+        println!("cargo:rerun-if-changed={dir}/HEAD");
+        println!("cargo:rerun-if-changed={dir}/index");
+    }
 }
 
 /// Removes the DWARF sections (and their relocations) from the eBPF object: nine tenths of its

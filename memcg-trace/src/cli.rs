@@ -9,7 +9,7 @@ use crate::cmd::{bench, plot, probes, programs, record, report, selftest, serve,
 /// Live eBPF tracer of the memcg charging hot paths: how long obj_cgroup_charge,
 /// mod_memcg_state and the rstat update take, how often, and in which context.
 #[derive(Parser, Debug)]
-#[command(name = "memcg-trace", version, about, long_about = None)]
+#[command(name = "memcg-trace", version = version(), about, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -66,6 +66,73 @@ enum Command {
     /// What tracing costs on this kernel, side by side (driven by `cargo xtask bench`).
     #[command(hide = true)]
     Bench(bench::BenchArgs),
+    /// Write the man pages (DIR/man/man1/) and the shell completions for bash, zsh and fish
+    /// (DIR/completions/) made from this command line (driven by `cargo xtask dist`).
+    #[command(hide = true)]
+    Generate {
+        /// Where to write them.
+        dir: std::path::PathBuf,
+    },
+}
+
+/// `--version`: the version, the commit built from, and the eBPF objects carried.
+fn version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        use crate::tracer::Object;
+        let objects = if Object::Full.bytes().is_empty() {
+            "none (built with AYA_BUILD_SKIP)".to_string()
+        } else {
+            "full (kernels from 5.19) and legacy (before 5.19)".to_string()
+        };
+        format!(
+            "{} (commit {}; eBPF objects: {objects})",
+            env!("CARGO_PKG_VERSION"),
+            env!("MEMCG_TRACE_COMMIT")
+        )
+    })
+}
+
+/// Writes the man pages and completions of `generate`.
+fn generate(dir: &std::path::Path) -> Result<i32> {
+    use anyhow::Context as _;
+    use clap::CommandFactory as _;
+    let man = dir.join("man/man1");
+    let completions = dir.join("completions");
+    for d in [&man, &completions] {
+        std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+    }
+    let cmd = Cli::command();
+    // One page for the command and one per visible subcommand (`memcg-trace-record.1`).
+    let mut pages = vec![(String::from("memcg-trace"), cmd.clone())];
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        // clap keeps names as &'static str; this command runs once and exits.
+        let name: &'static str =
+            Box::leak(format!("memcg-trace-{}", sub.get_name()).into_boxed_str());
+        pages.push((name.to_string(), sub.clone().name(name)));
+    }
+    for (name, c) in pages {
+        let mut out = Vec::new();
+        clap_mangen::Man::new(c)
+            .render(&mut out)
+            .with_context(|| format!("render the man page of {name}"))?;
+        crate::export::write_file_atomic(&man.join(format!("{name}.1")), &out)?;
+    }
+    for (shell, file) in [
+        (clap_complete::Shell::Bash, "memcg-trace.bash"),
+        (clap_complete::Shell::Zsh, "_memcg-trace"),
+        (clap_complete::Shell::Fish, "memcg-trace.fish"),
+    ] {
+        let mut out = Vec::new();
+        clap_complete::generate(shell, &mut Cli::command(), "memcg-trace", &mut out);
+        crate::export::write_file_atomic(&completions.join(file), &out)?;
+    }
+    println!(
+        "memcg-trace: man pages in {}, completions in {}",
+        man.display(),
+        completions.display()
+    );
+    Ok(0)
 }
 
 async fn dispatch(command: Command) -> Result<i32> {
@@ -81,6 +148,7 @@ async fn dispatch(command: Command) -> Result<i32> {
         Command::Plot(a) => plot::run(a),
         Command::Selftest => selftest::run(),
         Command::Bench(a) => bench::run(a).await,
+        Command::Generate { dir } => generate(&dir),
     }
 }
 

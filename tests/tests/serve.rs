@@ -427,9 +427,18 @@ fn the_systemd_unit_verifies() {
         unit.replace("/usr/local/bin/memcg-trace", bin().to_str().unwrap()),
     )
     .unwrap();
+    // Its Documentation= names the man pages a package installs: made by this build, and
+    // found by systemd-analyze (it runs man for each) on MANPATH.
+    let made = Command::new(bin())
+        .arg("generate")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "generate: {made:?}");
     let out = Command::new(analyze)
         .arg("verify")
         .arg(&path)
+        .env("MANPATH", dir.join("man"))
         .output()
         .unwrap();
     let said = format!(

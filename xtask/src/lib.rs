@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod compare;
+pub mod dist;
 pub mod kernels;
 pub mod setup;
 pub mod soak;

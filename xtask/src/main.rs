@@ -113,6 +113,10 @@ enum Cmd {
         #[arg(long, value_enum, value_delimiter = ',')]
         parts: Vec<xtask::bench::Part>,
     },
+    /// The release: for x86_64 and arm64, a tarball (binary, man pages, completions, the
+    /// systemd unit, the Prometheus rules) and a Debian package, with SHA256SUMS, in
+    /// target/dist/.
+    Dist,
     /// `memcg-trace record` beside a looping hackbench for N minutes: memory, descriptors and
     /// CPU sampled; flat memory and descriptors and a clean end pass.
     Soak {
@@ -183,6 +187,13 @@ fn main() {
             accel,
             long,
         } => test(&kernel, accel, long),
+        Cmd::Dist => xtask::dist::dist().and_then(|d| {
+            for f in &d.files {
+                println!("{}", f.display());
+            }
+            println!("{}", d.dir.join("SHA256SUMS").display());
+            check_dist(&d)
+        }),
         Cmd::Soak { minutes } => {
             let bin = build_release()?;
             let s = xtask::soak::soak(&bin, minutes)?;
@@ -624,6 +635,16 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         "bench-smoke: {} passed, {} failed",
         bench_ok as u32, !bench_ok as u32
     );
+    // The release: made, and what a user installs checked.
+    step("dist");
+    let dist_ok = xtask::dist::dist()
+        .and_then(|d| check_dist(&d))
+        .map_err(|e| eprintln!("test: dist failed: {e:#}"))
+        .is_ok();
+    println!(
+        "dist: {} passed, {} failed",
+        dist_ok as u32, !dist_ok as u32
+    );
     // The README's main command, short, so that it does not rot: on the host, and in the long
     // mode in a VM too (CI runs the whole `cargo xtask demo` after the tests: `.ci/run`).
     step(if long {
@@ -675,13 +696,13 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         "vm: {} passed, {f2} failed, {vm_skipped} skipped",
         p2.saturating_sub(vm_skipped)
     );
-    let passed = p1 + p2 + bench_ok as u64 + demo_ok as u64 + soak_ok as u64;
-    let failed = f1 + f2 + !bench_ok as u64 + !demo_ok as u64 + !soak_ok as u64;
+    let passed = p1 + p2 + bench_ok as u64 + dist_ok as u64 + demo_ok as u64 + soak_ok as u64;
+    let failed = f1 + f2 + !bench_ok as u64 + !dist_ok as u64 + !demo_ok as u64 + !soak_ok as u64;
     println!(
         "all: {} passed, {failed} failed, {skipped} skipped",
         passed.saturating_sub(skipped)
     );
-    if !(ok1 && ok2 && bench_ok && demo_ok && soak_ok) || failed > 0 {
+    if !(ok1 && ok2 && bench_ok && dist_ok && demo_ok && soak_ok) || failed > 0 {
         bail!("tests failed");
     }
     // In CI (root, every kernel selected) nothing may be skipped: a skip there is a test that
@@ -690,6 +711,90 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     if ci && kernel == "all" && skipped > 0 {
         bail!("{skipped} tests skipped in CI, where all must run");
     }
+    Ok(())
+}
+
+/// What a user of the release gets, checked: each archive holds the binary, its man pages and
+/// completions; the x86_64 package says what it needs (libc6 >= 2.31 and nothing else), and
+/// its binary, unpacked, runs here: `--version` names the version and the commit, `probes`
+/// resolves on this kernel; the man page renders with `man -l`; SHA256SUMS checks.
+fn check_dist(d: &xtask::dist::Dist) -> Result<()> {
+    use xtask::dist::{deb_name, tarball_name, GLIBC_FLOOR, VERSION};
+    let out = |cmd: &mut Command| -> Result<String> {
+        let o = cmd.output().with_context(|| format!("{cmd:?}"))?;
+        if !o.status.success() {
+            bail!("{cmd:?}: {}", String::from_utf8_lossy(&o.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    out(Command::new("sha256sum")
+        .current_dir(&d.dir)
+        .args(["-c", "SHA256SUMS"]))?;
+    for arch in [Arch::X86_64, Arch::Arm64] {
+        let list = out(Command::new("tar")
+            .arg("-tzf")
+            .arg(d.dir.join(tarball_name(arch))))?;
+        for want in [
+            "/bin/memcg-trace",
+            "/share/man/man1/memcg-trace.1",
+            "/share/man/man1/memcg-trace-record.1",
+            "/share/bash-completion/completions/memcg-trace",
+            "/share/zsh/site-functions/_memcg-trace",
+            "/share/fish/vendor_completions.d/memcg-trace.fish",
+            "/contrib/memcg-trace.service",
+            "/contrib/prometheus/memcg-trace.rules.yml",
+        ] {
+            if !list.lines().any(|l| l.ends_with(want)) {
+                bail!("{} lacks {want}:\n{list}", tarball_name(arch));
+            }
+        }
+        let deb = d.dir.join(deb_name(arch));
+        let contents = out(Command::new("dpkg-deb").arg("--contents").arg(&deb))?;
+        for want in [
+            "./usr/bin/memcg-trace",
+            "./usr/share/man/man1/memcg-trace.1.gz",
+            "./usr/share/bash-completion/completions/memcg-trace",
+            "./lib/systemd/system/memcg-trace.service",
+            "./usr/share/doc/memcg-trace/copyright",
+        ] {
+            if !contents.lines().any(|l| l.ends_with(want)) {
+                bail!("{} lacks {want}:\n{contents}", deb_name(arch));
+            }
+        }
+        let depends = out(Command::new("dpkg-deb")
+            .args(["--field"])
+            .arg(&deb)
+            .arg("Depends"))?;
+        if depends.trim() != format!("libc6 (>= {GLIBC_FLOOR})") {
+            bail!("{}: Depends: {depends}", deb_name(arch));
+        }
+    }
+    // The x86_64 package's files, unpacked, as an installation would place them.
+    let root = d.dir.join("unpacked");
+    let _ = fs::remove_dir_all(&root);
+    out(Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(d.dir.join(deb_name(Arch::X86_64)))
+        .arg(&root))?;
+    let bin = root.join("usr/bin/memcg-trace");
+    let version = out(Command::new(&bin).arg("--version"))?;
+    if !version.contains(VERSION) || !version.contains("commit ") || !version.contains("legacy") {
+        bail!("--version says {version:?}");
+    }
+    out(Command::new(&bin).arg("probes"))?;
+    let unit = fs::read_to_string(root.join("lib/systemd/system/memcg-trace.service"))?;
+    if !unit.contains("ExecStart=/usr/bin/memcg-trace serve") {
+        bail!("the packaged unit: {unit}");
+    }
+    let page = out(Command::new("man")
+        .args(["-l", "-P", "cat"])
+        .arg(root.join("usr/share/man/man1/memcg-trace-record.1.gz"))
+        .env("MANWIDTH", "80"))?;
+    if !page.contains("record") || !page.contains("--duration") {
+        bail!("man -l memcg-trace-record.1: {page}");
+    }
+    fs::remove_dir_all(&root)?;
+    eprintln!("dist: {} checked", d.dir.display());
     Ok(())
 }
 

@@ -441,6 +441,34 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "a full ring: the pairs it cannot take are counted lost, each run still accounted for",
+            cpus: 1,
+            kernel: PREEMPT,
+            // More calls that left the CPU (each deferred to userspace, 64 bytes in the 1 MiB
+            // ring) than the ring holds, none read meanwhile.
+            steps: (0..RING_FULL_CALLS)
+                .flat_map(|i| {
+                    let t = 1000 + i * 1000;
+                    [
+                        E(0xa0, task, T, 5000, t, false, 0),
+                        XK(0xa0, task, T, 5600, t + 900, 0),
+                    ]
+                })
+                .collect(),
+            check: |o| {
+                let c = &o.counters[CTX_TASK as usize];
+                expect("pairs sent and lost", c.deferred + c.deferred_lost, RING_FULL_CALLS)?;
+                expect("pairs read back", o.deferred.len() as u64, c.deferred)?;
+                if c.deferred_lost == 0 || c.deferred < (1 << 20) / 64 - 64 {
+                    return Err(format!(
+                        "{} pairs in the ring, {} lost: expected it full",
+                        c.deferred, c.deferred_lost
+                    ));
+                }
+                timed(o, CTX_TASK, 0, 0)
+            },
+        },
+        Case {
             name: MIGRATED_LEAVES_NOTHING_OPEN,
             cpus: 2,
             kernel: NO_PREEMPT,
@@ -975,6 +1003,9 @@ const STALE_THEN_MIGRATED_INTERLEAVING: &str =
     "runs interleave: a stale entry of the task and frame, then a migrated call: its exit takes its own entry on the other CPU, from a copy";
 const OLD_STALE_ELSEWHERE: &str =
     "a stale entry of the task and frame on another CPU, then a call that moved there and back: its own (newer) entry, not the stale one";
+/// Calls of the full-ring case: the ring (1 MiB of 64-byte records) holds 16,384.
+const RING_FULL_CALLS: u64 = (1 << 20) / 64 + 200;
+
 const MIGRATED_LEAVES_NOTHING_OPEN: &str =
     "a call that migrated leaves nothing open on the CPU it entered on: later calls there, interrupt or its own task's, are outermost";
 const LEFT_AND_CAME_BACK: &str = "a call that moved to another CPU and back keeps its own entry";

@@ -86,7 +86,7 @@ impl Object {
         }
     }
 
-    fn bytes(self) -> &'static [u8] {
+    pub fn bytes(self) -> &'static [u8] {
         match self {
             Object::Full => EBPF_OBJECT,
             Object::Legacy => EBPF_LEGACY,

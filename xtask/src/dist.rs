@@ -1,0 +1,296 @@
+//! `cargo xtask dist`: what a user installs without our toolchain. For x86_64 and arm64, a
+//! tarball (`memcg-trace-<version>-<arch>-linux-gnu.tar.gz`: the portable binary, its man
+//! pages and shell completions made from its own command line, the systemd unit and the
+//! Prometheus rules, the README) and a Debian package (`memcg-trace_<version>_<arch>.deb`:
+//! the same in Debian's places, the unit installed disabled, depending on libc6 >= 2.31 only,
+//! the binary's C library floor), with their SHA256SUMS, in `target/dist/`.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{build_release_for, kernels::Arch, run, workspace_root};
+
+/// The version of the workspace (every crate shares it).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The oldest C library the binary runs with (it is linked against Debian 11's).
+pub const GLIBC_FLOOR: &str = "2.31";
+
+/// What `dist` made.
+pub struct Dist {
+    /// Tarballs, then packages.
+    pub files: Vec<PathBuf>,
+    /// The directory they are in, with SHA256SUMS.
+    pub dir: PathBuf,
+}
+
+/// Debian's name of an architecture.
+pub fn deb_arch(arch: Arch) -> &'static str {
+    match arch {
+        Arch::X86_64 => "amd64",
+        Arch::Arm64 => "arm64",
+    }
+}
+
+/// The GNU triple's first part.
+fn triple_arch(arch: Arch) -> &'static str {
+    match arch {
+        Arch::X86_64 => "x86_64",
+        Arch::Arm64 => "aarch64",
+    }
+}
+
+/// The tarball of `arch`.
+pub fn tarball_name(arch: Arch) -> String {
+    format!(
+        "memcg-trace-{VERSION}-{}-linux-gnu.tar.gz",
+        triple_arch(arch)
+    )
+}
+
+/// The package of `arch`.
+pub fn deb_name(arch: Arch) -> String {
+    format!("memcg-trace_{VERSION}_{}.deb", deb_arch(arch))
+}
+
+/// Builds both architectures and packages them into `target/dist/`.
+pub fn dist() -> Result<Dist> {
+    let root = workspace_root();
+    let out = root.join("target/dist");
+    let _ = fs::remove_dir_all(&out);
+    fs::create_dir_all(&out)?;
+    // Man pages and completions from this machine's binary: the command line is the same on
+    // every architecture.
+    let host = build_release_for(Arch::X86_64)?;
+    let generated = out.join("generated");
+    run(Command::new(&host).arg("generate").arg(&generated))
+        .context("generate the man pages and completions")?;
+    let mut files = Vec::new();
+    for arch in [Arch::X86_64, Arch::Arm64] {
+        let bin = build_release_for(arch)?;
+        files.push(tarball(&out, arch, &bin, &generated)?);
+        files.push(deb(&out, arch, &bin, &generated)?);
+    }
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let sums = Command::new("sha256sum")
+        .current_dir(&out)
+        .args(&names)
+        .output()
+        .context("sha256sum")?;
+    if !sums.status.success() {
+        bail!(
+            "sha256sum failed: {}",
+            String::from_utf8_lossy(&sums.stderr)
+        );
+    }
+    fs::write(out.join("SHA256SUMS"), &sums.stdout)?;
+    let _ = fs::remove_dir_all(&generated);
+    Ok(Dist { files, dir: out })
+}
+
+/// The unit as a package installs it: the binary in /usr/bin.
+fn packaged_unit() -> Result<String> {
+    let unit = fs::read_to_string(workspace_root().join("contrib/memcg-trace.service"))?;
+    Ok(unit.replace("/usr/local/bin/memcg-trace", "/usr/bin/memcg-trace"))
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    if let Some(d) = to.parent() {
+        fs::create_dir_all(d)?;
+    }
+    fs::copy(from, to).with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
+    Ok(())
+}
+
+fn write(to: &Path, text: &str) -> Result<()> {
+    if let Some(d) = to.parent() {
+        fs::create_dir_all(d)?;
+    }
+    fs::write(to, text).with_context(|| format!("write {}", to.display()))
+}
+
+/// Every man page made, with its file name.
+fn man_pages(generated: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let mut pages: Vec<(String, PathBuf)> = fs::read_dir(generated.join("man/man1"))?
+        .flatten()
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+        .collect();
+    pages.sort();
+    if pages.is_empty() {
+        bail!("no man page was generated");
+    }
+    Ok(pages)
+}
+
+/// Files in the same order, owned by root, dated to the commit: the same tree gives the same
+/// archive.
+fn tar_gz(out: &Path, name: &str, dir: &Path, top: &str) -> Result<PathBuf> {
+    let path = out.join(name);
+    run(Command::new("tar")
+        .current_dir(dir)
+        .args([
+            "--sort=name",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "--mtime=@0",
+            "-czf",
+        ])
+        .arg(&path)
+        .arg(top))?;
+    Ok(path)
+}
+
+fn tarball(out: &Path, arch: Arch, bin: &Path, generated: &Path) -> Result<PathBuf> {
+    let root = workspace_root();
+    let top = format!("memcg-trace-{VERSION}-{}-linux-gnu", triple_arch(arch));
+    let stage = out.join(format!("stage-{}", triple_arch(arch)));
+    let t = stage.join(&top);
+    copy(bin, &t.join("bin/memcg-trace"))?;
+    for (name, page) in man_pages(generated)? {
+        copy(&page, &t.join("share/man/man1").join(name))?;
+    }
+    copy(
+        &generated.join("completions/memcg-trace.bash"),
+        &t.join("share/bash-completion/completions/memcg-trace"),
+    )?;
+    copy(
+        &generated.join("completions/_memcg-trace"),
+        &t.join("share/zsh/site-functions/_memcg-trace"),
+    )?;
+    copy(
+        &generated.join("completions/memcg-trace.fish"),
+        &t.join("share/fish/vendor_completions.d/memcg-trace.fish"),
+    )?;
+    copy(
+        &root.join("contrib/memcg-trace.service"),
+        &t.join("contrib/memcg-trace.service"),
+    )?;
+    for f in ["memcg-trace.rules.yml", "memcg-trace.rules.test.yml"] {
+        copy(
+            &root.join("contrib/prometheus").join(f),
+            &t.join("contrib/prometheus").join(f),
+        )?;
+    }
+    copy(&root.join("README.md"), &t.join("README.md"))?;
+    copy(&root.join("CHANGELOG.md"), &t.join("CHANGELOG.md"))?;
+    write(&t.join("COPYRIGHT"), &copyright())?;
+    let path = tar_gz(out, &tarball_name(arch), &stage, &top)?;
+    fs::remove_dir_all(&stage)?;
+    Ok(path)
+}
+
+fn copyright() -> String {
+    format!(
+        "memcg-trace {VERSION}\nLicense: {} (see Cargo.toml)\n",
+        env!("CARGO_PKG_LICENSE")
+    )
+}
+
+/// gzip -9n: Debian compresses man pages and changelogs, without a time stamp.
+fn gzip_to(from: &Path, to: &Path) -> Result<()> {
+    if let Some(d) = to.parent() {
+        fs::create_dir_all(d)?;
+    }
+    let gz = Command::new("gzip")
+        .args(["-9n", "-c"])
+        .arg(from)
+        .output()
+        .context("gzip")?;
+    if !gz.status.success() {
+        bail!(
+            "gzip {}: {}",
+            from.display(),
+            String::from_utf8_lossy(&gz.stderr)
+        );
+    }
+    fs::write(to, gz.stdout)?;
+    Ok(())
+}
+
+fn deb(out: &Path, arch: Arch, bin: &Path, generated: &Path) -> Result<PathBuf> {
+    let root = workspace_root();
+    let stage = out.join(format!("deb-{}", deb_arch(arch)));
+    copy(bin, &stage.join("usr/bin/memcg-trace"))?;
+    for (name, page) in man_pages(generated)? {
+        gzip_to(
+            &page,
+            &stage.join("usr/share/man/man1").join(format!("{name}.gz")),
+        )?;
+    }
+    copy(
+        &generated.join("completions/memcg-trace.bash"),
+        &stage.join("usr/share/bash-completion/completions/memcg-trace"),
+    )?;
+    copy(
+        &generated.join("completions/_memcg-trace"),
+        &stage.join("usr/share/zsh/vendor-completions/_memcg-trace"),
+    )?;
+    copy(
+        &generated.join("completions/memcg-trace.fish"),
+        &stage.join("usr/share/fish/vendor_completions.d/memcg-trace.fish"),
+    )?;
+    // Installed, not enabled: serving figures is the administrator's choice.
+    write(
+        &stage.join("lib/systemd/system/memcg-trace.service"),
+        &packaged_unit()?,
+    )?;
+    let doc = stage.join("usr/share/doc/memcg-trace");
+    write(&doc.join("copyright"), &copyright())?;
+    copy(&root.join("README.md"), &doc.join("README.md"))?;
+    gzip_to(&root.join("CHANGELOG.md"), &doc.join("changelog.gz"))?;
+    for f in ["memcg-trace.rules.yml", "memcg-trace.rules.test.yml"] {
+        copy(
+            &root.join("contrib/prometheus").join(f),
+            &doc.join("prometheus").join(f),
+        )?;
+    }
+    let size_kib = du_kib(&stage)?;
+    write(
+        &stage.join("DEBIAN/control"),
+        &format!(
+            "Package: memcg-trace\n\
+             Version: {VERSION}\n\
+             Architecture: {}\n\
+             Maintainer: memcg-trace developers <memcg-trace@localhost>\n\
+             Installed-Size: {size_kib}\n\
+             Depends: libc6 (>= {GLIBC_FLOOR})\n\
+             Section: devel\n\
+             Priority: optional\n\
+             Description: live eBPF tracer of the memory-cgroup charging hot paths\n \
+             Shows, while a benchmark runs, how long each memcg charging function\n \
+             (obj_cgroup_charge, mod_memcg_state, the rstat update) takes, how often it\n \
+             runs and in which context, with A/B verdicts, plots and a Prometheus endpoint.\n",
+            deb_arch(arch)
+        ),
+    )?;
+    let path = out.join(deb_name(arch));
+    run(Command::new("dpkg-deb")
+        .args(["--root-owner-group", "-Zxz", "--build"])
+        .arg(&stage)
+        .arg(&path))?;
+    fs::remove_dir_all(&stage)?;
+    Ok(path)
+}
+
+/// The size of a tree in KiB, as Installed-Size counts it.
+fn du_kib(dir: &Path) -> Result<u64> {
+    let o = Command::new("du")
+        .args(["-sk", "--apparent-size"])
+        .arg(dir)
+        .output()
+        .context("du")?;
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .context("du's output")
+}

@@ -117,6 +117,26 @@ fn write(to: &Path, text: &str) -> Result<()> {
     fs::write(to, text).with_context(|| format!("write {}", to.display()))
 }
 
+/// The completions made (`generate`'s names) and where each goes: in the tarball (under
+/// `share/`) and in the package (under `usr/share/`, Debian's places).
+const COMPLETIONS: [(&str, &str, &str); 3] = [
+    (
+        "memcg-trace.bash",
+        "bash-completion/completions/memcg-trace",
+        "bash-completion/completions/memcg-trace",
+    ),
+    (
+        "_memcg-trace",
+        "zsh/site-functions/_memcg-trace",
+        "zsh/vendor-completions/_memcg-trace",
+    ),
+    (
+        "memcg-trace.fish",
+        "fish/vendor_completions.d/memcg-trace.fish",
+        "fish/vendor_completions.d/memcg-trace.fish",
+    ),
+];
+
 /// Every man page made, with its file name.
 fn man_pages(generated: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut pages: Vec<(String, PathBuf)> = fs::read_dir(generated.join("man/man1"))?
@@ -158,18 +178,12 @@ fn tarball(out: &Path, arch: Arch, bin: &Path, generated: &Path) -> Result<PathB
     for (name, page) in man_pages(generated)? {
         copy(&page, &t.join("share/man/man1").join(name))?;
     }
-    copy(
-        &generated.join("completions/memcg-trace.bash"),
-        &t.join("share/bash-completion/completions/memcg-trace"),
-    )?;
-    copy(
-        &generated.join("completions/_memcg-trace"),
-        &t.join("share/zsh/site-functions/_memcg-trace"),
-    )?;
-    copy(
-        &generated.join("completions/memcg-trace.fish"),
-        &t.join("share/fish/vendor_completions.d/memcg-trace.fish"),
-    )?;
+    for (made, at, _) in COMPLETIONS {
+        copy(
+            &generated.join("completions").join(made),
+            &t.join("share").join(at),
+        )?;
+    }
     copy(
         &root.join("contrib/memcg-trace.service"),
         &t.join("contrib/memcg-trace.service"),
@@ -226,18 +240,12 @@ fn deb(out: &Path, arch: Arch, bin: &Path, generated: &Path) -> Result<PathBuf> 
             &stage.join("usr/share/man/man1").join(format!("{name}.gz")),
         )?;
     }
-    copy(
-        &generated.join("completions/memcg-trace.bash"),
-        &stage.join("usr/share/bash-completion/completions/memcg-trace"),
-    )?;
-    copy(
-        &generated.join("completions/_memcg-trace"),
-        &stage.join("usr/share/zsh/vendor-completions/_memcg-trace"),
-    )?;
-    copy(
-        &generated.join("completions/memcg-trace.fish"),
-        &stage.join("usr/share/fish/vendor_completions.d/memcg-trace.fish"),
-    )?;
+    for (made, _, at) in COMPLETIONS {
+        copy(
+            &generated.join("completions").join(made),
+            &stage.join("usr/share").join(at),
+        )?;
+    }
     // Installed, not enabled: serving figures is the administrator's choice.
     write(
         &stage.join("lib/systemd/system/memcg-trace.service"),

@@ -59,6 +59,14 @@ use memcg_trace_common::{
     STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, TP_CELLS, WINDOW_OPEN,
 };
 
+/// The license declared to the kernel (read from this section at load). The kernel lets only
+/// programs of a GPL-compatible license call the helpers this object needs
+/// (`bpf_probe_read_kernel`, `bpf_get_current_task`, ...). This crate is MIT or GPL-2.0
+/// (LICENSE-MIT, LICENSE-GPL-2.0 at the top of the repository).
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
 /// Filled in by userspace from the running kernel's BTF before load.
 #[no_mangle]
 static LAYOUT: KernelLayout = KernelLayout {

@@ -89,6 +89,8 @@ fn vm_matrix(short: &str) {
             mem_mb: 0,
             cpus: 0,
             icount: None,
+            packages: Vec::new(),
+            files: Vec::new(),
         },
     )
     .expect("start the VM");
@@ -605,6 +607,8 @@ fn boot_on(
             mem_mb: 0,
             cpus,
             icount: icount.filter(|_| accel() == Accel::Tcg),
+            packages: Vec::new(),
+            files: Vec::new(),
         },
     )
     .expect("start the VM");

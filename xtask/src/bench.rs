@@ -248,6 +248,8 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
             mem_mb: 0,
             cpus: 0,
             icount: None,
+            packages: Vec::new(),
+            files: Vec::new(),
         },
     )?;
     if !r.success {
@@ -319,6 +321,8 @@ fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> R
                 mem_mb: 2048,
                 cpus: 0,
                 icount,
+                packages: Vec::new(),
+                files: Vec::new(),
             },
         )?;
         // The harness's own second boot after an emulation fault (`vm::run`).
@@ -392,6 +396,8 @@ fn loss_run(bin: &Path, out: &Path, size: Size, accel: Accel) -> Result<()> {
                 mem_mb: 0,
                 cpus: 0,
                 icount: None,
+                packages: Vec::new(),
+                files: Vec::new(),
             },
         )?;
         if !r.success {

@@ -75,6 +75,8 @@ pub fn kmem_runs(
                     mem_mb: 0,
                     cpus: 0,
                     icount: None,
+                    packages: Vec::new(),
+                    files: Vec::new(),
                 },
             )?;
             if !r.success {

@@ -196,17 +196,52 @@ fn tarball(out: &Path, arch: Arch, bin: &Path, generated: &Path) -> Result<PathB
     }
     copy(&root.join("README.md"), &t.join("README.md"))?;
     copy(&root.join("CHANGELOG.md"), &t.join("CHANGELOG.md"))?;
-    write(&t.join("COPYRIGHT"), &copyright())?;
+    for f in LICENSES {
+        copy(&root.join(f), &t.join(f))?;
+    }
     let path = tar_gz(out, &tarball_name(arch), &stage, &top)?;
     fs::remove_dir_all(&stage)?;
     Ok(path)
 }
 
-fn copyright() -> String {
-    format!(
-        "memcg-trace {VERSION}\nLicense: {} (see Cargo.toml)\n",
-        env!("CARGO_PKG_LICENSE")
-    )
+/// The license files, at the top of the workspace: the tracer is MIT or Apache-2.0, its eBPF
+/// programs (inside the binary) MIT or GPL-2.0, the license they declare to the kernel.
+const LICENSES: &[&str] = &["LICENSE-MIT", "LICENSE-APACHE", "LICENSE-GPL-2.0"];
+
+/// The package's `copyright`, in Debian's machine-readable format: the MIT text in full, the
+/// Apache and GPL texts by their place on every Debian system.
+fn copyright() -> Result<String> {
+    let mit = fs::read_to_string(workspace_root().join("LICENSE-MIT"))?;
+    let indented: String = mit
+        .lines()
+        .map(|l| {
+            if l.is_empty() {
+                " .\n".to_string()
+            } else {
+                format!(" {l}\n")
+            }
+        })
+        .collect();
+    Ok(format!(
+        "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\
+         Upstream-Name: memcg-trace\n\
+         \n\
+         Files: *\n\
+         Copyright: 2026 the memcg-trace developers\n\
+         License: MIT or Apache-2.0\n\
+         Comment: the eBPF programs inside the binary are MIT or GPL-2.0 (they declare\n \
+         \"Dual MIT/GPL\" to the kernel).\n\
+         \n\
+         License: MIT\n{indented}\
+         \n\
+         License: Apache-2.0\n \
+         On Debian systems the full text of the Apache License, Version 2.0, is in\n \
+         /usr/share/common-licenses/Apache-2.0.\n\
+         \n\
+         License: GPL-2.0\n \
+         On Debian systems the full text of the GNU General Public License, version 2,\n \
+         is in /usr/share/common-licenses/GPL-2.\n"
+    ))
 }
 
 /// gzip -9n: Debian compresses man pages and changelogs, without a time stamp.
@@ -252,7 +287,7 @@ fn deb(out: &Path, arch: Arch, bin: &Path, generated: &Path) -> Result<PathBuf> 
         &packaged_unit()?,
     )?;
     let doc = stage.join("usr/share/doc/memcg-trace");
-    write(&doc.join("copyright"), &copyright())?;
+    write(&doc.join("copyright"), &copyright()?)?;
     copy(&root.join("README.md"), &doc.join("README.md"))?;
     gzip_to(&root.join("CHANGELOG.md"), &doc.join("changelog.gz"))?;
     for f in ["memcg-trace.rules.yml", "memcg-trace.rules.test.yml"] {
@@ -301,4 +336,141 @@ fn du_kib(dir: &Path) -> Result<u64> {
         .next()
         .and_then(|n| n.parse().ok())
         .context("du's output")
+}
+
+/// What a guest needs to install and read a package: dpkg (with GNU tar, which dpkg-deb runs,
+/// and ldconfig and start-stop-daemon, which dpkg wants in PATH as root), man-db with groff,
+/// and the libraries of them all; and the whole C library package, as every Debian system has
+/// it (a guest otherwise carries only the libraries its programs load: the portable binary
+/// needs glibc 2.31's libdl.so.2, which 2.34 and later keep as a stub). The same names in
+/// Debian 11 and 12.
+const GUEST_PACKAGES: &[&str] = &[
+    "libc6",
+    "dpkg",
+    "tar",
+    "libc-bin",
+    "libbz2-1.0",
+    "liblzma5",
+    "libmd0",
+    "libselinux1",
+    "libpcre2-8-0",
+    "libzstd1",
+    "zlib1g",
+    "libacl1",
+    "man-db",
+    "groff-base",
+    "bsdextrautils",
+    "libsmartcols1",
+    "libtinfo6",
+    "libgdbm6",
+    "libpipeline1",
+    "libseccomp2",
+    "libuchardet0",
+    "libstdc++6",
+    "libgcc-s1",
+];
+
+/// The guest's side of [`check_in_guests`]: register the C library the guest has as the
+/// package it came from (read from the library itself), install the package with dpkg (which
+/// checks its dependency on it), then use what it installed as a user would, and run the
+/// tarball's binary.
+///
+/// dpkg and man by their paths: the guest's shell (busybox) runs its own applets of those
+/// names before anything in PATH.
+const GUEST_SCRIPT: &str = r#"export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+mkdir -p /var/lib/dpkg/info /var/lib/dpkg/updates /var/lib/dpkg/triggers /var/log
+: > /var/lib/dpkg/available
+libc=$(ls /lib/*-linux-gnu/libc.so.6 | head -n 1)
+v=$("$libc" | sed -n '1s/.*(Debian GLIBC \([^)]*\)).*/\1/p')
+[ -n "$v" ] || { echo "guest: no Debian version in $libc's banner"; exit 1; }
+printf 'Package: libc6\nStatus: install ok installed\nPriority: optional\nSection: libs\nMaintainer: the guest\nArchitecture: @ARCH@\nMulti-Arch: same\nVersion: %s\nDescription: the C library the guest has\n\n' "$v" > /var/lib/dpkg/status
+echo "$libc" > /var/lib/dpkg/info/libc6:@ARCH@.list
+echo "guest: libc6 $v"
+/usr/bin/dpkg -i /files/@DEB@ 2>&1 | tee /out/dpkg.txt
+/usr/bin/dpkg -s memcg-trace | tee -a /out/dpkg.txt | grep -q '^Status: install ok installed'
+command -v memcg-trace
+memcg-trace --version | tee /out/version.txt
+MANWIDTH=80 MAN_DISABLE_SECCOMP=1 /usr/bin/man -l -P cat /usr/share/man/man1/memcg-trace-record.1.gz > /out/man.txt
+grep -q -- '--duration' /out/man.txt
+memcg-trace probes > /out/probes.txt
+memcg-trace record -o /out/record.json -- hackbench -g 1 -l 10 > /out/record.txt
+mkdir /tmp/tarball
+/bin/tar -xzf /files/@TARBALL@ -C /tmp/tarball
+/tmp/tarball/*/bin/memcg-trace --version | tee /out/tarball-version.txt
+"#;
+
+/// The guests a user's machines stand for, each with its own userland: Debian 11's (the 5.10
+/// kernel) and Debian 12's on x86_64, Debian 12's on arm64.
+pub const GUESTS: &[(&str, Arch)] = &[
+    ("5.10", Arch::X86_64),
+    ("6.12", Arch::X86_64),
+    ("6.12", Arch::Arm64),
+];
+
+/// Installs each architecture's package in VM guests with that architecture's Debian userlands
+/// ([`GUESTS`]) and checks there what the package installed: `--version`, `man -l` of a page,
+/// `probes` and a short `record`, and the tarball's binary. Each guest's files come back
+/// in its out directory; a failure shows the end of the guest's console.
+pub fn check_in_guests(d: &Dist, accel: crate::vm::Accel) -> Result<()> {
+    let hackbench = crate::hackbench()?;
+    for &(short, arch) in GUESTS {
+        let spec = crate::kernels::select_for(short, Some(arch))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("no {short} kernel for {}", arch.debian()))?;
+        let kernel = crate::kernels::fetch(spec)?;
+        let script = GUEST_SCRIPT
+            .replace("@ARCH@", deb_arch(arch))
+            .replace("@DEB@", &deb_name(arch))
+            .replace("@TARBALL@", &tarball_name(arch));
+        let r = crate::vm::run(
+            &kernel,
+            &crate::vm::VmSpec {
+                name: format!("{}-dist", spec.short),
+                script,
+                // The guest userland's own stands in for this machine's where it has one.
+                bins: vec![hackbench.clone()],
+                accel,
+                timeout: std::time::Duration::from_secs(600),
+                echo: false,
+                modules: Vec::new(),
+                mem_mb: 0,
+                cpus: 0,
+                icount: None,
+                packages: GUEST_PACKAGES.iter().map(|s| s.to_string()).collect(),
+                files: vec![d.dir.join(deb_name(arch)), d.dir.join(tarball_name(arch))],
+            },
+        )?;
+        if !r.success {
+            bail!(
+                "installing {} in the {} guest failed: {}\n--- last console lines ({}) ---\n{}",
+                deb_name(arch),
+                spec.short,
+                r.failure.clone().unwrap_or_default(),
+                r.log.display(),
+                r.tail(40)
+            );
+        }
+        let version = fs::read_to_string(r.out_dir.join("version.txt")).unwrap_or_default();
+        let tarball = fs::read_to_string(r.out_dir.join("tarball-version.txt")).unwrap_or_default();
+        if !version.contains(VERSION) || version != tarball {
+            bail!(
+                "the {} guest: the package's binary says {version:?}, the tarball's {tarball:?}",
+                spec.short
+            );
+        }
+        let rec = fs::read_to_string(r.out_dir.join("record.json")).unwrap_or_default();
+        if !rec.contains("\"probes\"") {
+            bail!("the {} guest's recording: {rec:.200}", spec.short);
+        }
+        eprintln!(
+            "dist: {} installed and run in the {} {} guest ({:.0} s; files in {})",
+            deb_name(arch),
+            spec.short,
+            arch.debian(),
+            r.elapsed.as_secs_f64(),
+            r.out_dir.display()
+        );
+    }
+    Ok(())
 }

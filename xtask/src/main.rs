@@ -116,7 +116,15 @@ enum Cmd {
     /// The release: for x86_64 and arm64, a tarball (binary, man pages, completions, the
     /// systemd unit, the Prometheus rules) and a Debian package, with SHA256SUMS, in
     /// target/dist/.
-    Dist,
+    Dist {
+        /// Also install each package in VM guests (Debian 11's and 12's userlands on x86_64,
+        /// Debian 12's on arm64) and run what it installed there, as `cargo xtask test` does.
+        #[arg(long)]
+        in_guests: bool,
+        /// tcg or kvm, for the guests.
+        #[arg(long, value_enum, default_value = "tcg")]
+        accel: Accel,
+    },
     /// `memcg-trace record` beside a looping hackbench for N minutes: memory, descriptors and
     /// CPU sampled; flat memory and descriptors and a clean end pass.
     Soak {
@@ -187,12 +195,16 @@ fn main() {
             accel,
             long,
         } => test(&kernel, accel, long),
-        Cmd::Dist => xtask::dist::dist().and_then(|d| {
+        Cmd::Dist { in_guests, accel } => xtask::dist::dist().and_then(|d| {
             for f in &d.files {
                 println!("{}", f.display());
             }
             println!("{}", d.dir.join("SHA256SUMS").display());
-            check_dist(&d)
+            check_dist(&d)?;
+            if in_guests {
+                xtask::dist::check_in_guests(&d, accel)?;
+            }
+            Ok(())
         }),
         Cmd::Soak { minutes } => {
             let bin = build_release()?;
@@ -310,6 +322,8 @@ fn vm_cmd(
                 mem_mb: mem,
                 cpus,
                 icount,
+                packages: Vec::new(),
+                files: Vec::new(),
             },
         )?;
         if r.success {
@@ -385,6 +399,8 @@ fn demo(host: bool, kernel: &str, arch: Arch, accel: Accel, hackbench: &str) -> 
                 mem_mb: 0,
                 cpus: 0,
                 icount: None,
+                packages: Vec::new(),
+                files: Vec::new(),
             },
         )?;
         if !r.success {
@@ -638,7 +654,7 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     // The release: made, and what a user installs checked.
     step("dist");
     let dist_ok = xtask::dist::dist()
-        .and_then(|d| check_dist(&d))
+        .and_then(|d| check_dist(&d).and_then(|_| xtask::dist::check_in_guests(&d, accel)))
         .map_err(|e| eprintln!("test: dist failed: {e:#}"))
         .is_ok();
     println!(
@@ -742,6 +758,9 @@ fn check_dist(d: &xtask::dist::Dist) -> Result<()> {
             "/share/zsh/site-functions/_memcg-trace",
             "/share/fish/vendor_completions.d/memcg-trace.fish",
             "/contrib/memcg-trace.service",
+            "/LICENSE-MIT",
+            "/LICENSE-APACHE",
+            "/LICENSE-GPL-2.0",
             "/contrib/prometheus/memcg-trace.rules.yml",
         ] {
             if !list.lines().any(|l| l.ends_with(want)) {

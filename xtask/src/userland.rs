@@ -52,6 +52,74 @@ pub fn arm64_guest() -> Result<PathBuf> {
     )
 }
 
+/// Debian packages of `suite` on `arch`, unpacked as they are (no dependencies added: name
+/// them all), cached under a name made of the list.
+pub fn packages(suite: Suite, arch: Arch, packages: &[&str]) -> Result<PathBuf> {
+    // FNV-1a of the list: a short, stable name for the cache.
+    let hash = packages
+        .join(" ")
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let suite_name = match suite {
+        Suite::Bullseye => "bullseye",
+        _ => "bookworm",
+    };
+    unpack(
+        &format!("packages-{suite_name}-{}-{hash:016x}", arch.debian()),
+        suite,
+        arch,
+        packages,
+    )
+}
+
+/// Every library that an ELF file under `tree` names is somewhere under `root` (the guest's
+/// whole tree, `tree` copied in): a package list that lacks one fails here, before a boot.
+pub fn check_libraries(tree: &Path, root: &Path) -> Result<()> {
+    // Libraries by file name, wherever they are (a package's private directory, found
+    // through its RUNPATH, included); links name them too (libz.so.1 -> libz.so.1.2.13).
+    let mut present = std::collections::BTreeSet::new();
+    walk(root, &mut |p, _| {
+        if let Some(n) = p.file_name() {
+            present.insert(n.to_string_lossy().into_owned());
+        }
+    });
+    for elf in elves(tree) {
+        for lib in needed(&elf)? {
+            if !present.contains(&lib) {
+                bail!(
+                    "{} needs {lib}, which none of the guest's packages has: add its package",
+                    elf.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The ELF files under `tree` (programs and libraries; not links).
+pub fn elves(tree: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    walk(tree, &mut |p, link| {
+        if !link && crate::vm::elf_machine(p).is_some() {
+            v.push(p.to_path_buf());
+        }
+    });
+    v
+}
+
+/// Calls `f` on every file and symbolic link under `dir` (true: a link), recursively.
+fn walk(dir: &Path, f: &mut dyn FnMut(&Path, bool)) {
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => walk(&e.path(), f),
+            Ok(t) => f(&e.path(), t.is_symlink()),
+            Err(_) => {}
+        }
+    }
+}
+
 /// Debian packages `packages` of `suite` on `arch`, downloaded and unpacked into the cache's
 /// `name` on first use, absolute links made relative.
 fn unpack(name: &str, suite: Suite, arch: Arch, packages: &[&str]) -> Result<PathBuf> {

@@ -58,6 +58,12 @@ pub struct VmSpec {
     /// instructions executed rather than memory stalls. For experiments: under QEMU 7.2 one
     /// boot in about ten oopsed with reserved RFLAGS bits set, an emulation fault.
     pub icount: Option<u32>,
+    /// Debian packages of the guest's own release and architecture, unpacked into its root as
+    /// they are (their libraries must be among them or the guest's: checked before booting),
+    /// e.g. dpkg and man-db, to install and read a package in the guest.
+    pub packages: Vec<String>,
+    /// Files copied as they are into the guest's /files (e.g. a package to install there).
+    pub files: Vec<PathBuf>,
 }
 
 /// The outcome of one boot.
@@ -118,7 +124,7 @@ reboot -f
 "#;
 
 /// The ELF `e_machine` of `path` (None: not an ELF file, e.g. a script).
-fn elf_machine(path: &Path) -> Option<u16> {
+pub(crate) fn elf_machine(path: &Path) -> Option<u16> {
     let mut h = [0u8; 20];
     std::io::Read::read_exact(&mut fs::File::open(path).ok()?, &mut h).ok()?;
     (h[..4] == *b"\x7fELF").then(|| u16::from_le_bytes([h[18], h[19]]))
@@ -231,6 +237,25 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
             Some(_) => {}
         }
     }
+    // The packages' tree, unpacked; where the guest runs on this machine's libraries, theirs
+    // are taken from here the same way (this machine runs the same release).
+    let packages = if spec.packages.is_empty() {
+        None
+    } else {
+        let suite = if arch == Arch::X86_64 && kernel.spec.suite == Suite::Bullseye {
+            Suite::Bullseye
+        } else {
+            Suite::Host
+        };
+        let names: Vec<&str> = spec.packages.iter().map(String::as_str).collect();
+        let tree = crate::userland::packages(suite, arch, &names)?;
+        if userland.is_none() {
+            for elf in crate::userland::elves(&tree) {
+                libs.extend(libraries(&elf)?);
+            }
+        }
+        Some(tree)
+    };
     match &userland {
         None => {
             for lib in libs {
@@ -250,6 +275,26 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
                     }
                 }
             }
+        }
+    }
+    if let Some(tree) = &packages {
+        // Over what is there: the packages' files replace this machine's copies.
+        crate::run(
+            Command::new("cp")
+                .args(["-a", "--remove-destination"])
+                .arg(tree.join("."))
+                .arg(&root),
+        )?;
+        crate::userland::check_libraries(tree, &root)?;
+    }
+    if !spec.files.is_empty() {
+        fs::create_dir_all(root.join("files"))?;
+        for f in &spec.files {
+            let name = f
+                .file_name()
+                .ok_or_else(|| anyhow!("{}: not a file", f.display()))?;
+            fs::copy(f, root.join("files").join(name))
+                .with_context(|| format!("copy {} into the initramfs", f.display()))?;
         }
     }
     fs::copy(

@@ -310,8 +310,14 @@ pub struct Hist {
     /// the enclosing call's self time, which userspace takes out with the floor.
     pub nested: u64,
     /// Time off the CPU of these calls (those that left it, where known), ns, summed: their
-    /// CPU time is `sum_ns` (and `self_ns`) less this.
+    /// CPU time is `sum_ns` less this.
     pub off_ns: u64,
+    /// The part of `off_ns` that the traced calls nested in these calls spent off the CPU
+    /// (of the calls whose self time and time off the CPU are known; at most each call's own
+    /// time off): already outside `self_ns`, so the self time on the CPU is `self_ns` less
+    /// (`off_ns` less this), not less `off_ns` (a nested call asleep in reclaim would count
+    /// twice).
+    pub nested_off_ns: u64,
 }
 
 /// What happened to the calls of one (probe, context) on one CPU (its [`Cell`], plus its
@@ -487,6 +493,8 @@ pub struct Pending {
     pub nest_ns: u64,
     /// This CPU's `Nest::calls` at entry.
     pub nest_calls: u64,
+    /// This CPU's `Nest::off` at entry.
+    pub nest_off: u64,
     /// This CPU's `Nest::owner` at entry: who the innermost open call was.
     pub nest_owner: u64,
     /// This CPU's `Nest::top` at entry: the innermost open call then.
@@ -554,6 +562,9 @@ pub struct Deferred {
     pub child_ns: u64,
     /// Switched task calls: time off the CPU, ns (0 with `DEFERRED_OFF_UNKNOWN`).
     pub off_ns: u64,
+    /// The part of `off_ns` spent in the traced calls nested in this one (`Hist::nested_off_ns`;
+    /// 0 where its self time or time off the CPU is not known).
+    pub child_off_ns: u64,
     /// The call site (`Pending::caller`).
     pub caller: u64,
     /// The memcg the call charges (`Pending::memcg`).
@@ -676,6 +687,8 @@ pub struct Nest {
     pub ns: u64,
     /// How many (wrapping).
     pub calls: u64,
+    /// Their time off the CPU, ns, summed (wrapping; see `Hist::nested_off_ns`).
+    pub off: u64,
     /// The innermost open call: its task in task context, [`NEST_IRQ`] in an interrupt
     /// context, [`NEST_NONE`] when none is open (as far as this CPU saw).
     pub owner: u64,
@@ -966,7 +979,7 @@ pub struct Cell {
     pub counters: Counters,
     pub hist: Hist,
     /// To a whole number of cache lines: each cell starts one.
-    pub _pad: [u64; 4],
+    pub _pad: [u64; 3],
 }
 const _: () = assert!(core::mem::size_of::<Cell>().is_multiple_of(64));
 

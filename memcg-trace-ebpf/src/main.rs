@@ -767,7 +767,15 @@ fn counters(cpu: u32, probe: u32, ctx: u32) -> Option<&'static mut Counters> {
 
 /// Adds one duration, and its self time, to a histogram.
 #[inline(always)]
-fn record(h: &mut Hist, ns: u64, self_ns: u64, nested: u64, off: u64, atomic: bool) {
+fn record(
+    h: &mut Hist,
+    ns: u64,
+    self_ns: u64,
+    nested: u64,
+    off: u64,
+    nested_off: u64,
+    atomic: bool,
+) {
     add(&mut h.sum_ns, ns, atomic);
     add(&mut h.self_ns, self_ns, atomic);
     if nested != 0 {
@@ -775,6 +783,9 @@ fn record(h: &mut Hist, ns: u64, self_ns: u64, nested: u64, off: u64, atomic: bo
     }
     if off != 0 {
         add(&mut h.off_ns, off, atomic);
+        if nested_off != 0 {
+            add(&mut h.nested_off_ns, nested_off, atomic);
+        }
     }
     if ns > h.max_ns {
         h.max_ns = ns;
@@ -922,6 +933,7 @@ fn defer(
     call: &Pending,
     child_ns: u64,
     child_calls: u64,
+    child_off_ns: u64,
 ) -> bool {
     match DEFERRED.reserve::<Deferred>(0) {
         Some(mut e) => {
@@ -934,6 +946,7 @@ fn defer(
                 child_calls: child_calls.min(u16::MAX as u64) as u16,
                 child_ns,
                 off_ns,
+                child_off_ns,
                 caller: call.caller,
                 memcg: call.memcg,
             });
@@ -1030,17 +1043,12 @@ fn vacate(set: &mut PendingSet, i: usize) {
 
 /// Gives a call that is entering its number, notes this CPU's nesting state in its slot
 /// (before its timestamp: a call nested from here on is inside its time), and makes it the
-/// innermost open call; `owner`: its task, or `NEST_IRQ` (see [`Nest`]). `open`: what may be
-/// open on this CPU (see [`encloses`]); `task`: the task the call runs in or interrupted (read
+/// innermost open call; `owner`: its task, or `NEST_IRQ` (see [`Nest`]). `ctx`: its context
+/// (what may be open below it is read from every probe's pending calls, only if a call is
+/// noted open: see [`open_on_cpu`]); `task`: the task the call runs in or interrupted (read
 /// only if an open task call is noted here).
 #[inline(always)]
-fn nest_enter<E: Env>(
-    env: &E,
-    p: &mut Pending,
-    owner: u64,
-    open: Open,
-    task: impl FnOnce() -> u64,
-) {
+fn nest_enter<E: Env>(env: &E, p: &mut Pending, owner: u64, ctx: u32, task: impl FnOnce() -> u64) {
     let Some(n) = env.nest() else {
         return;
     };
@@ -1053,10 +1061,11 @@ fn nest_enter<E: Env>(
     p.nest_id = id;
     p.nest_ns = n.ns;
     p.nest_calls = n.calls;
+    p.nest_off = n.off;
     match if dead {
         None
     } else {
-        encloses(n.owner, open, task)
+        encloses(n.owner, || open_on_cpu(env.state(), ctx), task)
     } {
         Some(enclosed) => {
             p.nest_owner = n.owner;
@@ -1076,7 +1085,8 @@ fn nest_enter<E: Env>(
     n.top = id;
 }
 
-/// What may be open on a CPU when a call enters there, from its pending calls of the probe.
+/// What may be open on a CPU when a call enters there, from its pending calls of every probe
+/// (the innermost open call may be another probe's: `charge` encloses `try_charge`).
 #[derive(Clone, Copy)]
 struct Open {
     /// A task slot is taken (`PendingSet::used`).
@@ -1086,20 +1096,49 @@ struct Open {
     lower_irq: bool,
 }
 
+/// [`Open`] for a call of context `ctx` entering on the CPU whose state is `st` (before it
+/// takes its own slot): a look at each probe in use, a load or three each.
+#[inline(always)]
+fn open_on_cpu(st: St, ctx: u32) -> Open {
+    let mut open = Open {
+        task: false,
+        lower_irq: false,
+    };
+    let probes = config().probes;
+    for probe in 0..MAX_PROBES as u32 {
+        if probe >= probes {
+            break;
+        }
+        let Some(set) = pending(st, probe) else {
+            break;
+        };
+        // SAFETY: an aligned u64 in a map value.
+        if unsafe { core::ptr::read_volatile(&set.used) } != 0 {
+            open.task = true;
+        }
+        for c in CTX_SOFTIRQ..CTX_NMI {
+            if c < ctx && set.calls[irq_slot(c)].key != 0 {
+                open.lower_irq = true;
+            }
+        }
+    }
+    open
+}
+
 /// Whether the innermost open call noted on this CPU, `owner`'s, encloses a call entering now
 /// (`task`: the task that call runs in or interrupted); `None` when the open call cannot be
 /// running any more (its exit was on another CPU, or lost).
 #[inline(always)]
-fn encloses(owner: u64, open: Open, task: impl FnOnce() -> u64) -> Option<bool> {
+fn encloses(owner: u64, open: impl FnOnce() -> Open, task: impl FnOnce() -> u64) -> Option<bool> {
     match owner {
         NEST_NONE => Some(false),
         // Task code does not run while an interrupt call is open on its CPU; an interrupt call
         // runs inside one of a lower context only, which is still in its slot.
-        NEST_IRQ => open.lower_irq.then_some(true),
+        NEST_IRQ => open().lower_irq.then_some(true),
         // A task's call is pending in a task slot of this CPU while it is open here. It encloses
         // its own task's calls, and interrupt calls only while it runs: an interrupt of another
         // task is not inside its time.
-        t => open.task.then(|| t == task()),
+        t => open().task.then(|| t == task()),
     }
 }
 
@@ -1109,6 +1148,8 @@ struct Nested {
     child_ns: u64,
     /// How many.
     child_calls: u64,
+    /// Their time off the CPU, ns (meaningful where `child_ns` is known).
+    child_off: u64,
     /// Whether an open traced call encloses it (else it is outermost).
     enclosed: bool,
 }
@@ -1123,6 +1164,7 @@ fn nest_exit<E: Env>(env: &E, call: &Pending, here: bool) -> Nested {
     let mut r = Nested {
         child_ns: u64::MAX,
         child_calls: 0,
+        child_off: 0,
         enclosed: false,
     };
     if !here {
@@ -1134,22 +1176,25 @@ fn nest_exit<E: Env>(env: &E, call: &Pending, here: bool) -> Nested {
     if n.top == call.nest_id {
         r.child_ns = n.ns.wrapping_sub(call.nest_ns);
         r.child_calls = n.calls.wrapping_sub(call.nest_calls);
+        r.child_off = n.off.wrapping_sub(call.nest_off);
     }
     n.ns = call.nest_ns;
     n.calls = call.nest_calls;
+    n.off = call.nest_off;
     n.owner = call.nest_owner;
     n.top = call.nest_top;
     r.enclosed = call.flags & PENDING_ENCLOSED != 0;
     r
 }
 
-/// Adds a counted call's duration to this CPU's sums, for its enclosing call (after
-/// `nest_exit` found one on the CPU it entered).
+/// Adds a counted call's duration and time off the CPU to this CPU's sums, for its enclosing
+/// call (after `nest_exit` found one on the CPU it entered).
 #[inline(always)]
-fn nest_done<E: Env>(env: &E, ns: u64) {
+fn nest_done<E: Env>(env: &E, ns: u64, off: u64) {
     if let Some(n) = env.nest() {
         n.ns = n.ns.wrapping_add(ns);
         n.calls = n.calls.wrapping_add(1);
+        n.off = n.off.wrapping_add(off);
     }
 }
 
@@ -1198,16 +1243,6 @@ fn pair_entry<E: Env>(
     // SAFETY: an aligned u64 in a map value.
     let used = unsafe { core::ptr::read_volatile(&set.used) };
     if ctx != CTX_TASK {
-        let mut lower_irq = false;
-        for c in CTX_SOFTIRQ..CTX_NMI {
-            if c < ctx && set.calls[irq_slot(c)].key != 0 {
-                lower_irq = true;
-            }
-        }
-        let open = Open {
-            task: used != 0,
-            lower_irq,
-        };
         // One call in flight per interrupt context: what is left there is stale.
         let Some(p) = set.calls.get_mut(irq_slot(ctx)) else {
             return;
@@ -1227,7 +1262,7 @@ fn pair_entry<E: Env>(
         p.switches = misses;
         set_origin(p, caller, memcg);
         p.key = key;
-        nest_enter(env, p, NEST_IRQ, open, || env.task());
+        nest_enter(env, p, NEST_IRQ, ctx, || env.task());
         p.ts = env.now();
         return;
     }
@@ -1290,11 +1325,7 @@ fn pair_entry<E: Env>(
     set_origin(p, caller, memcg);
     // Before the timestamp: a call nested from here on is inside this one's time. (A claim
     // below fails only where runs interleave, and nesting is not followed there.)
-    let open = Open {
-        task: !none_taken,
-        lower_irq: false,
-    };
-    nest_enter(env, p, task, open, || task);
+    nest_enter(env, p, task, CTX_TASK, || task);
     p.ts = env.now();
     // After the timestamp: time off the CPU before it is not part of the call's latency.
     p.clock = env.clock(task);
@@ -1703,6 +1734,13 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     if !nested.enclosed {
         flags |= DEFERRED_OUTERMOST;
     }
+    // What its nested calls spent off the CPU: part of its own time off it (at most all of
+    // it), known where its self time and time off are.
+    let child_off = if child == u64::MAX || off == 0 {
+        0
+    } else {
+        nested.child_off.min(off)
+    };
     if deferred {
         if defer(
             probe,
@@ -1714,10 +1752,11 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             call,
             child,
             child_calls,
+            child_off,
         ) {
             add(&mut cs.deferred, 1, atomic);
             if nested.enclosed {
-                nest_done(env, ns);
+                nest_done(env, ns, off);
             }
         } else {
             add(&mut cs.deferred_lost, 1, atomic);
@@ -1725,7 +1764,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         return;
     }
     if nested.enclosed {
-        nest_done(env, ns);
+        nest_done(env, ns, off);
     }
     add(&mut cs.paired, 1, atomic);
     if flags & DEFERRED_OUTERMOST != 0 {
@@ -1737,7 +1776,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     } else {
         (ns - child, child_calls)
     };
-    record(&mut c.hist, ns, self_ns, nested, off, atomic);
+    record(&mut c.hist, ns, self_ns, nested, off, child_off, atomic);
     if !env.lean() && config().callers != 0 {
         count_caller(cs, probe, ctx, call.caller, ns);
     }
@@ -2567,7 +2606,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         test_op::EXIT_KPROBE => pair_exit(&given, probe, Key::given(a(2)), false),
         test_op::BUCKET => {
             if let Some(c) = cell_of(st.cpu(), probe, CTX_TASK, false, false) {
-                record(&mut c.hist, a(2), a(2), 0, 0, false);
+                record(&mut c.hist, a(2), a(2), 0, 0, 0, false);
             }
         }
         test_op::CONTEXT => return read_context(st).map(|c| c as i32).unwrap_or(-1),

@@ -435,9 +435,15 @@ pub struct Latency {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nested_calls: Option<u64>,
     /// Time these calls spent off the CPU (those that left it, where known), ns: their CPU
-    /// time is `sum_ns` (and `self_ns`) less this.
+    /// time is `sum_ns` less this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub off_cpu_ns: Option<u64>,
+    /// The part of `off_cpu_ns` spent in traced calls nested in these (asleep in a nested
+    /// probe's reclaim, say), already outside `self_ns`: the self time on the CPU is `self_ns`
+    /// less (`off_cpu_ns` less this). Absent in recordings made before it was measured (their
+    /// self shares subtracted such time twice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nested_off_cpu_ns: Option<u64>,
     /// The time these calls spent on the CPU (`sum_ns` less `off_cpu_ns`) as a share of the
     /// recording's wall time (1.0 = one CPU); absent where some call's time off the CPU is not
     /// known (then at most `wall_share`). Before 0.1 of schema 2 this held the wall share: a
@@ -649,6 +655,7 @@ fn latency_out(h: &HistData, secs: Duration, floor: Option<u64>, off_unknown: bo
         self_ns: Some(h.self_ns),
         nested_calls: Some(h.nested),
         off_cpu_ns: Some(h.off_ns),
+        nested_off_cpu_ns: Some(h.nested_off_ns),
         cpu_share: if off_unknown {
             None
         } else {
@@ -862,16 +869,14 @@ pub(crate) fn probes_out(
                     share_of_workload_cpu: timed
                         .then(|| of_cpu(w.sum_ns.saturating_sub(w.off_ns)))
                         .flatten(),
-                    self_share_of_workload_cpu: timed
-                        .then(|| of_cpu(w.self_ns.saturating_sub(w.off_ns)))
-                        .flatten(),
+                    self_share_of_workload_cpu: timed.then(|| of_cpu(w.self_on_cpu_ns())).flatten(),
                     floor_share_of_workload_cpu: timed
                         .then(|| instrumentation(w).and_then(|i| of_cpu(i as u64)))
                         .flatten(),
                     net_self_share_of_workload_cpu: timed
                         .then(|| {
                             let i = instrumentation(w)?;
-                            let own = w.self_ns.saturating_sub(w.off_ns) as f64;
+                            let own = w.self_on_cpu_ns() as f64;
                             ratio((own - i).max(0.0), untraced_cpu?)
                         })
                         .flatten(),
@@ -1250,6 +1255,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
             h.self_ns = l.self_ns.unwrap_or(l.sum_ns);
             h.nested = l.nested_calls.unwrap_or(0);
             h.off_ns = l.off_cpu_ns.unwrap_or(0);
+            h.nested_off_ns = l.nested_off_cpu_ns.unwrap_or(0);
             h.min_ns = l.min_ns;
             h.max_ns = l.max_ns;
             for b in &l.buckets {

@@ -27,6 +27,9 @@ pub struct HistData {
     pub nested: u64,
     /// Their time off the CPU, ns (`memcg_trace_common::Hist::off_ns`).
     pub off_ns: u64,
+    /// The part of `off_ns` spent in traced calls nested in these
+    /// (`memcg_trace_common::Hist::nested_off_ns`).
+    pub nested_off_ns: u64,
 }
 
 impl Default for HistData {
@@ -40,17 +43,27 @@ impl Default for HistData {
             self_ns: 0,
             nested: 0,
             off_ns: 0,
+            nested_off_ns: 0,
         }
     }
 }
 
 impl HistData {
+    /// The self time on the CPU, ns: `self_ns` less the calls' own time off the CPU (their
+    /// time off it less the part spent in nested traced calls, which `self_ns` already left
+    /// out).
+    pub fn self_on_cpu_ns(&self) -> u64 {
+        let own_off = self.off_ns.saturating_sub(self.nested_off_ns);
+        self.self_ns.saturating_sub(own_off)
+    }
+
     /// Adds one CPU's histogram.
     pub fn add_cpu(&mut self, h: &Hist) {
         self.sum_ns += h.sum_ns;
         self.self_ns += h.self_ns;
         self.nested += h.nested;
         self.off_ns += h.off_ns;
+        self.nested_off_ns += h.nested_off_ns;
         // The copy of a CPU's histogram is read while that CPU may record a call: the program
         // writes the extremes before the bucket, and the copy can hold the bucket and not yet
         // the extreme. An extreme outside the buckets' range is taken to the nearest value of
@@ -112,6 +125,7 @@ impl HistData {
         self.self_ns += o.self_ns;
         self.nested += o.nested;
         self.off_ns += o.off_ns;
+        self.nested_off_ns += o.nested_off_ns;
         self.max_ns = self.max_ns.max(o.max_ns);
         if o.min_ns != 0 {
             self.min_ns = if self.min_ns == 0 {
@@ -154,6 +168,7 @@ impl HistData {
             self_ns: self.self_ns.saturating_sub(earlier.self_ns),
             nested: self.nested.saturating_sub(earlier.nested),
             off_ns: self.off_ns.saturating_sub(earlier.off_ns),
+            nested_off_ns: self.nested_off_ns.saturating_sub(earlier.nested_off_ns),
         }
     }
 }
@@ -379,6 +394,7 @@ mod tests {
             self_ns: 0,
             nested: 0,
             off_ns: 0,
+            nested_off_ns: 0,
         };
         for v in [700, 5_100_000, 8_202_632] {
             cpu.buckets[bucket_index(v)] += 1;
@@ -416,6 +432,7 @@ mod tests {
             self_ns: 30,
             nested: 1,
             off_ns: 0,
+            nested_off_ns: 0,
         };
         cpu0.buckets[bucket_index(50)] = 1;
         let cpu1 = Hist {
@@ -426,6 +443,7 @@ mod tests {
             self_ns: 0,
             nested: 0,
             off_ns: 0,
+            nested_off_ns: 0,
         };
         let mut cpu2 = Hist {
             sum_ns: 9,
@@ -435,6 +453,7 @@ mod tests {
             self_ns: 9,
             nested: 0,
             off_ns: 0,
+            nested_off_ns: 0,
         };
         cpu2.buckets[9] = 1;
         let mut h = HistData::default();

@@ -843,6 +843,44 @@ fn vm_reclaim_6_12() {
         )
         .as_bytes(),
     );
+    // charge (obj_cgroup_charge) calls try_charge_memcg whenever its per-CPU stock of bytes
+    // runs out: the files' kernel objects make a thousand or so such calls. They are seen
+    // nested: in charge's self time, not outermost (each probe's calls nest in the other's).
+    let c = &probe(&doc, "charge").contexts[0];
+    let l = c.latency.as_ref().expect("charge latency");
+    assert!(
+        l.nested_calls.unwrap_or(0) > 0 && l.self_ns.unwrap_or(u64::MAX) < l.sum_ns,
+        "no try_charge call seen nested in charge: {:?} nested, self {:?} of {} ns; {}",
+        l.nested_calls,
+        l.self_ns,
+        l.sum_ns,
+        memcg_trace::table::probe_footnote(probe(&doc, "charge"))
+    );
+    let tc = task.latency.as_ref().expect("try_charge latency");
+    assert!(
+        task.outermost_ns < tc.sum_ns,
+        "every try_charge call outermost ({} of {} ns): none seen inside charge",
+        task.outermost_ns,
+        tc.sum_ns
+    );
+    {
+        // The time the nested try_charge calls spent off the CPU is told apart (review finding
+        // 3c), within charge's own.
+        let (off, nested_off) = (l.off_cpu_ns.unwrap_or(0), l.nested_off_cpu_ns.unwrap_or(0));
+        assert!(
+            nested_off <= off,
+            "charge: nested calls' time off the CPU {nested_off} ns above its own {off} ns"
+        );
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!(
+                "{name}: charge {} calls, {} nested calls, off the CPU {off} ns, of it in nested try_charge {nested_off} ns\n",
+                c.count,
+                l.nested_calls.unwrap_or(0)
+            )
+            .as_bytes(),
+        );
+    }
 }
 
 /// The kernel's own per-call durations: ftrace's function_graph on the probe's function, in

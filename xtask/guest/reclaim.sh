@@ -10,9 +10,13 @@ swapon /dev/zram0
 echo +memory > /sys/fs/cgroup/cgroup.subtree_control
 mkdir /sys/fs/cgroup/reclaim
 echo "$MEMORY_MAX" > /sys/fs/cgroup/reclaim/memory.max
-echo "guest: record -p try_charge,charge while tail /dev/zero fills a memcg of $MEMORY_MAX"
+# Beside it, empty files made one after another in a tmpfs: each charges kernel objects (an
+# inode, a dentry) through obj_cgroup_charge, which enters reclaim at memory.max, so that
+# try_charge runs nested in charge and can sleep there.
+mkdir /tmp/reclaim
+echo "guest: record -p try_charge,charge while tail /dev/zero fills a memcg of $MEMORY_MAX and files are made beside it"
 if ! memcg-trace record -p try_charge,charge --bpf-stats -q --cgroup /sys/fs/cgroup/reclaim \
-    -o /out/reclaim.json -- sh -c "timeout $SECONDS_ tail /dev/zero; true" \
+    -o /out/reclaim.json -- sh -c "timeout $SECONDS_ tail /dev/zero & i=0; while [ \$i -lt 4000 ]; do : > /tmp/reclaim/f\$i; i=\$((i+1)); done; wait; true" \
     >/out/reclaim.txt 2>/out/reclaim.err; then
   cat /out/reclaim.err /out/reclaim.txt
   exit 1

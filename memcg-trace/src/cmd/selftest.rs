@@ -142,9 +142,15 @@ fn breakdown_adds_up(
 /// outermost calls when nothing was lost, left pending or of unknown nesting, and is never
 /// below it (a lost call's nested calls are in nobody's time).
 fn self_times(o: &Outcome) -> Result<(), String> {
-    let mut self_ns: u64 = o.hist.iter().map(|h| h.self_ns).sum();
-    let mut outer: u64 = o.counters.iter().map(|c| c.outermost_ns).sum();
-    let mut clean = o.pending == 0;
+    // Both probe slots' calls (a sequence may nest one probe's calls in the other's).
+    let mut self_ns: u64 = o.hist.iter().map(|h| h.self_ns).sum::<u64>()
+        + o.probe1.iter().map(|(_, h)| h.self_ns).sum::<u64>();
+    let mut outer: u64 = o.counters.iter().map(|c| c.outermost_ns).sum::<u64>()
+        + o.probe1.iter().map(|(c, _)| c.outermost_ns).sum::<u64>();
+    let mut clean = o.pending == 0
+        && o.probe1.iter().all(|(c, _)| {
+            c.stale + c.evicted + c.orphans + c.ambiguous + c.deferred_lost + c.self_unknown == 0
+        });
     for (ctx, h) in o.hist.iter().enumerate() {
         let c = &o.counters[ctx];
         if h.self_ns > h.sum_ns {
@@ -360,6 +366,108 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "not preemptible: a nested call asleep: its time off the CPU is not taken twice from the enclosing call's self time on the CPU",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                // The nested call sleeps (reclaim): 1500 ns off the CPU, all of the enclosing
+                // call's time off it.
+                E(0x90, task, T, 5000, 1100, false, 0),
+                XK(0x90, task, T, 6500, 3000, 0),
+                XK(0xa0, task, T, 6500, 3500, 0),
+            ],
+            check: |o| {
+                timed(o, CTX_TASK, 2, 1900 + 2500)?;
+                self_time(o, CTX_TASK, 1900 + 600)?;
+                let h = &o.hist[CTX_TASK as usize];
+                expect("off-CPU ns", h.off_ns, 1500 + 1500)?;
+                expect("of it, in nested calls", h.nested_off_ns, 1500)?;
+                // Self on the CPU: the nested call's 400 and the enclosing call's 600 (its
+                // self time less its own time off the CPU, none).
+                expect("self ns on the CPU", h.self_on_cpu_ns(), 400 + 600)
+            },
+        },
+        Case {
+            name: "one probe's call nested in another's (try_charge in charge), asleep: enclosed, and its time off the CPU is the enclosing call's nested one",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                Step::Probe(1),
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                Step::Probe(0),
+                E(0x90, task, T, 5000, 1100, false, 0),
+                XK(0x90, task, T, 6500, 3000, 0),
+                Step::Probe(1),
+                XK(0xa0, task, T, 6500, 3500, 0),
+            ],
+            check: |o| {
+                timed(o, CTX_TASK, 1, 1900)?;
+                // Inside the other probe's call: not outermost.
+                outermost(o, CTX_TASK, 0)?;
+                let (c, h) = &o.probe1[CTX_TASK as usize];
+                expect("enclosing probe's calls", h.count, 1)?;
+                expect("enclosing probe's self unknown", c.self_unknown, 0)?;
+                expect("enclosing probe's self ns", h.self_ns, 600)?;
+                expect("enclosing probe's nested calls", h.nested, 1)?;
+                expect("enclosing probe's outermost ns", c.outermost_ns, 2500)?;
+                expect("of its time off the CPU, nested", h.nested_off_ns, 1500)?;
+                expect("its self ns on the CPU", h.self_on_cpu_ns(), 600)
+            },
+        },
+        Case {
+            name: "one probe's hardirq call inside another probe's task call of the task it interrupted: enclosed",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                Step::Probe(1),
+                E(0xa0, task, T, 5, 1000, false, 0),
+                Step::Probe(0),
+                E(0xb0, hard, 0, 5, 1200, false, 0),
+                XK(0xb0, hard, 0, 5, 1300, 0),
+                Step::Probe(1),
+                XK(0xa0, task, T, 5, 2000, 0),
+            ],
+            check: |o| {
+                timed(o, CTX_HARDIRQ, 1, 100)?;
+                outermost(o, CTX_HARDIRQ, 0)?;
+                let (c, h) = &o.probe1[CTX_TASK as usize];
+                expect("enclosing probe's self ns", h.self_ns, 900)?;
+                expect("enclosing probe's outermost ns", c.outermost_ns, 1000)
+            },
+        },
+        Case {
+            name: "preemptible: a nested call asleep: the enclosing call's deferred pair carries its nested calls' time off the CPU",
+            cpus: 1,
+            kernel: PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                E(0x90, task, T, 5000, 1100, false, 0),
+                XK(0x90, task, T, 6500, 3000, 0),
+                XK(0xa0, task, T, 6500, 3500, 0),
+            ],
+            check: |o| {
+                deferred(
+                    o,
+                    &[
+                        (1100, 3000, CTX_TASK, DEFERRED_SWITCHED),
+                        (1000, 3500, CTX_TASK, DEFERRED_SWITCHED),
+                    ],
+                )?;
+                let got: Vec<(u64, u64, u64)> = o
+                    .deferred
+                    .iter()
+                    .map(|d| (d.child_ns, d.off_ns, d.child_off_ns))
+                    .collect();
+                if got != [(0, 1500, 0), (1900, 1500, 1500)] {
+                    return Err(format!(
+                        "(nested ns, off-CPU ns, of it nested) {got:?}, expected [(0, 1500, 0), (1900, 1500, 1500)]"
+                    ));
+                }
+                Ok(())
+            },
+        },
+        Case {
             name: "not preemptible: a task call that finds another task's call left open on its CPU at exit: its self time unknown, never short",
             cpus: 1,
             kernel: NO_PREEMPT,
@@ -444,8 +552,8 @@ fn cases() -> Vec<Case> {
             name: "a full ring: the pairs it cannot take are counted lost, each run still accounted for",
             cpus: 1,
             kernel: PREEMPT,
-            // More calls that left the CPU (each deferred to userspace, 64 bytes in the 1 MiB
-            // ring) than the ring holds, none read meanwhile.
+            // More calls that left the CPU (each deferred to userspace, a `RING_RECORD` in the
+            // 1 MiB ring) than the ring holds, none read meanwhile.
             steps: (0..RING_FULL_CALLS)
                 .flat_map(|i| {
                     let t = 1000 + i * 1000;
@@ -459,7 +567,7 @@ fn cases() -> Vec<Case> {
                 let c = &o.counters[CTX_TASK as usize];
                 expect("pairs sent and lost", c.deferred + c.deferred_lost, RING_FULL_CALLS)?;
                 expect("pairs read back", o.deferred.len() as u64, c.deferred)?;
-                if c.deferred_lost == 0 || c.deferred < (1 << 20) / 64 - 64 {
+                if c.deferred_lost == 0 || c.deferred < (1 << 20) / RING_RECORD - 64 {
                     return Err(format!(
                         "{} pairs in the ring, {} lost: expected it full",
                         c.deferred, c.deferred_lost
@@ -928,7 +1036,7 @@ fn step_key_cpu(s: &Step) -> Option<(u64, u32, bool)> {
         Step::ExitFentry(k, .., cpu)
         | Step::ExitKprobe(k, .., cpu)
         | Step::ExitKprobeClock(k, .., cpu) => Some((k, cpu, false)),
-        Step::Ran(..) => None,
+        Step::Ran(..) | Step::Probe(_) => None,
     }
 }
 
@@ -1003,8 +1111,11 @@ const STALE_THEN_MIGRATED_INTERLEAVING: &str =
     "runs interleave: a stale entry of the task and frame, then a migrated call: its exit takes its own entry on the other CPU, from a copy";
 const OLD_STALE_ELSEWHERE: &str =
     "a stale entry of the task and frame on another CPU, then a call that moved there and back: its own (newer) entry, not the stale one";
-/// Calls of the full-ring case: the ring (1 MiB of 64-byte records) holds 16,384.
-const RING_FULL_CALLS: u64 = (1 << 20) / 64 + 200;
+/// The ring's room for one deferred pair: the record and its 8-byte header, 8-aligned.
+const RING_RECORD: u64 =
+    (std::mem::size_of::<memcg_trace_common::Deferred>() as u64 + 8).div_ceil(8) * 8;
+/// Calls of the full-ring case: more than the ring (1 MiB) holds.
+const RING_FULL_CALLS: u64 = (1 << 20) / RING_RECORD + 200;
 
 const MIGRATED_LEAVES_NOTHING_OPEN: &str =
     "a call that migrated leaves nothing open on the CPU it entered on: later calls there, interrupt or its own task's, are outermost";

@@ -178,6 +178,8 @@ pub enum Step {
     /// of a task on another CPU than its last one is a migration. An interrupt step that names
     /// no task (0) interrupts the task that ran last on its CPU (its last task step or `Ran`).
     Ran(u64, u32),
+    /// The steps after it are calls of this probe slot (the sequence starts with slot 0).
+    Probe(u32),
 }
 
 /// The kind of kernel a pairing sequence is run for.
@@ -207,6 +209,8 @@ pub struct Outcome {
     pub deferred: Vec<Deferred>,
     /// Calls still pending afterwards.
     pub pending: u64,
+    /// Probe slot 1's counters and histograms by context (sequences with `Step::Probe(1)`).
+    pub probe1: [(Counters, HistData); NUM_CTX],
     /// The workload histogram.
     pub workload: HistData,
     /// The per-site counts (`CALLERS`): (context, call site, calls, summed ns).
@@ -222,7 +226,7 @@ pub struct Outcome {
 pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Outcome> {
     let kind = rig;
     let mut rig = TestRig::new(layout, kind.preemptible, kind.kprobe_defers)?;
-    let probe = 0u64;
+    let mut probe = 0u64;
     // Per task: the CPU of its last step and its migrations so far.
     let mut moves: std::collections::HashMap<u64, (u32, u64)> = Default::default();
     let mut migrations = |task: u64, cpu: u32| -> u64 {
@@ -239,6 +243,10 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
         if let Step::Ran(task, cpu) = *s {
             migrations(task, cpu);
             running.insert(cpu, task);
+            continue;
+        }
+        if let Step::Probe(p) = *s {
+            probe = u64::from(p);
             continue;
         }
         // (op, key, ctx, task, switches, now, flags, misses, cpu): flags bit 0 workload, bit 1
@@ -259,7 +267,7 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
             Step::ExitKprobeClock(k, c, t, sw, clock, now, cpu) => {
                 (test_op::EXIT_KPROBE, k, c, t, sw, clock, now, 0, None, cpu)
             }
-            Step::Ran(..) => unreachable!("handled above"),
+            Step::Ran(..) | Step::Probe(_) => unreachable!("handled above"),
         };
         let flags = if task != 0 && ctx == CTX_TASK {
             running.insert(cpu, task);
@@ -298,8 +306,11 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
             bail!("the test program refused step {s:?} ({r})");
         }
     }
+    let probe = 0u64;
     let mut out = Outcome::default();
     for ctx in 0..NUM_CTX {
+        let (c, h, _) = rig.read(1, ctx as u32)?;
+        out.probe1[ctx] = (c, h);
         let (c, h, w) = rig.read(probe as u32, ctx as u32)?;
         out.counters[ctx] = c;
         out.hist[ctx] = h;

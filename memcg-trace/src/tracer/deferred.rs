@@ -146,11 +146,11 @@ impl Verifier {
             if ok {
                 let ns = d.end - d.start;
                 // The traced calls nested in it are known unless marked otherwise.
-                let (self_ns, nested) = match ns.checked_sub(d.child_ns) {
-                    Some(s) if d.child_ns != u64::MAX => (s, d.child_calls as u64),
+                let (self_ns, nested, self_known) = match ns.checked_sub(d.child_ns) {
+                    Some(s) if d.child_ns != u64::MAX => (s, d.child_calls as u64, true),
                     _ => {
                         out.self_unknown += 1;
-                        (ns, 0)
+                        (ns, 0, false)
                     }
                 };
                 // Its time off the CPU, where known.
@@ -160,7 +160,13 @@ impl Verifier {
                 } else {
                     0
                 };
-                add(&mut out.hist, ns, self_ns, nested, off);
+                // What its nested calls spent off the CPU, of its own time off it.
+                let nested_off = if self_known {
+                    d.child_off_ns.min(off)
+                } else {
+                    0
+                };
+                add(&mut out.hist, ns, self_ns, nested, off, nested_off);
                 if d.flags & DEFERRED_OUTERMOST != 0 {
                     out.outermost_ns += ns;
                 }
@@ -171,7 +177,7 @@ impl Verifier {
                     out.off_cpu_max_ns = out.off_cpu_max_ns.max(d.off_ns);
                 }
                 if d.flags & DEFERRED_WORKLOAD != 0 {
-                    add(&mut self.workload[p], ns, self_ns, nested, off);
+                    add(&mut self.workload[p], ns, self_ns, nested, off, nested_off);
                 }
                 if let Some(c) = self.callers.as_mut() {
                     c.add(d.probe, d.ctx as u32, d.caller, ns);
@@ -195,8 +201,9 @@ impl Verifier {
 }
 
 /// Adds one latency, and its self time, to a histogram.
-fn add(h: &mut HistData, ns: u64, self_ns: u64, nested: u64, off: u64) {
+fn add(h: &mut HistData, ns: u64, self_ns: u64, nested: u64, off: u64, nested_off: u64) {
     h.off_ns += off;
+    h.nested_off_ns += nested_off;
     h.count += 1;
     h.sum_ns += ns;
     h.self_ns += self_ns;
@@ -221,6 +228,7 @@ mod tests {
             child_calls: 0,
             child_ns: 0,
             off_ns: 0,
+            child_off_ns: 0,
             caller: 0,
             memcg: 0,
         }
@@ -281,6 +289,30 @@ mod tests {
         v.settle();
         let o = &v.outcomes[0][0];
         assert_eq!((o.rejected, o.off_cpu_ns), (1, 800));
+    }
+
+    /// A confirmed call carries the part of its time off the CPU that its nested calls spent
+    /// there, so that its self time on the CPU does not lose it twice; not where its self time
+    /// is unknown.
+    #[test]
+    fn confirmed_calls_carry_their_nested_calls_time_off_the_cpu() {
+        let mut v = Verifier::new(1);
+        v.mark(0, mark(0, 7));
+        let mut a = call(1000, 3500, CTX_TASK);
+        a.flags = DEFERRED_SWITCHED;
+        (a.off_ns, a.child_ns, a.child_off_ns) = (1500, 1900, 1500);
+        let mut b = call(4000, 5000, CTX_TASK);
+        b.flags = DEFERRED_SWITCHED;
+        (b.off_ns, b.child_ns, b.child_off_ns) = (300, u64::MAX, 200);
+        v.push(a);
+        v.push(b);
+        v.mark(0, mark(6000, 7));
+        v.settle();
+        let h = &v.outcomes[0][0].hist;
+        assert_eq!((h.off_ns, h.nested_off_ns), (1800, 1500));
+        assert_eq!(h.self_ns, 600 + 1000);
+        // a: 600 self, none of its own off the CPU; b: 1000 whole, 300 off it.
+        assert_eq!(h.self_on_cpu_ns(), 600 + 700);
     }
 
     #[test]

@@ -101,6 +101,16 @@ pub const fn bucket_bounds(i: usize) -> (u64, u64) {
     (lo, lo + width)
 }
 
+/// The exclusive upper bound of what bucket `i` holds: [`bucket_bounds`]' except for the last
+/// bucket, which holds every longer call too (68.7 s and more): unbounded.
+pub const fn bucket_end(i: usize) -> u64 {
+    if i >= NUM_BUCKETS - 1 {
+        u64::MAX
+    } else {
+        bucket_bounds(i).1
+    }
+}
+
 /// Names of the programs and maps in the eBPF object: the one list both sides use. The eBPF crate
 /// defines its programs with these names (`probe_slot!`, `floor_pair!`); userspace finds them
 /// by these names, and a test checks the built object holds exactly these.

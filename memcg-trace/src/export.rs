@@ -284,6 +284,12 @@ pub struct ContextOut {
     /// or whose clock read went back. They add nothing to `off_cpu_ns`.
     #[serde(default)]
     pub off_cpu_unknown: u64,
+    /// Calls that left the CPU whose time off it is only a lower bound: this kernel's task
+    /// clock leaves out the interrupt and steal time while the task was away
+    /// (CONFIG_IRQ_TIME_ACCOUNTING, CONFIG_PARAVIRT_TIME_ACCOUNTING); their time on the CPU,
+    /// and every share of CPU made of it, is then at most what it would say.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub off_cpu_at_least: u64,
     /// Time on the CPU: `latency.sum_ns - off_cpu_ns`; absent for counts-only backends, for
     /// recordings made before memcg-trace told time off the CPU, and where any is unknown.
     #[serde(default)]
@@ -687,7 +693,11 @@ fn latency_out(h: &HistData, secs: Duration, floor: Option<u64>, off_unknown: bo
             .enumerate()
             .filter(|(_, n)| **n > 0)
             .map(|(i, &count)| {
-                let (min_ns, max_ns) = bucket_bounds(i);
+                // The last bucket holds every longer call too: its bound lies past the longest.
+                let (min_ns, mut max_ns) = bucket_bounds(i);
+                if i == NUM_BUCKETS - 1 {
+                    max_ns = max_ns.max(h.max_ns.saturating_add(1));
+                }
                 Bucket {
                     min_ns,
                     max_ns,
@@ -840,10 +850,7 @@ pub(crate) fn probes_out(
                     // CPU), and where the rows hold interrupt calls charging the workload's
                     // memcg (`--by-memcg`): their CPU time is not in its cgroup's.
                     shares_at_most: timed
-                        && (p
-                            .contexts
-                            .first()
-                            .is_some_and(|c| c.counters.off_cpu_unknown > 0)
+                        && (p.contexts.first().is_some_and(CtxStats::on_cpu_unknown)
                             || (workload_by_memcg && (1..NUM_CTX).any(|i| p.ctx_calls(i) > 0))),
                     count: w.count,
                     rate_per_s: rate(w.count, secs),
@@ -858,10 +865,7 @@ pub(crate) fn probes_out(
                     // Its calls are task calls (with --by-memcg, mostly): their off-CPU time is
                     // unknown where any task call's is.
                     latency: timed.then(|| {
-                        let unknown = p
-                            .contexts
-                            .first()
-                            .is_some_and(|c| c.counters.off_cpu_unknown > 0);
+                        let unknown = p.contexts.first().is_some_and(CtxStats::on_cpu_unknown);
                         latency_out(w, secs, floor, unknown)
                     }),
                     // CPU time: what the calls spent off the CPU (asleep in reclaim, say) is
@@ -919,8 +923,9 @@ pub(crate) fn probes_out(
                             off_cpu_ns: k.off_cpu_ns,
                             off_cpu_max_ns: k.off_cpu_max_ns,
                             off_cpu_unknown: k.off_cpu_unknown,
-                            // Unknown where any call's time off the CPU is.
-                            on_cpu_ns: (timed && k.off_cpu_unknown == 0)
+                            off_cpu_at_least: c.off_cpu_at_least,
+                            // Unknown where any call's time off the CPU is, or only bounded.
+                            on_cpu_ns: (timed && !c.on_cpu_unknown())
                                 .then(|| c.hist.sum_ns.saturating_sub(k.off_cpu_ns)),
                             orphans: k.orphans,
                             outside: k.outside,
@@ -935,7 +940,7 @@ pub(crate) fn probes_out(
                             outermost_ns: k.outermost_ns,
                             censored: c.censored(i),
                             latency: timed
-                                .then(|| latency_out(&c.hist, secs, floor, k.off_cpu_unknown > 0)),
+                                .then(|| latency_out(&c.hist, secs, floor, c.on_cpu_unknown())),
                         }
                     })
                     .collect(),
@@ -1315,6 +1320,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         confirmed: c.confirmed,
                         rejected: c.rejected,
                         unproven_nested_ns: c.unproven_nested_ns,
+                        off_cpu_at_least: c.off_cpu_at_least,
                     };
                 }
                 ProbeStats {
@@ -1437,6 +1443,68 @@ mod tests {
             l.wall_share,
             was["probes"][0]["contexts"][0]["latency"]["cpu_share"].as_f64()
         );
+    }
+
+    /// On a kernel whose task clock leaves out interrupt and steal time (review finding 3d), a
+    /// call's time off the CPU is only a lower bound: the time on the CPU is not given as
+    /// exact, the shares of CPU are marked upper bounds, in the JSON, read back from it, in the
+    /// table's footnote and on the dashboard.
+    #[test]
+    fn on_cpu_figures_are_bounds_where_the_task_clock_leaves_out_interrupts() {
+        let mut s = crate::tui::app::tests::snap(10, 1000, 500, 0);
+        {
+            let task = &mut s.probes[0].contexts[0];
+            task.counters.switched = 3;
+            task.counters.off_cpu_ns = 900;
+            task.hist.off_ns = 900;
+        }
+        s.probes[0].workload = Some(s.probes[0].contexts[0].hist.clone());
+        let out = |s: &Snapshot| probes_out(s, &HashMap::new(), &[], false, Some(1_000_000_000));
+        let exact = out(&s);
+        let c = &exact[0].contexts[0];
+        assert_eq!(c.on_cpu_ns, Some(500_000 - 900));
+        assert!(c.latency.as_ref().unwrap().cpu_share.is_some());
+        assert!(!exact[0].workload.as_ref().unwrap().shares_at_most);
+        s.probes[0].contexts[0].off_cpu_at_least = 3;
+        let bounded = out(&s);
+        let c = &bounded[0].contexts[0];
+        assert_eq!((c.off_cpu_at_least, c.on_cpu_ns), (3, None));
+        assert_eq!(c.latency.as_ref().unwrap().cpu_share, None);
+        assert!(bounded[0].workload.as_ref().unwrap().shares_at_most);
+        assert!(
+            crate::table::probe_footnote(&bounded[0]).contains("3 at least"),
+            "{}",
+            crate::table::probe_footnote(&bounded[0])
+        );
+        // Through the JSON and back.
+        let json = serde_json::to_string(&bounded[0]).unwrap();
+        let back: ProbeOut = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.contexts[0].off_cpu_at_least, 3);
+        // The dashboard's row.
+        let mut app =
+            crate::tui::app::App::new(crate::tui::app::Header::default(), Duration::from_secs(1));
+        app.on_snapshot(s);
+        assert!(app.rows()[0].cpu_at_most);
+    }
+
+    /// A call longer than the buckets' range (2^36 ns, 68.7 s: a charge stuck in reclaim):
+    /// the last bucket holds it, and its bound in the JSON lies past it, so that min and max
+    /// lie in their buckets as every reader expects (review finding 13).
+    #[test]
+    fn a_call_beyond_the_last_bucket_lies_inside_it() {
+        let long = 100_000_000_000;
+        let h = HistData::of(&[1_000, long]);
+        let l = latency_out(&h, Duration::from_secs(200), None, false);
+        let last = l.buckets.last().unwrap();
+        assert_eq!(last.min_ns, bucket_bounds(NUM_BUCKETS - 1).0);
+        assert!((last.min_ns..last.max_ns).contains(&l.max_ns), "{last:?}");
+        assert_eq!(l.max_ns, long);
+        // Read back as a snapshot's histogram, an interval of it keeps the long call's max.
+        let since = HistData::of(&[long]).since(&HistData::default());
+        assert_eq!((since.min_ns, since.max_ns), (long, long));
+        let earlier = HistData::of(&[1_000]);
+        let both = HistData::of(&[1_000, long]).since(&earlier);
+        assert_eq!(both.max_ns, long);
     }
 
     #[test]

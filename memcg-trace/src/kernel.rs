@@ -731,6 +731,23 @@ pub fn clocksource() -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// What this kernel leaves out of its task clock (`rq->clock_task`, under `se.exec_start`
+/// and `se.sum_exec_runtime`): interrupt time with CONFIG_IRQ_TIME_ACCOUNTING (its BTF has
+/// `rq.prev_irq_time`), steal time with CONFIG_PARAVIRT_TIME_ACCOUNTING
+/// (`rq.prev_steal_time_rq`). The interrupts and steal on a CPU while a task is away from it
+/// are then not in that task's time off the CPU as memcg-trace reads it: a lower bound
+/// (Ubuntu's and Fedora's kernels; none of Debian's).
+pub fn task_clock_excludes(btf: &Btf) -> Option<&'static str> {
+    let irq = field_path_offset(btf, "rq", &["prev_irq_time"]).is_ok();
+    let steal = field_path_offset(btf, "rq", &["prev_steal_time_rq"]).is_ok();
+    match (irq, steal) {
+        (true, true) => Some("interrupt and steal time"),
+        (true, false) => Some("interrupt time"),
+        (false, true) => Some("steal time"),
+        (false, false) => None,
+    }
+}
+
 /// How the programs tell a task call's time off the CPU on this kernel, in words for the
 /// recording.
 pub fn off_cpu_source(layout: &KernelLayout) -> String {

@@ -470,6 +470,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     } else {
         HashMap::new()
     };
+    let task_clock_excludes = kernel::task_clock_excludes(&btf);
     phases.end("symbols");
     // Ours (and, on kernels that cannot mmap it, its copy in memory) is gone before the
     // object is loaded.
@@ -515,6 +516,12 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     )?;
     tracer.masks = Some(masks);
     tracer.memcg_paths = memcg_paths;
+    tracer.task_clock_excludes = task_clock_excludes;
+    if let Some(what) = task_clock_excludes {
+        tracer.off_cpu.push_str(&format!(
+            "; this kernel's task clock leaves out {what}: the {what} on a CPU while a task is away from it is not in its time off the CPU, which is then a lower bound (its time on the CPU, and the shares of CPU, upper bounds)"
+        ));
+    }
     phases.end("load");
     if o.bpf_stats {
         // Before the first program is attached, so that the kernel counts every run.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use memcg_trace_common::{bucket_bounds, Counters, Hist, NUM_BUCKETS, NUM_CTX};
+use memcg_trace_common::{bucket_bounds, bucket_end, Counters, Hist, NUM_BUCKETS, NUM_CTX};
 
 use crate::probes::Backend;
 
@@ -78,9 +78,9 @@ impl HistData {
         self.max_ns = self.max_ns.max(max);
         let min = match (h.min_ns_inv, first) {
             (0, None) => None,
-            (0, Some(i)) => Some(bucket_bounds(i).1 - 1),
+            (0, Some(i)) => Some(bucket_end(i) - 1),
             (inv, None) => Some(!inv),
-            (inv, Some(i)) => Some((!inv).min(bucket_bounds(i).1 - 1)),
+            (inv, Some(i)) => Some((!inv).min(bucket_end(i) - 1)),
         };
         if let Some(m) = min {
             self.min_ns = if self.min_ns == 0 {
@@ -157,7 +157,7 @@ impl HistData {
             buckets.iter().rposition(|n| *n > 0),
         ) {
             min_ns = bucket_bounds(lo).0.max(self.min_ns);
-            max_ns = (bucket_bounds(hi).1 - 1).min(self.max_ns).max(min_ns);
+            max_ns = (bucket_end(hi) - 1).min(self.max_ns).max(min_ns);
         }
         HistData {
             count: self.count.saturating_sub(earlier.count),
@@ -203,9 +203,19 @@ pub struct CtxStats {
     /// call's self time was reduced by their durations, yet their own self time is nobody's
     /// (see `deferred::Outcome::unproven_nested_ns`).
     pub unproven_nested_ns: u64,
+    /// Calls that left the CPU whose time off it is only a lower bound: on a kernel whose task
+    /// clock leaves out interrupt and steal time (`kernel::task_clock_excludes`), the
+    /// interrupts and steal while the task was away are not in it (0 elsewhere).
+    pub off_cpu_at_least: u64,
 }
 
 impl CtxStats {
+    /// Whether the calls' time on the CPU is not known exactly: some call's time off it is
+    /// unknown, or only a lower bound.
+    pub fn on_cpu_unknown(&self) -> bool {
+        self.counters.off_cpu_unknown > 0 || self.off_cpu_at_least > 0
+    }
+
     /// Calls of context `ctx` known to have left the CPU and not timed (see
     /// `export::ContextOut::censored`): every deferred pair is a call that left the CPU, and
     /// an ambiguous task pair is one whose task moved (interrupt pairs are ambiguous for a

@@ -186,15 +186,17 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
         if p
             .contexts
             .iter()
-            .any(|c| c.on_cpu_ns.is_some() || c.off_cpu_unknown > 0)
+            .any(|c| c.on_cpu_ns.is_some() || c.off_cpu_unknown > 0 || c.off_cpu_at_least > 0)
         {
             format!(
                 ", off it {} (longest {}{})",
                 fmt_ns(sum(|c| c.off_cpu_ns) as f64),
                 fmt_ns(p.contexts.iter().map(|c| c.off_cpu_max_ns).max().unwrap_or(0) as f64),
-                match sum(|c| c.off_cpu_unknown) {
-                    0 => String::new(),
-                    n => format!(", {n} unknown"),
+                match (sum(|c| c.off_cpu_unknown), sum(|c| c.off_cpu_at_least)) {
+                    (0, 0) => String::new(),
+                    (n, 0) => format!(", {n} unknown"),
+                    (0, b) => format!(", {b} at least: interrupt or steal time left out"),
+                    (n, b) => format!(", {n} unknown, {b} at least: interrupt or steal time left out"),
                 }
             )
         } else {

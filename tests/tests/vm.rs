@@ -63,6 +63,15 @@ fn vm_matrix(short: &str) {
             "memcg-trace record -q -p charge -o /out/moved.json -- sh -c 'cg=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup); mkdir $cg/in && echo $$ >$cg/in/cgroup.procs && exec hackbench -g 2 -l 50' >/out/moved.txt 2>&1 || { cat /out/moved.txt; exit 1; }\n",
         );
     }
+    // Every probe (`--all`): no function traced twice. On 7.3 `charge` resolves to the slab
+    // hook, which is `slab_post_alloc` too: that one is refused, saying where its calls are.
+    // (6.12 for a kernel where all are distinct.)
+    let all = matches!(short, "6.12" | "7.3");
+    if all {
+        script.push_str(
+            "memcg-trace record --all -q -o /out/all.json -- hackbench -g 1 -l 10 >/out/all.txt 2>&1 || { cat /out/all.txt; exit 1; }\n",
+        );
+    }
     if short == "arm64-6.12" {
         // kallsyms' addresses hidden from root too: arm64's per-CPU offset (from
         // __per_cpu_start) is then unknown, and the recording must say how fentry's interrupt
@@ -147,6 +156,45 @@ fn vm_matrix(short: &str) {
         assert!(
             probe(&doc, "rstat").count > 0,
             "arm64 hidden kallsyms: rstat"
+        );
+    }
+    if all {
+        let doc = load_recording(&r.out_dir.join("all.json"));
+        let summary = fs::read_to_string(r.out_dir.join("all.txt")).expect("summary");
+        check_invariants(&doc, &summary);
+        let base = |t: &str| t.split('.').next().unwrap_or(t).to_string();
+        let mut targets: Vec<String> = doc.probes.iter().map(|p| base(&p.target)).collect();
+        targets.sort();
+        let n = targets.len();
+        targets.dedup();
+        assert_eq!(
+            targets.len(),
+            n,
+            "{short}: --all traces a function twice\n{summary}"
+        );
+        if short == "7.3" {
+            assert_eq!(probe(&doc, "charge").target, "__memcg_slab_post_alloc_hook");
+            let refused = doc
+                .not_attached
+                .iter()
+                .find(|f| f.name == "slab_post_alloc")
+                .unwrap_or_else(|| panic!("7.3: slab_post_alloc not refused\n{summary}"));
+            assert!(
+                refused
+                    .reasons
+                    .iter()
+                    .any(|r| r.contains("already traced as charge")),
+                "7.3: slab_post_alloc refused for {:?}",
+                refused.reasons
+            );
+        }
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!(
+                "{vm_name}: --all: {n} probes on distinct functions; not attached: {:?}\n",
+                doc.not_attached.iter().map(|f| &f.name).collect::<Vec<_>>()
+            )
+            .as_bytes(),
         );
     }
     if moved {

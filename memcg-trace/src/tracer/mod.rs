@@ -449,6 +449,13 @@ pub struct Attached {
     pub opened: Instant,
 }
 
+/// Whether two targets are one function: a compiler's clone (`f.part.0`, `f.isra.0`, `f.cold`)
+/// is its function's.
+fn same_function(a: &str, b: &str) -> bool {
+    let base = |t: &str| t.split('.').next().unwrap_or(t).to_string();
+    base(a) == base(b)
+}
+
 /// A probe that could not be attached, and why.
 #[derive(Debug, Clone)]
 pub struct NotAttached {
@@ -476,6 +483,9 @@ pub struct Tracer {
     pub off_cpu: String,
     /// How the programs read the kernel (`kernel::reads_of`).
     pub reads: String,
+    /// What the kernel leaves out of its task clock (`kernel::task_clock_excludes`): then a
+    /// call's time off the CPU is a lower bound (`CtxStats::off_cpu_at_least`).
+    pub task_clock_excludes: Option<&'static str>,
     /// Programs attached besides the probes (the bench floors).
     extra: Vec<&'static str>,
     /// What could not be set up as planned, one line each.
@@ -635,6 +645,7 @@ impl Tracer {
             failed: Vec::new(),
             masks: None,
             off_cpu: crate::kernel::off_cpu_source(layout),
+            task_clock_excludes: None,
             reads: match object {
                 Object::Full => crate::kernel::reads_of(&loaded, opts.no_kprobes),
                 Object::Legacy => format!(
@@ -725,6 +736,20 @@ impl Tracer {
             return false;
         }
         for plan in &res.plans {
+            // Two probes on one function (`--all` on 7.x, where `charge` resolves to the slab
+            // hook that `slab_post_alloc` is) would count each call twice and nest each in the
+            // other: not this plan.
+            if let Some(a) = self
+                .attached
+                .iter()
+                .find(|a| same_function(&a.target, &plan.target))
+            {
+                reasons.push(format!(
+                    "{}: {} is already traced as {}: its calls are there",
+                    plan.backend, plan.target, a.name
+                ));
+                continue;
+            }
             let programs = slot_programs(plan.backend, slot, self.lean);
             // Before the programs run: a call never reads another target's path.
             let memcg_arg = self.set_memcg_path(slot, plan);
@@ -1274,6 +1299,17 @@ impl Tracer {
                 c.off_cpu_unknown += out.off_cpu_unknown;
                 c.self_unknown += out.self_unknown;
                 c.outermost_ns += out.outermost_ns;
+                // Where the task clock leaves out interrupt and steal time, every call that
+                // left the CPU (and whose time off it is not unknown anyway) has only a lower
+                // bound of it.
+                stats.off_cpu_at_least = if self.task_clock_excludes.is_some() {
+                    stats
+                        .counters
+                        .switched
+                        .saturating_sub(stats.counters.off_cpu_unknown)
+                } else {
+                    0
+                };
             }
             let workload = self.workload.then(|| {
                 let mut w = HistData::default();
@@ -1393,6 +1429,23 @@ impl Drop for Tracer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clone_is_its_function() {
+        assert!(same_function(
+            "__memcg_slab_post_alloc_hook",
+            "__memcg_slab_post_alloc_hook"
+        ));
+        assert!(same_function(
+            "__mod_memcg_state.part.0",
+            "__mod_memcg_state"
+        ));
+        assert!(!same_function("mod_memcg_state", "__mod_memcg_state"));
+        assert!(!same_function(
+            "obj_cgroup_charge",
+            "obj_cgroup_charge_account"
+        ));
+    }
 
     /// The legacy object below 5.19 (bpf_map_lookup_percpu_elem), direct task reads from 5.11
     /// (bpf_get_current_task_btf); an unknown version takes the full object.

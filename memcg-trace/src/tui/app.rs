@@ -95,6 +95,9 @@ pub struct Row {
     pub mean: Option<f64>,
     /// Share of one CPU spent inside the function.
     pub cpu: Option<f64>,
+    /// `cpu` is an upper bound: some call's time off the CPU is unknown or only a lower bound
+    /// (`CtxStats::on_cpu_unknown`; shown `<=`).
+    pub cpu_at_most: bool,
     /// The same for its self time (the traced calls nested in it left out); None where the
     /// nesting was not followed (recordings from before, fentry on preemptible kernels).
     pub self_cpu: Option<f64>,
@@ -552,6 +555,7 @@ impl App {
                     known,
                 );
                 r.censored = censored;
+                r.cpu_at_most = c.on_cpu_unknown();
                 out.push(r);
             }
             if let Some(w) = &p.workload {
@@ -564,6 +568,7 @@ impl App {
                 // Its calls are task calls: those of the task row's window left out.
                 r.censored = p.contexts[0].censored(0)
                     > before.map(|b| b.contexts[0].censored(0)).unwrap_or(0);
+                r.cpu_at_most = p.contexts[0].on_cpu_unknown();
                 out.push(r);
             }
         }
@@ -679,6 +684,7 @@ fn row(
         max: l.as_ref().map(|l| l.max_ns),
         mean: l.as_ref().map(|l| l.mean_ns),
         cpu: l.as_ref().and_then(|l| l.cpu_share),
+        cpu_at_most: false,
         self_cpu: l
             .as_ref()
             .filter(|_| self_known && !elapsed.is_zero())

@@ -228,7 +228,10 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
             }
             cells.push(Cell::from(
                 r.cpu
-                    .map(|c| format!("{:.2}", c * 100.0))
+                    .map(|c| {
+                        let at = if r.cpu_at_most { "<=" } else { "" };
+                        format!("{at}{:.2}", c * 100.0)
+                    })
                     .unwrap_or_else(|| "-".into()),
             ));
             if wide {

@@ -680,8 +680,8 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         "demo: {} passed, {} failed",
         demo_ok as u32, !demo_ok as u32
     );
-    // Long runs, short: two minutes of record beside a looping workload (30 in the long mode).
-    let soak_minutes = if long { 30.0 } else { 2.0 };
+    // Long runs, short: a minute of record beside a looping workload (30 in the long mode).
+    let soak_minutes = if long { 30.0 } else { 1.0 };
     step(&format!("soak ({soak_minutes} minutes)"));
     let soak_ok = match xtask::soak::soak(&bin, soak_minutes) {
         Ok(s) => {

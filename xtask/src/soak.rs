@@ -1,7 +1,7 @@
 //! `cargo xtask soak --minutes N`: `memcg-trace record` alongside a looping hackbench for N
 //! minutes, its resident memory, open descriptors and CPU time sampled as it runs. Flat memory
 //! and descriptors are the pass condition; at the end a SIGTERM must leave a valid recording
-//! and no memcg. `cargo xtask test` runs a 2-minute soak.
+//! and no memcg. `cargo xtask test` runs a 1-minute soak.
 
 use std::{
     fmt::Write as _,
@@ -93,9 +93,10 @@ pub fn soak(bin: &Path, minutes: f64) -> Result<Soak> {
     };
     let t0 = Instant::now();
     let total = Duration::from_secs_f64(minutes * 60.0);
-    // Ten samples a minute on short runs, one a minute on long ones; the first after start-up.
+    // Twelve samples a minute on short runs, one a minute on long ones; the first after
+    // start-up.
     let every = if minutes <= 5.0 {
-        Duration::from_secs(10)
+        Duration::from_secs(5)
     } else {
         Duration::from_secs(60)
     };

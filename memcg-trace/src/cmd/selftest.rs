@@ -1132,7 +1132,7 @@ fn unmatched_migration(o: &Outcome) -> Result<(), String> {
     deferred(o, &[])
 }
 
-fn pairing(layout: &KernelLayout) -> Result<u32> {
+fn pairing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
     let mut bad = 0;
     let cpus = possible_cpus();
     let legacy = Object::chosen()? == Object::Legacy;
@@ -1157,7 +1157,7 @@ fn pairing(layout: &KernelLayout) -> Result<u32> {
         } else {
             (case.name.to_string(), case.check)
         };
-        let o = checks::pairing(layout, &case.steps, case.kernel)?;
+        let o = checks::pairing(rigs, layout, &case.steps, case.kernel)?;
         let mut r = accounted(&o)
             .and_then(|_| self_times(&o))
             .and_then(|_| check(&o));
@@ -1262,7 +1262,9 @@ pub fn run() -> Result<i32> {
         (1 << 36) + 5,
         u64::MAX >> 1,
     ];
-    let results = checks::bucketing(&layout, &values)?;
+    // One verified object per kind of kernel for every check below, emptied between them.
+    let mut rigs = checks::Rigs::default();
+    let results = checks::bucketing(&mut rigs, &layout, &values)?;
     let mut mismatches = 0;
     for (v, got) in &results {
         let want = bucket_index(*v);
@@ -1278,7 +1280,7 @@ pub fn run() -> Result<i32> {
         results.len()
     );
     bad += mismatches;
-    let ctx = checks::syscall_context(&layout)?;
+    let ctx = checks::syscall_context(&mut rigs, &layout)?;
     let ok = ctx == Some(CTX_TASK);
     println!(
         "selftest: a program run from a syscall sees context {} {}",
@@ -1286,7 +1288,7 @@ pub fn run() -> Result<i32> {
         if ok { "ok" } else { "MISMATCH" }
     );
     bad += u32::from(!ok);
-    bad += pairing(&layout)?;
+    bad += pairing(&mut rigs, &layout)?;
     // Live: tracepoints of known context, classified by the same code the probes use; the
     // "check" sources are independent of the calibration's.
     let rows = checks::context_check(

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
-    maps::{PerCpuArray, RingBuf},
+    maps::{Map, MapData, PerCpuArray, RingBuf},
     programs::{FExit, RawTracePoint, RawTracePointRunOptions, TestRun as _},
     Btf, Ebpf,
 };
@@ -113,6 +113,30 @@ impl TestRig {
     }
 
     /// Deferred pairs in the ring buffer.
+    /// Empties every map the programs keep state in, as if the object had just been loaded:
+    /// arrays zeroed, hash maps emptied, the ring drained. The read-only globals (the config
+    /// the object was verified with) stay. Verifying the object again costs seconds of a
+    /// guest under emulation a sequence; emptying it, milliseconds.
+    fn reset(&mut self) -> Result<()> {
+        self.deferred()?;
+        for (name, map) in self.ebpf.maps() {
+            let (data, per_cpu, hash): (&MapData, bool, bool) = match map {
+                // Globals (`.rodata`, `.bss`, `.data`): the read-only config is frozen, and the
+                // programs keep no state in writable globals.
+                _ if name.starts_with('.') => continue,
+                Map::Array(d) => (d, false, false),
+                Map::PerCpuArray(d) => (d, true, false),
+                Map::HashMap(d) | Map::LruHashMap(d) => (d, false, true),
+                Map::PerCpuHashMap(d) | Map::PerCpuLruHashMap(d) => (d, true, true),
+                // The ring is drained above; no other kind holds a sequence's state.
+                _ => continue,
+            };
+            empty_map(data, per_cpu, hash, self.cpus)
+                .with_context(|| format!("emptying map {name}"))?;
+        }
+        Ok(())
+    }
+
     fn deferred(&mut self) -> Result<Vec<Deferred>> {
         let map = self
             .ebpf
@@ -128,12 +152,107 @@ impl TestRig {
     }
 }
 
+/// `bpf(cmd, attr)` for the map element commands: (map fd, key, value or next key, flags).
+fn map_elem(cmd: libc::c_long, fd: i32, key: *const u8, value: *mut u8) -> std::io::Result<()> {
+    #[repr(C)]
+    struct Attr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    let mut attr = Attr {
+        map_fd: fd as u32,
+        _pad: 0,
+        key: key as u64,
+        value: value as u64,
+        flags: 0,
+    };
+    // SAFETY: the attribute and the buffers it points to outlive the call; their sizes are the
+    // map's key and value sizes, as the caller allocated them.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            &mut attr as *mut Attr,
+            std::mem::size_of::<Attr>(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Zeroes every element of an array map, or deletes every key of a hash map.
+fn empty_map(data: &MapData, per_cpu: bool, hash: bool, cpus: usize) -> Result<()> {
+    const UPDATE: libc::c_long = 2;
+    const DELETE: libc::c_long = 3;
+    const NEXT_KEY: libc::c_long = 4;
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let info = data.info()?;
+    let fd = data.fd().as_fd().as_raw_fd();
+    let mut key = vec![0u8; info.key_size() as usize];
+    if hash {
+        // Always the first key: each is deleted before the next is asked for.
+        while map_elem(NEXT_KEY, fd, std::ptr::null(), key.as_mut_ptr()).is_ok() {
+            map_elem(DELETE, fd, key.as_ptr(), std::ptr::null_mut())?;
+        }
+        return Ok(());
+    }
+    // A per-CPU value is one 8-byte aligned slot per possible CPU.
+    let value_size = info.value_size() as usize;
+    let size = if per_cpu {
+        value_size.next_multiple_of(8) * cpus
+    } else {
+        value_size
+    };
+    let mut zero = vec![0u8; size];
+    for i in 0..info.max_entries() {
+        key.copy_from_slice(&i.to_ne_bytes());
+        map_elem(UPDATE, fd, key.as_ptr(), zero.as_mut_ptr())?;
+    }
+    Ok(())
+}
+
+/// Test objects already verified, one per kind of kernel the sequences are run for; each
+/// handed out empty.
+#[derive(Default)]
+pub struct Rigs(Vec<((bool, bool), TestRig)>);
+
+impl Rigs {
+    fn get(
+        &mut self,
+        layout: &KernelLayout,
+        preemptible: bool,
+        kprobe_defers: bool,
+    ) -> Result<&mut TestRig> {
+        let kind = (preemptible, kprobe_defers);
+        let i = match self.0.iter().position(|(k, _)| *k == kind) {
+            Some(i) => i,
+            None => {
+                self.0
+                    .push((kind, TestRig::new(layout, preemptible, kprobe_defers)?));
+                self.0.len() - 1
+            }
+        };
+        let rig = &mut self.0[i].1;
+        rig.reset()?;
+        Ok(rig)
+    }
+}
+
 /// Runs the real bucketing in the kernel on each value (each in its own probe slot of a test
 /// object) and returns, per value, the bucket the kernel counted it in.
-pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Option<usize>)>> {
+pub fn bucketing(
+    rigs: &mut Rigs,
+    layout: &KernelLayout,
+    values: &[u64],
+) -> Result<Vec<(u64, Option<usize>)>> {
     let mut out = Vec::new();
     for chunk in values.chunks(MAX_PROBES) {
-        let rig = TestRig::new(layout, true, true)?;
+        let rig = rigs.get(layout, true, true)?;
         for (probe, &v) in chunk.iter().enumerate() {
             rig.run(
                 None,
@@ -149,8 +268,8 @@ pub fn bucketing(layout: &KernelLayout, values: &[u64]) -> Result<Vec<(u64, Opti
 }
 
 /// The context a program run from a syscall sees (the caller runs in task context), or None.
-pub fn syscall_context(layout: &KernelLayout) -> Result<Option<u32>> {
-    let rig = TestRig::new(layout, true, true)?;
+pub fn syscall_context(rigs: &mut Rigs, layout: &KernelLayout) -> Result<Option<u32>> {
+    let rig = rigs.get(layout, true, true)?;
     let r = rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])?;
     Ok(u32::try_from(r).ok())
 }
@@ -223,9 +342,13 @@ pub struct Outcome {
 /// (BPF_PROG_TEST_RUN of the test program, which takes the inputs a real program reads from the
 /// kernel as arguments), in a fresh object, on the given CPUs. `rig`: the kind of kernel the
 /// programs are loaded for.
-pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Outcome> {
-    let kind = rig;
-    let mut rig = TestRig::new(layout, kind.preemptible, kind.kprobe_defers)?;
+pub fn pairing(
+    rigs: &mut Rigs,
+    layout: &KernelLayout,
+    steps: &[Step],
+    kind: RigKind,
+) -> Result<Outcome> {
+    let rig = rigs.get(layout, kind.preemptible, kind.kprobe_defers)?;
     let mut probe = 0u64;
     // Per task: the CPU of its last step and its migrations so far.
     let mut moves: std::collections::HashMap<u64, (u32, u64)> = Default::default();
@@ -317,10 +440,10 @@ pub fn pairing(layout: &KernelLayout, steps: &[Step], rig: RigKind) -> Result<Ou
         out.workload.merge(&w);
     }
     out.deferred = rig.deferred()?;
-    out.sites = breakdown_of(&rig, names::MAP_CALLERS, probe, |k: &CallerKey| {
+    out.sites = breakdown_of(rig, names::MAP_CALLERS, probe, |k: &CallerKey| {
         (k.probe, k.ctx, k.caller)
     })?;
-    out.memcgs = breakdown_of(&rig, names::MAP_MEMCGS, probe, |k: &MemcgKey| {
+    out.memcgs = breakdown_of(rig, names::MAP_MEMCGS, probe, |k: &MemcgKey| {
         (k.probe, k.ctx, k.memcg)
     })?;
     let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(

@@ -502,8 +502,9 @@ pub struct ProbeOut {
     /// Calls its kprobes missed (kprobe backend).
     #[serde(default)]
     pub kprobe_missed: u64,
-    /// Runs of its kprobe programs the kernel skipped (another program was running on that
-    /// CPU): the kernel's hits of the kprobes less the runs counted (kprobe backend).
+    /// Calls whose kprobe programs the kernel skipped at entry and exit (another program was
+    /// running on that CPU), at most: per side the kernel's hits of the kprobe less the runs
+    /// counted, the fewer of the two (kprobe backend).
     #[serde(default)]
     pub kprobe_skipped: u64,
     /// How long its calls were counted, ns: from its own attach to the end (rates and shares
@@ -734,6 +735,8 @@ pub struct RunMeta {
     pub calibration: Vec<String>,
     /// The run tick by tick, as far as it went.
     pub history: Option<crate::history::History>,
+    /// The preemption model the programs were set for (None: the kernel's now).
+    pub preemption_model: Option<String>,
 }
 
 fn unix_ns(t: SystemTime) -> u128 {
@@ -754,7 +757,10 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
         schema: SCHEMA.into(),
         meta: Meta {
             tool_version: env!("CARGO_PKG_VERSION").into(),
-            preemption_model: kernel::preemption_model(config.as_ref()),
+            preemption_model: run
+                .preemption_model
+                .clone()
+                .unwrap_or_else(|| kernel::preemption_model(config.as_ref())),
             kernel_release: release,
             kernel_config: config.unwrap_or_default(),
             cpu_model,

@@ -344,6 +344,39 @@ impl Collector for Figures {
                 ConstCounter::new(p.recursion_misses).encode(m.encode_family(&labels)?)?;
             }
         }
+        {
+            let mut m = e.encode_descriptor(
+                "kprobe_skipped_calls",
+                "Calls of the probe whose kprobe programs the kernel ran at neither end, at most (bpf_prog_active held: counted by the kernel only from 6.7), kprobe backend",
+                None,
+                MetricType::Counter,
+            )?;
+            for (p, b) in d.probes.iter().zip(&backends) {
+                let labels = [
+                    ("probe", p.name.as_str()),
+                    ("symbol", p.target.as_str()),
+                    ("backend", b.as_str()),
+                ];
+                ConstCounter::new(p.kprobe_skipped).encode(m.encode_family(&labels)?)?;
+            }
+        }
+        {
+            // Beside the counts, never folded into them: how many calls the figures may lack.
+            let mut m = e.encode_descriptor(
+                "calls_lost_at_most",
+                "Every way a call of the probe can have gone untimed, added up (an upper bound; the pending calls included)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (p, b) in d.probes.iter().zip(&backends) {
+                let labels = [
+                    ("probe", p.name.as_str()),
+                    ("symbol", p.target.as_str()),
+                    ("backend", b.as_str()),
+                ];
+                ConstGauge::new(p.lost_upper as i64).encode(m.encode_family(&labels)?)?;
+            }
+        }
         let t = &d.meta.tracer;
         {
             let m = e.encode_descriptor(
@@ -550,6 +583,15 @@ mod tests {
         let d = fixture();
         let t = encode(Some(&d), Format::Text);
         assert!(t.contains("# TYPE memcg_trace_calls_total counter"), "{t}");
+        // What the counts may lack, beside them.
+        let p = &d.probes[0];
+        assert!(
+            t.contains(&format!(
+                "memcg_trace_calls_lost_at_most{{probe=\"{}\",symbol=\"{}\",backend=\"fentry\"}} {}",
+                p.name, p.target, p.lost_upper
+            )) && t.contains("# TYPE memcg_trace_kprobe_skipped_calls_total counter"),
+            "{t}"
+        );
         let charge = d.probes.iter().find(|p| p.name == "charge").unwrap();
         let task = charge
             .contexts

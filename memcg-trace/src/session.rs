@@ -257,6 +257,8 @@ pub struct Attached {
     pub calibration: Vec<String>,
     /// How long each step took.
     pub phases: Vec<Phase>,
+    /// The preemption model the programs were set for (`kernel::preemption_model`).
+    pub preemption_model: String,
 }
 
 /// Times the steps of a start-up.
@@ -649,6 +651,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
         floors,
         calibration,
         phases: phases.done,
+        preemption_model: model,
     })
 }
 
@@ -820,6 +823,11 @@ pub struct Session {
     keep_history: bool,
     floors: Vec<Floor>,
     calibration: Vec<String>,
+    /// The preemption model the programs were set for: a dynamic kernel's can be changed
+    /// while they run.
+    preemption_model: String,
+    /// The other models a dynamic kernel was seen running as since, at the ticks.
+    preemption_changes: Vec<String>,
     started: SystemTime,
     startup: Duration,
     phases: Vec<Phase>,
@@ -917,6 +925,7 @@ impl Session {
             floors,
             calibration,
             phases: attach_phases,
+            preemption_model,
         } = attach(
             &args.sel,
             AttachOptions {
@@ -1020,6 +1029,8 @@ impl Session {
             keep_history: true,
             floors,
             calibration,
+            preemption_model,
+            preemption_changes: Vec::new(),
             started,
             startup,
             phases,
@@ -1039,6 +1050,7 @@ impl Session {
                     panic!("injected by {INJECT_PANIC}");
                 }
                 let snap = self.snapshots.borrow_and_update().clone();
+                self.check_preemption_model();
                 if let Some(l) = self.hdr_log.as_mut() {
                     l.interval(&snap);
                 }
@@ -1157,7 +1169,46 @@ impl Session {
             notes: self.notes.clone(),
             not_attached: self.failed.clone(),
             floors: self.floors.clone(),
-            calibration: self.calibration.clone(),
+            calibration: self.calibration_now(),
+            preemption_model: Some(self.preemption_model.clone()),
+        }
+    }
+
+    /// What could not be calibrated, and whether the preemption model is still the one the
+    /// programs were set for: on a PREEMPT_DYNAMIC kernel root can change it while they run
+    /// (/sys/kernel/debug/sched/preempt), and programs set for a kernel that does not preempt
+    /// then pair calls that can be preempted, or interleave, as if they could not.
+    fn calibration_now(&self) -> Vec<String> {
+        let mut out = self.calibration.clone();
+        let mut seen = self.preemption_changes.clone();
+        let now = kernel::preemption_model(kernel::config(&kernel::release()).as_ref());
+        if now != self.preemption_model && !seen.contains(&now) {
+            seen.push(now);
+        }
+        if !seen.is_empty() {
+            out.push(format!(
+                "the preemption model changed while tracing: the programs were set for {}, the kernel ran as {} since; calls made then were paired as the first allows",
+                self.preemption_model,
+                seen.iter()
+                    .map(|m| m.rsplit_once(" as ").map_or(m.as_str(), |(_, m)| m))
+                    .collect::<Vec<_>>()
+                    .join(", then ")
+            ));
+        }
+        out
+    }
+
+    /// At each tick, on a dynamic kernel: the model it runs as now, kept if new.
+    fn check_preemption_model(&mut self) {
+        if !self
+            .preemption_model
+            .starts_with("PREEMPT_DYNAMIC, running as")
+        {
+            return;
+        }
+        let now = kernel::preemption_model(None);
+        if now != self.preemption_model && !self.preemption_changes.contains(&now) {
+            self.preemption_changes.push(now);
         }
     }
 

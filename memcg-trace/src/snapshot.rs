@@ -259,12 +259,14 @@ pub struct ProbeStats {
     /// `--cgroup`), the calls in every context that charge its memcg or one below (for the
     /// counts-only backend only `count` is filled).
     pub workload: Option<HistData>,
-    /// Calls the kprobes themselves missed (kprobe backend; `kprobe_profile`): no program ran.
+    /// Calls the kprobes themselves missed (kprobe backend; the entry event's misses in
+    /// `kprobe_profile`): no program ran.
     pub kprobe_missed: u64,
-    /// Runs of the kprobe programs the kernel skipped, told by the kernel's own hit counts
-    /// (`kprobe_profile`) less the runs the programs counted (kprobe backend): a program skipped
-    /// while another ran on that CPU (`bpf_prog_active`), which kernels before 6.7 count
-    /// nowhere else. From 6.7 the same runs are the programs' `recursion_misses` too.
+    /// Calls whose kprobe programs the kernel skipped at entry and exit (kprobe backend), at
+    /// most: per side the kernel's hits (`kprobe_profile`) less the runs the programs
+    /// counted, the fewer of the two sides. A program is skipped while another runs on that
+    /// CPU (`bpf_prog_active`), which kernels before 6.7 count nowhere else; from 6.7 the same
+    /// runs are the programs' `recursion_misses` too.
     pub kprobe_skipped: u64,
     /// How long its calls were counted: from its own attach (the probes attach one after the
     /// other, each taking a while) to the end; None: the snapshot's `elapsed`.
@@ -316,11 +318,23 @@ impl ProbeStats {
         self.recursion_misses().max(self.kprobe_skipped)
     }
 
-    /// Every way a call can be lost, added up: calls seen but not timed, runs the kernel
-    /// skipped, calls the kprobes missed. An upper bound: a call whose entry was skipped and
-    /// whose exit ran is counted twice (a miss and an orphan exit).
+    /// Calls counted nowhere because the kernel skipped their programs, at most: a call with
+    /// only its entry (or only its exit) run is an orphan exit or a stale entry, among the lost;
+    /// one with both skipped is in the entry's and the exit's misses alike, so at most the
+    /// fewer of the two (or of the kprobe hits not run, where the kernel counts no misses).
+    pub fn skipped_calls(&self) -> u64 {
+        let missed = match self.programs.as_slice() {
+            [entry, exit] => entry.recursion_misses.min(exit.recursion_misses),
+            ps => ps.iter().map(|p| p.recursion_misses).sum(),
+        };
+        missed.max(self.kprobe_skipped)
+    }
+
+    /// Every way a call can be lost, added up: calls seen but not timed, calls whose programs
+    /// the kernel skipped, calls the kprobes missed. An upper bound: a call with one of its
+    /// programs skipped can be counted twice (an orphan exit or stale entry, and a skip).
     pub fn lost_upper(&self) -> u64 {
-        self.lost() + self.skipped_runs() + self.kprobe_missed
+        self.lost() + self.skipped_calls() + self.kprobe_missed
     }
 
     /// `lost_upper` as a share of the calls counted and lost.

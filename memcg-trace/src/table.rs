@@ -172,9 +172,11 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
         p.recursion_misses,
         p.kprobe_missed,
         // The kernel counted more kprobe hits than the programs ran (before 6.7 these runs
-        // are in no recursion count).
+        // are in no recursion count): calls neither program saw.
         match p.kprobe_skipped {
-            n if n > p.recursion_misses => format!(", {n} kprobe hits not run"),
+            n if n > p.programs.iter().map(|g| g.recursion_misses).min().unwrap_or(0) => {
+                format!(", {n} calls whose kprobe programs the kernel did not run")
+            }
             _ => String::new(),
         },
         p.loss_share

@@ -1,7 +1,9 @@
 # Guest script of the oracle test: memcg-trace beside the kernel's own per-call durations
 # (ftrace's function_graph tracer, filtered to the one function the probe resolves to) in the
-# same run, on every vCPU. For each workload of $RUNS ("NAME PROBE FUNCTION WORKLOAD...", one a
-# line; FUNCTION is what the probe resolves to on this kernel, checked by the test):
+# same run, on every vCPU. For each workload of $RUNS ("NAME PROBE FUNCTION ORDER WORKLOAD...",
+# one a line; FUNCTION is what the probe resolves to on this kernel, checked by the test;
+# ORDER says which hooks the function first: "fgraph-first" (function_graph set before
+# memcg-trace attaches) or "tracer-first" (set by the workload's shell, after)):
 # hackbench in a fresh memcg, or "reclaim": swap on zram and a memcg at a small memory.max filled
 # by `tail /dev/zero`, whose charges enter reclaim, sleep and migrate. ATTACH is the backend.
 #
@@ -9,23 +11,29 @@
 # another CPU is one duration, nesting and interrupts included. It traces the workload's tasks
 # only (set_ftrace_pid with function-fork), as memcg-trace's workload row counts them. The two
 # windows differ by the instrumentation: with fentry function_graph's holds memcg-trace's (the
-# BPF trampoline runs inside ftrace's hooks), with kprobe (an ftrace handler too) the other way
-# round. Per workload it leaves /out/oracle-NAME.{json,txt} (memcg-trace)
+# BPF trampoline runs inside ftrace's hooks); with kprobe (an ftrace handler too) the hooks
+# registered last are called first, so the window of the tool that hooked the function second
+# holds the other's. Per workload it leaves /out/oracle-NAME.{json,txt} (memcg-trace)
 # and /out/fgraph-NAME.txt: "calls N", "max_ns N", then "ge NS N" for thresholds, and the
 # per-CPU ring-buffer "overrun" and "dropped" counts (calls function_graph lost).
 T=/sys/kernel/tracing
 [ -e $T/current_tracer ] || T=/sys/kernel/debug/tracing
 echo +memory >/sys/fs/cgroup/cgroup.subtree_control
 zram_ready=
-while read -r name probe func workload; do
+while read -r name probe func order workload; do
   [ -n "$name" ] || continue
+  case "$order" in
+    fgraph-first) late= ;;
+    tracer-first) late="echo function_graph >$T/current_tracer;" ;;
+    *) echo "guest: $name: unknown order $order"; exit 1 ;;
+  esac
   echo 0 >$T/tracing_on
   echo nop >$T/current_tracer
   echo 32768 >$T/buffer_size_kb
   if ! echo "$func" >$T/set_ftrace_filter; then
     echo "guest: ftrace cannot trace $func"; exit 1
   fi
-  echo function_graph >$T/current_tracer
+  [ -n "$late" ] || echo function_graph >$T/current_tracer
   # Only the workload's tasks (its shell and all it forks, whatever interrupts them), from
   # its first instruction: the workload's shell turns tracing on for itself.
   echo 1 >$T/options/function-fork
@@ -45,10 +53,10 @@ while read -r name probe func workload; do
       ;;
     *) cmd="exec $workload" ;;
   esac
-  echo "guest: $name: function_graph on $func beside record --attach $ATTACH -p $probe -- $cmd"
+  echo "guest: $name: function_graph on $func ($order) beside record --attach $ATTACH -p $probe -- $cmd"
   # shellcheck disable=SC2086
   if ! memcg-trace record --attach "$ATTACH" -p "$probe" $cg -q -o "/out/oracle-$name.json" \
-      -- sh -c "echo \$\$ >$T/set_ftrace_pid; echo 1 >$T/tracing_on; $cmd" >"/out/oracle-$name.txt" 2>"/out/oracle-$name.err"; then
+      -- sh -c "$late echo \$\$ >$T/set_ftrace_pid; echo 1 >$T/tracing_on; $cmd" >"/out/oracle-$name.txt" 2>"/out/oracle-$name.err"; then
     echo 0 >$T/tracing_on
     cat "/out/oracle-$name.err" "/out/oracle-$name.txt"; exit 1
   fi

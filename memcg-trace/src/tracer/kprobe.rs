@@ -116,6 +116,15 @@ impl KprobeEvent {
             Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
         })
     }
+
+    /// Stops the probe, then takes its final hits and misses (`profile`: no hit comes after
+    /// the disable) and removes it. The final figures of a run are taken once its probes are
+    /// gone, when `kprobe_profile` no longer lists them.
+    pub fn close(self) -> Option<(u64, u64)> {
+        // SAFETY: ioctl on a perf event fd we own.
+        unsafe { libc::ioctl(self.perf.as_raw_fd(), PERF_EVENT_IOC_DISABLE, 0) };
+        self.profile()
+    }
 }
 
 impl Drop for KprobeEvent {

@@ -538,6 +538,9 @@ pub struct Tracer {
     prog_fds: HashMap<&'static str, OwnedFd>,
     /// tracefs kprobe events, by program name; dropping one removes it.
     kprobes: HashMap<&'static str, KprobeEvent>,
+    /// The kernel's last counts of the kprobe events removed (kretprobe, hits, misses), by
+    /// program name: the final figures are read after the detach.
+    kprobes_closed: HashMap<&'static str, (bool, u64, u64)>,
     /// The programs' diagnostics, when `--ebpf-log` asked for them.
     logger: Option<EbpfLogger<StderrLog>>,
     /// Keeps kernel bpf stats on while it is open (BPF_ENABLE_STATS).
@@ -692,6 +695,7 @@ impl Tracer {
             names,
             prog_fds: HashMap::new(),
             kprobes: HashMap::new(),
+            kprobes_closed: HashMap::new(),
             logger,
             stats: None,
             stats_always: false,
@@ -949,7 +953,12 @@ impl Tracer {
 
     /// Detaches one program.
     fn detach(&mut self, name: &'static str) {
-        self.kprobes.remove(name);
+        if let Some(k) = self.kprobes.remove(name) {
+            let ret = k.ret;
+            if let Some((hits, missed)) = k.close() {
+                self.kprobes_closed.insert(name, (ret, hits, missed));
+            }
+        }
         if let Some(p) = self.ebpf.program_mut(name) {
             unload(p);
         }
@@ -1249,8 +1258,10 @@ impl Tracer {
             let profiles: Vec<(bool, u64, u64)> = a
                 .programs
                 .iter()
-                .filter_map(|p| self.kprobes.get(p))
-                .filter_map(|k| k.profile().map(|(hits, missed)| (k.ret, hits, missed)))
+                .filter_map(|p| match self.kprobes.get(p) {
+                    Some(k) => k.profile().map(|(hits, missed)| (k.ret, hits, missed)),
+                    None => self.kprobes_closed.get(p).copied(),
+                })
                 .collect();
             let mut contexts: [CtxStats; NUM_CTX] = Default::default();
             // The programs time a workload's call, and count its exit, in its workload cell
@@ -1323,7 +1334,11 @@ impl Tracer {
                 }
                 w
             });
-            let kprobe_missed = profiles.iter().map(|p| p.2).sum();
+            // A kprobe and a kretprobe on one function are one aggregated kprobe to the
+            // kernel: a hit it cannot handle (another kprobe running on that CPU) is a miss of
+            // both events, for one call neither program sees. The kretprobe's own misses
+            // beyond that (no free instance) are calls whose entry ran: already lost.
+            let kprobe_missed = profiles.iter().filter(|p| !p.0).map(|p| p.2).sum();
             // Every run of an entry program counts one entry (or an entry whose context or
             // state could not be read), every run of an exit program one exit.
             let runs = |exit: bool| -> u64 {
@@ -1339,10 +1354,20 @@ impl Tracer {
                     })
                     .sum()
             };
-            let kprobe_skipped = profiles
-                .iter()
-                .map(|&(ret, hits, _)| hits.saturating_sub(runs(ret)))
-                .sum();
+            // Runs skipped at entry and at exit, per side; a call counted nowhere had both
+            // skipped (one skipped at one side only is an orphan exit or a stale entry, lost):
+            // at most the fewer of the two.
+            let skipped = |ret: bool| -> Option<u64> {
+                profiles
+                    .iter()
+                    .filter(|p| p.0 == ret)
+                    .map(|&(_, hits, _)| hits.saturating_sub(runs(ret)))
+                    .reduce(|a, b| a + b)
+            };
+            let kprobe_skipped = match (skipped(false), skipped(true)) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a.or(b).unwrap_or(0),
+            };
             probes.push(ProbeStats {
                 workload,
                 name: a.name.clone(),

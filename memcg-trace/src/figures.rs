@@ -209,13 +209,14 @@ pub fn tracer_cost(s: &Snapshot) -> TracerCost {
     cost_of(s.probes.iter().flat_map(|p| &p.programs), calls, s.elapsed)
 }
 
-/// Calls lost (seen but not timed) and runs missed over all probes of a snapshot.
+/// Calls lost (seen but not timed) and calls missed (whose programs the kernel did not run,
+/// at most) over all probes of a snapshot.
 pub fn losses(s: &Snapshot) -> (u64, u64) {
     (
         s.probes.iter().map(ProbeStats::lost).sum(),
         s.probes
             .iter()
-            .map(|p| p.skipped_runs() + p.kprobe_missed)
+            .map(|p| p.skipped_calls() + p.kprobe_missed)
             .sum(),
     )
 }

@@ -345,11 +345,13 @@ impl Collector for Figures {
             }
         }
         {
+            // A gauge: live, the kernel's hits are read before the programs' runs, and the
+            // figure can fall back as the runs catch up.
             let mut m = e.encode_descriptor(
                 "kprobe_skipped_calls",
                 "Calls of the probe whose kprobe programs the kernel ran at neither end, at most (bpf_prog_active held: counted by the kernel only from 6.7), kprobe backend",
                 None,
-                MetricType::Counter,
+                MetricType::Gauge,
             )?;
             for (p, b) in d.probes.iter().zip(&backends) {
                 let labels = [
@@ -357,14 +359,14 @@ impl Collector for Figures {
                     ("symbol", p.target.as_str()),
                     ("backend", b.as_str()),
                 ];
-                ConstCounter::new(p.kprobe_skipped).encode(m.encode_family(&labels)?)?;
+                ConstGauge::new(p.kprobe_skipped as i64).encode(m.encode_family(&labels)?)?;
             }
         }
         {
             // Beside the counts, never folded into them: how many calls the figures may lack.
             let mut m = e.encode_descriptor(
                 "calls_lost_at_most",
-                "Every way a call of the probe can have gone untimed, added up (an upper bound; the pending calls included)",
+                "Every way a call of the probe can have gone untimed, added up (an upper bound; at the end of a run the calls still pending too)",
                 None,
                 MetricType::Gauge,
             )?;
@@ -589,7 +591,7 @@ mod tests {
             t.contains(&format!(
                 "memcg_trace_calls_lost_at_most{{probe=\"{}\",symbol=\"{}\",backend=\"fentry\"}} {}",
                 p.name, p.target, p.lost_upper
-            )) && t.contains("# TYPE memcg_trace_kprobe_skipped_calls_total counter"),
+            )) && t.contains("# TYPE memcg_trace_kprobe_skipped_calls gauge"),
             "{t}"
         );
         let charge = d.probes.iter().find(|p| p.name == "charge").unwrap();

@@ -695,6 +695,35 @@ pub struct Options {
 /// The stop signals: SIGINT, SIGTERM and SIGHUP.
 const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
+/// The stop signals this process was started with ignored, as a bit per signal number: `nohup`
+/// ignores SIGHUP, and a shell without job control SIGINT for a command run with `&`. Those
+/// stay ignored (a handler would undo what the user asked for, and one sent before it was in
+/// place would be dropped by the kernel anyway). Read once, before any handler exists
+/// ([`block_stop_signals`] with `true`): a process-wide fact, as dispositions are.
+static IGNORED_AT_START: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether `sig` is one of the stop signals this process was started with ignored.
+pub fn ignored_at_start(sig: libc::c_int) -> bool {
+    IGNORED_AT_START.load(std::sync::atomic::Ordering::Relaxed) & (1 << sig) != 0
+}
+
+/// Records which stop signals are ignored now (before any handler of ours exists).
+fn note_ignored() {
+    let mut bits = 0u64;
+    for sig in STOP_SIGNALS {
+        // SAFETY: a query (no new action): sigaction writes the current one to `old`.
+        let ignored = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+        };
+        if ignored {
+            bits |= 1 << sig;
+        }
+    }
+    IGNORED_AT_START.store(bits, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Blocks (`true`) or unblocks the stop signals in the calling thread. `cli::main` blocks them
 /// first of all, before any thread exists (threads inherit the mask; children get an empty one
 /// from std's spawn), and a session unblocks them once its handlers and their actions are in
@@ -704,6 +733,9 @@ const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHU
 /// SIGINT at start-up was lost and the whole workload traced.) The commands that have no
 /// session unblock them at once.
 pub fn block_stop_signals(block: bool) {
+    if block {
+        note_ignored();
+    }
     // SAFETY: sigset_t is a plain bit set that sigemptyset initialises; pthread_sigmask only
     // reads it.
     unsafe {
@@ -741,8 +773,29 @@ fn hold_start(point: &str) {
     }
 }
 
-/// SIGINT, SIGTERM and SIGHUP, listened to from the first moment of a session.
-struct Signals(Signal, Signal, Signal);
+/// A stream of the stop signal `sig`, or none where the process was started with it ignored
+/// ([`ignored_at_start`]).
+pub fn listen(sig: libc::c_int, kind: SignalKind) -> Result<Option<Signal>> {
+    Ok(if ignored_at_start(sig) {
+        None
+    } else {
+        Some(signal(kind)?)
+    })
+}
+
+/// The next signal of `s`; never, for a signal not listened to.
+pub async fn next_of(s: &mut Option<Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP, listened to from the first moment of a session; none for a
+/// signal the process was started with ignored ([`ignored_at_start`]).
+struct Signals(Option<Signal>, Option<Signal>, Option<Signal>);
 
 impl Signals {
     /// Installs the handlers, then unblocks the signals (blocked since `cli::main` began):
@@ -750,9 +803,9 @@ impl Signals {
     fn install() -> Result<Signals> {
         hold_start("before-handlers");
         let s = Signals(
-            signal(SignalKind::interrupt())?,
-            signal(SignalKind::terminate())?,
-            signal(SignalKind::hangup())?,
+            listen(libc::SIGINT, SignalKind::interrupt())?,
+            listen(libc::SIGTERM, SignalKind::terminate())?,
+            listen(libc::SIGHUP, SignalKind::hangup())?,
         );
         hold_start("before-unblock");
         block_stop_signals(false);
@@ -761,9 +814,9 @@ impl Signals {
 
     async fn recv(&mut self) -> i32 {
         tokio::select! {
-            _ = self.0.recv() => libc::SIGINT,
-            _ = self.1.recv() => libc::SIGTERM,
-            _ = self.2.recv() => libc::SIGHUP,
+            _ = next_of(&mut self.0) => libc::SIGINT,
+            _ = next_of(&mut self.1) => libc::SIGTERM,
+            _ = next_of(&mut self.2) => libc::SIGHUP,
         }
     }
 

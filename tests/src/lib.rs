@@ -58,6 +58,24 @@ pub fn skip_case(name: &str, reason: &str) {
 
 /// A test's one-line account of what it ran (runs, inputs, figures): printed, and shown by
 /// `cargo xtask test` at the end even though cargo hides a passing test's output.
+/// `cmd` with the stop signals at their default action in the child, as a terminal's shell
+/// starts a program: a test run under `nohup` (SIGHUP ignored), or started with `&` by a
+/// shell without job control (SIGINT ignored), would pass those on, and memcg-trace keeps a
+/// stop signal it was started with ignored ignored.
+pub fn stop_signals_default(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: signal(2) is async-signal-safe, and the closure touches nothing else between
+    // fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
+}
+
 pub fn summary(name: &str, line: &str) {
     println!("{name}: {line}");
     record_skip("summary", name, line);

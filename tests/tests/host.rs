@@ -625,14 +625,16 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
             let marker = format!("{}.{i}{sig}", 600 + i);
             let json = dir.join(format!("{i}-{sig}.json"));
             let _ = fs::remove_file(&json);
-            let child = Command::new(bin())
-                .args(["record", "-q", "--attach", "tracepoint", "-o"])
-                .arg(&json)
-                .args(["--", "sleep", &marker])
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
+            let child = stop_signals_default(
+                Command::new(bin())
+                    .args(["record", "-q", "--attach", "tracepoint", "-o"])
+                    .arg(&json)
+                    .args(["--", "sleep", &marker])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped()),
+            )
+            .spawn()
+            .unwrap();
             thread::sleep(Duration::from_millis(delay_ms));
             // SAFETY: kill(2) of our child.
             unsafe { libc::kill(child.id() as i32, sig) };
@@ -669,6 +671,63 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
     assert!(start_up > 0 && traced > 0, "the delays missed a phase");
 }
 
+/// Started with SIGHUP ignored, as `nohup` starts it: a SIGHUP, sent at once (in start-up) or
+/// while tracing, neither stops the run nor is taken by a handler; SIGINT still stops it
+/// like a shell (130, a whole recording). Before, the handler replaced the ignore: a SIGHUP
+/// in start-up was dropped by the kernel and the whole workload traced, and one while
+/// tracing ended a `nohup` run.
+#[test]
+fn host_a_stop_signal_ignored_at_start_stays_ignored() {
+    let name = "host_a_stop_signal_ignored_at_start_stays_ignored";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let dir = scratch(name);
+    let json = dir.join("run.json");
+    let _ = fs::remove_file(&json);
+    let marker = "30.71";
+    let mut cmd = Command::new(bin());
+    cmd.args(["record", "-q", "--attach", "tracepoint", "-o"])
+        .arg(&json)
+        .args(["--", "sleep", marker])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: signal(2) is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGHUP, libc::SIG_IGN);
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
+    // SAFETY: kill(2) of our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    wait_for_workload(Duration::from_secs(60));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP stopped a run started with SIGHUP ignored"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let what = "SIGINT after two ignored SIGHUPs";
+    let out = wait_exit(child, Duration::from_secs(60), what);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + libc::SIGINT), "{what}: {err}");
+    load_recording(&json);
+    assert_left_nothing(what, marker);
+    summary(
+        name,
+        "SIGHUP at start-up and while tracing ignored, as nohup asks; SIGINT then ended it with 130 and a recording",
+    );
+}
+
 /// A stop signal sent while start-up is held inside the window around the handlers'
 /// installation (`MEMCG_TRACE_TEST_HOLD_START`): before any handler exists, and with the
 /// handlers in place but the signals not yet unblocked. Every run must end like a shell
@@ -691,15 +750,17 @@ fn host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost() {
                 fs::write(hold.join(format!("{p}.go")), b"").unwrap();
             }
             let marker = format!("{}.{i}{sig}", 700 + i);
-            let mut child = Command::new(bin())
-                .args(["record", "-q", "--attach", "tracepoint", "-o"])
-                .arg(hold.join("run.json"))
-                .args(["--", "sleep", &marker])
-                .env(memcg_trace::session::HOLD_START, &hold)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
+            let mut child = stop_signals_default(
+                Command::new(bin())
+                    .args(["record", "-q", "--attach", "tracepoint", "-o"])
+                    .arg(hold.join("run.json"))
+                    .args(["--", "sleep", &marker])
+                    .env(memcg_trace::session::HOLD_START, &hold)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped()),
+            )
+            .spawn()
+            .unwrap();
             let held = hold.join(format!("{point}.held"));
             let t0 = Instant::now();
             while !held.exists() && t0.elapsed() < Duration::from_secs(30) {
@@ -1045,7 +1106,7 @@ fn host_signal_matrix_record() {
             if how.is_none() {
                 cmd.env(memcg_trace::session::INJECT_PANIC, "1");
             }
-            let child = cmd.spawn().unwrap();
+            let child = stop_signals_default(&mut cmd).spawn().unwrap();
             let what = format!("record, {label}, run {r}");
             if let Some(sig) = how {
                 wait_for_workload(Duration::from_secs(60));

@@ -112,7 +112,6 @@ impl TestRig {
         Ok((c, h, w))
     }
 
-    /// Deferred pairs in the ring buffer.
     /// Empties every map the programs keep state in, as if the object had just been loaded:
     /// arrays zeroed, hash maps emptied, the ring drained. The read-only globals (the config
     /// the object was verified with) stay. Verifying the object again costs seconds of a
@@ -137,6 +136,7 @@ impl TestRig {
         Ok(())
     }
 
+    /// Deferred pairs in the ring buffer.
     fn deferred(&mut self) -> Result<Vec<Deferred>> {
         let map = self
             .ebpf
@@ -195,11 +195,14 @@ fn empty_map(data: &MapData, per_cpu: bool, hash: bool, cpus: usize) -> Result<(
     let fd = data.fd().as_fd().as_raw_fd();
     let mut key = vec![0u8; info.key_size() as usize];
     if hash {
-        // Always the first key: each is deleted before the next is asked for.
-        while map_elem(NEXT_KEY, fd, std::ptr::null(), key.as_mut_ptr()).is_ok() {
-            map_elem(DELETE, fd, key.as_ptr(), std::ptr::null_mut())?;
+        // Always the first key: each is deleted before the next is asked for; ENOENT: empty.
+        loop {
+            match map_elem(NEXT_KEY, fd, std::ptr::null(), key.as_mut_ptr()) {
+                Ok(()) => map_elem(DELETE, fd, key.as_ptr(), std::ptr::null_mut())?,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
         }
-        return Ok(());
     }
     // A per-CPU value is one 8-byte aligned slot per possible CPU.
     let value_size = info.value_size() as usize;

@@ -106,8 +106,9 @@ impl KprobeEvent {
     /// hit is a call the kprobe handled, whether or not the kernel then ran the program (it
     /// skips it while another BPF program runs on that CPU, `bpf_prog_active`, and counts that
     /// as the program's miss only from 6.7): hits less the program's runs are the runs it
-    /// skipped, on every kernel. The program is attached before the event is enabled, so every
-    /// hit could run it.
+    /// skipped, on every kernel. The kprobe is armed when its perf event is opened, just before
+    /// the program is attached: a hit in between counts as skipped (a few at most, on the safe
+    /// side of the bound).
     pub fn profile(&self) -> Option<(u64, u64)> {
         let text = fs::read_to_string(self.tracefs.join("kprobe_profile")).ok()?;
         text.lines().find_map(|l| {
@@ -117,12 +118,14 @@ impl KprobeEvent {
         })
     }
 
-    /// Stops the probe, then takes its final hits and misses (`profile`: no hit comes after
-    /// the disable) and removes it. The final figures of a run are taken once its probes are
-    /// gone, when `kprobe_profile` no longer lists them.
-    pub fn close(self) -> Option<(u64, u64)> {
-        // SAFETY: ioctl on a perf event fd we own.
-        unsafe { libc::ioctl(self.perf.as_raw_fd(), PERF_EVENT_IOC_DISABLE, 0) };
+    /// Stops the probe, then takes its final hits and misses (`profile`) and removes it. The
+    /// final figures of a run are taken once its probes are gone, when `kprobe_profile` no
+    /// longer lists them. Disabling the perf event is not enough: the kprobe stays armed and
+    /// its program runs until the perf event is released, which disarms it and detaches the
+    /// program (with the kernel waiting for handlers in flight); then no hit and no run comes
+    /// after the read.
+    pub fn close(mut self) -> Option<(u64, u64)> {
+        drop(std::mem::replace(&mut self.perf, dev_null()));
         self.profile()
     }
 }

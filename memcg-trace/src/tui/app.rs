@@ -575,7 +575,7 @@ impl App {
         out
     }
 
-    /// Tracer self-cost over the whole run, and the calls lost and runs missed.
+    /// Tracer self-cost over the whole run, and the calls lost and missed.
     pub fn self_cost(&self) -> (figures::TracerCost, u64, u64) {
         match &self.current {
             Some(cur) => {

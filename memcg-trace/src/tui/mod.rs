@@ -183,18 +183,20 @@ pub async fn live(app: &mut App, session: &mut Session, exit_with_workload: bool
 
 /// Runs the dashboard on a recording until the user quits or a signal arrives.
 pub async fn view(app: &mut App) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term_sig = signal(SignalKind::terminate())?;
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut int = signal(SignalKind::interrupt())?;
+    use crate::session::{listen, next_of};
+    use tokio::signal::unix::SignalKind;
+    // A stop signal the process was started with ignored (nohup) stays ignored.
+    let mut term_sig = listen(libc::SIGTERM, SignalKind::terminate())?;
+    let mut hup = listen(libc::SIGHUP, SignalKind::hangup())?;
+    let mut int = listen(libc::SIGINT, SignalKind::interrupt())?;
     let mut term = Terminal::new()?;
     let mut events = EventStream::new();
     loop {
         term.draw(app)?;
         tokio::select! {
-            _ = term_sig.recv() => break,
-            _ = hup.recv() => break,
-            _ = int.recv() => break,
+            _ = next_of(&mut term_sig) => break,
+            _ = next_of(&mut hup) => break,
+            _ = next_of(&mut int) => break,
             key = next_key(&mut events, app) => {
                 let Some(key) = key? else { break };
                 if app.on_key(key) == Action::Quit {

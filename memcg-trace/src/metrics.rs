@@ -328,6 +328,19 @@ impl Collector for Figures {
                 }
             }
         }
+        // The per-probe families' labels, once.
+        let probe_labels: Vec<[(&str, &str); 3]> = d
+            .probes
+            .iter()
+            .zip(&backends)
+            .map(|(p, b)| {
+                [
+                    ("probe", p.name.as_str()),
+                    ("symbol", p.target.as_str()),
+                    ("backend", b.as_str()),
+                ]
+            })
+            .collect();
         {
             let mut m = e.encode_descriptor(
                 "recursion_misses",
@@ -335,13 +348,8 @@ impl Collector for Figures {
                 None,
                 MetricType::Counter,
             )?;
-            for (p, b) in d.probes.iter().zip(&backends) {
-                let labels = [
-                    ("probe", p.name.as_str()),
-                    ("symbol", p.target.as_str()),
-                    ("backend", b.as_str()),
-                ];
-                ConstCounter::new(p.recursion_misses).encode(m.encode_family(&labels)?)?;
+            for (p, labels) in d.probes.iter().zip(&probe_labels) {
+                ConstCounter::new(p.recursion_misses).encode(m.encode_family(labels)?)?;
             }
         }
         {
@@ -353,13 +361,8 @@ impl Collector for Figures {
                 None,
                 MetricType::Gauge,
             )?;
-            for (p, b) in d.probes.iter().zip(&backends) {
-                let labels = [
-                    ("probe", p.name.as_str()),
-                    ("symbol", p.target.as_str()),
-                    ("backend", b.as_str()),
-                ];
-                ConstGauge::new(p.kprobe_skipped as i64).encode(m.encode_family(&labels)?)?;
+            for (p, labels) in d.probes.iter().zip(&probe_labels) {
+                ConstGauge::new(p.kprobe_skipped as i64).encode(m.encode_family(labels)?)?;
             }
         }
         {
@@ -370,13 +373,8 @@ impl Collector for Figures {
                 None,
                 MetricType::Gauge,
             )?;
-            for (p, b) in d.probes.iter().zip(&backends) {
-                let labels = [
-                    ("probe", p.name.as_str()),
-                    ("symbol", p.target.as_str()),
-                    ("backend", b.as_str()),
-                ];
-                ConstGauge::new(p.lost_upper as i64).encode(m.encode_family(&labels)?)?;
+            for (p, labels) in d.probes.iter().zip(&probe_labels) {
+                ConstGauge::new(p.lost_upper as i64).encode(m.encode_family(labels)?)?;
             }
         }
         let t = &d.meta.tracer;

@@ -1901,16 +1901,25 @@ fn vm_by_memcg_7_3() {
 /// - perf's time of the workload is the cgroup's CPU usage memcg-trace divides by (within 5%:
 ///   samples near the workload's start and end, the shell before it execs hackbench);
 /// - **memcg-trace's self share less the instrumentation inside it (the floor per call), in
-///   the run without perf, is perf's share of the function within 3 standard errors of
-///   perf's share (binomial over the effective number of weighted samples) + the floor's
-///   spread (p90 - p50 per call) + one context switch's cost (`perf bench sched pipe` in the
-///   same boot) for each call that left the CPU (see below)**. Without perf: its sampling
-///   interrupts land in the timed windows in proportion to their time, and the floor,
-///   measured without them, does not take them out (beside perf the self share less the
-///   floor came out 0.4-1.0 points higher);
-/// - beside perf, memcg-trace's total share is at least perf's function share plus the
-///   floor's share, and at most perf's function share plus all the instrumentation perf saw
-///   (4 sigma each way, the sigma widened where batches of consecutive samples vary more than binomially).
+///   the run without perf, lies within perf's shares of the function at two sampling rates
+///   (4,000 and 10,000 Hz, a run each), each widened by 4 of its standard errors (binomial
+///   over the effective number of weighted samples, widened where batches of consecutive
+///   samples vary more than that), plus the floor's spread (p90 - p50 per call) plus one
+///   context switch's cost (`perf bench sched pipe` in the same boot) for each call that left
+///   the CPU (see below)**. Two rates because under the counted clock perf's share moves with
+///   its rate by more than its sampling error (1.4-1.5% at 4,000 Hz, 1.8-2.2% at 10,000 with
+///   fentry on 6.12, where memcg-trace reads 1.48-1.50%; kprobe 1.0-1.5% either way, 1.23-1.28%).
+///   Without perf: its sampling interrupts land in the timed windows in proportion to their
+///   time, and the floor, measured without them, does not take them out (beside perf the self
+///   share less the floor came out 0.4-1.0 points higher);
+/// - beside perf, memcg-trace's total share is at least perf's lowest function share plus
+///   the floor's share, and at most perf's highest function share plus all the
+///   instrumentation perf saw in that run (4 sigma each way);
+/// - **where two backends trace the function (6.12), its own time per call (self less the
+///   floor, in the runs without perf) is the same by both within 5%**: the function's
+///   instructions do not depend on how it is traced, the instrumentation taken out differs
+///   2.5x, and this resolves a few instructions a call where perf resolves tens (66.7-67.3 ns
+///   by fentry, 65.0-65.6 by kprobe in four runs each).
 ///
 /// Only charge is compared: perf's clock cannot interrupt code that runs with interrupts off
 /// (the stat and rstat functions), so their samples land at the interrupt-enable point in a
@@ -1937,7 +1946,7 @@ fn profile_on(name: &str, short: &str) {
             &backends.join(" "),
             "--probe charge",
             PROFILE_HACKBENCH,
-            PROFILE_FREQ,
+            &PROFILE_FREQS,
         ),
         Vec::new(),
         vec![perf],
@@ -1949,83 +1958,11 @@ fn profile_on(name: &str, short: &str) {
         .and_then(|t| t.trim().parse().ok())
         .expect("the cost of a context switch (perf bench sched pipe)");
     let mut report = String::new();
+    // The function's own time per call (self less the instrumentation: instructions under
+    // the counted clock) by backend, from the runs without perf.
+    let mut per_call: Vec<(&str, f64)> = Vec::new();
     for &backend in backends {
-        let path = r.out_dir.join(format!("profile-{backend}.json"));
-        let doc = load_recording(&path);
-        let text = fs::read_to_string(r.out_dir.join(format!("profile-{backend}.txt")))
-            .unwrap_or_default();
-        check_invariants(&doc, &text);
-        let w = doc.meta.workload.as_ref().expect("workload");
-        let cpu = w.cpu_ns.expect("the workload's CPU time");
-        assert!(
-            w.cpu_source
-                .as_deref()
-                .is_some_and(|s| s.contains("cpu.stat")),
-            "{backend}: {:?}",
-            w.cpu_source
-        );
-        let p = &doc.probes[0];
-        assert_eq!(p.backend.to_string(), backend);
-        let wo = p.workload.as_ref().expect("workload row");
-        let (total, own, net, instr) = (
-            wo.share_of_workload_cpu.expect("total share"),
-            wo.self_share_of_workload_cpu.expect("self share"),
-            wo.net_self_share_of_workload_cpu.expect("net share"),
-            wo.floor_share_of_workload_cpu
-                .expect("instrumentation share"),
-        );
-        // Traced alone, the charge step nests in nothing and holds no traced call.
-        assert!(
-            // net = (self - instrumentation inside it) / (CPU - the tracer's full cost): at
-            // least self - instrumentation (the untraced CPU is at most the CPU), and above
-            // self where the tracer's cost is a large part of the CPU.
-            (own - total).abs() < 1e-9
-                && net > 0.0
-                && net + 1e-9 >= own - instr
-                && instr > 0.0
-                && total < 1.0,
-            "{backend}: total {total}, self {own}, net {net}, instrumentation {instr}"
-        );
-        assert!(
-            text.contains("workload CPU: "),
-            "{backend}: the table lacks the workload's CPU\n{text}"
-        );
-        let shares = fs::read_to_string(r.out_dir.join(format!("perf-shares-{backend}.txt")))
-            .expect("perf's counts");
-        let perf = PerfShares::parse(&shares, &p.target)
-            .unwrap_or_else(|| panic!("{backend}: perf's counts unreadable:\n{shares}"));
-        let n = perf.samples as f64;
-        assert!(n >= 2000.0, "{backend}: perf took {n} samples\n{shares}");
-        assert!(
-            (perf.ns as f64 - cpu as f64).abs() <= 0.05 * cpu as f64,
-            "{backend}: perf's time of the workload {} ns is not its cgroup's CPU usage {cpu} ns\n{shares}",
-            perf.ns
-        );
-        let share = |ns: u64| ns as f64 / perf.ns as f64;
-        let (perf_fn, perf_instr) = (share(perf.function_self_ns), share(perf.instrumentation_ns));
-        // The standard error of a share of perf's weighted samples: binomial over the
-        // effective number of samples, (sum of weights)^2 / sum of squared weights (the
-        // number of samples where all weigh the same, fewer where some weigh more). Where the
-        // guest clock counts instructions the sampler's ticks can fall in step with the
-        // workload's loop, and the samples are not independent: the function's share then
-        // varies between batches of consecutive samples more than independent samples would
-        // (seen: 1.65% and 2.08% of one workload in two boots, memcg-trace 1.48% in both,
-        // binomial sigma 0.15%). The binomial error is widened by that batch-to-batch excess.
-        // Four of them: about ten comparisons a run (the backends of two kernels), so that
-        // noise fails a run less than once in a thousand.
-        let n_eff = (perf.ns as f64).powi(2) / perf.ns2;
-        let binomial = |q: f64| (q * (1.0 - q) / n_eff).sqrt();
-        let inflation = perf
-            .batch_se()
-            .map(|b| (b / binomial(share(perf.function_self_ns))).max(1.0))
-            .unwrap_or(1.0);
-        let three_sigma = |q: f64| 4.0 * inflation * binomial(q);
-        assert!(
-            perf.function_self > 0,
-            "{backend}: perf saw no sample in {}\n{shares}",
-            p.target
-        );
-        // memcg-trace's side from the same recording without perf beside it: perf's sampling
+        // memcg-trace's side, from the recording without perf beside it: perf's sampling
         // interrupts land inside the timed windows in proportion to their time, and the
         // floor (measured without them) does not take them out.
         let alone = load_recording(&r.out_dir.join(format!("alone-{backend}.json")));
@@ -2051,6 +1988,9 @@ fn profile_on(name: &str, short: &str) {
             .as_ref()
             .and_then(|w| w.cpu_ns)
             .expect("the workload's CPU time without perf");
+        let calls = aw.count.max(1) as f64;
+        let ns_per_call = |share: f64| share * alone_cpu as f64 / calls;
+        per_call.push((backend, ns_per_call(alone_self_less_floor)));
         // The floor's spread: how far one call's instrumentation may be from the p50 taken
         // out, as a share (0 where the clock counts instructions: the floor's calls then all
         // take the same).
@@ -2067,54 +2007,102 @@ fn profile_on(name: &str, short: &str) {
         // sees on those tasks' stacks, differ by at most one context switch's cost each.
         let switched = ap.contexts[0].switched as f64;
         let handoff = switched * switch_ns / alone_cpu as f64;
-        let tolerance = three_sigma(perf_fn) + spread + handoff;
-        // OPEN (issue 34): with fentry on 6.12 perf's share of the function has read 1.65-2.17%
-        // since the per-entry ancestor-cgroup helper of 987cf1a (1.29-1.47% before), its
-        // instrumentation share 26-28% (18% before), while memcg-trace's stayed 1.44-1.53%: a
-        // difference of up to 0.7 points that neither side explains yet, which failed this
-        // comparison in 3 of 7 runs. Until it is explained, that row holds only memcg-trace
-        // not above perf's share (a tracer that made time up would be); every other row both
-        // ways.
-        let unexplained = backend == "fentry" && short == "6.12";
-        let diff = alone_self_less_floor - perf_fn;
+        // perf's side, once per sampling rate, each beside a recording of memcg-trace.
+        let rates: Vec<PerfRun> = PROFILE_FREQS
+            .iter()
+            .map(|&freq| perf_run(&r.out_dir, backend, freq))
+            .collect();
+        // Under the instruction-counted clock perf's share of the function moves with its
+        // sampling rate by more than its sampling error (6.12, fentry, one boot: 1.42% at
+        // 4,000 Hz, 1.86% at 7,919, 2.04% at 10,007, 1.82% at 10,000; kprobe 1.00-1.35%;
+        // memcg-trace 1.49% and 1.24%): the timer's ticks and its handler's cost (it unwinds
+        // through the trampoline or the kprobe machinery) fall in step with the deterministic
+        // workload, and no single rate can say which is right. memcg-trace's share must lie
+        // within the range perf's rates span, each widened by its own sampling error (4
+        // sigma), plus the floor's spread and the switches' handoff.
+        let lo = rates
+            .iter()
+            .map(|p| p.function - p.four_sigma)
+            .fold(f64::INFINITY, f64::min);
+        let hi = rates
+            .iter()
+            .map(|p| p.function + p.four_sigma)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let slack = spread + handoff;
+        let shown: Vec<String> = rates
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} ({:.1} ns a call)",
+                    p.describe(),
+                    ns_per_call(p.function)
+                )
+            })
+            .collect();
         assert!(
-            if unexplained { diff <= tolerance } else { diff.abs() <= tolerance },
-            "{backend}: memcg-trace's self share less the instrumentation {alone_self_less_floor:.4} is not perf's share of {} {perf_fn:.4} within {tolerance:.4} (4 sigma, batches {inflation:.2}x the binomial + the floor's spread {spread:.4} + {switched} switches of at most {switch_ns} ns {handoff:.4}; perf's instrumentation {perf_instr:.4}; memcg-trace beside perf: total {total:.4}, floor-based instrumentation {instr:.4})\n{shares}",
-            p.target,
+            alone_self_less_floor >= lo - slack && alone_self_less_floor <= hi + slack,
+            "{backend}: memcg-trace's self share less the instrumentation {alone_self_less_floor:.4} is not within perf's shares of {} at its sampling rates [{lo:.4}, {hi:.4}] (each 4 sigma, the batches' excess over the binomial included) widened by the floor's spread {spread:.4} and {switched} switches of at most {switch_ns} ns {handoff:.4}:\n{}",
+            ap.target,
+            shown.join("\n"),
         );
         // Beside perf, the timed window holds the function, the floor, and perf's
         // interrupts that land in it: at least perf's share of the function plus the floor's
         // (a tracer that shortened its windows would be below); and at most all perf saw of
-        // the function and of the instrumentation (one that counted time twice, above).
-        assert!(
-            total + three_sigma(perf_fn) >= perf_fn + instr,
-            "{backend}: memcg-trace's total {total:.4} is below perf's share of {} {perf_fn:.4} + the floor's {instr:.4} - 4 sigma",
-            p.target
-        );
-        assert!(
-            total <= perf_fn + perf_instr + three_sigma(perf_fn + perf_instr),
-            "{backend}: memcg-trace's total {total:.4} is above perf's function {perf_fn:.4} + instrumentation {perf_instr:.4} + 4 sigma"
-        );
-        // The net share divides by the workload's CPU less the tracer's full cost per call
-        // from the floor's tight loop; perf sees that cost in place as its instrumentation
-        // share. Reported beside it.
-        let perf_net = perf_fn / (1.0 - perf_instr);
+        // the function and of the instrumentation (one that counted time twice, above). The
+        // function's share is perf's lowest and highest over the rates, as above.
+        let lowest = rates
+            .iter()
+            .map(|p| p.function)
+            .fold(f64::INFINITY, f64::min);
+        let highest = rates.iter().map(|p| p.function).fold(0.0, f64::max);
+        for p in &rates {
+            assert!(
+                p.total + p.four_sigma >= lowest + p.floor_share,
+                "{backend} at {} Hz: memcg-trace's total {:.4} is below perf's lowest share of {} {lowest:.4} + the floor's {:.4} - 4 sigma {:.4}",
+                p.freq,
+                p.total,
+                ap.target,
+                p.floor_share,
+                p.four_sigma,
+            );
+            assert!(
+                p.total <= highest + p.instrumentation + p.four_sigma_with_instrumentation,
+                "{backend} at {} Hz: memcg-trace's total {:.4} is above perf's highest share of the function {highest:.4} + its instrumentation {:.4} + 4 sigma {:.4}",
+                p.freq,
+                p.total,
+                p.instrumentation,
+                p.four_sigma_with_instrumentation,
+            );
+        }
         report.push_str(&format!(
-            "{backend} {}: share of the workload's CPU: perf {:.2}% ({n} samples, {n_eff:.0} effective, batches {inflation:.2}x the binomial; the instrumentation {:.2}%), memcg-trace self less the instrumentation {:.2}% (tolerance {:.2}, {} calls left the CPU); of the untraced CPU: perf {:.2}%, memcg-trace net {:.2}%; beside perf, memcg-trace total {:.2}%, net {:.2}%, floor-based instrumentation {:.2}%; workload CPU {:.3}s (perf's {:.3}s), alone {:.3}s; ",
-            p.target,
-            perf_fn * 100.0,
-            perf_instr * 100.0,
+            "{backend} {}: share of the workload's CPU: memcg-trace self less the instrumentation {:.2}% ({:.1} ns a call, {} calls left the CPU; net of the tracer's cost {:.2}%; workload CPU {:.3}s); perf {}; ",
+            ap.target,
             alone_self_less_floor * 100.0,
-            tolerance * 100.0,
+            ns_per_call(alone_self_less_floor),
             switched,
-            perf_net * 100.0,
             alone_net * 100.0,
-            total * 100.0,
-            net * 100.0,
-            instr * 100.0,
-            cpu as f64 / 1e9,
-            perf.ns as f64 / 1e9,
-            alone_cpu as f64 / 1e9
+            alone_cpu as f64 / 1e9,
+            shown.join(", "),
+        ));
+    }
+    // The same function traced two ways: its own instructions per call do not depend on how
+    // it is traced, while the instrumentation taken out differs 2-3x between the backends
+    // (the floors on 6.12: 232 instructions a call inside the window for fentry, 588 for
+    // kprobe). A
+    // floor measured wrong, time lost or made up by one backend's pairing, shows here at the
+    // resolution of a few instructions a call, where perf's sampling (above) resolves tens.
+    // Seen on 6.12 over four runs each: fentry 66.7-67.3 ns, kprobe 65.0-65.6 ns (the
+    // workload's paths through the function vary a little with the tracer's timing).
+    if let [(a, a_ns), (b, b_ns)] = per_call[..] {
+        let mean = (a_ns + b_ns) / 2.0;
+        assert!(
+            (a_ns - b_ns).abs() <= PROFILE_BACKENDS_AGREE * mean,
+            "the function's own time per call traced by {a} {a_ns:.1} ns and by {b} {b_ns:.1} ns differ by more than {:.0}%",
+            PROFILE_BACKENDS_AGREE * 100.0
+        );
+        report.push_str(&format!(
+            "own time per call: {a} {a_ns:.1} ns, {b} {b_ns:.1} ns (at most {:.0}% apart)",
+            PROFILE_BACKENDS_AGREE * 100.0
         ));
     }
     let _ = std::io::Write::write_all(
@@ -2123,10 +2111,137 @@ fn profile_on(name: &str, short: &str) {
     );
 }
 
-/// The profiler comparison's workload and perf's sampling rate (per CPU): about 8,000 samples
-/// of the workload per backend.
+/// The profiler comparison's workload and perf's sampling rates (per CPU): about 3,000 and
+/// 8,000 samples of the workload per backend and rate.
 const PROFILE_HACKBENCH: &str = "-g 2 -l 100";
-const PROFILE_FREQ: u32 = 10_000;
+const PROFILE_FREQS: [u32; 2] = [4_000, 10_000];
+/// How far apart the function's own time per call may be between two backends, as a share
+/// of their mean (2.3% seen at most).
+const PROFILE_BACKENDS_AGREE: f64 = 0.05;
+
+/// One perf run beside a recording (`profile-BACKEND-FREQ.json`, `perf-shares-BACKEND-FREQ.txt`):
+/// perf's shares of the workload's CPU and memcg-trace's beside it.
+struct PerfRun {
+    freq: u32,
+    samples: u64,
+    effective: f64,
+    /// The batches' spread over the binomial's (at least 1).
+    inflation: f64,
+    /// perf's share of the function (self, before any instrumentation) and of the
+    /// instrumentation.
+    function: f64,
+    instrumentation: f64,
+    /// Four standard errors of the function's share, and of function and instrumentation
+    /// together.
+    four_sigma: f64,
+    four_sigma_with_instrumentation: f64,
+    /// memcg-trace's total share beside perf, and its floor-based instrumentation share.
+    total: f64,
+    floor_share: f64,
+}
+
+impl PerfRun {
+    fn describe(&self) -> String {
+        format!(
+            "{} Hz {:.2}% +- {:.2} ({} samples, {:.0} effective, batches {:.2}x the binomial; the instrumentation {:.2}%; memcg-trace beside it: total {:.2}%, floor-based instrumentation {:.2}%)",
+            self.freq,
+            self.function * 100.0,
+            self.four_sigma * 100.0,
+            self.samples,
+            self.effective,
+            self.inflation,
+            self.instrumentation * 100.0,
+            self.total * 100.0,
+            self.floor_share * 100.0,
+        )
+    }
+}
+
+/// Reads one perf run of the profiler comparison and checks the recording beside it.
+fn perf_run(out: &Path, backend: &str, freq: u32) -> PerfRun {
+    let run = format!("{backend}-{freq}");
+    let doc = load_recording(&out.join(format!("profile-{run}.json")));
+    let text = fs::read_to_string(out.join(format!("profile-{run}.txt"))).unwrap_or_default();
+    check_invariants(&doc, &text);
+    let w = doc.meta.workload.as_ref().expect("workload");
+    let cpu = w.cpu_ns.expect("the workload's CPU time");
+    assert!(
+        w.cpu_source
+            .as_deref()
+            .is_some_and(|s| s.contains("cpu.stat")),
+        "{run}: {:?}",
+        w.cpu_source
+    );
+    let p = &doc.probes[0];
+    assert_eq!(p.backend.to_string(), backend);
+    let wo = p.workload.as_ref().expect("workload row");
+    let (total, own, net, instr) = (
+        wo.share_of_workload_cpu.expect("total share"),
+        wo.self_share_of_workload_cpu.expect("self share"),
+        wo.net_self_share_of_workload_cpu.expect("net share"),
+        wo.floor_share_of_workload_cpu
+            .expect("instrumentation share"),
+    );
+    // Traced alone, the charge step nests in nothing and holds no traced call.
+    assert!(
+        // net = (self - instrumentation inside it) / (CPU - the tracer's full cost): at
+        // least self - instrumentation (the untraced CPU is at most the CPU), and above
+        // self where the tracer's cost is a large part of the CPU.
+        (own - total).abs() < 1e-9
+            && net > 0.0
+            && net + 1e-9 >= own - instr
+            && instr > 0.0
+            && total < 1.0,
+        "{run}: total {total}, self {own}, net {net}, instrumentation {instr}"
+    );
+    assert!(
+        text.contains("workload CPU: "),
+        "{run}: the table lacks the workload's CPU\n{text}"
+    );
+    let shares =
+        fs::read_to_string(out.join(format!("perf-shares-{run}.txt"))).expect("perf's counts");
+    let perf = PerfShares::parse(&shares, &p.target)
+        .unwrap_or_else(|| panic!("{run}: perf's counts unreadable:\n{shares}"));
+    let n = perf.samples as f64;
+    assert!(n >= 2000.0, "{run}: perf took {n} samples\n{shares}");
+    assert!(
+        (perf.ns as f64 - cpu as f64).abs() <= 0.05 * cpu as f64,
+        "{run}: perf's time of the workload {} ns is not its cgroup's CPU usage {cpu} ns\n{shares}",
+        perf.ns
+    );
+    assert!(
+        perf.function_self > 0,
+        "{run}: perf saw no sample in {}\n{shares}",
+        p.target
+    );
+    let share = |ns: u64| ns as f64 / perf.ns as f64;
+    let (function, instrumentation) =
+        (share(perf.function_self_ns), share(perf.instrumentation_ns));
+    // The standard error of a share of perf's weighted samples: binomial over the effective
+    // number of samples, (sum of weights)^2 / sum of squared weights (the number of samples
+    // where all weigh the same, fewer where some weigh more), widened where batches of
+    // consecutive samples vary more than independent samples would (the sampler's ticks
+    // falling in step with the workload). Four of them: a run makes about ten comparisons,
+    // so that noise fails one less than once in a thousand.
+    let effective = (perf.ns as f64).powi(2) / perf.ns2;
+    let binomial = |q: f64| (q * (1.0 - q) / effective).sqrt();
+    let inflation = perf
+        .batch_se()
+        .map(|b| (b / binomial(function)).max(1.0))
+        .unwrap_or(1.0);
+    PerfRun {
+        freq,
+        samples: perf.samples,
+        effective,
+        inflation,
+        function,
+        instrumentation,
+        four_sigma: 4.0 * inflation * binomial(function),
+        four_sigma_with_instrumentation: 4.0 * inflation * binomial(function + instrumentation),
+        total,
+        floor_share: instr,
+    }
+}
 
 /// What the profile guest script counted of the workload's samples (`perf-shares-*.txt`):
 /// numbers of samples and their weights (ns since the previous sample on the CPU).

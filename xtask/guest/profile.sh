@@ -12,8 +12,11 @@
 # CPU). Per traced function, the samples whose callchain holds it (inclusive) and
 # those whose innermost traced function it is (what memcg-trace's self time counts), reached
 # before any instrumentation, come back as counts and as weighted ns (and the sum of the
-# squared weights, for the effective number of samples). Then the same recording
-# without perf (`alone-$b.json`).
+# squared weights, for the effective number of samples). Once per sampling rate of $FREQS
+# (`profile-$b-$f.json`, `perf-shares-$b-$f.txt`): under an instruction-counted guest clock
+# perf's share of a function moves with its rate (its ticks and its handler's cost fall in
+# step with the workload), and the spread across rates shows by how much. Then the same
+# recording without perf (`alone-$b.json`).
 echo +memory >/sys/fs/cgroup/cgroup.subtree_control
 HB=${HB:-'-g 2 -l 100'}
 # What one context switch costs here, at most (half a round trip of perf's pipe benchmark:
@@ -25,22 +28,24 @@ if ! grep -q '^[1-9]' /out/switch-ns.txt; then
   exit 1
 fi
 for b in $BACKENDS; do
-  echo "guest: record --attach $b, perf record -a"
-  memcg-trace record --attach "$b" $PROBES -q -o "/out/profile-$b.json" -- sh -c "sleep 3; exec hackbench $HB" \
-    >"/out/profile-$b.txt" 2>"/out/profile-$b.err" &
+for f in ${FREQS:-4000}; do
+  r="$b-$f"
+  echo "guest: record --attach $b, perf record -a -F $f"
+  memcg-trace record --attach "$b" $PROBES -q -o "/out/profile-$r.json" -- sh -c "sleep 3; exec hackbench $HB" \
+    >"/out/profile-$r.txt" 2>"/out/profile-$r.err" &
   mt=$!
-  perf record -a -e cpu-clock -F "${FREQ:-4000}" -g -o "/tmp/perf-$b.data" \
-    >/dev/null 2>"/out/perf-record-$b.err" &
+  perf record -a -e cpu-clock -F "$f" -g -o "/tmp/perf-$r.data" \
+    >/dev/null 2>"/out/perf-record-$r.err" &
   perf=$!
   if ! wait $mt; then
-    cat "/out/profile-$b.err" "/out/profile-$b.txt"
+    cat "/out/profile-$r.err" "/out/profile-$r.txt"
     exit 1
   fi
   kill -INT $perf
   wait $perf || true  # perf ends on the SIGINT with 130
   # The functions traced, by the summary's footnotes ("NAME TARGET via ...").
-  targets=$(awk '$3 == "via" { printf "%s%s", sep, $2; sep = "," }' "/out/profile-$b.txt")
-  perf script -i "/tmp/perf-$b.data" --ns -F comm,cpu,time,ip,sym 2>"/out/perf-script-$b.err" | awk -v targets="$targets" '
+  targets=$(awk '$3 == "via" { printf "%s%s", sep, $2; sep = "," }' "/out/profile-$r.txt")
+  perf script -i "/tmp/perf-$r.data" --ns -F comm,cpu,time,ip,sym 2>"/out/perf-script-$r.err" | awk -v targets="$targets" '
     # A frame of the instrumentation: a BPF program or trampoline (unnamed kernel text is
     # JIT code here), or the ftrace, kprobe and return-probe machinery that runs the programs
     # (the ftrace trampoline a kprobe enters by is its own frame above the function).
@@ -99,13 +104,15 @@ for b in $BACKENDS; do
         printf "\n"
       }
     }
-  ' >"/out/perf-shares-$b.txt"
-  if ! grep -q '^samples [1-9]' "/out/perf-shares-$b.txt"; then
+  ' >"/out/perf-shares-$r.txt"
+  rm -f "/tmp/perf-$r.data"
+  if ! grep -q '^samples [1-9]' "/out/perf-shares-$r.txt"; then
     echo "guest: perf took no sample of the workload"
-    cat "/out/perf-record-$b.err" "/out/perf-script-$b.err"
+    cat "/out/perf-record-$r.err" "/out/perf-script-$r.err"
     exit 1
   fi
-  cat "/out/perf-shares-$b.txt"
+  grep -v '^batch ' "/out/perf-shares-$r.txt"
+done
   # The same run without perf: its sampling interrupts land inside the timed windows too (in
   # proportion to their time), which the floor, measured without them, does not take out.
   echo "guest: record --attach $b without perf"

@@ -191,10 +191,13 @@ pub fn serve_script() -> String {
 }
 
 /// The guest script of the profiler comparison (`xtask/guest/profile.sh`): each of `backends`
-/// with `probes` (record's probe flags), hackbench `hackbench`, perf at `freq` Hz.
-pub fn profile_script(backends: &str, probes: &str, hackbench: &str, freq: u32) -> String {
+/// with `probes` (record's probe flags), hackbench `hackbench`, perf at each rate of `freqs`
+/// (Hz) in turn.
+pub fn profile_script(backends: &str, probes: &str, hackbench: &str, freqs: &[u32]) -> String {
+    let freqs: Vec<String> = freqs.iter().map(u32::to_string).collect();
     format!(
-        "BACKENDS='{backends}'\nPROBES='{probes}'\nHB='{hackbench}'\nFREQ={freq}\n{}",
+        "BACKENDS='{backends}'\nPROBES='{probes}'\nHB='{hackbench}'\nFREQS='{}'\n{}",
+        freqs.join(" "),
         include_str!("../guest/profile.sh")
     )
 }

@@ -2017,7 +2017,9 @@ fn profile_on(name: &str, short: &str) {
         // 4,000 Hz, 1.86% at 7,919, 2.04% at 10,007, 1.82% at 10,000; kprobe 1.00-1.35%;
         // memcg-trace 1.49% and 1.24%): the timer's ticks and its handler's cost (it unwinds
         // through the trampoline or the kprobe machinery) fall in step with the deterministic
-        // workload, and no single rate can say which is right. memcg-trace's share must lie
+        // workload, and no single rate can say which is right (a second timer at 3,989 Hz
+        // beside 10,007 in one perf session, which breaks the lock-step, read 1.56-1.57% in two
+        // runs where 10,000 Hz alone read 1.92-1.97%). memcg-trace's share must lie
         // within the range perf's rates span, each widened by its own sampling error (4
         // sigma), plus the floor's spread and the switches' handoff.
         let lo = rates

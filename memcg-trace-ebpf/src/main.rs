@@ -731,6 +731,44 @@ fn add(p: &mut u64, v: u64, atomic: bool) {
     }
 }
 
+/// Raises `*p` to `v` if `v` is larger (a maximum). Where runs can interleave on this CPU (a
+/// program preempted between reading and writing, then a run of another task writing a
+/// larger value) by compare-and-swap, so that the larger value stays: a few tries, each lost
+/// only to another run that wrote meanwhile, and the verifier needs the loop bounded. (The
+/// legacy build has no compare-and-swap, and its runs must not be preempted: see LEGACY.)
+#[inline(always)]
+fn raise(p: &mut u64, v: u64, atomic: bool) {
+    if !atomic || LEGACY {
+        if v > *p {
+            *p = v;
+        }
+        return;
+    }
+    // SAFETY: an aligned u64 in a map value.
+    let mut seen = unsafe { core::ptr::read_volatile(p as *const u64) };
+    for _ in 0..RAISE_TRIES {
+        if v <= seen {
+            return;
+        }
+        // SAFETY: as above.
+        let (now, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+                p as *mut u64,
+                seen,
+                v,
+            )
+        };
+        if swapped {
+            return;
+        }
+        seen = now;
+    }
+}
+
+/// How many times [`raise`] tries: each failure is another run's write to the same cell on
+/// this CPU between two instructions, so a fourth in a row is beyond any real interleaving.
+const RAISE_TRIES: usize = 4;
+
 /// The cell of (probe, ctx) on `cpu`: the workload's (`workload`: a call the entry found to be
 /// the workload's; in the task context, or in any where the workload is the charged memcg),
 /// else the context's. One lookup finds a call's counters and histogram.
@@ -787,12 +825,10 @@ fn record(
             add(&mut h.nested_off_ns, nested_off, atomic);
         }
     }
-    if ns > h.max_ns {
-        h.max_ns = ns;
-    }
-    if h.min_ns_inv == 0 || ns < !h.min_ns_inv {
-        h.min_ns_inv = !ns;
-    }
+    raise(&mut h.max_ns, ns, atomic);
+    // The minimum is kept inverted, so that 0 is "no call yet" and lowering it is raising
+    // its inverse (`ns` of u64::MAX, whose inverse is 0, is beyond any clock's reach).
+    raise(&mut h.min_ns_inv, !ns, atomic);
     let i = bucket_index(ns) & (NUM_BUCKETS - 1);
     add(&mut h.buckets[i], 1, atomic);
 }
@@ -1719,9 +1755,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
                     add(&mut cs.off_cpu_unknown, 1, atomic);
                 } else {
                     add(&mut cs.off_cpu_ns, off, atomic);
-                    if off > cs.off_cpu_max_ns {
-                        cs.off_cpu_max_ns = off;
-                    }
+                    raise(&mut cs.off_cpu_max_ns, off, atomic);
                 }
             }
         }

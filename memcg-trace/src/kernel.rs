@@ -853,10 +853,7 @@ pub fn parse_config(text: &str) -> BTreeMap<String, String> {
 /// boot option, else the built default, when debugfs is not there), or the build option of a
 /// kernel without dynamic preemption (`PREEMPT_VOLUNTARY`, `PREEMPT (full)`, ...).
 pub fn preemption_model(config: Option<&BTreeMap<String, String>>) -> String {
-    for p in [
-        "/sys/kernel/debug/sched/preempt",
-        "/sys/kernel/debug/sched_preempt",
-    ] {
+    for p in PREEMPT_FILES {
         if let Ok(s) = fs::read_to_string(p) {
             if let Some(cur) = s.split_whitespace().find(|w| w.starts_with('(')) {
                 return format!(
@@ -868,6 +865,63 @@ pub fn preemption_model(config: Option<&BTreeMap<String, String>>) -> String {
     }
     let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
     model_from(config, &cmdline)
+}
+
+/// Where a dynamic kernel's preemption model is set and shown.
+const PREEMPT_FILES: [&str; 2] = [
+    "/sys/kernel/debug/sched/preempt",
+    "/sys/kernel/debug/sched_preempt",
+];
+
+/// Writes to a dynamic kernel's preemption model file, seen as they happen (inotify): a model
+/// changed and changed back between two looks at the file would otherwise go unseen.
+pub struct ModelWrites {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl ModelWrites {
+    /// Watches the model file, where there is one and inotify works on it.
+    pub fn watch() -> Option<ModelWrites> {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: plain syscall; the descriptor is owned from here on.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: a descriptor just created and owned by nobody else.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let file = PREEMPT_FILES.iter().find(|p| Path::new(p).exists())?;
+        let path = std::ffi::CString::new(*file).ok()?;
+        // SAFETY: a valid descriptor and a NUL-terminated path.
+        let wd = unsafe {
+            libc::inotify_add_watch(
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                path.as_ptr(),
+                libc::IN_MODIFY,
+            )
+        };
+        (wd >= 0).then_some(ModelWrites { fd })
+    }
+
+    /// Whether the file was written since the last call (the events are taken).
+    pub fn written(&self) -> bool {
+        let mut any = false;
+        let mut buf = [0u8; 4096];
+        loop {
+            // SAFETY: reads into a buffer of the length given, from a descriptor we own.
+            let n = unsafe {
+                libc::read(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            if n <= 0 {
+                return any;
+            }
+            any = true;
+        }
+    }
 }
 
 /// The model from the build configuration and the kernel command line.

@@ -881,6 +881,10 @@ pub struct Session {
     preemption_model: String,
     /// The other models a dynamic kernel was seen running as since, at the ticks.
     preemption_changes: Vec<String>,
+    /// Writes to a dynamic kernel's model file, and whether one was seen: a change and its
+    /// reversal between two ticks leave the model as it was.
+    preemption_writes: Option<kernel::ModelWrites>,
+    preemption_written: std::sync::atomic::AtomicBool,
     started: SystemTime,
     startup: Duration,
     phases: Vec<Phase>,
@@ -1036,6 +1040,11 @@ impl Session {
                 ),
             );
         }
+        // Watched from before the workload starts, and while privileged (debugfs is root's).
+        let preemption_writes = preemption_model
+            .starts_with("PREEMPT_DYNAMIC, running as")
+            .then(kernel::ModelWrites::watch)
+            .flatten();
         let collector = Collector::spawn(tracer, args.tick)?;
         let snapshots = collector.subscribe();
         let workload_cpu0 = memcg.as_ref().map(WorkloadCpu::start);
@@ -1082,6 +1091,8 @@ impl Session {
             keep_history: true,
             floors,
             calibration,
+            preemption_writes,
+            preemption_written: Default::default(),
             preemption_model,
             preemption_changes: Vec::new(),
             started,
@@ -1238,6 +1249,22 @@ impl Session {
         if now != self.preemption_model && !seen.contains(&now) {
             seen.push(now);
         }
+        if self.preemption_writes.as_ref().is_some_and(|w| w.written()) {
+            self.preemption_written
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if seen.is_empty()
+            && self
+                .preemption_written
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            out.push(format!(
+                "the preemption model was written while tracing and runs as {0} again: a change and its reversal between two ticks would not show, and calls made meanwhile were paired for {0}",
+                self.preemption_model
+                    .rsplit_once(" as ")
+                    .map_or(self.preemption_model.as_str(), |(_, m)| m),
+            ));
+        }
         if !seen.is_empty() {
             out.push(format!(
                 "the preemption model changed while tracing: the programs were set for {}, the kernel ran as {} since; calls made then were paired as the first allows",
@@ -1258,6 +1285,10 @@ impl Session {
             .starts_with("PREEMPT_DYNAMIC, running as")
         {
             return;
+        }
+        if self.preemption_writes.as_ref().is_some_and(|w| w.written()) {
+            self.preemption_written
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         let now = kernel::preemption_model(None);
         if now != self.preemption_model && !self.preemption_changes.contains(&now) {

@@ -59,11 +59,15 @@ impl HistData {
 
     /// Adds one CPU's histogram.
     pub fn add_cpu(&mut self, h: &Hist) {
+        // The copy is no consistent cut either: the program adds a call's time to `sum_ns` and
+        // then its self time to `self_ns` (its time off the CPU to `off_ns`, then the nested
+        // calls' part of it), and a copy that read the total before and the part after the
+        // update holds a part beyond its whole. Capped at the whole (the next read has both).
         self.sum_ns += h.sum_ns;
-        self.self_ns += h.self_ns;
+        self.self_ns += h.self_ns.min(h.sum_ns);
         self.nested += h.nested;
         self.off_ns += h.off_ns;
-        self.nested_off_ns += h.nested_off_ns;
+        self.nested_off_ns += h.nested_off_ns.min(h.off_ns);
         // The copy of a CPU's histogram is read while that CPU may record a call: the program
         // writes the extremes before the bucket, and the copy can hold the bucket and not yet
         // the extreme. An extreme outside the buckets' range is taken to the nearest value of
@@ -159,16 +163,23 @@ impl HistData {
             min_ns = bucket_bounds(lo).0.max(self.min_ns);
             max_ns = (bucket_end(hi) - 1).min(self.max_ns).max(min_ns);
         }
+        // Parts within their wholes in the window too: a live read that capped a part (see
+        // `add_cpu`) leaves it short there, and the next window would carry the difference.
+        let sum_ns = self.sum_ns.saturating_sub(earlier.sum_ns);
+        let off_ns = self.off_ns.saturating_sub(earlier.off_ns);
         HistData {
             count: self.count.saturating_sub(earlier.count),
-            sum_ns: self.sum_ns.saturating_sub(earlier.sum_ns),
+            sum_ns,
             min_ns,
             max_ns,
             buckets,
-            self_ns: self.self_ns.saturating_sub(earlier.self_ns),
+            self_ns: self.self_ns.saturating_sub(earlier.self_ns).min(sum_ns),
             nested: self.nested.saturating_sub(earlier.nested),
-            off_ns: self.off_ns.saturating_sub(earlier.off_ns),
-            nested_off_ns: self.nested_off_ns.saturating_sub(earlier.nested_off_ns),
+            off_ns,
+            nested_off_ns: self
+                .nested_off_ns
+                .saturating_sub(earlier.nested_off_ns)
+                .min(off_ns),
         }
     }
 }
@@ -444,6 +455,57 @@ mod tests {
         whole.min_ns_inv = !700;
         again.add_cpu(&whole);
         assert_eq!((again.min_ns, again.max_ns), (exact.min_ns, exact.max_ns));
+    }
+
+    /// A live read taken while a call of 4,000 ns (no nested calls, 1,000 ns of it off the
+    /// CPU, all in a nested call) is recorded: the totals read before the program added to
+    /// them, the parts after. Neither the read nor the interval holds a part beyond its
+    /// whole: the dashboard would show a self share above the total share.
+    #[test]
+    fn a_torn_read_holds_no_part_beyond_its_whole() {
+        let mut before = Hist {
+            sum_ns: 10_000,
+            max_ns: 5_000,
+            min_ns_inv: !5_000,
+            buckets: [0; NUM_BUCKETS],
+            self_ns: 10_000,
+            nested: 0,
+            off_ns: 2_000,
+            nested_off_ns: 2_000,
+        };
+        before.buckets[bucket_index(5_000)] = 2;
+        let mut torn = before;
+        torn.self_ns += 4_000;
+        torn.nested_off_ns += 1_000;
+        let (mut a, mut b) = (HistData::default(), HistData::default());
+        a.add_cpu(&before);
+        b.add_cpu(&torn);
+        assert!(
+            b.self_ns <= b.sum_ns && b.nested_off_ns <= b.off_ns,
+            "{b:?}"
+        );
+        // The window between an untorn read and the torn one: the parts' growth without the
+        // wholes' (with the whole's growth capped: none), and then the next window, from the
+        // torn read to a whole one, gets the call whole.
+        let d = b.since(&a);
+        assert!(
+            d.self_ns <= d.sum_ns && d.nested_off_ns <= d.off_ns,
+            "{d:?}"
+        );
+        let mut after = torn;
+        after.sum_ns += 4_000;
+        after.off_ns += 1_000;
+        after.buckets[bucket_index(4_000)] += 1;
+        let mut c = HistData::default();
+        c.add_cpu(&after);
+        let e = c.since(&b);
+        assert_eq!(
+            (e.sum_ns, e.self_ns, e.off_ns, e.nested_off_ns),
+            (4_000, 4_000, 1_000, 1_000)
+        );
+        // Over both windows nothing is lost.
+        let whole = c.since(&a);
+        assert_eq!((whole.self_ns, whole.nested_off_ns), (4_000, 1_000));
     }
 
     #[test]

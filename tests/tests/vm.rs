@@ -82,6 +82,10 @@ fn vm_matrix(short: &str) {
         script.push_str(
             "memcg-trace record -q -p stat --tick 100ms -o /out/repreempt.json -- sh -c 'echo full >/sys/kernel/debug/sched/preempt && hackbench -g 1 -l 10 && sleep 0.5; echo lazy >/sys/kernel/debug/sched/preempt' >/out/repreempt.txt 2>&1 || { cat /out/repreempt.txt; exit 1; }\n",
         );
+        // Changed and changed back at once, well inside a tick: no tick can see it.
+        script.push_str(
+            "memcg-trace record -q -p stat -o /out/flicker.json -- sh -c 'echo full >/sys/kernel/debug/sched/preempt; echo lazy >/sys/kernel/debug/sched/preempt; hackbench -g 1 -l 10' >/out/flicker.txt 2>&1 || { cat /out/flicker.txt; exit 1; }\n",
+        );
     }
     // Charges made inside a BPF map update system call, where the kernel holds the CPU's
     // bpf_prog_active: no kprobe program runs for them. Before 6.7 the kernel counts such
@@ -267,6 +271,22 @@ fn vm_matrix(short: &str) {
         assert!(
             summary.contains("preemption model changed"),
             "{short}: the table does not say the model changed\n{summary}"
+        );
+        let doc = load_recording(&r.out_dir.join("flicker.json"));
+        let summary = fs::read_to_string(r.out_dir.join("flicker.txt")).expect("summary");
+        check_invariants(&doc, &summary);
+        // (A tick that fell between the two writes would see the change itself.)
+        assert!(
+            doc.meta.calibration.iter().any(|c| c.contains(
+                "the preemption model was written while tracing and runs as lazy again"
+            ) || c.contains("the preemption model changed while tracing")),
+            "{short}: a preemption model changed and changed back within a tick is not told: {:?}\n{summary}",
+            doc.meta.calibration
+        );
+        assert!(
+            summary.contains("preemption model was written")
+                || summary.contains("preemption model changed"),
+            "{short}: the table does not say the model was written\n{summary}"
         );
     }
     if skips {

@@ -220,7 +220,15 @@ fn timed(o: &Outcome, ctx: u32, calls: u64, sum_ns: u64) -> Result<(), String> {
         &format!("{} ns timed", CTX_NAMES[ctx as usize]),
         h.sum_ns,
         sum_ns,
-    )
+    )?;
+    // One call is its own maximum and minimum: the programs' extremes (compare-and-swap
+    // where runs interleave) must hold it, not only its bucket.
+    if calls == 1 {
+        let what = |x: &str| format!("{} {x} ns", CTX_NAMES[ctx as usize]);
+        expect(&what("max"), h.max_ns, sum_ns)?;
+        expect(&what("min"), h.min_ns, sum_ns)?;
+    }
+    Ok(())
 }
 
 /// The deferred pairs as (start, end, context, flags); whether a pair was outermost is

@@ -73,6 +73,18 @@ impl KprobeEvent {
             tracefs: tracefs.clone(),
             event: event.clone(),
         };
+        // The kprobe is registered (disarmed) with the event, so the kernel's list shows how it
+        // will run before any call can hit it. (x86 only: arm64 has no kprobes on ftrace, and
+        // its breakpoint handler leaves preempt_count as it is.)
+        if cfg!(target_arch = "x86_64") {
+            if let Ok(list) = fs::read_to_string(KPROBES_LIST) {
+                if off_ftrace(&list, function, ret) == Some(true) {
+                    bail!(
+                        "the kprobe on {function} is not on its ftrace site ({KPROBES_LIST} shows no [FTRACE]): it would run from a breakpoint, whose handler enters NMI context, and every call would be taken as an NMI's"
+                    );
+                }
+            }
+        }
         let id: u64 = fs::read_to_string(&id_path)
             .with_context(|| format!("read {}", id_path.display()))?
             .trim()
@@ -128,6 +140,25 @@ impl KprobeEvent {
         drop(std::mem::replace(&mut self.perf, dev_null()));
         self.profile()
     }
+}
+
+/// The kernel's list of registered kprobes (debugfs).
+const KPROBES_LIST: &str = "/sys/kernel/debug/kprobes/list";
+
+/// Whether the kprobe (`ret`: kretprobe) at the entry of `function` in the kernel's kprobe list
+/// runs off the ftrace site: from int3, whose handler on x86 enters NMI context for a
+/// breakpoint in the kernel (`NMI_OFFSET + HARDIRQ_OFFSET` in preempt_count; 5.10 on, at
+/// least), so that the programs would read every call's context as NMI. That is every kprobe
+/// on a kernel without KPROBES_ON_FTRACE or without dynamic ftrace. None where the list does
+/// not show it. Lines: "ADDRESS  TYPE  SYMBOL+OFFSET  [MODULE] [FLAGS...]", TYPE k or r.
+fn off_ftrace(list: &str, function: &str, ret: bool) -> Option<bool> {
+    let kind = if ret { "r" } else { "k" };
+    let at = format!("{function}+0x0");
+    list.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, t, sym) = (f.next()?, f.next()?, f.next()?);
+        (t == kind && sym == at).then(|| !l.contains("[FTRACE]"))
+    })
 }
 
 impl Drop for KprobeEvent {
@@ -236,3 +267,39 @@ pub fn remove_stale() -> usize {
 
 /// perf_event_open flag: close the fd on exec.
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
+
+#[cfg(test)]
+mod tests {
+    use super::off_ftrace;
+
+    /// The kernel's `kprobes/list` lines (kernel/kprobes.c `report_probe`): address (zeros
+    /// under kptr_restrict), type, symbol+offset, module or a blank, then the flags run
+    /// together.
+    const LIST: &str = "\
+ffffffff8142bc60  k  obj_cgroup_charge+0x0    [FTRACE]
+ffffffff8142bc60  r  obj_cgroup_charge+0x0    [FTRACE]
+0000000000000000  k  mod_memcg_state+0x0    [DISABLED][FTRACE]
+ffffffff81a01234  k  __css_rstat_updated+0x0
+ffffffff81a01234  r  __css_rstat_updated+0x0    [OPTIMIZED]
+ffffffffc0a01010  k  some_function+0x0  somemod [DISABLED]
+ffffffff81a01250  k  count_memcg_events+0x4    [FTRACE]
+";
+
+    #[test]
+    fn a_kprobe_off_its_ftrace_site_is_told_apart() {
+        assert_eq!(off_ftrace(LIST, "obj_cgroup_charge", false), Some(false));
+        assert_eq!(off_ftrace(LIST, "obj_cgroup_charge", true), Some(false));
+        // Registered but not yet armed: still on ftrace.
+        assert_eq!(off_ftrace(LIST, "mod_memcg_state", false), Some(false));
+        // A breakpoint, or a jump into an optimized detour that was a breakpoint until
+        // optimized: off ftrace either way.
+        assert_eq!(off_ftrace(LIST, "__css_rstat_updated", false), Some(true));
+        assert_eq!(off_ftrace(LIST, "__css_rstat_updated", true), Some(true));
+        assert_eq!(off_ftrace(LIST, "some_function", false), Some(true));
+        // Not at the entry, or not listed: nothing said.
+        assert_eq!(off_ftrace(LIST, "count_memcg_events", false), None);
+        assert_eq!(off_ftrace(LIST, "mod_objcg_state", false), None);
+        // A name that is a prefix of a listed one is not that one.
+        assert_eq!(off_ftrace(LIST, "obj_cgroup", false), None);
+    }
+}

@@ -6,6 +6,7 @@ use std::{
     marker::PhantomData,
     os::fd::{AsFd as _, AsRawFd as _},
     ptr::NonNull,
+    sync::atomic::{AtomicU64, Ordering},
 };
 
 use anyhow::{anyhow, bail, Result};
@@ -64,16 +65,30 @@ impl<T: Copy> Shared<T> {
         })
     }
 
-    /// A copy of element `i` as it is now (the programs may be updating it: each aligned u64
-    /// is read whole, the struct is not a consistent cut).
+    /// A copy of element `i` as it is now. The programs may be updating it: each u64 is read
+    /// whole (an atomic load each, as the programs' atomic adds require of a reader), but the
+    /// struct is not a consistent cut (a call's total can be in it without its self time);
+    /// `HistData` takes that into account.
     pub fn get(&self, i: usize) -> T {
         assert!(
             i < self.entries,
             "index {i} beyond {} entries",
             self.entries
         );
-        // SAFETY: within the mapping, aligned to 8, and T is a plain integer struct.
-        unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(i * self.stride).cast::<T>()) }
+        const { assert!(std::mem::size_of::<T>().is_multiple_of(8) && std::mem::align_of::<T>() <= 8) };
+        let mut out = std::mem::MaybeUninit::<T>::uninit();
+        // SAFETY: the element lies within the mapping and is aligned to 8 (the stride is a
+        // multiple of 8 and the mapping page-aligned); T is a plain struct of integers, a
+        // whole number of u64 (checked above), so every bit pattern is a T and u64 words
+        // fill it.
+        unsafe {
+            let from = self.ptr.as_ptr().add(i * self.stride).cast::<AtomicU64>();
+            let to = out.as_mut_ptr().cast::<u64>();
+            for w in 0..std::mem::size_of::<T>() / 8 {
+                to.add(w).write((*from.add(w)).load(Ordering::Relaxed));
+            }
+            out.assume_init()
+        }
     }
 }
 

@@ -163,8 +163,10 @@ impl HistData {
             min_ns = bucket_bounds(lo).0.max(self.min_ns);
             max_ns = (bucket_end(hi) - 1).min(self.max_ns).max(min_ns);
         }
-        // Parts within their wholes in the window too: a live read that capped a part (see
-        // `add_cpu`) leaves it short there, and the next window would carry the difference.
+        // Parts within their wholes in the window too. A read torn the other way (a call's
+        // total in it, its self time not yet) makes the next window's self time grow more than
+        // its total, and the cap drops that call's self time from the windows (at most one
+        // call's per CPU and read); the cumulative figures, read again each time, keep it.
         let sum_ns = self.sum_ns.saturating_sub(earlier.sum_ns);
         let off_ns = self.off_ns.saturating_sub(earlier.off_ns);
         HistData {

@@ -28,91 +28,91 @@ if ! grep -q '^[1-9]' /out/switch-ns.txt; then
   exit 1
 fi
 for b in $BACKENDS; do
-for f in ${FREQS:-4000}; do
-  r="$b-$f"
-  echo "guest: record --attach $b, perf record -a -F $f"
-  memcg-trace record --attach "$b" $PROBES -q -o "/out/profile-$r.json" -- sh -c "sleep 3; exec hackbench $HB" \
-    >"/out/profile-$r.txt" 2>"/out/profile-$r.err" &
-  mt=$!
-  perf record -a -e cpu-clock -F "$f" -g -o "/tmp/perf-$r.data" \
-    >/dev/null 2>"/out/perf-record-$r.err" &
-  perf=$!
-  if ! wait $mt; then
-    cat "/out/profile-$r.err" "/out/profile-$r.txt"
-    exit 1
-  fi
-  kill -INT $perf
-  wait $perf || true  # perf ends on the SIGINT with 130
-  # The functions traced, by the summary's footnotes ("NAME TARGET via ...").
-  targets=$(awk '$3 == "via" { printf "%s%s", sep, $2; sep = "," }' "/out/profile-$r.txt")
-  perf script -i "/tmp/perf-$r.data" --ns -F comm,cpu,time,ip,sym 2>"/out/perf-script-$r.err" | awk -v targets="$targets" '
-    # A frame of the instrumentation: a BPF program or trampoline (unnamed kernel text is
-    # JIT code here), or the ftrace, kprobe and return-probe machinery that runs the programs
-    # (the ftrace trampoline a kprobe enters by is its own frame above the function).
-    function instr(s) {
-      return s ~ /^bpf_prog_/ || s ~ /^bpf_trampoline_/ || s == "[unknown]" ||
-        s ~ /^(ftrace_trampoline|ftrace_regs_caller|ftrace_caller|ftrace_regs_call|ftrace_call|ftrace_stub|arch_ftrace_ops_list_func|ftrace_ops_list_func|kprobe_ftrace_handler|kprobe_dispatcher|kretprobe_dispatcher|kprobe_perf_func|kretprobe_perf_func|trace_call_bpf|arch_rethook_trampoline|arch_rethook_trampoline_callback|rethook_trampoline_handler|kretprobe_rethook_handler|__kretprobe_trampoline|kretprobe_trampoline)$/
-    }
-    BEGIN { n = split(targets, t, ","); for (i = 1; i <= n; i++) want[t[i]] = 1 }
-    function done_sample() {
-      if (mine) {
-        # Batches of 400 consecutive samples: a sampler whose ticks fall in step with the
-        # workload (the guest clock counts instructions) varies more than independent
-        # samples would; the batches show how much.
-        bi = int(total / 400); batches = bi + 1
-        batch_ns[bi] += w
-        if (!ins && hit != "") batch_self_ns[hit, bi] += w
-        total++; total_ns += w
-        total_ns2 += w * w
-        if (ins) { instrumentation++; instrumentation_ns += w }
-        else {
-          if (hit != "") { self[hit]++; self_ns[hit] += w }
-          for (k in seen) { incl[k]++; incl_ns[k] += w }
+  for f in ${FREQS:-4000}; do
+    r="$b-$f"
+    echo "guest: record --attach $b, perf record -a -F $f"
+    memcg-trace record --attach "$b" $PROBES -q -o "/out/profile-$r.json" -- sh -c "sleep 3; exec hackbench $HB" \
+      >"/out/profile-$r.txt" 2>"/out/profile-$r.err" &
+    mt=$!
+    perf record -a -e cpu-clock -F "$f" -g -o "/tmp/perf-$r.data" \
+      >/dev/null 2>"/out/perf-record-$r.err" &
+    perf=$!
+    if ! wait $mt; then
+      cat "/out/profile-$r.err" "/out/profile-$r.txt"
+      exit 1
+    fi
+    kill -INT $perf
+    wait $perf || true  # perf ends on the SIGINT with 130
+    # The functions traced, by the summary's footnotes ("NAME TARGET via ...").
+    targets=$(awk '$3 == "via" { printf "%s%s", sep, $2; sep = "," }' "/out/profile-$r.txt")
+    perf script -i "/tmp/perf-$r.data" --ns -F comm,cpu,time,ip,sym 2>"/out/perf-script-$r.err" | awk -v targets="$targets" '
+      # A frame of the instrumentation: a BPF program or trampoline (unnamed kernel text is
+      # JIT code here), or the ftrace, kprobe and return-probe machinery that runs the programs
+      # (the ftrace trampoline a kprobe enters by is its own frame above the function).
+      function instr(s) {
+        return s ~ /^bpf_prog_/ || s ~ /^bpf_trampoline_/ || s == "[unknown]" ||
+          s ~ /^(ftrace_trampoline|ftrace_regs_caller|ftrace_caller|ftrace_regs_call|ftrace_call|ftrace_stub|arch_ftrace_ops_list_func|ftrace_ops_list_func|kprobe_ftrace_handler|kprobe_dispatcher|kretprobe_dispatcher|kprobe_perf_func|kretprobe_perf_func|trace_call_bpf|arch_rethook_trampoline|arch_rethook_trampoline_callback|rethook_trampoline_handler|kretprobe_rethook_handler|__kretprobe_trampoline|kretprobe_trampoline)$/
+      }
+      BEGIN { n = split(targets, t, ","); for (i = 1; i <= n; i++) want[t[i]] = 1 }
+      function done_sample() {
+        if (mine) {
+          # Batches of 400 consecutive samples: a sampler whose ticks fall in step with the
+          # workload (the guest clock counts instructions) varies more than independent
+          # samples would; the batches show how much.
+          bi = int(total / 400); batches = bi + 1
+          batch_ns[bi] += w
+          if (!ins && hit != "") batch_self_ns[hit, bi] += w
+          total++; total_ns += w
+          total_ns2 += w * w
+          if (ins) { instrumentation++; instrumentation_ns += w }
+          else {
+            if (hit != "") { self[hit]++; self_ns[hit] += w }
+            for (k in seen) { incl[k]++; incl_ns[k] += w }
+          }
+        }
+        mine = 0; hit = ""; ins = 0; split("", seen)
+      }
+      /^[ \t]*$/ { done_sample(); next }
+      # A sample: "COMM [CPU] SECONDS:", then its callchain, innermost first.
+      $0 !~ /^\t/ && match($0, /\[[0-9]+\] +[0-9]+\.[0-9]+:/) {
+        done_sample()
+        split(substr($0, RSTART, RLENGTH), h, /[] :[]+/)
+        cpu = h[2]; now = h[3] * 1e9
+        w = (cpu in last) ? now - last[cpu] : 0
+        last[cpu] = now
+        mine = $1 == "hackbench"
+        next
+      }
+      {
+        s = $2; sub(/\+0x[0-9a-f]+$/, "", s)
+        # User-space frames end the kernel chain.
+        if ($1 !~ /^ffff/) next
+        # Innermost first: instrumentation reached before any traced function.
+        if (hit == "" && !ins && instr(s)) ins = 1
+        if (s in want) { if (hit == "") hit = s; seen[s] = 1 }
+      }
+      END {
+        done_sample()
+        printf "samples %d %.0f %.0f\n", total, total_ns, total_ns2
+        printf "instrumentation %d %.0f\n", instrumentation, instrumentation_ns
+        for (i = 1; i <= n; i++)
+          printf "%s %d %d %.0f %.0f\n", t[i], self[t[i]], incl[t[i]], self_ns[t[i]], incl_ns[t[i]]
+        # Per batch of 400 samples (the last one partial): "batch INDEX NS FUNCTION SELF_NS ...".
+        for (k = 0; k < batches; k++) {
+          printf "batch %d %.0f", k, batch_ns[k]
+          for (i = 1; i <= n; i++) printf " %s %.0f", t[i], batch_self_ns[t[i], k]
+          printf "\n"
         }
       }
-      mine = 0; hit = ""; ins = 0; split("", seen)
-    }
-    /^[ \t]*$/ { done_sample(); next }
-    # A sample: "COMM [CPU] SECONDS:", then its callchain, innermost first.
-    $0 !~ /^\t/ && match($0, /\[[0-9]+\] +[0-9]+\.[0-9]+:/) {
-      done_sample()
-      split(substr($0, RSTART, RLENGTH), h, /[] :[]+/)
-      cpu = h[2]; now = h[3] * 1e9
-      w = (cpu in last) ? now - last[cpu] : 0
-      last[cpu] = now
-      mine = $1 == "hackbench"
-      next
-    }
-    {
-      s = $2; sub(/\+0x[0-9a-f]+$/, "", s)
-      # User-space frames end the kernel chain.
-      if ($1 !~ /^ffff/) next
-      # Innermost first: instrumentation reached before any traced function.
-      if (hit == "" && !ins && instr(s)) ins = 1
-      if (s in want) { if (hit == "") hit = s; seen[s] = 1 }
-    }
-    END {
-      done_sample()
-      printf "samples %d %.0f %.0f\n", total, total_ns, total_ns2
-      printf "instrumentation %d %.0f\n", instrumentation, instrumentation_ns
-      for (i = 1; i <= n; i++)
-        printf "%s %d %d %.0f %.0f\n", t[i], self[t[i]], incl[t[i]], self_ns[t[i]], incl_ns[t[i]]
-      # Per batch of 400 samples (the last one partial): "batch INDEX NS FUNCTION SELF_NS ...".
-      for (k = 0; k < batches; k++) {
-        printf "batch %d %.0f", k, batch_ns[k]
-        for (i = 1; i <= n; i++) printf " %s %.0f", t[i], batch_self_ns[t[i], k]
-        printf "\n"
-      }
-    }
-  ' >"/out/perf-shares-$r.txt"
-  rm -f "/tmp/perf-$r.data"
-  if ! grep -q '^samples [1-9]' "/out/perf-shares-$r.txt"; then
-    echo "guest: perf took no sample of the workload"
-    cat "/out/perf-record-$r.err" "/out/perf-script-$r.err"
-    exit 1
-  fi
-  grep -v '^batch ' "/out/perf-shares-$r.txt"
-done
+    ' >"/out/perf-shares-$r.txt"
+    rm -f "/tmp/perf-$r.data"
+    if ! grep -q '^samples [1-9]' "/out/perf-shares-$r.txt"; then
+      echo "guest: perf took no sample of the workload"
+      cat "/out/perf-record-$r.err" "/out/perf-script-$r.err"
+      exit 1
+    fi
+    grep -v '^batch ' "/out/perf-shares-$r.txt"
+  done
   # The same run without perf: its sampling interrupts land inside the timed windows too (in
   # proportion to their time), which the floor, measured without them, does not take out.
   echo "guest: record --attach $b without perf"

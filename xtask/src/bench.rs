@@ -250,6 +250,7 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
             icount: None,
             packages: Vec::new(),
             files: Vec::new(),
+            nmis: None,
         },
     )?;
     if !r.success {
@@ -323,6 +324,7 @@ fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> R
                 icount,
                 packages: Vec::new(),
                 files: Vec::new(),
+                nmis: None,
             },
         )?;
         // The harness's own second boot after an emulation fault (`vm::run`).
@@ -398,6 +400,7 @@ fn loss_run(bin: &Path, out: &Path, size: Size, accel: Accel) -> Result<()> {
                 icount: None,
                 packages: Vec::new(),
                 files: Vec::new(),
+                nmis: None,
             },
         )?;
         if !r.success {

@@ -77,6 +77,7 @@ pub fn kmem_runs(
                     icount: None,
                     packages: Vec::new(),
                     files: Vec::new(),
+                    nmis: None,
                 },
             )?;
             if !r.success {

@@ -471,6 +471,7 @@ fn check_in_guest(
             icount: None,
             packages: GUEST_PACKAGES.iter().map(|s| s.to_string()).collect(),
             files: vec![d.dir.join(deb_name(arch)), d.dir.join(tarball_name(arch))],
+            nmis: None,
         },
     )?;
     if !r.success {

@@ -324,6 +324,7 @@ fn vm_cmd(
                 icount,
                 packages: Vec::new(),
                 files: Vec::new(),
+                nmis: None,
             },
         )?;
         if r.success {
@@ -401,6 +402,7 @@ fn demo(host: bool, kernel: &str, arch: Arch, accel: Accel, hackbench: &str) -> 
                 icount: None,
                 packages: Vec::new(),
                 files: Vec::new(),
+                nmis: None,
             },
         )?;
         if !r.success {

@@ -64,6 +64,11 @@ pub struct VmSpec {
     pub packages: Vec<String>,
     /// Files copied as they are into the guest's /files (e.g. a package to install there).
     pub files: Vec<PathBuf>,
+    /// x86_64: an NMI this often while the guest runs (QMP `inject-nmi`, into the first vCPU,
+    /// as a watchdog or the PMU would raise one; TCG has no PMU to raise them), so that the
+    /// context split's NMI field is seen, not inferred. The guest reports each as an NMI of
+    /// unknown reason and goes on.
+    pub nmis: Option<Duration>,
 }
 
 /// The outcome of one boot.
@@ -486,6 +491,15 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
                 .args(["-device", "virtconsole,chardev=data"]);
         }
     }
+    let qmp = work.join("qmp.sock");
+    if spec.nmis.is_some() {
+        if arch != Arch::X86_64 {
+            bail!("injected NMIs are for x86_64 guests");
+        }
+        let _ = fs::remove_file(&qmp);
+        cmd.arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()));
+    }
     cmd.arg("-kernel")
         .arg(&kernel.vmlinuz)
         .arg("-initrd")
@@ -520,6 +534,14 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
             }
         }
     });
+    // NMIs once the guest's init runs: one that comes while the kernel is still setting up
+    // its interrupt table resets the machine.
+    let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let nmis = spec.nmis.map(|every| {
+        let (up, gone) = (up.clone(), gone.clone());
+        thread::spawn(move || inject_nmis(&qmp, every, &up, &gone))
+    });
     let mut logf = fs::File::create(&log)?;
     let mut console = String::new();
     let mut verdict: Option<bool> = None;
@@ -543,6 +565,9 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
                     eprintln!("[{}] {line}", spec.name);
                 }
                 writeln!(logf, "{line}")?;
+                if line.starts_with("init: ") {
+                    up.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 if line.contains("init: success") {
                     verdict = Some(true);
                 } else if line.contains("init: failure") {
@@ -567,6 +592,10 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
     }
     let _ = child.wait();
     let elapsed = start.elapsed();
+    gone.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(n) = nmis.and_then(|h| h.join().ok()) {
+        writeln!(logf, "vm: {n} NMIs injected")?;
+    }
     if failure.is_none() {
         match verdict {
             Some(true) => {}
@@ -588,6 +617,56 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
         elapsed,
         emulation_faults: Vec::new(),
     })
+}
+
+/// Injects an NMI (into the first vCPU) through QEMU's QMP socket `qmp` every `every`, from
+/// when `up` until QEMU is gone (`gone`, or the socket closed); the number injected.
+fn inject_nmis(
+    qmp: &Path,
+    every: Duration,
+    up: &std::sync::atomic::AtomicBool,
+    gone: &std::sync::atomic::AtomicBool,
+) -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    while !up.load(Relaxed) {
+        if gone.load(Relaxed) {
+            return 0;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let started = Instant::now();
+    let stream = loop {
+        match std::os::unix::net::UnixStream::connect(qmp) {
+            Ok(s) => break s,
+            Err(_) if started.elapsed() < Duration::from_secs(60) => {
+                thread::sleep(Duration::from_millis(100))
+            }
+            Err(_) => return 0,
+        }
+    };
+    let Ok(writer) = stream.try_clone() else {
+        return 0;
+    };
+    let (mut reader, mut writer) = (BufReader::new(stream), writer);
+    // The greeting, then each command's answer, a line each.
+    let mut greeting = String::new();
+    if !reader.read_line(&mut greeting).is_ok_and(|n| n > 0) {
+        return 0;
+    }
+    let mut ask = |command: &str| -> bool {
+        let mut line = String::new();
+        writeln!(writer, "{{\"execute\": \"{command}\"}}").is_ok()
+            && reader.read_line(&mut line).is_ok_and(|n| n > 0)
+    };
+    if !ask("qmp_capabilities") {
+        return 0;
+    }
+    let mut injected = 0;
+    while ask("inject-nmi") {
+        injected += 1;
+        thread::sleep(every);
+    }
+    injected
 }
 
 #[cfg(test)]

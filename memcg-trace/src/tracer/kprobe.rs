@@ -150,15 +150,27 @@ const KPROBES_LIST: &str = "/sys/kernel/debug/kprobes/list";
 /// breakpoint in the kernel (`NMI_OFFSET + HARDIRQ_OFFSET` in preempt_count; 5.10 on, at
 /// least), so that the programs would read every call's context as NMI. That is every kprobe
 /// on a kernel without KPROBES_ON_FTRACE or without dynamic ftrace. None where the list does
-/// not show it. Lines: "ADDRESS  TYPE  SYMBOL+OFFSET  [MODULE] [FLAGS...]", TYPE k or r.
-fn off_ftrace(list: &str, function: &str, ret: bool) -> Option<bool> {
+/// not show it. Lines: "ADDRESS  TYPE  SYMBOL+OFFSET  [MODULE] [FLAGS...]", TYPE k or r. The
+/// entry is +0x0, or +0x4 where the kernel is built for indirect branch tracking: a kprobe on
+/// a function is placed after its `endbr64`, where the ftrace call is. Off the ftrace site
+/// only if no kprobe at the entry is on it (another tool's may be listed too).
+pub fn off_ftrace(list: &str, function: &str, ret: bool) -> Option<bool> {
     let kind = if ret { "r" } else { "k" };
-    let at = format!("{function}+0x0");
-    list.lines().find_map(|l| {
+    let entry = [format!("{function}+0x0"), format!("{function}+0x4")];
+    let mut seen = None;
+    for l in list.lines() {
         let mut f = l.split_whitespace();
-        let (_, t, sym) = (f.next()?, f.next()?, f.next()?);
-        (t == kind && sym == at).then(|| !l.contains("[FTRACE]"))
-    })
+        let (Some(_), Some(t), Some(sym)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if t == kind && entry.iter().any(|e| e == sym) {
+            if l.contains("[FTRACE]") {
+                return Some(false);
+            }
+            seen = Some(true);
+        }
+    }
+    seen
 }
 
 impl Drop for KprobeEvent {
@@ -283,6 +295,9 @@ ffffffff81a01234  k  __css_rstat_updated+0x0
 ffffffff81a01234  r  __css_rstat_updated+0x0    [OPTIMIZED]
 ffffffffc0a01010  k  some_function+0x0  somemod [DISABLED]
 ffffffff81a01250  k  count_memcg_events+0x4    [FTRACE]
+ffffffff81a01300  k  mod_objcg_state+0x8    [FTRACE]
+ffffffff81a01400  k  __mod_memcg_state+0x4    [DISABLED]
+ffffffff81a01400  k  __mod_memcg_state+0x4    [FTRACE]
 ";
 
     #[test]
@@ -296,9 +311,13 @@ ffffffff81a01250  k  count_memcg_events+0x4    [FTRACE]
         assert_eq!(off_ftrace(LIST, "__css_rstat_updated", false), Some(true));
         assert_eq!(off_ftrace(LIST, "__css_rstat_updated", true), Some(true));
         assert_eq!(off_ftrace(LIST, "some_function", false), Some(true));
+        // After an `endbr64` (a kernel built for indirect branch tracking).
+        assert_eq!(off_ftrace(LIST, "count_memcg_events", false), Some(false));
+        // Another tool's kprobe at the entry beside ours: on ftrace if any is.
+        assert_eq!(off_ftrace(LIST, "__mod_memcg_state", false), Some(false));
         // Not at the entry, or not listed: nothing said.
-        assert_eq!(off_ftrace(LIST, "count_memcg_events", false), None);
         assert_eq!(off_ftrace(LIST, "mod_objcg_state", false), None);
+        assert_eq!(off_ftrace(LIST, "mod_memcg_lruvec_state", false), None);
         // A name that is a prefix of a listed one is not that one.
         assert_eq!(off_ftrace(LIST, "obj_cgroup", false), None);
     }

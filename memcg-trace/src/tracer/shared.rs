@@ -75,12 +75,12 @@ impl<T: Copy> Shared<T> {
             "index {i} beyond {} entries",
             self.entries
         );
-        const { assert!(std::mem::size_of::<T>().is_multiple_of(8) && std::mem::align_of::<T>() <= 8) };
+        const { assert!(std::mem::size_of::<T>().is_multiple_of(8) && std::mem::align_of::<T>() == 8) };
         let mut out = std::mem::MaybeUninit::<T>::uninit();
         // SAFETY: the element lies within the mapping and is aligned to 8 (the stride is a
-        // multiple of 8 and the mapping page-aligned); T is a plain struct of integers, a
-        // whole number of u64 (checked above), so every bit pattern is a T and u64 words
-        // fill it.
+        // multiple of 8 and the mapping page-aligned); T is a plain struct of integers (the
+        // programs' map values), aligned to 8 and a whole number of u64 (checked above), so
+        // every bit pattern is a T and aligned u64 words fill it.
         unsafe {
             let from = self.ptr.as_ptr().add(i * self.stride).cast::<AtomicU64>();
             let to = out.as_mut_ptr().cast::<u64>();

@@ -265,7 +265,10 @@ pub enum CtxUse {
 /// Tracepoints whose context is known, per context-check row: the context they run in, what the
 /// row is for, and the tracepoints tried in order (the first that attaches is used).
 pub const CTX_SOURCES: [(u32, CtxUse, &[&str]); CTX_CHECK_ROWS as usize] = [
-    (CTX_TASK, CtxUse::Check, &["sched_switch"]),
+    // A system call's entry: task context on every kernel. (Not sched_switch, as before: on
+    // PREEMPT_RT a softirq handler that blocks on a sleeping lock switches out while still
+    // serving its softirq, which the kernel's `in_serving_softirq()` says there.)
+    (CTX_TASK, CtxUse::Check, &["sys_enter", "sched_switch"]),
     (CTX_SOFTIRQ, CtxUse::Calibration, &["softirq_entry"]),
     (
         CTX_HARDIRQ,
@@ -1138,6 +1141,11 @@ pub struct KernelLayout {
     /// offset. 0: the programs do not read another per-CPU pointer (their fentry miss counters
     /// are then read by userspace per tick instead).
     pub percpu_start: u64,
+    /// PREEMPT_RT: `offsetof(struct task_struct, softirq_disable_cnt)`. There softirqs run in
+    /// tasks and the kernel keeps the softirq count in the task, not in preempt_count
+    /// (`softirq_count()` is `current->softirq_disable_cnt & SOFTIRQ_MASK`): the context split
+    /// takes that byte from the task ([`rt_context_count`]). 0 on every other kernel.
+    pub task_softirq: u64,
 }
 
 /// [`KernelLayout::arch`]: x86_64.
@@ -1160,6 +1168,19 @@ pub const RDONLY_CAST_MARKER: i32 = 0x6d63_7401;
 
 /// The preempt_count masks of every kernel so far (include/linux/preempt.h, non-RT).
 pub const PREEMPT_MASKS: (u32, u32, u32) = (0x00f0_0000, 0x000f_0000, 0x0000_0100);
+
+/// SOFTIRQ_MASK: the softirq count's byte, in preempt_count and, on PREEMPT_RT, in the task's
+/// `softirq_disable_cnt` (the same layout: SOFTIRQ_OFFSET serving, SOFTIRQ_DISABLE_OFFSET
+/// per bottom-half disable).
+pub const SOFTIRQ_MASK: u32 = 0x0000_ff00;
+
+/// The count the context split reads on PREEMPT_RT: preempt_count (`pc`: its hardirq and NMI
+/// fields) with its softirq byte taken from the task's `softirq_disable_cnt` (`task_cnt`), as
+/// the kernel's `in_serving_softirq()` reads it there.
+#[inline(always)]
+pub const fn rt_context_count(pc: u32, task_cnt: u32) -> u32 {
+    (pc & !SOFTIRQ_MASK) | (task_cnt & SOFTIRQ_MASK)
+}
 
 /// Classify a preempt_count value the way `in_task()` / `in_serving_softirq()` do.
 #[inline(always)]

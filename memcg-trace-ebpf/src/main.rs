@@ -49,14 +49,14 @@ use aya_ebpf::{
 use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
     bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
-    task_slot_hint, test_op, workload_cell, workload_contexts, CallerKey, CallerStat, Cell, Config,
-    Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey, MemcgPath, Nest, Pending,
-    PendingSet, StackKey, ARCH_ARM64, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ,
-    CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
-    DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_IRQ,
-    NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_ENCLOSED, PENDING_MISSES_KNOWN,
-    PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH,
-    STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, TP_CELLS, WINDOW_OPEN,
+    rt_context_count, task_slot_hint, test_op, workload_cell, workload_contexts, CallerKey,
+    CallerStat, Cell, Config, Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey,
+    MemcgPath, Nest, Pending, PendingSet, StackKey, ARCH_ARM64, CALLER_BUCKETS, CTX_CHECK_COLS,
+    CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED,
+    DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES,
+    MEMCG_HOPS, NEST_IRQ, NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_ENCLOSED,
+    PENDING_MISSES_KNOWN, PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER,
+    STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, TP_CELLS, WINDOW_OPEN,
 };
 
 /// The license declared to the kernel (read from this section at load). The kernel lets only
@@ -111,6 +111,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     no_context: 0,
     arch: 0,
     percpu_start: 0,
+    task_softirq: 0,
 };
 
 /// Settings, filled in by userspace before load.
@@ -417,11 +418,26 @@ fn preempt_count(st: St) -> Option<u32> {
     unsafe { bpf_probe_read_kernel(st.preempt_addr() as *const u32) }.ok()
 }
 
+/// The count the context split reads: the preempt count, except on PREEMPT_RT, where softirqs
+/// run in tasks and the kernel counts them in the task (`softirq_disable_cnt`): the softirq
+/// byte then comes from there (`rt_context_count`). The branch hangs on a read-only field, so
+/// on every other kernel the verifier drops it.
+#[inline(always)]
+fn context_count(st: St) -> Option<u32> {
+    let pc = preempt_count(st)?;
+    let l = layout();
+    if l.task_softirq == 0 {
+        return Some(pc);
+    }
+    let task = current_task(st, false);
+    Some(rt_context_count(pc, read_task_u32(l, task, l.task_softirq)))
+}
+
 /// The kernel's `in_task()` split for the running code: task, softirq, hardirq or NMI.
 #[inline(always)]
 fn read_context(st: St) -> Option<u32> {
     let l = layout();
-    let pc = preempt_count(st)?;
+    let pc = context_count(st)?;
     Some(classify(pc, l.nmi_mask, l.hardirq_mask, l.softirq_offset))
 }
 
@@ -571,6 +587,19 @@ fn read_task_u64(l: &KernelLayout, task: u64, off: u64, lean: bool) -> u64 {
     }
     // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
     unsafe { bpf_probe_read_kernel((task + off) as *const u64) }.unwrap_or(0)
+}
+
+/// A u32 of `task` (from `current_task`) at offset `off`, as [`read_task_u64`] reads a u64.
+#[inline(always)]
+fn read_task_u32(l: &KernelLayout, task: u64, off: u64) -> u32 {
+    if l.direct_task != 0 {
+        // SAFETY: as in read_task_u64.
+        return unsafe {
+            core::ptr::read_volatile((task as *const u8).add(off as usize) as *const u32)
+        };
+    }
+    // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
+    unsafe { bpf_probe_read_kernel((task + off) as *const u32) }.unwrap_or(0)
 }
 
 /// What the pairing reads from the running kernel, or, in the self-test, from given inputs.
@@ -2484,7 +2513,7 @@ fn ctx_check<C: EbpfContext>(c: &C, row: u32) -> i32 {
         }
         return 0;
     };
-    if let Some(pc) = preempt_count(st) {
+    if let Some(pc) = context_count(st) {
         let pc = (pc & 0x7fff_ffff) as u64;
         if let Some(o) = CTX_BITS.get_ptr_mut(row * 2) {
             // SAFETY: pointer from a successful map lookup.

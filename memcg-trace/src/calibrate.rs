@@ -60,6 +60,9 @@ pub fn masks(mut layout: KernelLayout) -> (KernelLayout, kernel::ContextMasks) {
     if layout.percpu_from_kallsyms != 0 {
         masks.percpu = "kallsyms".into();
     }
+    if layout.task_softirq != 0 {
+        masks.softirq = "task".into();
+    }
     layout.nmi_mask = masks.nmi_mask;
     layout.hardirq_mask = masks.hardirq_mask;
     layout.softirq_offset = masks.softirq_offset;

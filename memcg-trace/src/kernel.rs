@@ -609,6 +609,14 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         None => bail!("per-CPU variable runqueues not found (BTF, kallsyms)"),
     };
     let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
+    // PREEMPT_RT counts softirqs in the task, not in preempt_count (see
+    // `KernelLayout::task_softirq`).
+    let task_softirq = if realtime() && !no_context {
+        field_path_offset(btf, "task_struct", &["softirq_disable_cnt"])
+            .context("task_struct.softirq_disable_cnt (PREEMPT_RT)")?
+    } else {
+        0
+    };
     let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
     let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
     // The task's off-CPU clock (see memcg_trace_common::off_cpu).
@@ -713,12 +721,21 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         } else {
             memcg_trace_common::ARCH_X86_64
         },
+        task_softirq,
         percpu_start: if arm64 {
             kallsyms_addr("__per_cpu_start").unwrap_or(0)
         } else {
             0
         },
     })
+}
+
+/// Whether the running kernel is a PREEMPT_RT build: its version string says so (`#1 SMP
+/// PREEMPT_RT ...`, as `uname -v` shows it), as does `/sys/kernel/realtime` where it exists.
+pub fn realtime() -> bool {
+    fs::read_to_string("/sys/kernel/realtime").is_ok_and(|s| s.trim() == "1")
+        || fs::read_to_string("/proc/sys/kernel/version")
+            .is_ok_and(|v| v.split_whitespace().any(|w| w == "PREEMPT_RT"))
 }
 
 /// Clocksources whose readings agree between CPUs (the kernel keeps the TSC only while it is).
@@ -853,6 +870,16 @@ pub fn parse_config(text: &str) -> BTreeMap<String, String> {
 /// boot option, else the built default, when debugfs is not there), or the build option of a
 /// kernel without dynamic preemption (`PREEMPT_VOLUNTARY`, `PREEMPT (full)`, ...).
 pub fn preemption_model(config: Option<&BTreeMap<String, String>>) -> String {
+    let model = dynamic_or_built(config);
+    // A PREEMPT_RT kernel with dynamic preemption (Debian's 6.12-rt) shows only full or lazy
+    // in its model file: say RT first.
+    if realtime() && !model.contains("PREEMPT_RT") {
+        return format!("PREEMPT_RT, {model}");
+    }
+    model
+}
+
+fn dynamic_or_built(config: Option<&BTreeMap<String, String>>) -> String {
     for p in PREEMPT_FILES {
         if let Ok(s) = fs::read_to_string(p) {
             if let Some(cur) = s.split_whitespace().find(|w| w.starts_with('(')) {
@@ -978,6 +1005,9 @@ pub fn preemption_words(model: &str) -> String {
 /// programs can be preempted while they hold their recursion guard, and so can tasks holding a
 /// CPU's kprobe guard in a map syscall.
 pub fn preemptible(model: &str) -> bool {
+    if model.starts_with("PREEMPT_RT") {
+        return true;
+    }
     let mode = model.rsplit_once(" as ").map(|(_, m)| m).unwrap_or(model);
     matches!(
         mode,
@@ -1037,6 +1067,26 @@ pub struct ContextMasks {
     /// "none" (neither gave them: no context split, `source` says why).
     #[serde(default = "btf")]
     pub percpu: String,
+    /// Where the softirq count is read: "preempt_count", or on PREEMPT_RT "task" (the running
+    /// task's `softirq_disable_cnt`, where the kernel keeps it there).
+    #[serde(default = "in_preempt_count")]
+    pub softirq: String,
+}
+
+fn in_preempt_count() -> String {
+    "preempt_count".into()
+}
+
+impl ContextMasks {
+    /// How the softirq count is read, in words for the header: empty where it is the preempt
+    /// count's.
+    pub fn softirq_words(&self) -> &'static str {
+        if self.softirq == "task" {
+            " (softirq from the task's softirq_disable_cnt: PREEMPT_RT)"
+        } else {
+            ""
+        }
+    }
 }
 
 fn inferred() -> String {
@@ -1059,6 +1109,7 @@ impl ContextMasks {
             source: source.into(),
             nmi: inferred(),
             percpu: btf(),
+            softirq: in_preempt_count(),
         }
     }
 }
@@ -1100,6 +1151,7 @@ pub fn derive_masks(softirq_all: u32, hardirq_all: u32, nmi_all: u32) -> Option<
         source: "calibrated".into(),
         nmi: nmi.into(),
         percpu: btf(),
+        softirq: in_preempt_count(),
     })
 }
 
@@ -1211,6 +1263,26 @@ mod tests {
     }
 
     #[test]
+    fn rt_softirq_is_read_from_the_task() {
+        let m = ContextMasks::classic("test");
+        let ctx = |pc: u32, task: u32| c(memcg_trace_common::rt_context_count(pc, task), &m);
+        // Serving a softirq in a task (ksoftirqd, or bottom halves re-enabled): the task's
+        // count has SOFTIRQ_OFFSET, preempt_count's softirq byte none.
+        assert_eq!(ctx(0x0, 0x100), CTX_SOFTIRQ);
+        // Bottom halves disabled inside the handler: still serving.
+        assert_eq!(ctx(0x1, 0x300), CTX_SOFTIRQ);
+        // Bottom halves disabled, not serving: task, as in_task() says.
+        assert_eq!(ctx(0x0, 0x200), CTX_TASK);
+        // A hardirq over a task serving a softirq is the hardirq's; an NMI the NMI's.
+        assert_eq!(ctx(0x1_0000, 0x100), CTX_HARDIRQ);
+        assert_eq!(ctx(0x10_0000, 0x100), CTX_NMI);
+        // Whatever preempt_count's own softirq byte holds, the task's is the one read.
+        assert_eq!(ctx(0x100, 0x0), CTX_TASK);
+        // Only the softirq byte of the task's count counts.
+        assert_eq!(ctx(0x0, 0x1_0000), CTX_TASK);
+    }
+
+    #[test]
     fn preemptible_models() {
         for (model, want) in [
             ("PREEMPT_DYNAMIC, booted as full", true),
@@ -1220,6 +1292,8 @@ mod tests {
             ("PREEMPT (full)", true),
             ("PREEMPT_LAZY", true),
             ("PREEMPT_RT", true),
+            ("PREEMPT_RT, PREEMPT_DYNAMIC, running as full", true),
+            ("PREEMPT_RT, PREEMPT_DYNAMIC, booted as rt", true),
             ("PREEMPT_VOLUNTARY", false),
             ("PREEMPT_NONE", false),
             ("unknown", false),

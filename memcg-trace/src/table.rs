@@ -494,8 +494,13 @@ pub fn summary(doc: &Document) -> String {
     if let Some(cm) = &m.context_masks {
         let _ = writeln!(
             out,
-            "context masks: softirq {:#x}, hardirq {:#x}, nmi {:#x} ({}; nmi {})",
-            cm.softirq_offset, cm.hardirq_mask, cm.nmi_mask, cm.source, cm.nmi
+            "context masks: softirq {:#x}{}, hardirq {:#x}, nmi {:#x} ({}; nmi {})",
+            cm.softirq_offset,
+            cm.softirq_words(),
+            cm.hardirq_mask,
+            cm.nmi_mask,
+            cm.source,
+            cm.nmi
         );
     }
     for c in &m.calibration {

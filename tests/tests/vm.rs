@@ -110,6 +110,15 @@ fn vm_matrix(short: &str) {
              rm -f /sys/fs/bpf/mt_trie\n"
         ));
     }
+    // PREEMPT_RT: softirqs run in tasks and are counted in the task (`softirq_disable_cnt`),
+    // not in preempt_count. A loopback TCP stream in the workload's memcg charges its socket
+    // memory in NET_RX, which the sending task serves as it re-enables bottom halves; bpftrace,
+    // beside the recording, counts the stat function's calls by that task field (the kernel's
+    // own `in_serving_softirq()` there).
+    let rt = short.ends_with("-rt");
+    if rt {
+        script.push_str(RT_SOCKETS);
+    }
     if short == "arm64-6.12" {
         // kallsyms' addresses hidden from root too: arm64's per-CPU offset (from
         // __per_cpu_start) is then unknown, and the recording must say how fentry's interrupt
@@ -125,15 +134,19 @@ fn vm_matrix(short: &str) {
         &VmSpec {
             name: format!("{short}-test"),
             script,
-            bins: vec![
+            bins: [
                 bin_for(arch),
                 memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
-            ],
+            ]
+            .into_iter()
+            .chain(rt.then(|| xtask::which("bpftrace").expect("bpftrace (cargo xtask setup)")))
+            .collect(),
             accel,
             timeout: Duration::from_secs(900),
             echo: false,
             modules: Vec::new(),
-            mem_mb: 0,
+            // bpftrace brings LLVM: ~200 MB of libraries in the initramfs.
+            mem_mb: if rt { 2048 } else { 0 },
             cpus: 0,
             icount: None,
             packages: if skips {
@@ -368,10 +381,13 @@ fn vm_matrix(short: &str) {
             .as_bytes(),
         );
     }
+    if rt {
+        check_rt_softirq(short, &r.out_dir);
+    }
     // auto: fentry where programs cannot be preempted, kprobe where they can.
     // (Debian's configs: 6.18 and 7.3 preemptible on both architectures, PREEMPT_LAZY on
-    // arm64 7.3; 6.12 voluntary.)
-    let preemptible = matches!(short, "6.18" | "7.3" | "arm64-7.3");
+    // arm64 7.3; 6.12 voluntary; the RT builds preemptible by definition.)
+    let preemptible = rt || matches!(short, "6.18" | "7.3" | "arm64-7.3");
     for run in ["auto", "fentry", "kprobe"] {
         let doc = load_recording(&r.out_dir.join(format!("{run}.json")));
         let summary = fs::read_to_string(r.out_dir.join(format!("{run}.txt"))).expect("summary");
@@ -607,6 +623,85 @@ fn vm_matrix(short: &str) {
     assert_eq!(leftover.trim(), "0", "memcg left behind after SIGTERM");
 }
 
+/// The guest's part of the RT check (see `vm_matrix`): bpftrace on the function `stat` resolves
+/// to, counting its calls by the running task's softirq count, while memcg-trace records `stat`
+/// across a loopback TCP stream in the workload's memcg (busybox nc: 50 MiB).
+const RT_SOCKETS: &str = r#"ifconfig lo 127.0.0.1 up
+t=$(memcg-trace probes | awk '$1 == "stat" { print $2 }')
+echo "$t" >/out/sock-target.txt
+bpftrace -e "kprobe:$t /curtask->softirq_disable_cnt & 0x100/ { @softirq = count(); } kprobe:$t /!(curtask->softirq_disable_cnt & 0x100)/ { @other = count(); }" >/out/sock-bt.txt 2>&1 &
+bt=$!
+i=0
+while [ $i -lt 1200 ] && ! grep -qs Attaching /out/sock-bt.txt; do sleep 0.1; i=$((i + 1)); done
+memcg-trace record -q -p stat -o /out/sock.json -- sh -c '(sleep 600 | nc -l -p 5001 >/dev/null) & sleep 1; dd if=/dev/zero bs=64k count=800 2>/dev/null | nc 127.0.0.1 5001; killall nc sleep; true' >/out/sock.txt 2>&1 || { cat /out/sock.txt; exit 1; }
+kill -INT $bt
+wait $bt || true
+"#;
+
+/// On PREEMPT_RT the context split takes softirq from the task's count, says so, and sees the
+/// softirq calls the kernel's own field says there are: memcg-trace's softirq row of `stat`
+/// against bpftrace's count of calls made while the task served a softirq, over a window that
+/// holds the recording's (so bpftrace's is the larger, by the calls of its extra moments and
+/// those memcg-trace lost).
+fn check_rt_softirq(short: &str, out: &Path) {
+    let bt = fs::read_to_string(out.join("sock-bt.txt")).unwrap_or_default();
+    let count_of = |name: &str| -> Option<u64> {
+        bt.lines()
+            .find_map(|l| l.strip_prefix(&format!("@{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let (Some(bt_soft), Some(bt_other)) = (count_of("softirq"), count_of("other")) else {
+        panic!("{short}: bpftrace gave no counts:\n{bt}");
+    };
+    let doc = load_recording(&out.join("sock.json"));
+    let summary = fs::read_to_string(out.join("sock.txt")).expect("summary");
+    check_invariants(&doc, &summary);
+    let masks = doc.meta.context_masks.as_ref().expect("context masks");
+    assert_eq!(
+        (masks.softirq.as_str(), masks.source.as_str()),
+        ("task", "calibrated"),
+        "{short}: the softirq count's source on PREEMPT_RT\n{summary}"
+    );
+    assert!(
+        summary.contains("softirq from the task's softirq_disable_cnt: PREEMPT_RT"),
+        "{short}: the header does not say where softirq was read\n{summary}"
+    );
+    assert!(
+        doc.meta.preemption_model.starts_with("PREEMPT_RT"),
+        "{short}: preemption model {:?}",
+        doc.meta.preemption_model
+    );
+    let p = probe(&doc, "stat");
+    let soft = ctx_count(p, "softirq");
+    let all = p.count;
+    let lost = p.lost_upper;
+    // The loopback stream's receive charges: thousands of softirq calls.
+    assert!(
+        bt_soft >= 100,
+        "{short}: the stream made only {bt_soft} softirq calls of {} by the kernel's count",
+        p.target
+    );
+    assert!(
+        soft <= bt_soft && soft + lost + bt_soft / 100 + 10 >= bt_soft,
+        "{short}: stat's softirq calls: memcg-trace {soft} (lost at most {lost}), the kernel's field (bpftrace) {bt_soft}\n{summary}"
+    );
+    assert!(
+        all <= bt_soft + bt_other,
+        "{short}: stat: memcg-trace {all} calls, bpftrace {} over a longer window",
+        bt_soft + bt_other
+    );
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "vm_matrix_{}: loopback stream, {} ({}): softirq {soft} of {all} calls (lost at most {lost}); bpftrace by softirq_disable_cnt: softirq {bt_soft}, other {bt_other}\n",
+            short.replace(['.', '-'], "_"),
+            p.target,
+            p.backend
+        )
+        .as_bytes(),
+    );
+}
+
 /// A recording made where no source gives the per-CPU offsets: latency without the context
 /// split, every call under context `all`, and said in the header, the table and the JSON.
 fn check_no_context_split(out: &std::path::Path) {
@@ -700,6 +795,16 @@ fn vm_matrix_6_18() {
 #[test]
 fn vm_matrix_7_3() {
     vm_matrix("7.3");
+}
+
+#[test]
+fn vm_matrix_6_1_rt() {
+    vm_matrix("6.1-rt");
+}
+
+#[test]
+fn vm_matrix_6_12_rt() {
+    vm_matrix("6.12-rt");
 }
 
 #[test]

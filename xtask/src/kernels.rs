@@ -131,6 +131,31 @@ pub const KERNELS: &[KernelSpec] = &[
         suite: Suite::Trixie,
         cmdline: "",
     },
+    // PREEMPT_RT builds (Debian's `-rt-amd64` flavour): softirqs run in tasks, interrupt
+    // handlers in threads, the per-CPU stock's lock sleeps.
+    KernelSpec {
+        arch: Arch::X86_64,
+        short: "6.1-rt",
+        release: "6.1.0-57-rt-amd64",
+        packages: &["linux-image-6.1.0-57-rt-amd64"],
+        series: r"^linux-image-6\.1\.0-[0-9]+-rt-amd64$",
+        suite: Suite::Host,
+        // As 6.1. And on RT every interrupt handler runs in a thread: under emulation the
+        // serial port that carries /out back raises its interrupt many times before its
+        // thread runs, and the kernel's spurious-interrupt check took that for an unhandled
+        // line and disabled it mid-transfer ("irq 3: nobody cared").
+        cmdline: "tsc=reliable noirqdebug",
+    },
+    KernelSpec {
+        arch: Arch::X86_64,
+        short: "6.12-rt",
+        release: "6.12.117+deb12-rt-amd64",
+        packages: &["linux-image-6.12.117+deb12-rt-amd64"],
+        series: r"^linux-image-6\.12\.[0-9]+\+deb12-rt-amd64$",
+        suite: Suite::Host,
+        // See 6.1-rt.
+        cmdline: "noirqdebug",
+    },
     KernelSpec {
         arch: Arch::Arm64,
         short: "arm64-6.12",
@@ -159,12 +184,21 @@ pub const KERNELS: &[KernelSpec] = &[
 /// the slab charge path changed again.
 pub const MATRIX: &[&str] = &["5.10", "6.1", "6.12", "6.18", "7.3"];
 
+/// The PREEMPT_RT kernels of the matrix (x86_64): Debian 12's 6.1 and 6.12 RT builds.
+pub const RT_MATRIX: &[&str] = &["6.1-rt", "6.12-rt"];
+
 /// The arm64 kernels of the matrix (`cargo xtask test` runs both matrices).
 pub const ARM64_MATRIX: &[&str] = &["arm64-6.12", "arm64-7.3"];
 
-/// Every kernel `cargo xtask test` boots: both matrices.
+/// Every kernel `cargo xtask test` boots: the x86_64 matrix, its RT builds and the arm64
+/// matrix.
 pub fn test_matrix() -> Vec<&'static str> {
-    MATRIX.iter().chain(ARM64_MATRIX).copied().collect()
+    MATRIX
+        .iter()
+        .chain(RT_MATRIX)
+        .chain(ARM64_MATRIX)
+        .copied()
+        .collect()
 }
 
 /// The name of kernel `short` on `arch` (`6.12` on arm64: `arm64-6.12`).
@@ -580,12 +614,14 @@ mod tests {
     fn selection_names_the_known_kernels() {
         assert_eq!(
             select("all").unwrap().len(),
-            MATRIX.len() + ARM64_MATRIX.len()
+            MATRIX.len() + RT_MATRIX.len() + ARM64_MATRIX.len()
         );
         assert_eq!(
             select_for("all", Some(Arch::X86_64)).unwrap().len(),
-            MATRIX.len()
+            MATRIX.len() + RT_MATRIX.len()
         );
+        let rt = select("6.1-rt,6.12-rt").unwrap();
+        assert!(rt.iter().all(|k| k.release.contains("-rt-")), "{rt:?}");
         let arm = select_for("6.12,7.3", Some(Arch::Arm64)).unwrap();
         assert!(arm.iter().all(|k| k.arch == Arch::Arm64), "{arm:?}");
         assert_eq!(arm[0].short, "arm64-6.12");

@@ -38,7 +38,7 @@ enum Cmd {
     /// Boot stock kernels under qemu and run a guest script (default: record with fentry and
     /// kprobe alongside hackbench).
     Vm {
-        /// 5.10, 6.1, 6.12, 6.18, 7.3 (arm64: 6.12, 7.3), a comma list, all (the matrix)
+        /// 5.10, 6.1, 6.12, 6.18, 7.3, 6.1-rt, 6.12-rt (arm64: 6.12, 7.3), a comma list, all (the matrix)
         /// or every (all known).
         #[arg(long, default_value = "all")]
         kernel: String,

@@ -416,6 +416,14 @@ pub struct Counters {
     /// spent in traced code counted once. With every self time known, the self times of all
     /// probes and contexts add up to exactly this.
     pub outermost_ns: u64,
+    /// Task-context entries made by a threaded interrupt handler (a kernel thread named
+    /// `irq/...`: every handler on PREEMPT_RT, most with `threadirqs`). Task context by the
+    /// kernel's definition, counted apart so that "task" does not hold them silently. Only
+    /// where `KernelLayout::task_comm` is set.
+    pub irq_thread: u64,
+    /// Task-context entries made by a softirq thread (`ksoftirqd/N`, RT's `ktimers/N`) outside
+    /// a softirq handler (inside one they are softirq context).
+    pub softirq_thread: u64,
 }
 
 impl Counters {
@@ -443,6 +451,8 @@ impl Counters {
         self.memcgs_other += o.memcgs_other;
         self.self_unknown += o.self_unknown;
         self.outermost_ns += o.outermost_ns;
+        self.irq_thread += o.irq_thread;
+        self.softirq_thread += o.softirq_thread;
     }
 }
 
@@ -992,7 +1002,7 @@ pub struct Cell {
     pub counters: Counters,
     pub hist: Hist,
     /// To a whole number of cache lines: each cell starts one.
-    pub _pad: [u64; 3],
+    pub _pad: [u64; 1],
 }
 const _: () = assert!(core::mem::size_of::<Cell>().is_multiple_of(64));
 
@@ -1146,6 +1156,31 @@ pub struct KernelLayout {
     /// (`softirq_count()` is `current->softirq_disable_cnt & SOFTIRQ_MASK`): the context split
     /// takes that byte from the task ([`rt_context_count`]). 0 on every other kernel.
     pub task_softirq: u64,
+    /// `offsetof(struct task_struct, comm)` where threads do interrupt work (PREEMPT_RT, or
+    /// `threadirqs` on the command line): the programs then count task-context calls of
+    /// interrupt and softirq threads apart ([`thread_kind_of`]). 0 elsewhere.
+    pub task_comm: u64,
+}
+
+/// A task that is none of the threads below.
+pub const THREAD_OTHER: u32 = 0;
+/// A threaded interrupt handler (`irq/N-name`).
+pub const THREAD_IRQ: u32 = 1;
+/// A softirq thread (`ksoftirqd/N`, `ktimers/N`).
+pub const THREAD_SOFTIRQ: u32 = 2;
+
+/// The kind of a kernel thread from the first four bytes of its `comm` (little-endian, as
+/// both architectures load them).
+#[inline(always)]
+pub const fn thread_kind_of(comm4: u32) -> u32 {
+    const IRQ: u32 = u32::from_le_bytes(*b"irq/");
+    const KSOFTIRQD: u32 = u32::from_le_bytes(*b"ksof");
+    const KTIMERS: u32 = u32::from_le_bytes(*b"ktim");
+    match comm4 {
+        IRQ => THREAD_IRQ,
+        KSOFTIRQD | KTIMERS => THREAD_SOFTIRQ,
+        _ => THREAD_OTHER,
+    }
 }
 
 /// [`KernelLayout::arch`]: x86_64.

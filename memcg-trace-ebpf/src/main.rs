@@ -49,14 +49,15 @@ use aya_ebpf::{
 use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
     bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
-    rt_context_count, task_slot_hint, test_op, workload_cell, workload_contexts, CallerKey,
-    CallerStat, Cell, Config, Counters, CpuState, Deferred, Hist, KernelLayout, MemcgKey,
-    MemcgPath, Nest, Pending, PendingSet, StackKey, ARCH_ARM64, CALLER_BUCKETS, CTX_CHECK_COLS,
-    CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED,
-    DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, MAX_PROBES,
-    MEMCG_HOPS, NEST_IRQ, NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_ENCLOSED,
-    PENDING_MISSES_KNOWN, PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER,
-    STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, TP_CELLS, WINDOW_OPEN,
+    rt_context_count, task_slot_hint, test_op, thread_kind_of, workload_cell, workload_contexts,
+    CallerKey, CallerStat, Cell, Config, Counters, CpuState, Deferred, Hist, KernelLayout,
+    MemcgKey, MemcgPath, Nest, Pending, PendingSet, StackKey, ARCH_ARM64, CALLER_BUCKETS,
+    CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN,
+    DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED,
+    DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_IRQ, NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS,
+    NUM_CTX, PENDING_ENCLOSED, PENDING_MISSES_KNOWN, PENDING_SLOTS, PENDING_WORKLOAD,
+    PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS,
+    THREAD_IRQ, THREAD_OTHER, THREAD_SOFTIRQ, TP_CELLS, WINDOW_OPEN,
 };
 
 /// The license declared to the kernel (read from this section at load). The kernel lets only
@@ -112,6 +113,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     arch: 0,
     percpu_start: 0,
     task_softirq: 0,
+    task_comm: 0,
 };
 
 /// Settings, filled in by userspace before load.
@@ -430,7 +432,10 @@ fn context_count(st: St) -> Option<u32> {
         return Some(pc);
     }
     let task = current_task(st, false);
-    Some(rt_context_count(pc, read_task_u32(l, task, l.task_softirq)))
+    Some(rt_context_count(
+        pc,
+        read_task_u32(l, task, l.task_softirq, false),
+    ))
 }
 
 /// The kernel's `in_task()` split for the running code: task, softirq, hardirq or NMI.
@@ -591,8 +596,8 @@ fn read_task_u64(l: &KernelLayout, task: u64, off: u64, lean: bool) -> u64 {
 
 /// A u32 of `task` (from `current_task`) at offset `off`, as [`read_task_u64`] reads a u64.
 #[inline(always)]
-fn read_task_u32(l: &KernelLayout, task: u64, off: u64) -> u32 {
-    if l.direct_task != 0 {
+fn read_task_u32(l: &KernelLayout, task: u64, off: u64, lean: bool) -> u32 {
+    if lean || l.direct_task != 0 {
         // SAFETY: as in read_task_u64.
         return unsafe {
             core::ptr::read_volatile((task as *const u8).add(off as usize) as *const u32)
@@ -636,6 +641,11 @@ trait Env {
     /// The self-test, whose sequences run with no program attached.
     fn testing(&self) -> bool {
         false
+    }
+    /// What kind of thread `task` (from `task()`) is: [`THREAD_IRQ`], [`THREAD_SOFTIRQ`] or
+    /// [`THREAD_OTHER`]; always the last where threads do no interrupt work.
+    fn thread_kind(&self, _task: u64) -> u32 {
+        THREAD_OTHER
     }
     /// A lean program (`names::FENTRY_LEAN`): built for the usual settings, which the loader
     /// chose it for (no call sites, stacks or charged memcgs; plain loads of the task and its
@@ -684,6 +694,15 @@ impl Env for Kernel {
     #[inline(always)]
     fn migrations(&self, task: u64) -> u64 {
         read_task_u64(layout(), task, layout().task_migrations, self.lean)
+    }
+    #[inline(always)]
+    fn thread_kind(&self, task: u64) -> u32 {
+        let l = layout();
+        // On a read-only field: the verifier drops the load where it is 0.
+        if l.task_comm == 0 {
+            return THREAD_OTHER;
+        }
+        thread_kind_of(read_task_u32(l, task, l.task_comm, self.lean))
     }
     #[inline(always)]
     fn cross_cpu_clock(&self) -> bool {
@@ -1332,6 +1351,12 @@ fn pair_entry<E: Env>(
         return;
     }
     let task = env.task();
+    // Threads that do interrupt work: task context by the kernel's definition, counted apart.
+    match env.thread_kind(task) {
+        THREAD_IRQ => add(&mut cs.irq_thread, 1, atomic),
+        THREAD_SOFTIRQ => add(&mut cs.softirq_thread, 1, atomic),
+        _ => {}
+    }
     let switches = env.switches(task);
     let flags = if workload_call(env, CTX_TASK, memcg, task) {
         PENDING_WORKLOAD
@@ -2618,6 +2643,10 @@ impl Env for Given {
     }
     fn testing(&self) -> bool {
         true
+    }
+    fn thread_kind(&self, task: u64) -> u32 {
+        // The self-test marks a task's kind in the top byte of its id.
+        ((task >> 56) & 3) as u32
     }
 }
 

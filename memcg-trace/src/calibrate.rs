@@ -63,6 +63,7 @@ pub fn masks(mut layout: KernelLayout) -> (KernelLayout, kernel::ContextMasks) {
     if layout.task_softirq != 0 {
         masks.softirq = "task".into();
     }
+    masks.threads = layout.task_comm != 0;
     layout.nmi_mask = masks.nmi_mask;
     layout.hardirq_mask = masks.hardirq_mask;
     layout.softirq_offset = masks.softirq_offset;

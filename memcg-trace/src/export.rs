@@ -343,6 +343,15 @@ pub struct ContextOut {
     /// the maximum and the mean of `latency` are lower bounds (the table marks them `>=`).
     #[serde(default)]
     pub censored: u64,
+    /// Task context: entries made by threaded interrupt handlers (kernel threads `irq/...`),
+    /// which the kernel counts as task context. Counted only where threads do interrupt work
+    /// (PREEMPT_RT, `threadirqs`: `meta.context_masks.threads`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub irq_thread: u64,
+    /// Task context: entries made by softirq threads (`ksoftirqd/N`, `ktimers/N`) outside a
+    /// softirq handler.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub softirq_thread: u64,
     /// Latency figures; absent for counts-only backends.
     pub latency: Option<Latency>,
 }
@@ -945,6 +954,8 @@ pub(crate) fn probes_out(
                             self_unknown: k.self_unknown,
                             outermost_ns: k.outermost_ns,
                             censored: c.censored(i),
+                            irq_thread: k.irq_thread,
+                            softirq_thread: k.softirq_thread,
                             latency: timed
                                 .then(|| latency_out(&c.hist, secs, floor, c.on_cpu_unknown())),
                         }
@@ -1316,6 +1327,8 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                                 _ => c.self_unknown,
                             },
                             outermost_ns: c.outermost_ns,
+                            irq_thread: c.irq_thread,
+                            softirq_thread: c.softirq_thread,
                             // Kept for the tracepoint backend's task context; the recording
                             // has it as the workload's count.
                             workload_hits: match (&p.workload, timed, i) {

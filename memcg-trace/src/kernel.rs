@@ -617,6 +617,15 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     } else {
         0
     };
+    // Where threads do interrupt work, the programs tell them by name.
+    let threaded = realtime()
+        || fs::read_to_string("/proc/cmdline")
+            .is_ok_and(|c| c.split_whitespace().any(|w| w == "threadirqs"));
+    let task_comm = if threaded {
+        field_path_offset(btf, "task_struct", &["comm"])?
+    } else {
+        0
+    };
     let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
     let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
     // The task's off-CPU clock (see memcg_trace_common::off_cpu).
@@ -722,6 +731,7 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
             memcg_trace_common::ARCH_X86_64
         },
         task_softirq,
+        task_comm,
         percpu_start: if arm64 {
             kallsyms_addr("__per_cpu_start").unwrap_or(0)
         } else {
@@ -1071,6 +1081,11 @@ pub struct ContextMasks {
     /// task's `softirq_disable_cnt`, where the kernel keeps it there).
     #[serde(default = "in_preempt_count")]
     pub softirq: String,
+    /// Whether task-context calls of threaded interrupt handlers and softirq threads are
+    /// counted apart (`irq_thread`, `softirq_thread` of the task rows): where threads do
+    /// interrupt work (PREEMPT_RT, `threadirqs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub threads: bool,
 }
 
 fn in_preempt_count() -> String {
@@ -1110,6 +1125,7 @@ impl ContextMasks {
             nmi: inferred(),
             percpu: btf(),
             softirq: in_preempt_count(),
+            threads: false,
         }
     }
 }
@@ -1152,6 +1168,7 @@ pub fn derive_masks(softirq_all: u32, hardirq_all: u32, nmi_all: u32) -> Option<
         nmi: nmi.into(),
         percpu: btf(),
         softirq: in_preempt_count(),
+        threads: false,
     })
 }
 
@@ -1280,6 +1297,20 @@ mod tests {
         assert_eq!(ctx(0x100, 0x0), CTX_TASK);
         // Only the softirq byte of the task's count counts.
         assert_eq!(ctx(0x0, 0x1_0000), CTX_TASK);
+    }
+
+    #[test]
+    fn threads_that_do_interrupt_work_are_told_by_name() {
+        use memcg_trace_common::{thread_kind_of, THREAD_IRQ, THREAD_OTHER, THREAD_SOFTIRQ};
+        let kind = |comm: &str| {
+            let b = comm.as_bytes();
+            thread_kind_of(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        assert_eq!(kind("irq/24-virtio0"), THREAD_IRQ);
+        assert_eq!(kind("ksoftirqd/1"), THREAD_SOFTIRQ);
+        assert_eq!(kind("ktimers/0"), THREAD_SOFTIRQ);
+        assert_eq!(kind("hackbench"), THREAD_OTHER);
+        assert_eq!(kind("irqbalance"), THREAD_OTHER);
     }
 
     #[test]

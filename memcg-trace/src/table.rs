@@ -205,7 +205,18 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
             String::new()
         },
         sum(|c| c.outside),
-    )
+    ) + &threads_note(p)
+}
+
+/// The task context's calls made by threads that do interrupt work (counted where threads do
+/// it: PREEMPT_RT, `threadirqs`), said after the footnote; empty where there are none.
+fn threads_note(p: &crate::export::ProbeOut) -> String {
+    let irq: u64 = p.contexts.iter().map(|c| c.irq_thread).sum();
+    let soft: u64 = p.contexts.iter().map(|c| c.softirq_thread).sum();
+    if irq + soft == 0 {
+        return String::new();
+    }
+    format!("; of the task context's calls {irq} by threaded interrupt handlers (irq/*), {soft} by softirq threads outside a softirq")
 }
 
 /// Call sites shown per probe and context in the summary (the JSON has all).
@@ -494,13 +505,18 @@ pub fn summary(doc: &Document) -> String {
     if let Some(cm) = &m.context_masks {
         let _ = writeln!(
             out,
-            "context masks: softirq {:#x}{}, hardirq {:#x}, nmi {:#x} ({}; nmi {})",
+            "context masks: softirq {:#x}{}, hardirq {:#x}, nmi {:#x} ({}; nmi {}){}",
             cm.softirq_offset,
             cm.softirq_words(),
             cm.hardirq_mask,
             cm.nmi_mask,
             cm.source,
-            cm.nmi
+            cm.nmi,
+            if cm.threads {
+                "; interrupt and softirq threads' task-context calls counted apart"
+            } else {
+                ""
+            }
         );
     }
     for c in &m.calibration {

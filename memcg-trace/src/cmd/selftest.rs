@@ -62,6 +62,10 @@ const NO_PREEMPT: RigKind = RigKind {
 
 const T: u64 = 0xffff_8880_0000_1000;
 const T2: u64 = 0xffff_8880_0000_2000;
+/// A threaded interrupt handler and a softirq thread: the test program reads a task's kind from
+/// the top byte of its id (1 and 2; T's and T2's are neither).
+const T_IRQ: u64 = 0x01ff_8880_0000_3000;
+const T_SOFTIRQ: u64 = 0x02ff_8880_0000_4000;
 
 use Step::{
     Entry as E, EntryFentry as EF, ExitFentry as XF, ExitKprobe as XK, ExitKprobeClock as XKC,
@@ -267,6 +271,24 @@ fn cases() -> Vec<Case> {
             kernel: PREEMPT,
             steps: vec![E(0xa0, task, T, 5, 1000, false, 0), XK(0xa0, task, T, 5, 1600, 0)],
             check: |o| timed(o, CTX_TASK, 1, 600),
+        },
+        Case {
+            name: "task calls of an interrupt thread and of a softirq thread are counted apart",
+            cpus: 1,
+            kernel: PREEMPT,
+            steps: vec![
+                E(0xa0, task, T_IRQ, 5, 1000, false, 0),
+                XK(0xa0, task, T_IRQ, 5, 1100, 0),
+                E(0x90, task, T_SOFTIRQ, 5, 1200, false, 0),
+                XK(0x90, task, T_SOFTIRQ, 5, 1400, 0),
+                E(0x80, task, T, 5, 1500, false, 0),
+                XK(0x80, task, T, 5, 1800, 0),
+            ],
+            check: |o| {
+                timed(o, CTX_TASK, 3, 100 + 200 + 300)?;
+                expect("irq thread", o.counters[0].irq_thread, 1)?;
+                expect("softirq thread", o.counters[0].softirq_thread, 1)
+            },
         },
         Case {
             name: "exit skipped, then a new call at the same frame",

@@ -425,24 +425,24 @@ fn preempt_count(st: St) -> Option<u32> {
 /// byte then comes from there (`rt_context_count`). The branch hangs on a read-only field, so
 /// on every other kernel the verifier drops it.
 #[inline(always)]
-fn context_count(st: St) -> Option<u32> {
+fn context_count(st: St, lean: bool) -> Option<u32> {
     let pc = preempt_count(st)?;
     let l = layout();
     if l.task_softirq == 0 {
         return Some(pc);
     }
-    let task = current_task(st, false);
+    let task = current_task(st, lean);
     Some(rt_context_count(
         pc,
-        read_task_u32(l, task, l.task_softirq, false),
+        read_task_u32(l, task, l.task_softirq, lean),
     ))
 }
 
 /// The kernel's `in_task()` split for the running code: task, softirq, hardirq or NMI.
 #[inline(always)]
-fn read_context(st: St) -> Option<u32> {
+fn read_context(st: St, lean: bool) -> Option<u32> {
     let l = layout();
-    let pc = context_count(st)?;
+    let pc = context_count(st, lean)?;
     Some(classify(pc, l.nmi_mask, l.hardirq_mask, l.softirq_offset))
 }
 
@@ -677,7 +677,7 @@ impl Env for Kernel {
     }
     #[inline(always)]
     fn context(&self) -> Option<u32> {
-        read_context(self.st)
+        read_context(self.st, self.lean)
     }
     #[inline(always)]
     fn task(&self) -> u64 {
@@ -2538,7 +2538,7 @@ fn ctx_check<C: EbpfContext>(c: &C, row: u32) -> i32 {
         }
         return 0;
     };
-    if let Some(pc) = context_count(st) {
+    if let Some(pc) = context_count(st, false) {
         let pc = (pc & 0x7fff_ffff) as u64;
         if let Some(o) = CTX_BITS.get_ptr_mut(row * 2) {
             // SAFETY: pointer from a successful map lookup.
@@ -2555,7 +2555,7 @@ fn ctx_check<C: EbpfContext>(c: &C, row: u32) -> i32 {
             };
         }
     }
-    let got = read_context(st).unwrap_or(CTX_UNKNOWN);
+    let got = read_context(st, false).unwrap_or(CTX_UNKNOWN);
     if let Some(n) = CTX_CHECK.get_ptr_mut(ctx_check_index(row, got)) {
         // SAFETY: pointer from a successful map lookup.
         unsafe { *n += 1 };
@@ -2701,7 +2701,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
                 record(&mut c.hist, a(2), a(2), 0, 0, 0, false);
             }
         }
-        test_op::CONTEXT => return read_context(st).map(|c| c as i32).unwrap_or(-1),
+        test_op::CONTEXT => return read_context(st, false).map(|c| c as i32).unwrap_or(-1),
         _ => return -1,
     }
     0

@@ -26,6 +26,7 @@ pub fn masks(mut layout: KernelLayout) -> (KernelLayout, kernel::ContextMasks) {
         m.nmi = "none".into();
         m.percpu = "none".into();
         (layout.nmi_mask, layout.hardirq_mask, layout.softirq_offset) = (0, 0, 0);
+        m.threads = layout.task_comm != 0;
         return (layout, m);
     }
     let check = checks::context_check(

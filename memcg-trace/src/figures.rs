@@ -230,12 +230,12 @@ mod tests {
     fn percentiles_stay_within_the_claimed_1_6_percent() {
         // Spreads over six decades and more, and the worst case for a midpoint: every value at
         // the bottom or the top of its bucket. Each percentile against the exact one, held to
-        // half a bucket (1/64), which the README and the table's footnote claim as 1.6%.
+        // half a bucket (1/64), which docs/usage.md and memcg-trace-common claim as 1.6%.
         let spread: Vec<u64> = (0..20_000u64)
             .map(|i| 20 + (i * i * 37) % 5_000_000)
             .collect();
         let edges = |top: bool| -> Vec<u64> {
-            (10..40)
+            (10..36)
                 .flat_map(|p| (0..32u64).map(move |s| (p, s)))
                 .map(|(p, s)| {
                     let (lo, hi) = bucket_bounds(bucket_index((1u64 << p) + (s << (p - 5))));
@@ -247,10 +247,8 @@ mod tests {
                 })
                 .collect()
         };
-        let heavy: Vec<u64> = (1..5_000u64)
-            .map(|i| 1_000 * i * i % 70_000_000_000 + 33)
-            .collect();
-        let mut worst = 0f64;
+        // Up to 25 s, quadratically spread.
+        let heavy: Vec<u64> = (1..5_000u64).map(|i| 1_000 * i * i + 33).collect();
         for mut values in [spread, edges(false), edges(true), heavy] {
             values.sort_unstable();
             let h = HistData::of(&values);
@@ -260,7 +258,6 @@ mod tests {
                     values[((q * values.len() as f64).ceil() as usize).saturating_sub(1)] as f64;
                 let got = l.at(q).unwrap() as f64;
                 let err = (got - exact).abs() / exact;
-                worst = worst.max(err);
                 assert!(
                     err <= 1.0 / 64.0,
                     "q={q}: got {got}, exact {exact}, error {err:.5} (more than half a bucket)"
@@ -269,7 +266,6 @@ mod tests {
             assert_eq!(hdr(&h).len(), values.len() as u64);
             assert_eq!(l.at(1.0), Some(*values.last().unwrap()));
         }
-        assert!(worst < 0.016, "worst error {worst}");
     }
 
     #[test]

@@ -611,9 +611,10 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
     let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
     // PREEMPT_RT counts softirqs in the task, not in preempt_count (see
     // `KernelLayout::task_softirq`).
+    // (Every RT build has the field; were one to lack it, softirq would read as task there
+    // rather than the tool refusing to trace.)
     let task_softirq = if realtime() && !no_context {
-        field_path_offset(btf, "task_struct", &["softirq_disable_cnt"])
-            .context("task_struct.softirq_disable_cnt (PREEMPT_RT)")?
+        field_path_offset(btf, "task_struct", &["softirq_disable_cnt"]).unwrap_or(0)
     } else {
         0
     };
@@ -742,10 +743,14 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
 
 /// Whether the running kernel is a PREEMPT_RT build: its version string says so (`#1 SMP
 /// PREEMPT_RT ...`, as `uname -v` shows it), as does `/sys/kernel/realtime` where it exists.
+/// Read once: the preemption model asks at every tick.
 pub fn realtime() -> bool {
-    fs::read_to_string("/sys/kernel/realtime").is_ok_and(|s| s.trim() == "1")
-        || fs::read_to_string("/proc/sys/kernel/version")
-            .is_ok_and(|v| v.split_whitespace().any(|w| w == "PREEMPT_RT"))
+    static RT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *RT.get_or_init(|| {
+        fs::read_to_string("/sys/kernel/realtime").is_ok_and(|s| s.trim() == "1")
+            || fs::read_to_string("/proc/sys/kernel/version")
+                .is_ok_and(|v| v.split_whitespace().any(|w| w == "PREEMPT_RT"))
+    })
 }
 
 /// Clocksources whose readings agree between CPUs (the kernel keeps the TSC only while it is).

@@ -1042,7 +1042,7 @@ impl Session {
         }
         // Watched from before the workload starts, and while privileged (debugfs is root's).
         let preemption_writes = preemption_model
-            .starts_with("PREEMPT_DYNAMIC, running as")
+            .contains("PREEMPT_DYNAMIC, running as")
             .then(kernel::ModelWrites::watch)
             .flatten();
         let collector = Collector::spawn(tracer, args.tick)?;
@@ -1280,9 +1280,10 @@ impl Session {
 
     /// At each tick, on a dynamic kernel: the model it runs as now, kept if new.
     fn check_preemption_model(&mut self) {
+        // (A PREEMPT_RT kernel says "PREEMPT_RT, PREEMPT_DYNAMIC, running as ...".)
         if !self
             .preemption_model
-            .starts_with("PREEMPT_DYNAMIC, running as")
+            .contains("PREEMPT_DYNAMIC, running as")
         {
             return;
         }

@@ -213,6 +213,30 @@ fn opaque_u64(mut v: u64) -> u64 {
     v
 }
 
+/// The probe slot `$n` of a program, hidden from the optimiser: every slot's programs then
+/// compile to the same instructions but for the one that loads this constant, so the floor,
+/// measured with a spare slot's programs, times the very code a traced slot runs (folded in,
+/// slot 0's programs came out up to 33 instructions shorter than the others' and the floor's
+/// window a few instructions off; `slot_programs_are_one_code` in userspace checks it). The
+/// verifier still knows the value: a move of an immediate, made by the asm itself (an empty
+/// asm block would give the next instruction two line records, which the kernel refuses where
+/// the line info is kept, `--ebpf-log`).
+macro_rules! slot {
+    ($n:expr) => {{
+        let v: u64;
+        // SAFETY: one move of a constant into a register.
+        unsafe {
+            core::arch::asm!(
+                "{0} = {1}",
+                out(reg) v,
+                const $n,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        v as u32
+    }};
+}
+
 /// The build for kernels before 5.19 (cargo feature `legacy`): no compare-and-swap or bitwise
 /// atomics (5.12), no `bpf_loop` (5.17) nor `bpf_map_lookup_percpu_elem` (5.19), so no search
 /// of the other CPUs for a migrated call: its exit is counted unmatched (`orphans`) and its
@@ -2201,6 +2225,7 @@ fn reg_arg0(regs: *const c_void) -> u64 {
 /// (see `Env::lean`).
 macro_rules! fentry_body {
     ($ctx:ident, $n:expr, $lean:expr) => {{
+        let n = slot!($n);
         if let Some(st) = cpu_state(&$ctx) {
             let env = Kernel {
                 st,
@@ -2213,14 +2238,14 @@ macro_rules! fentry_body {
                 0
             };
             let memcg = if !env.lean && (config().by_memcg != 0 || config().workload_memcg != 0) {
-                charged_memcg($n, first_arg($ctx.as_ptr()))
+                charged_memcg(n, first_arg($ctx.as_ptr()))
             } else {
                 0
             };
-            let stack = |c: u32| sample_stack(&$ctx, st, $n, c, caller);
-            pair_entry(&env, $n, Key::fentry(&$ctx), true, caller, memcg, stack);
+            let stack = |c: u32| sample_stack(&$ctx, st, n, c, caller);
+            pair_entry(&env, n, Key::fentry(&$ctx), true, caller, memcg, stack);
         } else {
-            no_state($n, false);
+            no_state(n, false);
         }
         0
     }};
@@ -2229,15 +2254,16 @@ macro_rules! fentry_body {
 /// The exit program of probe slot `$n` (fexit), as [`fentry_body`].
 macro_rules! fexit_body {
     ($ctx:ident, $n:expr, $lean:expr) => {{
+        let n = slot!($n);
         if let Some(st) = cpu_state(&$ctx) {
             let env = Kernel {
                 st,
                 preemptible: true,
                 lean: $lean,
             };
-            pair_exit(&env, $n, Key::fentry(&$ctx), true);
+            pair_exit(&env, n, Key::fentry(&$ctx), true);
         } else {
-            no_state($n, true);
+            no_state(n, true);
         }
         0
     }};
@@ -2264,6 +2290,7 @@ macro_rules! probe_slot {
         }
         #[kprobe]
         pub fn $kprobe(ctx: ProbeContext) -> u32 {
+            let n = slot!($n);
             if let Some(st) = cpu_state(&ctx) {
                 let env = Kernel {
                     st,
@@ -2276,34 +2303,35 @@ macro_rules! probe_slot {
                     0
                 };
                 let memcg = if config().by_memcg != 0 || config().workload_memcg != 0 {
-                    charged_memcg($n, reg_arg0(ctx.regs as *const c_void))
+                    charged_memcg(n, reg_arg0(ctx.regs as *const c_void))
                 } else {
                     0
                 };
-                let stack = |c: u32| sample_stack(&ctx, st, $n, c, caller);
-                pair_entry(&env, $n, Key::kprobe(&ctx), false, caller, memcg, stack);
+                let stack = |c: u32| sample_stack(&ctx, st, n, c, caller);
+                pair_entry(&env, n, Key::kprobe(&ctx), false, caller, memcg, stack);
             } else {
-                no_state($n, false);
+                no_state(n, false);
             }
             0
         }
         #[kretprobe]
         pub fn $kretprobe(ctx: RetProbeContext) -> u32 {
+            let n = slot!($n);
             if let Some(st) = cpu_state(&ctx) {
                 let env = Kernel {
                     st,
                     preemptible: false,
                     lean: false,
                 };
-                pair_exit(&env, $n, Key::kretprobe(&ctx), false);
+                pair_exit(&env, n, Key::kretprobe(&ctx), false);
             } else {
-                no_state($n, true);
+                no_state(n, true);
             }
             0
         }
         #[btf_tracepoint]
         pub fn $tp(ctx: BtfTracePointContext) -> i32 {
-            on_hit(&ctx, $n) as i32
+            on_hit(&ctx, slot!($n)) as i32
         }
     };
 }

@@ -192,11 +192,17 @@ pub fn serve_script() -> String {
 
 /// The guest script of the profiler comparison (`xtask/guest/profile.sh`): each of `backends`
 /// with `probes` (record's probe flags), hackbench `hackbench`, perf at each rate of `freqs`
-/// (Hz) in turn.
-pub fn profile_script(backends: &str, probes: &str, hackbench: &str, freqs: &[u32]) -> String {
+/// (Hz) in turn; then `rounds` rounds of the backends in turn without perf.
+pub fn profile_script(
+    backends: &str,
+    probes: &str,
+    hackbench: &str,
+    freqs: &[u32],
+    rounds: u32,
+) -> String {
     let freqs: Vec<String> = freqs.iter().map(u32::to_string).collect();
     format!(
-        "BACKENDS='{backends}'\nPROBES='{probes}'\nHB='{hackbench}'\nFREQS='{}'\n{}",
+        "BACKENDS='{backends}'\nPROBES='{probes}'\nHB='{hackbench}'\nFREQS='{}'\nALONE_ROUNDS='{rounds}'\n{}",
         freqs.join(" "),
         include_str!("../guest/profile.sh")
     )

@@ -104,6 +104,9 @@ struct Row<'a> {
     lost: Option<u64>,
     unmatched: Option<u64>,
     censored: Option<u64>,
+    /// Task rows where threads do interrupt work: the calls of threaded interrupt handlers and
+    /// of softirq threads among them.
+    threads: Option<(u64, u64)>,
     latency: Option<&'a Latency>,
 }
 
@@ -145,6 +148,7 @@ impl Collector for Figures {
         // some of the contexts' calls: in families of their own, so that a sum over the
         // contexts' series counts every call once.
         let backends: Vec<String> = d.probes.iter().map(|p| p.backend.to_string()).collect();
+        let threads = d.meta.context_masks.as_ref().is_some_and(|m| m.threads);
         let rows = |workload: bool| -> Vec<Row> {
             d.probes
                 .iter()
@@ -165,6 +169,8 @@ impl Collector for Figures {
                             lost: Some(c.lost),
                             unmatched: Some(c.orphans),
                             censored: Some(c.censored),
+                            threads: (threads && c.context == "task")
+                                .then_some((c.irq_thread, c.softirq_thread)),
                             latency: c.latency.as_ref(),
                         });
                     let w = p
@@ -181,6 +187,7 @@ impl Collector for Figures {
                             lost: None,
                             unmatched: None,
                             censored: None,
+                            threads: None,
                             latency: w.latency.as_ref(),
                         });
                     ctx.chain(w)
@@ -230,6 +237,20 @@ impl Collector for Figures {
             "Exits that found no entry of their own",
             &|r| r.unmatched,
         )?;
+        if threads {
+            counter(
+                &mut e,
+                "irq_thread_calls",
+                "Task-context calls made by threaded interrupt handlers (irq/*): some of calls_total's task calls (PREEMPT_RT, threadirqs)",
+                &|r| r.threads.map(|t| t.0),
+            )?;
+            counter(
+                &mut e,
+                "softirq_thread_calls",
+                "Task-context calls made by softirq threads (ksoftirqd/N, ktimers/N) outside a softirq handler: some of calls_total's task calls (PREEMPT_RT, threadirqs)",
+                &|r| r.threads.map(|t| t.1),
+            )?;
+        }
         for (name, help, workload) in [
             (
                 "latency",
@@ -425,6 +446,42 @@ mod tests {
             "/../tests/fixtures/6.12-fentry.json"
         )))
         .expect("the committed recording")
+    }
+
+    /// Where threads do interrupt work, the task rows' calls of interrupt and softirq threads
+    /// are served; elsewhere (where they are not counted) no such family is.
+    #[test]
+    fn thread_calls_are_served_where_they_are_counted() {
+        let mut d = fixture();
+        d.probes[0].contexts[0].irq_thread = 11;
+        d.probes[0].contexts[0].softirq_thread = 5;
+        let t = encode(Some(&d), Format::Text);
+        assert!(!t.contains("thread_calls"), "{t}");
+        d.meta
+            .context_masks
+            .as_mut()
+            .expect("the fixture's masks")
+            .threads = true;
+        let t = encode(Some(&d), Format::Text);
+        for (name, v) in [("irq_thread_calls", 11), ("softirq_thread_calls", 5)] {
+            assert!(
+                t.contains(&format!("# TYPE memcg_trace_{name}_total counter")),
+                "{t}"
+            );
+            let lines: Vec<&str> = t
+                .lines()
+                .filter(|l| l.starts_with(&format!("memcg_trace_{name}_total{{")))
+                .collect();
+            // One series per probe, its task row only.
+            assert_eq!(lines.len(), d.probes.len(), "{t}");
+            assert!(lines.iter().all(|l| l.contains("context=\"task\"")), "{t}");
+            assert!(
+                lines.iter().any(|l| l.starts_with(&format!(
+                    "memcg_trace_{name}_total{{probe=\"charge\",context=\"task\""
+                )) && l.ends_with(&format!(" {v}"))),
+                "{t}"
+            );
+        }
     }
 
     #[test]

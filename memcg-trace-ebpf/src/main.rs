@@ -216,8 +216,8 @@ fn opaque_u64(mut v: u64) -> u64 {
 /// The probe slot `$n` of a program, hidden from the optimiser: every slot's programs then
 /// compile to the same instructions but for the one that loads this constant, so the floor,
 /// measured with a spare slot's programs, times the very code a traced slot runs (folded in,
-/// slot 0's programs came out up to 33 instructions shorter than the others' and the floor's
-/// window a few instructions off; `slot_programs_are_one_code` in userspace checks it). The
+/// the slots' programs differed in length, slot 0's by up to 33 instructions, and the floor's
+/// window was a few instructions off; `slot_programs_are_one_code` in userspace checks it). The
 /// verifier still knows the value: a move of an immediate, made by the asm itself (an empty
 /// asm block would give the next instruction two line records, which the kernel refuses where
 /// the line info is kept, `--ebpf-log`).

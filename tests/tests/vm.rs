@@ -2260,22 +2260,10 @@ fn profile_on(name: &str, short: &str) {
         let ap = &alone.probes[0];
         assert_eq!(ap.backend.to_string(), backend, "without perf");
         let aw = ap.workload.as_ref().expect("workload row without perf");
-        // Self time less the instrumentation inside it (the floor per call), as a share of
-        // the workload's CPU: what perf's share of the function measures.
-        let alone_self_less_floor = aw
-            .self_share_of_workload_cpu
-            .expect("self share without perf")
-            - aw.floor_share_of_workload_cpu
-                .expect("instrumentation share without perf");
+        let (alone_self_less_floor, alone_cpu, _) = own_share(&alone);
         let alone_net = aw
             .net_self_share_of_workload_cpu
             .expect("net share without perf");
-        let alone_cpu = alone
-            .meta
-            .workload
-            .as_ref()
-            .and_then(|w| w.cpu_ns)
-            .expect("the workload's CPU time without perf");
         let calls = aw.count.max(1) as f64;
         let ns_per_call = |share: f64| share * alone_cpu as f64 / calls;
         per_call.push((backend, own_ns_per_call(&alone)));
@@ -2481,9 +2469,10 @@ const PROFILE_FREQS: [u32; 2] = [4_000, 10_000];
 /// the traced slot's, see `slot_programs_are_one_code`.)
 const PROFILE_ALONE_ROUNDS: u32 = 3;
 
-/// The function's own time per call in a recording of the profiler comparison: its workload
-/// row's self time less the instrumentation inside it (the floor per call), per call.
-fn own_ns_per_call(rec: &memcg_trace::export::Document) -> f64 {
+/// The function's own share of the workload's CPU in a recording of the profiler comparison
+/// (its workload row's self time less the instrumentation inside it, the floor per call: what
+/// perf's share of the function measures), the workload's CPU time, ns, and its calls.
+fn own_share(rec: &memcg_trace::export::Document) -> (f64, u64, u64) {
     let w = rec.probes[0]
         .workload
         .as_ref()
@@ -2499,7 +2488,14 @@ fn own_ns_per_call(rec: &memcg_trace::export::Document) -> f64 {
         .as_ref()
         .and_then(|w| w.cpu_ns)
         .expect("the workload's CPU time without perf");
-    share * cpu as f64 / w.count.max(1) as f64
+    (share, cpu, w.count)
+}
+
+/// The function's own time per call in a recording of the profiler comparison (see
+/// [`own_share`]).
+fn own_ns_per_call(rec: &memcg_trace::export::Document) -> f64 {
+    let (share, cpu, calls) = own_share(rec);
+    share * cpu as f64 / calls.max(1) as f64
 }
 
 /// How far apart the function's own time per call may be between two backends, as a share

@@ -183,6 +183,11 @@ pub mod names {
     pub const SELFTEST: &str = "selftest";
     /// BPF iterator over the kernel's programs: (id, address of the per-CPU stats) of each.
     pub const PROG_ITER: &str = "prog_stats";
+    /// The switch witness (tp_btf on `sched_switch`): counts, per CPU, the context switches
+    /// that find the CPU's `bpf_prog_active` held ([`super::HeldSwitches`]).
+    pub const HELD_SWITCH: &str = "held_switch";
+    /// The tracepoint the switch witness is attached to.
+    pub const HELD_SWITCH_TARGET: &str = "sched_switch";
 
     /// Counters and histogram by (CPU, probe, context) ([`super::Cell`]): a shared array
     /// userspace maps into memory.
@@ -192,6 +197,8 @@ pub mod names {
     pub const MAP_WORKLOAD_CELLS: &str = "WORKLOAD_CELLS";
     /// Ring buffer of deferred calls (see [`super::Deferred`]).
     pub const MAP_DEFERRED: &str = "DEFERRED";
+    /// The switch witness's counts, one [`super::HeldSwitches`] per CPU.
+    pub const MAP_HELD_SWITCHES: &str = "HELD_SWITCHES";
     /// Per-CPU state of the programs, with the calls waiting for their exit
     /// (`CpuState::pending`).
     pub const MAP_CPU_STATE: &str = "CPU_STATE";
@@ -223,7 +230,7 @@ pub mod names {
     /// Maps userspace reads through a shared mapping, never through the map syscalls: those
     /// hold the CPU's BPF recursion guard while preemptible, and a kprobe firing on that CPU
     /// meanwhile would be lost.
-    pub const SHARED_MAPS: [&str; 2] = [MAP_CELLS, MAP_WORKLOAD_CELLS];
+    pub const SHARED_MAPS: [&str; 3] = [MAP_CELLS, MAP_WORKLOAD_CELLS, MAP_HELD_SWITCHES];
 
     /// Every program the object must hold.
     pub fn all_programs() -> impl Iterator<Item = &'static str> {
@@ -242,7 +249,7 @@ pub mod names {
             .chain(FLOOR_EMPTY_TP)
             .chain(FLOOR_CLOCK_TP)
             .chain(CTX_CHECK)
-            .chain([SELFTEST, PROG_ITER])
+            .chain([SELFTEST, PROG_ITER, HELD_SWITCH])
     }
 }
 
@@ -1160,6 +1167,31 @@ pub struct KernelLayout {
     /// `threadirqs` on the command line): the programs then count task-context calls of
     /// interrupt and softirq threads apart ([`thread_kind_of`]). 0 elsewhere.
     pub task_comm: u64,
+    /// Offset of the per-CPU `bpf_prog_active` in the per-CPU area (like `runqueues`): the
+    /// count the kernel holds while a kprobe or perf program runs and through the map system
+    /// calls (`bpf_disable_instrumentation`), and while it is held no kprobe program runs on
+    /// that CPU. Read by the switch witness ([`HeldSwitches`]); 0: unknown.
+    pub prog_active: u64,
+}
+
+/// What the switch witness counts on one CPU, on a cache line of its own (the programs of one
+/// CPU write only their own). A kprobe entry of a task call is skipped only while its CPU's
+/// `bpf_prog_active` is held, and, as that call is in task context, by another task: one that
+/// holds it while off the CPU (preempted or asleep inside a map system call, on a preemptible
+/// kernel). That task was switched out of the CPU holding it, and must be switched back in
+/// before it lets go; the call, whose exit ran, either ended on that CPU after then or left
+/// it before. Either way a switch on that CPU found the count held while the call was in
+/// flight: this is what makes a deferred kprobe pair provable on kernels that count no kprobe
+/// program misses (before 6.7).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct HeldSwitches {
+    /// Context switches on this CPU that found `bpf_prog_active` held, or could not read it.
+    pub held: u64,
+    /// Context switches seen on this CPU.
+    pub seen: u64,
+    /// Padding to a cache line.
+    pub pad: [u64; 6],
 }
 
 /// A task that is none of the threads below.

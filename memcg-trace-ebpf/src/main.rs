@@ -50,10 +50,10 @@ use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
     bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
     rt_context_count, task_slot_hint, test_op, thread_kind_of, workload_cell, workload_contexts,
-    CallerKey, CallerStat, Cell, Config, Counters, CpuState, Deferred, Hist, KernelLayout,
-    MemcgKey, MemcgPath, Nest, Pending, PendingSet, StackKey, ARCH_ARM64, CALLER_BUCKETS,
-    CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN,
-    DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED,
+    CallerKey, CallerStat, Cell, Config, Counters, CpuState, Deferred, HeldSwitches, Hist,
+    KernelLayout, MemcgKey, MemcgPath, Nest, Pending, PendingSet, StackKey, ARCH_ARM64,
+    CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK,
+    CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED,
     DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_IRQ, NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS,
     NUM_CTX, PENDING_ENCLOSED, PENDING_MISSES_KNOWN, PENDING_SLOTS, PENDING_WORKLOAD,
     PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS,
@@ -114,6 +114,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     percpu_start: 0,
     task_softirq: 0,
     task_comm: 0,
+    prog_active: 0,
 };
 
 /// Settings, filled in by userspace before load.
@@ -2541,6 +2542,44 @@ pub fn floor_clock_tp(_ctx: BtfTracePointContext) -> i32 {
     if let Some(p) = FLOOR.get_ptr_mut(0) {
         // SAFETY: pointer from a successful map lookup.
         unsafe { (*p)[1] += 1 };
+    }
+    0
+}
+
+/// The switch witness's counts, one per CPU (see `memcg_trace_common::HeldSwitches`); sized by
+/// userspace at load, which reads it through a memory mapping.
+#[map]
+static HELD_SWITCHES: Array<HeldSwitches> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// The switch witness, on `sched_switch`: counts the switches that find this CPU's
+/// `bpf_prog_active` held (see `memcg_trace_common::HeldSwitches` for why that proves the
+/// deferred pairs of a kprobe). Not a raw tracepoint's recursion guard nor the count itself
+/// stops it: it runs on every switch. A count it cannot read counts as held.
+#[btf_tracepoint]
+pub fn held_switch(ctx: BtfTracePointContext) -> i32 {
+    // SAFETY: helper without preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let Some(h) = HELD_SWITCHES.get_ptr_mut(cpu) else {
+        return 0;
+    };
+    let l = layout();
+    let held = match cpu_state(&ctx) {
+        // The per-CPU base is the preempt count's address less its offset (see
+        // `find_cpu_base`).
+        Some(st) if l.prog_active != 0 => {
+            let at = st.preempt_addr().wrapping_sub(l.preempt_count) + l.prog_active;
+            // SAFETY: a read of kernel memory through the fault-safe helper.
+            unsafe { bpf_probe_read_kernel(at as *const i32) }.map_or(true, |n| n != 0)
+        }
+        _ => true,
+    };
+    // SAFETY: pointer from a successful map lookup; only this CPU's switches, which do not
+    // nest, write this element.
+    unsafe {
+        (*h).seen += 1;
+        if held {
+            (*h).held += 1;
+        }
     }
     0
 }

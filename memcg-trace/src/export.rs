@@ -516,6 +516,11 @@ pub struct ProbeOut {
     /// counted, the fewer of the two (kprobe backend).
     #[serde(default)]
     pub kprobe_skipped: u64,
+    /// Where the switch witness proves the deferred pairs (kprobe before 6.7 on a preemptible
+    /// kernel): the context switches that found a BPF section held, each of which rejects
+    /// the deferred calls in flight then. Absent: not proven that way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_switches: Option<u64>,
     /// How long its calls were counted, ns: from its own attach to the end (rates and shares
     /// are over it; absent: the recording's duration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -854,6 +859,7 @@ pub(crate) fn probes_out(
                 recursion_misses: p.recursion_misses(),
                 kprobe_missed: p.kprobe_missed,
                 kprobe_skipped: p.kprobe_skipped,
+                held_switches: p.held_switches,
                 window_ns: p.window.map(|w| w.as_nanos() as u64),
                 // Calls still in flight at the end were seen and not timed: lost as well.
                 lost_upper: p.lost_upper() + pending,
@@ -1363,6 +1369,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         .map(|w| hist(w.count, w.latency.as_ref())),
                     kprobe_missed: p.kprobe_missed,
                     kprobe_skipped: p.kprobe_skipped,
+                    held_switches: p.held_switches,
                     window: p.window_ns.map(Duration::from_nanos),
                     callers: p
                         .callers
@@ -1462,6 +1469,33 @@ mod tests {
             l.wall_share,
             was["probes"][0]["contexts"][0]["latency"]["cpu_share"].as_f64()
         );
+    }
+
+    /// The switch witness's count (kprobe before 6.7 on a preemptible kernel) goes into the
+    /// JSON, back into a snapshot from it, and the footnote says how the calls that left the
+    /// CPU were proven; a probe proven otherwise has neither.
+    #[test]
+    fn the_switch_witness_count_is_recorded_read_back_and_told() {
+        let mut s = crate::tui::app::tests::snap(10, 1000, 500, 0);
+        let out = |s: &Snapshot| probes_out(s, &HashMap::new(), &[], false, Some(1_000_000_000));
+        let plain = out(&s);
+        assert_eq!(plain[0].held_switches, None);
+        assert!(!serde_json::to_string(&plain[0])
+            .unwrap()
+            .contains("held_switches"));
+        assert!(!crate::table::probe_footnote(&plain[0]).contains("BPF section held"));
+        s.probes[0].held_switches = Some(7);
+        let witnessed = out(&s);
+        let foot = crate::table::probe_footnote(&witnessed[0]);
+        assert!(
+            foot.ends_with(
+                "calls that left the CPU proven by the switches that found a BPF section held (7)"
+            ),
+            "{foot}"
+        );
+        let json = serde_json::to_string(&witnessed[0]).unwrap();
+        let back: ProbeOut = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.held_switches, Some(7));
     }
 
     /// On a kernel whose task clock leaves out interrupt and steal time (review finding 3d), a

@@ -385,6 +385,7 @@ const PERCPU_NAMES: &[&str] = &[
     "runqueues",
     "this_cpu_off",
     "current_task",
+    "bpf_prog_active",
 ];
 
 /// Per-CPU variables and their offsets in the per-CPU area: from BTF's `.data..percpu`
@@ -733,6 +734,12 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         },
         task_softirq,
         task_comm,
+        // Where the switch witness reads whether a BPF section is held (0: nowhere).
+        prog_active: if no_context {
+            0
+        } else {
+            percpu.get("bpf_prog_active").copied().unwrap_or(0)
+        },
         percpu_start: if arm64 {
             kallsyms_addr("__per_cpu_start").unwrap_or(0)
         } else {

@@ -281,6 +281,11 @@ pub struct ProbeStats {
     /// CPU (`bpf_prog_active`), which kernels before 6.7 count nowhere else; from 6.7 the same
     /// runs are the programs' `recursion_misses` too.
     pub kprobe_skipped: u64,
+    /// Where the switch witness proves this probe's deferred pairs (kprobe before 6.7 on a
+    /// preemptible kernel, `memcg_trace_common::HeldSwitches`): the context switches, on every
+    /// CPU, that found a BPF section held (each one rejects the deferred calls in flight
+    /// then). None: not proven that way.
+    pub held_switches: Option<u64>,
     /// How long its calls were counted: from its own attach (the probes attach one after the
     /// other, each taking a while) to the end; None: the snapshot's `elapsed`.
     pub window: Option<std::time::Duration>,

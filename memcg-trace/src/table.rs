@@ -206,6 +206,18 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
         },
         sum(|c| c.outside),
     ) + &threads_note(p)
+        + &witness_note(p)
+}
+
+/// How the calls that left the CPU were proven where the switch witness did it (kprobe before
+/// 6.7 on a preemptible kernel); empty elsewhere.
+fn witness_note(p: &crate::export::ProbeOut) -> String {
+    match p.held_switches {
+        Some(n) => format!(
+            "; calls that left the CPU proven by the switches that found a BPF section held ({n})"
+        ),
+        None => String::new(),
+    }
 }
 
 /// The task context's calls made by threads that do interrupt work (counted where threads do

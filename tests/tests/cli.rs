@@ -309,6 +309,7 @@ fn plot_draws_calls_per_second_from_an_interval_log() {
                 workload: None,
                 kprobe_missed: 0,
                 kprobe_skipped: 0,
+                held_switches: None,
                 window: None,
                 callers: Vec::new(),
                 memcgs: Vec::new(),

@@ -69,6 +69,9 @@ enum Cmd {
         /// its turn sees time pass).
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
         cpus: u32,
+        /// Debian packages of the kernel's release unpacked into the guest, e.g. bpftool.
+        #[arg(long)]
+        package: Vec<String>,
     },
     /// The main job: memcg-trace alongside hackbench on a stock kernel in a VM (or the host).
     Demo {
@@ -172,8 +175,9 @@ fn main() {
             mem,
             icount,
             cpus,
+            package,
         } => vm_cmd(
-            &kernel, arch, accel, script, timeout, bin, mem, icount, cpus,
+            &kernel, arch, accel, script, timeout, bin, mem, icount, cpus, package,
         ),
         Cmd::Demo {
             host,
@@ -287,6 +291,7 @@ fn vm_cmd(
     mem: u32,
     icount: Option<u32>,
     cpus: u32,
+    packages: Vec<String>,
 ) -> Result<()> {
     let specs = kernels::select_for(kernel, arch)?;
     let script = match script {
@@ -322,7 +327,7 @@ fn vm_cmd(
                 mem_mb: mem,
                 cpus,
                 icount,
-                packages: Vec::new(),
+                packages: packages.clone(),
                 files: Vec::new(),
                 nmis: None,
             },

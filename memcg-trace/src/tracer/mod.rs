@@ -30,8 +30,8 @@ use aya::{
 use aya_log::EbpfLogger;
 use memcg_trace_common::{
     cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Cell, Config, Deferred,
-    KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK, MAX_CALLERS, MAX_MEMCGS, MAX_STACKS,
-    MAX_WORKLOAD_MEMCGS, NUM_CTX, STACK_DEPTH, TP_CELLS,
+    HeldSwitches, KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK, MAX_CALLERS, MAX_MEMCGS,
+    MAX_STACKS, MAX_WORKLOAD_MEMCGS, NUM_CTX, STACK_DEPTH, TP_CELLS,
 };
 
 use self::{
@@ -269,6 +269,7 @@ fn load_object(
             cpus * probes * workload_contexts(o.workload_memcg),
         )
         .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
+        .map_max_entries(names::MAP_HELD_SWITCHES, cpus)
         .map_max_entries(names::MAP_CALLERS, if o.callers { MAX_CALLERS } else { 1 })
         .map_max_entries(names::MAP_MEMCGS, if o.by_memcg { MAX_MEMCGS } else { 1 })
         .map_max_entries(
@@ -465,6 +466,14 @@ pub struct NotAttached {
     pub reasons: Vec<String>,
 }
 
+/// The switch witness (`HeldSwitches`), attached for the kprobe slots whose deferred pairs it
+/// proves.
+#[derive(Debug)]
+struct Witness {
+    /// Probe slots proven by it.
+    slots: Vec<u32>,
+}
+
 /// The loaded programs, their attachments and what they share with userspace.
 pub struct Tracer {
     ebpf: Ebpf,
@@ -522,6 +531,16 @@ pub struct Tracer {
     misses_unreachable: Option<String>,
     cells: Shared<Cell>,
     workload_cells: Shared<Cell>,
+    /// The switch witness's counts, per CPU (`HeldSwitches`).
+    held_switches: Shared<HeldSwitches>,
+    /// How the deferred pairs of kprobe slots are proven on a kernel that counts no kprobe
+    /// program misses (`HeldSwitches`): None until a kprobe slot that defers is attached.
+    witness: Option<Witness>,
+    /// Whether the programs can read `bpf_prog_active` (`KernelLayout::prog_active`).
+    prog_active_known: bool,
+    /// The kernel preempts: kprobe task calls that left the CPU are deferred
+    /// (`Config::kprobe_defers`).
+    kprobe_defers: bool,
     /// The tracepoint programs count their hits in the per-CPU state (`Config::tp_percpu`),
     /// read once a snapshot: about 25 KB a CPU through one map syscall (only on kernels without
     /// kprobes, whose programs such a read would make miss).
@@ -584,6 +603,11 @@ impl Tracer {
             map(names::MAP_WORKLOAD_CELLS)?,
             cpus * probes as usize * workload_contexts as usize,
         )?;
+        let held_switches = Shared::new(
+            names::MAP_HELD_SWITCHES,
+            map(names::MAP_HELD_SWITCHES)?,
+            cpus,
+        )?;
         let ring = RingBuf::try_from(
             ebpf.take_map(names::MAP_DEFERRED)
                 .ok_or_else(|| anyhow!("map {} missing", names::MAP_DEFERRED))?,
@@ -635,11 +659,11 @@ impl Tracer {
         release_freed_memory();
         // The floor's function and the iterator that finds the programs' stats are attached
         // to as well.
-        let btf = kbtf::attach_btf(
-            targets
-                .into_iter()
-                .chain([checks::FLOOR_FUNCTION, checks::PROG_ITER_FUNC]),
-        )?;
+        let btf = kbtf::attach_btf(targets.into_iter().chain([
+            checks::FLOOR_FUNCTION,
+            checks::PROG_ITER_FUNC,
+            names::HELD_SWITCH_TARGET,
+        ]))?;
         Ok(Tracer {
             ebpf,
             btf: Some(btf),
@@ -679,6 +703,12 @@ impl Tracer {
                 }),
             cells: shared_cells,
             workload_cells,
+            held_switches,
+            witness: None,
+            prog_active_known: layout.valid != 0
+                && layout.no_context == 0
+                && layout.prog_active != 0,
+            kprobe_defers: opts.kernel_preemptible,
             tp_percpu,
             ring,
             verifier: {
@@ -757,8 +787,15 @@ impl Tracer {
             let programs = slot_programs(plan.backend, slot, self.lean);
             // Before the programs run: a call never reads another target's path.
             let memcg_arg = self.set_memcg_path(slot, plan);
+            // A kprobe whose deferred pairs the kernel's miss counts cannot prove: the switch
+            // witness runs before its programs do.
+            let witnessed = plan.backend == Backend::Kprobe
+                && self.kprobe_defers
+                && !crate::kernel::kprobe_misses_counted()
+                && self.start_witness(&mut reasons);
             // The entry program is new: its misses are 0 until it is attached.
             let before = monotonic_ns();
+            let held_before = if witnessed { self.held_total() } else { 0 };
             match self.attach_programs(&programs, &plan.target, Some(slot)) {
                 Ok(()) => {
                     self.set_window(slot, memcg_trace_common::WINDOW_OPEN);
@@ -766,15 +803,23 @@ impl Tracer {
                         slot as usize,
                         Mark {
                             before,
-                            misses: 0,
+                            misses: held_before,
                             after: before,
                         },
                     );
                     // Deferred pairs of a kprobe can be confirmed where the kernel counts
-                    // kprobe programs' recursion misses (6.7+); fentry's always can.
+                    // kprobe programs' recursion misses (6.7+), or by the switch witness;
+                    // fentry's always can.
+                    if witnessed {
+                        if let Some(w) = self.witness.as_mut() {
+                            w.slots.push(slot);
+                        }
+                    }
                     self.verifier.set_verifiable(
                         slot as usize,
-                        plan.backend != Backend::Kprobe || crate::kernel::kprobe_misses_counted(),
+                        plan.backend != Backend::Kprobe
+                            || crate::kernel::kprobe_misses_counted()
+                            || witnessed,
                     );
                     self.attached.push(Attached {
                         slot,
@@ -1029,6 +1074,48 @@ impl Tracer {
         }
     }
 
+    /// Attaches the switch witness unless it is on already; false (and why, in `reasons`)
+    /// where it cannot be: the deferred pairs are then all rejected, as unproven.
+    fn start_witness(&mut self, reasons: &mut Vec<String>) -> bool {
+        if self.witness.is_some() {
+            return true;
+        }
+        if !self.prog_active_known {
+            reasons.push(
+                "kprobe: calls that left the CPU cannot be proven on this kernel (it counts no kprobe program misses before 6.7, and bpf_prog_active, which the switch witness reads, is not a known per-CPU variable): they are counted unproven".into(),
+            );
+            return false;
+        }
+        match self.attach_program(names::HELD_SWITCH, names::HELD_SWITCH_TARGET, None) {
+            Ok(()) => {
+                self.extra.push(names::HELD_SWITCH);
+                self.witness = Some(Witness { slots: Vec::new() });
+                true
+            }
+            Err(e) => {
+                reasons.push(format!(
+                    "kprobe: calls that left the CPU cannot be proven on this kernel (it counts no kprobe program misses before 6.7, and the switch witness could not be attached to {}: {e}): they are counted unproven",
+                    names::HELD_SWITCH_TARGET
+                ));
+                false
+            }
+        }
+    }
+
+    /// The switch witness's counts summed over CPUs: (switches that found a BPF section held,
+    /// switches seen).
+    fn held_switches(&self) -> (u64, u64) {
+        (0..self.cpus).fold((0, 0), |(h, s), cpu| {
+            let c = self.held_switches.get(cpu);
+            (h + c.held, s + c.seen)
+        })
+    }
+
+    /// Switches that found a BPF section held, on every CPU so far.
+    fn held_total(&self) -> u64 {
+        self.held_switches().0
+    }
+
     /// A reading of a probe's entry program misses, for the verifier.
     fn mark(&mut self, slot: usize) {
         let Some(a) = self.attached.iter().find(|a| a.slot as usize == slot) else {
@@ -1037,8 +1124,15 @@ impl Tracer {
         let Some(fd) = a.programs.first().and_then(|p| self.prog_fds.get(p)) else {
             return;
         };
+        let witnessed = self
+            .witness
+            .as_ref()
+            .is_some_and(|w| w.slots.contains(&(slot as u32)));
         let before = monotonic_ns();
-        let misses = program_cost("", fd).recursion_misses;
+        let mut misses = program_cost("", fd).recursion_misses;
+        if witnessed {
+            misses += self.held_total();
+        }
         let after = monotonic_ns();
         self.verifier.mark(
             slot,
@@ -1377,6 +1471,11 @@ impl Tracer {
                 programs: a.programs.iter().map(|p| self.cost(p)).collect(),
                 kprobe_missed,
                 kprobe_skipped,
+                held_switches: self
+                    .witness
+                    .as_ref()
+                    .is_some_and(|w| w.slots.contains(&a.slot))
+                    .then(|| self.held_total()),
                 window: Some(
                     self.ended
                         .unwrap_or_else(Instant::now)

@@ -791,6 +791,7 @@ pub(crate) mod tests {
                 workload: None,
                 kprobe_missed: 0,
                 kprobe_skipped: 0,
+                held_switches: None,
                 window: None,
                 callers: Vec::new(),
                 memcgs: Vec::new(),

@@ -745,10 +745,7 @@ fn host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost() {
     for (i, point) in points.iter().enumerate() {
         for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
             let hold = scratch(&format!("{name}-{i}-{sig}"));
-            // Every other point goes at once.
-            for p in points.iter().filter(|p| *p != point) {
-                fs::write(hold.join(format!("{p}.go")), b"").unwrap();
-            }
+            fs::write(hold.join(format!("{point}.hold")), b"").unwrap();
             let marker = format!("{}.{i}{sig}", 700 + i);
             let mut child = stop_signals_default(
                 Command::new(bin())
@@ -799,6 +796,148 @@ fn host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost() {
     summary(
         name,
         &format!("{runs} signals sent inside the handler window: each delivered once unblocked"),
+    );
+}
+
+/// A stop signal that comes while the probes are being attached ends start-up before the next
+/// probe, not once all are attached and their floors measured: start-up is held before the
+/// first probe (`attach-0`), SIGTERM sent, and the run must end with "stopped by signal 15
+/// before tracing began" without ever reaching the second (`attach-1`), leaving nothing
+/// behind. Beside a benchmark that keeps every CPU busy, start-up's steps take many times as
+/// long, and a stop signal acted on only between them waited that long (a `timeout` sent
+/// SIGTERM, then had to kill).
+#[test]
+fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
+    let name = "host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let hold = scratch(name);
+    for p in ["attach-0", "attach-1"] {
+        fs::write(hold.join(format!("{p}.hold")), b"").unwrap();
+    }
+    let marker = "711.5";
+    let mut child = stop_signals_default(
+        Command::new(bin())
+            .args(["record", "-q", "--attach", "tracepoint", "-o"])
+            .arg(hold.join("run.json"))
+            .args(["--", "sleep", marker])
+            .env(memcg_trace::session::HOLD_START, &hold)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    )
+    .spawn()
+    .unwrap();
+    let held = hold.join("attach-0.held");
+    let t0 = Instant::now();
+    while !held.exists() && t0.elapsed() < Duration::from_secs(60) {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(held.exists(), "start-up never reached the first probe");
+    // SAFETY: kill(2) of our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    // The signal's action has run once the runtime's handler has: give it its moment.
+    thread::sleep(Duration::from_millis(200));
+    fs::write(hold.join("attach-0.go"), b"").unwrap();
+    // Were the signal acted on only after attaching, the run would hold at the second probe:
+    // let it pass at once so that such a run ends too, and is caught by the file it leaves.
+    fs::write(hold.join("attach-1.go"), b"").unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(120) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let lost = child.try_wait().unwrap().is_none();
+    if lost {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let what = format!("SIGTERM before the first probe: {:?}: {err}", out.status);
+    assert!(
+        !lost,
+        "{what}: the signal was lost (still running after 120 s)"
+    );
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM), "{what}");
+    assert!(
+        err.contains("stopped by signal 15 before tracing began"),
+        "{what}"
+    );
+    assert!(
+        !hold.join("attach-1.held").exists(),
+        "{what}: start-up went on to attach the second probe"
+    );
+    assert!(!hold.join("run.json").exists(), "{what}: a recording");
+    assert_left_nothing(&what, marker);
+    summary(
+        name,
+        "SIGTERM before the first probe: start-up ended there (128 + 15), the second probe never attached",
+    );
+}
+
+/// Start-up runs at a raised priority (nice -10: it is CPU-bound, and beside a benchmark that
+/// keeps every CPU busy it got one task's share among all of them), and puts it back before
+/// the workload starts: the workload (which would inherit it) and the daemon while it traces
+/// run at the nice value memcg-trace was started with. Read from /proc while start-up is held
+/// before its first probe, then by the workload, of itself and of the daemon (its parent).
+#[test]
+fn host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own() {
+    let name = "host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let hold = scratch(name);
+    fs::write(hold.join("attach-0.hold"), b"").unwrap();
+    let seen = hold.join("nice.txt");
+    let script = format!(
+        "echo $(cut -d' ' -f19 /proc/self/stat) $(cut -d' ' -f19 /proc/$PPID/stat) >{}",
+        seen.display()
+    );
+    let mut child = Command::new(bin())
+        .args(["record", "-q", "--attach", "tracepoint", "-o"])
+        .arg(hold.join("run.json"))
+        .args(["--", "sh", "-c", &script])
+        .env(memcg_trace::session::HOLD_START, &hold)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let held = hold.join("attach-0.held");
+    let t0 = Instant::now();
+    while !held.exists() && t0.elapsed() < Duration::from_secs(60) {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(held.exists(), "start-up never reached the first probe");
+    let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+    // The fields after the command's name, which is in parentheses.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let nice_starting: i32 = after.split(' ').nth(16).unwrap().parse().unwrap();
+    fs::write(hold.join("attach-0.go"), b"").unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(120) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    if child.try_wait().unwrap().is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    let read = fs::read_to_string(&seen).unwrap_or_default();
+    let v: Vec<i32> = read
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    assert_eq!(
+        (nice_starting, v.as_slice()),
+        (memcg_trace::session::STARTUP_NICE, [0, 0].as_slice()),
+        "nice while starting, then the workload's and the daemon's while tracing ({read:?})"
+    );
+    summary(
+        name,
+        &format!(
+            "nice {nice_starting} while starting; workload {} and daemon {} while tracing",
+            v[0], v[1]
+        ),
     );
 }
 

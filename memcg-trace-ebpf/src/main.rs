@@ -2560,14 +2560,28 @@ pub fn held_switch(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: helper without preconditions.
     let cpu = unsafe { bpf_get_smp_processor_id() };
     let Some(h) = HELD_SWITCHES.get_ptr_mut(cpu) else {
+        // (The array has an element per possible CPU: not reached.) Counted as held, in the
+        // first element, shared: atomically.
+        if let Some(h) = HELD_SWITCHES.get_ptr_mut(0) {
+            // SAFETY: an aligned u64 in a map value.
+            unsafe {
+                atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+                    core::ptr::addr_of_mut!((*h).held),
+                    1,
+                )
+            };
+        }
         return 0;
     };
     let l = layout();
     let held = match cpu_state(&ctx) {
-        // The per-CPU base is the preempt count's address less its offset (see
-        // `find_cpu_base`).
+        // `find_cpu_base` stored the per-CPU base plus `preempt_count` (on arm64 a task
+        // offset, which makes no address; the base comes back all the same).
         Some(st) if l.prog_active != 0 => {
-            let at = st.preempt_addr().wrapping_sub(l.preempt_count) + l.prog_active;
+            let at = st
+                .preempt_addr()
+                .wrapping_sub(l.preempt_count)
+                .wrapping_add(l.prog_active);
             // SAFETY: a read of kernel memory through the fault-safe helper.
             unsafe { bpf_probe_read_kernel(at as *const i32) }.map_or(true, |n| n != 0)
         }

@@ -1489,7 +1489,7 @@ mod tests {
         let foot = crate::table::probe_footnote(&witnessed[0]);
         assert!(
             foot.ends_with(
-                "calls that left the CPU proven by the switches that found a BPF section held (7)"
+                "calls that left the CPU checked by the switch witness: 7 switches found a BPF section held (the calls in flight then rejected)"
             ),
             "{foot}"
         );

@@ -715,7 +715,8 @@ pub fn ignored_at_start(sig: libc::c_int) -> bool {
 /// The stop signal that arrived (0: none yet), set by an action of its own beside the
 /// runtime's ([`Signals::install`]). Start-up's long steps (attach, the floors) run without
 /// await points, where the runtime cannot see a signal: they look here between their parts
-/// ([`stop_point`]). A process-wide fact, as a signal's arrival is.
+/// ([`stop_point`]). A process-wide fact, as a signal's arrival is; never cleared: a process
+/// that was asked to stop starts no further session (`bench`'s rounds end on a signal).
 static STOPPED_BY: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// The stop signal that arrived since the handlers were installed, if one did.
@@ -764,7 +765,7 @@ pub const STARTUP_NICE: i32 = -10;
 /// when dropped, before the workload is started (which would inherit it). Beside a benchmark
 /// that already keeps every CPU busy, start-up at its usual priority gets the share of one
 /// runnable task among them all: under emulation, beside a 10-task hackbench loop on 2 CPUs,
-/// it took 84 s instead of 7 s. Only the thread that starts (the runtime's only one); nothing
+/// attaching took 62-67 s at nice 0 and 12 s at nice -10 (7 s alone). Only the thread that starts (the runtime's only one); nothing
 /// is changed where the priority is at least as high already or cannot be raised.
 struct StartupPriority {
     was: Option<i32>,
@@ -848,7 +849,8 @@ pub fn block_stop_signals(block: bool) {
 }
 
 /// Test-only switch: a directory; start-up stops at each point named by a file `<point>.hold`
-/// there (file `<point>.held` written) until `<point>.go` exists (60 s at most), so that a
+/// there (file `<point>.held` written) until `<point>.go` exists or a stop signal has been
+/// noted ([`stop_requested`]; 60 s at most), so that a
 /// test sends its signal inside the window every time. Points: `before-handlers` (signals
 /// blocked, no handler yet), `before-unblock` (handlers and actions in place, signals still
 /// blocked), and the [`stop_point`]s of attaching: `symbols`, `masks`, `load`, `attach-N`
@@ -866,7 +868,8 @@ fn hold_start(point: &str) {
     let _ = fs::write(dir.join(format!("{point}.held")), b"");
     let go = dir.join(format!("{point}.go"));
     let t0 = Instant::now();
-    while !go.exists() && t0.elapsed() < Duration::from_secs(60) {
+    // A stop signal noted ends the hold too: a test waits for that, not for a moment.
+    while !go.exists() && stop_requested().is_none() && t0.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }

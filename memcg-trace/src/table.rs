@@ -214,7 +214,7 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
 fn witness_note(p: &crate::export::ProbeOut) -> String {
     match p.held_switches {
         Some(n) => format!(
-            "; calls that left the CPU proven by the switches that found a BPF section held ({n})"
+            "; calls that left the CPU checked by the switch witness: {n} switches found a BPF section held (the calls in flight then rejected)"
         ),
         None => String::new(),
     }

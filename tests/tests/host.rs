@@ -801,7 +801,7 @@ fn host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost() {
 
 /// A stop signal that comes while the probes are being attached ends start-up before the next
 /// probe, not once all are attached and their floors measured: start-up is held before the
-/// first probe (`attach-0`), SIGTERM sent, and the run must end with "stopped by signal 15
+/// first probe (`attach-0`) until the signal is noted, SIGTERM sent, and the run must end with "stopped by signal 15
 /// before tracing began" without ever reaching the second (`attach-1`), leaving nothing
 /// behind. Beside a benchmark that keeps every CPU busy, start-up's steps take many times as
 /// long, and a stop signal acted on only between them waited that long (a `timeout` sent
@@ -812,6 +812,24 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
     let Some(_serial) = host_ready(name) else {
         return;
     };
+    // The same start-up without a signal reaches the second probe: otherwise the test could
+    // not tell "before the next probe" from "after the last".
+    let control = scratch(&format!("{name}-control"));
+    for f in ["attach-1.hold", "attach-1.go"] {
+        fs::write(control.join(f), b"").unwrap();
+    }
+    let out = Command::new(bin())
+        .args(["record", "-q", "--attach", "tracepoint", "-o"])
+        .arg(control.join("run.json"))
+        .args(["--", "true"])
+        .env(memcg_trace::session::HOLD_START, &control)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && control.join("attach-1.held").exists(),
+        "a run without a signal did not reach a second probe: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let hold = scratch(name);
     for p in ["attach-0", "attach-1"] {
         fs::write(hold.join(format!("{p}.hold")), b"").unwrap();
@@ -834,14 +852,14 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
         thread::sleep(Duration::from_millis(5));
     }
     assert!(held.exists(), "start-up never reached the first probe");
+    // Were the signal acted on only after attaching, the run would hold at the second probe:
+    // it passes there at once, so that such a run ends too, and is caught by the file it
+    // leaves.
+    fs::write(hold.join("attach-1.go"), b"").unwrap();
     // SAFETY: kill(2) of our child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    // The signal's action has run once the runtime's handler has: give it its moment.
-    thread::sleep(Duration::from_millis(200));
-    fs::write(hold.join("attach-0.go"), b"").unwrap();
-    // Were the signal acted on only after attaching, the run would hold at the second probe:
-    // let it pass at once so that such a run ends too, and is caught by the file it leaves.
-    fs::write(hold.join("attach-1.go"), b"").unwrap();
+    // No go for the first hold: it ends once the signal is noted (60 s at most, after which
+    // a run that never noted it goes on to the second probe).
     let t0 = Instant::now();
     while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(120) {
         thread::sleep(Duration::from_millis(20));
@@ -879,6 +897,13 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
 /// the workload starts: the workload (which would inherit it) and the daemon while it traces
 /// run at the nice value memcg-trace was started with. Read from /proc while start-up is held
 /// before its first probe, then by the workload, of itself and of the daemon (its parent).
+/// This thread's nice value, which a child it starts inherits.
+fn own_nice() -> i32 {
+    let stat = fs::read_to_string("/proc/thread-self/stat").unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split(' ').nth(16).unwrap().parse().unwrap()
+}
+
 #[test]
 fn host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own() {
     let name = "host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own";
@@ -927,10 +952,13 @@ fn host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own() {
         .split_whitespace()
         .filter_map(|x| x.parse().ok())
         .collect();
+    // Raised unless this test already runs at least as high; the workload and the daemon
+    // while tracing at this test's (which the daemon started with).
+    let own = own_nice();
     assert_eq!(
         (nice_starting, v.as_slice()),
-        (memcg_trace::session::STARTUP_NICE, [0, 0].as_slice()),
-        "nice while starting, then the workload's and the daemon's while tracing ({read:?})"
+        (own.min(memcg_trace::session::STARTUP_NICE), [own, own].as_slice()),
+        "nice while starting, then the workload's and the daemon's while tracing ({read:?}; this test's {own})"
     );
     summary(
         name,

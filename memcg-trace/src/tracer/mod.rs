@@ -793,9 +793,11 @@ impl Tracer {
                 && self.kprobe_defers
                 && !crate::kernel::kprobe_misses_counted()
                 && self.start_witness(&mut reasons);
-            // The entry program is new: its misses are 0 until it is attached.
+            // The entry program is new: its misses are 0 until it is attached; the switch
+            // witness's count is read before then too.
             let before = monotonic_ns();
             let held_before = if witnessed { self.held_total() } else { 0 };
+            let read = monotonic_ns();
             match self.attach_programs(&programs, &plan.target, Some(slot)) {
                 Ok(()) => {
                     self.set_window(slot, memcg_trace_common::WINDOW_OPEN);
@@ -804,7 +806,7 @@ impl Tracer {
                         Mark {
                             before,
                             misses: held_before,
-                            after: before,
+                            after: read,
                         },
                     );
                     // Deferred pairs of a kprobe can be confirmed where the kernel counts
@@ -1037,6 +1039,13 @@ impl Tracer {
     /// the BPF trampolines attaching made, which stacks pass through.
     pub fn done_attaching(&mut self) {
         self.btf = None;
+        // A switch witness whose kprobe could not be attached after all costs every context
+        // switch for nothing.
+        if self.witness.as_ref().is_some_and(|w| w.slots.is_empty()) {
+            self.detach(names::HELD_SWITCH);
+            self.extra.retain(|p| *p != names::HELD_SWITCH);
+            self.witness = None;
+        }
         if self.stacks.is_some() {
             let (n, _) = crate::callers::Names::new();
             self.names = n;

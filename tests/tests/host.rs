@@ -4,7 +4,7 @@
 use std::{
     fs,
     path::Path,
-    process::{Command, Stdio},
+    process::{Command, Output, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -747,7 +747,7 @@ fn host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost() {
             let hold = scratch(&format!("{name}-{i}-{sig}"));
             fs::write(hold.join(format!("{point}.hold")), b"").unwrap();
             let marker = format!("{}.{i}{sig}", 700 + i);
-            let mut child = stop_signals_default(
+            let child = stop_signals_default(
                 Command::new(bin())
                     .args(["record", "-q", "--attach", "tracepoint", "-o"])
                     .arg(hold.join("run.json"))
@@ -758,25 +758,15 @@ fn host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost() {
             )
             .spawn()
             .unwrap();
-            let held = hold.join(format!("{point}.held"));
-            let t0 = Instant::now();
-            while !held.exists() && t0.elapsed() < Duration::from_secs(30) {
-                thread::sleep(Duration::from_millis(5));
-            }
-            assert!(held.exists(), "{point}: start-up never reached the hold");
+            assert!(
+                appears(&hold.join(format!("{point}.held")), 30),
+                "{point}: start-up never reached the hold"
+            );
             // SAFETY: kill(2) of our child.
             unsafe { libc::kill(child.id() as i32, sig) };
             fs::write(hold.join(format!("{point}.go")), b"").unwrap();
             // A lost signal would trace the whole sleep: stop waiting well before.
-            let t0 = Instant::now();
-            while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(60) {
-                thread::sleep(Duration::from_millis(20));
-            }
-            let lost = child.try_wait().unwrap().is_none();
-            if lost {
-                let _ = child.kill();
-            }
-            let out = child.wait_with_output().unwrap();
+            let (out, lost) = ends_within(child, 60);
             let err = String::from_utf8_lossy(&out.stderr);
             let what = format!("signal {sig} held at {point}: {:?}: {err}", out.status);
             assert!(
@@ -835,7 +825,7 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
         fs::write(hold.join(format!("{p}.hold")), b"").unwrap();
     }
     let marker = "711.5";
-    let mut child = stop_signals_default(
+    let child = stop_signals_default(
         Command::new(bin())
             .args(["record", "-q", "--attach", "tracepoint", "-o"])
             .arg(hold.join("run.json"))
@@ -846,12 +836,10 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
     )
     .spawn()
     .unwrap();
-    let held = hold.join("attach-0.held");
-    let t0 = Instant::now();
-    while !held.exists() && t0.elapsed() < Duration::from_secs(60) {
-        thread::sleep(Duration::from_millis(5));
-    }
-    assert!(held.exists(), "start-up never reached the first probe");
+    assert!(
+        appears(&hold.join("attach-0.held"), 60),
+        "start-up never reached the first probe"
+    );
     // Were the signal acted on only after attaching, the run would hold at the second probe:
     // it passes there at once, so that such a run ends too, and is caught by the file it
     // leaves.
@@ -860,15 +848,7 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     // No go for the first hold: it ends once the signal is noted (60 s at most, after which
     // a run that never noted it goes on to the second probe).
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(120) {
-        thread::sleep(Duration::from_millis(20));
-    }
-    let lost = child.try_wait().unwrap().is_none();
-    if lost {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().unwrap();
+    let (out, lost) = ends_within(child, 120);
     let err = String::from_utf8_lossy(&out.stderr);
     let what = format!("SIGTERM before the first probe: {:?}: {err}", out.status);
     assert!(
@@ -899,9 +879,37 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
 /// before its first probe, then by the workload, of itself and of the daemon (its parent).
 /// This thread's nice value, which a child it starts inherits.
 fn own_nice() -> i32 {
-    let stat = fs::read_to_string("/proc/thread-self/stat").unwrap();
+    nice_of("/proc/thread-self/stat")
+}
+
+/// The nice value in a `/proc/.../stat` file (the 19th field; the command's name, the second,
+/// is in parentheses and may hold spaces).
+fn nice_of(stat: &str) -> i32 {
+    let stat = fs::read_to_string(stat).unwrap();
     let after = &stat[stat.rfind(')').unwrap() + 2..];
     after.split(' ').nth(16).unwrap().parse().unwrap()
+}
+
+/// Whether `path` exists within `secs` seconds.
+fn appears(path: &Path, secs: u64) -> bool {
+    let t0 = Instant::now();
+    while !path.exists() && t0.elapsed() < Duration::from_secs(secs) {
+        thread::sleep(Duration::from_millis(5));
+    }
+    path.exists()
+}
+
+/// The child's output once it ends, and whether it had to be killed after `secs` seconds.
+fn ends_within(mut child: std::process::Child, secs: u64) -> (Output, bool) {
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(secs) {
+        thread::sleep(Duration::from_millis(20));
+    }
+    let lost = child.try_wait().unwrap().is_none();
+    if lost {
+        let _ = child.kill();
+    }
+    (child.wait_with_output().unwrap(), lost)
 }
 
 #[test]
@@ -917,7 +925,7 @@ fn host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own() {
         "echo $(cut -d' ' -f19 /proc/self/stat) $(cut -d' ' -f19 /proc/$PPID/stat) >{}",
         seen.display()
     );
-    let mut child = Command::new(bin())
+    let child = Command::new(bin())
         .args(["record", "-q", "--attach", "tracepoint", "-o"])
         .arg(hold.join("run.json"))
         .args(["--", "sh", "-c", &script])
@@ -926,25 +934,13 @@ fn host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let held = hold.join("attach-0.held");
-    let t0 = Instant::now();
-    while !held.exists() && t0.elapsed() < Duration::from_secs(60) {
-        thread::sleep(Duration::from_millis(5));
-    }
-    assert!(held.exists(), "start-up never reached the first probe");
-    let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
-    // The fields after the command's name, which is in parentheses.
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let nice_starting: i32 = after.split(' ').nth(16).unwrap().parse().unwrap();
+    assert!(
+        appears(&hold.join("attach-0.held"), 60),
+        "start-up never reached the first probe"
+    );
+    let nice_starting = nice_of(&format!("/proc/{}/stat", child.id()));
     fs::write(hold.join("attach-0.go"), b"").unwrap();
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(120) {
-        thread::sleep(Duration::from_millis(20));
-    }
-    if child.try_wait().unwrap().is_none() {
-        let _ = child.kill();
-    }
-    let out = child.wait_with_output().unwrap();
+    let (out, _) = ends_within(child, 120);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{:?}: {err}", out.status);
     let read = fs::read_to_string(&seen).unwrap_or_default();

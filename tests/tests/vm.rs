@@ -141,6 +141,7 @@ fn vm_matrix(short: &str) {
         script.push_str(&format!("i=0; : >/tmp/updates\n\
              while [ $i -lt {UPDATES} ]; do echo \"map update pinned /sys/fs/bpf/mt_trie key 32 0 0 0 10 $((i / 256)) $((i % 256)) 0 value 0 0 0 0 0 0 0 0\" >>/tmp/updates; i=$((i + 1)); done\n\
              /usr/sbin/bpftool map create /sys/fs/bpf/mt_trie type lpm_trie key 8 value 8 entries {UPDATES} name mt_trie flags 1\n\
+             echo \"guest: bpftool preempted in its map updates\"\n\
              taskset -c 0 sh -c 'while :; do :; done' & busy=$!\n\
              memcg-trace record --attach kprobe -q -p charge -o /out/witness.json -- sh -c 'rm -f /tmp/hb-done; taskset -c 0 sh -c \"while [ ! -e /tmp/hb-done ]; do /usr/sbin/bpftool batch file /tmp/updates >/dev/null || exit 1; done\" & u=$!; hackbench -g 2 -l 100; touch /tmp/hb-done; wait $u' >/out/witness.txt 2>&1 || {{ kill $busy; cat /out/witness.txt; exit 1; }}\n\
              kill $busy\n\
@@ -684,7 +685,8 @@ fn vm_matrix(short: &str) {
 /// The guest's part of the RT check (see `vm_matrix`): bpftrace on the function `stat` resolves
 /// to, counting its calls by the running task's softirq count, while memcg-trace records `stat`
 /// across a loopback TCP stream in the workload's memcg (busybox nc: 50 MiB).
-const RT_SOCKETS: &str = r#"ifconfig lo 127.0.0.1 up
+const RT_SOCKETS: &str = r#"echo "guest: loopback stream beside bpftrace"
+ifconfig lo 127.0.0.1 up
 t=$(memcg-trace probes | awk '$1 == "stat" { print $2 }')
 echo "$t" >/out/sock-target.txt
 bpftrace -e "BEGIN { printf(\"ready\\n\"); } kprobe:$t /curtask->softirq_disable_cnt & 0x100/ { @softirq = count(); } kprobe:$t /!(curtask->softirq_disable_cnt & 0x100)/ { @other = count(); } kprobe:$t /!(curtask->softirq_disable_cnt & 0x100) && strncmp(comm, \"irq/\", 4) == 0/ { @irqthread = count(); }" >/out/sock-bt.txt 2>&1 &
@@ -694,9 +696,11 @@ while [ $i -lt 1200 ] && ! grep -qs ready /out/sock-bt.txt; do
   kill -0 $bt 2>/dev/null || { echo "bpftrace ended:"; cat /out/sock-bt.txt; exit 1; }
   sleep 0.1; i=$((i + 1))
 done
-memcg-trace record -q -p stat -o /out/sock.json -- sh -c '(sleep 600 | nc -l -p 5001 >/dev/null) & sleep 1; dd if=/dev/zero bs=64k count=800 2>/dev/null | nc 127.0.0.1 5001; killall nc sleep; true' >/out/sock.txt 2>&1 || { cat /out/sock.txt; exit 1; }
+echo "guest: bpftrace ready, the stream"
+memcg-trace record -q -p stat -o /out/sock.json -- sh -c '(sleep 600 | nc -l -p 5001 >/dev/null) & sleep 1; dd if=/dev/zero bs=64k count=800 2>/dev/null | timeout 300 nc 127.0.0.1 5001; killall nc sleep; true' >/out/sock.txt 2>&1 || { cat /out/sock.txt; exit 1; }
 kill -INT $bt
 wait $bt || true
+echo "guest: a shell named as an interrupt thread"
 # A process that names itself as an interrupt thread does (threads are told by their name):
 # its forks' charges must be counted as an interrupt thread's.
 memcg-trace record -q -p charge -o /out/irqname.json -- sh -c 'printf irq/9-fake >/proc/$$/comm; i=0; while [ $i -lt 100 ]; do : | :; i=$((i + 1)); done' >/out/irqname.txt 2>&1 || { cat /out/irqname.txt; exit 1; }

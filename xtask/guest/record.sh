@@ -21,10 +21,12 @@ for b in $BACKENDS; do
 done
 ls /sys/fs/cgroup | grep -c '^memcg-trace\.' >/out/leftover-memcgs || true
 # A failing workload: its exit status comes back, the JSON is still written.
+echo "guest: a workload that exits 3"
 rc=0
 memcg-trace record -q -p stat -o /out/exit3.json -- sh -c 'exit 3' >/dev/null 2>/out/exit3.err || rc=$?
 echo $rc >/out/exit3.status
 # SIGTERM to memcg-trace mid-run: JSON written, memcg removed.
+echo "guest: SIGTERM mid-run"
 memcg-trace record -q -p stat -o /out/term.json -- sleep 120 >/dev/null 2>/out/term.err &
 pid=$!
 i=0

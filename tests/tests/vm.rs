@@ -136,6 +136,9 @@ fn vm_matrix(short: &str) {
     // switch witness. A bpftool process inserting keys again and again, pinned with a busy
     // loop to CPU 0, is preempted inside its map system calls, where the kernel holds CPU 0's
     // bpf_prog_active: every kprobe program on that CPU is skipped meanwhile, hackbench's too.
+    // hackbench starts once the bpftool loop has, and the loop makes at least one round and
+    // stops only after hackbench ended (a loop that tested first, starved on CPU 0 by the busy
+    // loop and hackbench, once made no round at all: 0 held switches, 0 kprobe hits not run).
     let witness = short == "6.1-rt";
     if witness {
         script.push_str(&format!("i=0; : >/tmp/updates\n\
@@ -143,7 +146,7 @@ fn vm_matrix(short: &str) {
              /usr/sbin/bpftool map create /sys/fs/bpf/mt_trie type lpm_trie key 8 value 8 entries {UPDATES} name mt_trie flags 1\n\
              echo \"guest: bpftool preempted in its map updates\"\n\
              taskset -c 0 sh -c 'while :; do :; done' & busy=$!\n\
-             memcg-trace record --attach kprobe -q -p charge -o /out/witness.json -- sh -c 'rm -f /tmp/hb-done; taskset -c 0 sh -c \"while [ ! -e /tmp/hb-done ]; do /usr/sbin/bpftool batch file /tmp/updates >/dev/null || exit 1; done\" & u=$!; hackbench -g 2 -l 100; touch /tmp/hb-done; wait $u' >/out/witness.txt 2>&1 || {{ kill $busy; cat /out/witness.txt; exit 1; }}\n\
+             memcg-trace record --attach kprobe -q -p charge -o /out/witness.json -- sh -c 'rm -f /tmp/hb-done /tmp/bt-started; taskset -c 0 sh -c \"touch /tmp/bt-started; while :; do /usr/sbin/bpftool batch file /tmp/updates >/dev/null || exit 1; [ -e /tmp/hb-done ] && exit 0; done\" & u=$!; while [ ! -e /tmp/bt-started ]; do sleep 0.05; done; hackbench -g 2 -l 100; touch /tmp/hb-done; wait $u' >/out/witness.txt 2>&1 || {{ kill $busy; cat /out/witness.txt; exit 1; }}\n\
              kill $busy\n\
              rm -f /sys/fs/bpf/mt_trie\n"
         ));

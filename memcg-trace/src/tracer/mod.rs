@@ -1124,18 +1124,11 @@ impl Tracer {
         }
     }
 
-    /// The switch witness's counts summed over CPUs: (switches that found a BPF section held,
-    /// switches seen).
-    fn held_switches(&self) -> (u64, u64) {
-        (0..self.cpus).fold((0, 0), |(h, s), cpu| {
-            let c = self.held_switches.get(cpu);
-            (h + c.held, s + c.seen)
-        })
-    }
-
     /// Switches that found a BPF section held, on every CPU so far.
     fn held_total(&self) -> u64 {
-        self.held_switches().0
+        (0..self.cpus)
+            .map(|cpu| self.held_switches.get(cpu).held)
+            .sum()
     }
 
     /// A reading of a probe's entry program misses, for the verifier.

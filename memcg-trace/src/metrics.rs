@@ -56,10 +56,23 @@ impl Format {
     }
 }
 
-/// The exposition of `doc` (None: nothing traced yet, during start-up: only `memcg_trace_up 0`).
+/// The exposition of `doc` (None: nothing traced yet, during start-up: only `memcg_trace_up 0`),
+/// its breakdowns' series chosen from it alone (a scrape of a server keeps its own: [`Listed`]).
 pub fn encode(doc: Option<&Document>, format: Format) -> String {
+    let mut listed = Listed::default();
+    if let Some(d) = doc {
+        listed.update(d);
+    }
+    encode_listed(doc, &listed, format)
+}
+
+/// The exposition of `doc` with the breakdowns' series that `listed` holds.
+pub fn encode_listed(doc: Option<&Document>, listed: &Listed, format: Format) -> String {
     let mut registry = Registry::with_prefix("memcg_trace");
-    registry.register_collector(Box::new(Figures(doc.cloned().map(Arc::new))));
+    registry.register_collector(Box::new(Figures(
+        doc.cloned().map(Arc::new),
+        listed.clone(),
+    )));
     let mut out = String::new();
     let r = match format {
         Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry),
@@ -89,13 +102,120 @@ pub fn buckets(l: &Latency) -> Vec<(f64, u64)> {
 }
 
 #[derive(Debug)]
-struct Figures(Option<Arc<Document>>);
+struct Figures(Option<Arc<Document>>, Listed);
 
-/// Call-site series per probe and context (`--callers`), the costliest: a bounded label set.
+/// A breakdown's row joins the series while among this many of its probe and context, the
+/// costliest (by time; counts only: by calls).
 pub const CALLER_SERIES: usize = 10;
 
-/// A row of a breakdown of a probe's calls (call site, memcg): context, name, calls, summed ns.
-type Part = (String, String, u64, u64);
+/// At most this many series per breakdown, probe and context: a bounded label set.
+pub const LISTED_MAX: usize = 4 * CALLER_SERIES;
+
+/// The breakdowns of a probe's calls: the family's prefix, the label of its rows, the option
+/// that makes it, what a row is.
+const BREAKDOWNS: [(&str, &str, &str, &str); 2] = [
+    ("caller", "site", "--callers", "call site"),
+    ("memcg", "cgroup", "--by-memcg", "charged memcg"),
+];
+
+/// A breakdown's rows of a probe: context, label value, calls, summed ns, in the recording's
+/// order (the costliest first).
+fn breakdown<'a>(
+    p: &'a crate::export::ProbeOut,
+    family: &str,
+) -> Vec<(&'a str, &'a str, u64, u64)> {
+    match family {
+        "caller" => p
+            .callers
+            .iter()
+            .map(|s| (s.context.as_str(), s.site.as_str(), s.calls, s.sum_ns))
+            .collect(),
+        _ => p
+            .memcgs
+            .iter()
+            .map(|m| (m.context.as_str(), m.cgroup.as_str(), m.calls, m.sum_ns))
+            .collect(),
+    }
+}
+
+/// The rows of one context, those with the same label (a memcg re-created at one path, two
+/// addresses named alike) merged into the first: label, calls, summed ns. None: no row.
+fn merged<'a>(
+    rows: &[(&str, &'a str, u64, u64)],
+    context: &str,
+) -> Option<Vec<(&'a str, u64, u64)>> {
+    let mut out: Vec<(&str, u64, u64)> = Vec::new();
+    for r in rows.iter().filter(|r| r.0 == context) {
+        match out.iter_mut().find(|m| m.0 == r.1) {
+            Some(m) => {
+                m.1 += r.2;
+                m.2 += r.3;
+            }
+            None => out.push((r.1, r.2, r.3)),
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Which rows of the breakdowns (`--callers`, `--by-memcg`) are series, and their last
+/// figures. Prometheus computes `rate()` and `increase()` per series: a series that came and
+/// went with the ranking would be read as a counter reset or a gap. So a row that became a
+/// series stays one for the rest of the run, at its last figures if it leaves the recording;
+/// a row joins while among the top [`CALLER_SERIES`] of its probe and context, until that has
+/// [`LISTED_MAX`]. What the series leave out is a gauge of its own (`*_unlisted_calls`).
+#[derive(Clone, Debug, Default)]
+pub struct Listed {
+    /// (family, probe, context, label value) -> (calls, summed ns).
+    rows: std::collections::BTreeMap<(&'static str, String, &'static str, String), (u64, u64)>,
+}
+
+impl Listed {
+    /// Takes in a newer recording: its top rows join, every series takes its figures (never
+    /// lower than before: the breakdowns only grow).
+    pub fn update(&mut self, d: &Document) {
+        for (family, ..) in BREAKDOWNS {
+            for p in &d.probes {
+                let rows = breakdown(p, family);
+                for c in crate::export::CTX_ORDER {
+                    let Some(v) = merged(&rows, c) else { continue };
+                    let mut n = self
+                        .series(family, &p.name)
+                        .filter(|((x, _), _)| *x == c)
+                        .count();
+                    for (i, (label, calls, sum_ns)) in v.into_iter().enumerate() {
+                        let key = (family, p.name.clone(), c, label.to_string());
+                        match self.rows.get_mut(&key) {
+                            Some(f) => *f = (f.0.max(calls), f.1.max(sum_ns)),
+                            None if i < CALLER_SERIES && n < LISTED_MAX => {
+                                self.rows.insert(key, (calls, sum_ns));
+                                n += 1;
+                            }
+                            None => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a breakdown's row is a series.
+    fn has(&self, family: &'static str, probe: &str, context: &'static str, label: &str) -> bool {
+        self.rows
+            .contains_key(&(family, probe.to_string(), context, label.to_string()))
+    }
+
+    /// A breakdown's series of a probe: (context, label value) and (calls, summed ns).
+    fn series<'a>(
+        &'a self,
+        family: &'a str,
+        probe: &'a str,
+    ) -> impl Iterator<Item = ((&'a str, &'a str), &'a (u64, u64))> + 'a {
+        self.rows
+            .iter()
+            .filter(move |(k, _)| k.0 == family && k.1 == probe)
+            .map(|(k, v)| ((k.2, k.3.as_str()), v))
+    }
+}
 
 /// One row's series: its labels and figures (lost, unmatched, censored: None for workload rows).
 struct Row<'a> {
@@ -278,74 +398,57 @@ impl Collector for Figures {
                 }
             }
         }
-        // Call sites (`--callers`) and charged memcgs (`--by-memcg`): the top CALLER_SERIES
-        // of each probe and context (by time; counts only: by calls), so that the label set
-        // stays bounded (the JSON has every row).
-        let callers = |p: &crate::export::ProbeOut| -> Vec<Part> {
-            p.callers
-                .iter()
-                .map(|s| (s.context.clone(), s.site.clone(), s.calls, s.sum_ns))
-                .collect()
-        };
-        let memcgs = |p: &crate::export::ProbeOut| -> Vec<Part> {
-            p.memcgs
-                .iter()
-                .map(|m| (m.context.clone(), m.cgroup.clone(), m.calls, m.sum_ns))
-                .collect()
-        };
-        for (prefix, label, flag, what, parts) in [
-            (
-                "caller",
-                "site",
-                "--callers",
-                "call site",
-                &callers as &dyn Fn(&crate::export::ProbeOut) -> Vec<Part>,
-            ),
-            ("memcg", "cgroup", "--by-memcg", "charged memcg", &memcgs),
-        ] {
-            let all: Vec<Vec<Part>> = d.probes.iter().map(parts).collect();
-            if all.iter().all(Vec::is_empty) {
+        // Call sites (`--callers`) and charged memcgs (`--by-memcg`): the rows `Listed` made
+        // series (a bounded label set: the JSON has every row), and per probe and context the
+        // calls of the rows that are not.
+        for (family, label, flag, what) in BREAKDOWNS {
+            if d.probes.iter().all(|p| breakdown(p, family).is_empty()) {
                 continue;
             }
-            // Rows with the same labels (a memcg re-created at one path, two addresses named
-            // alike) are one series: merged, in the order of their first.
-            let top = |v: &[Part]| -> Vec<Part> {
-                let mut out: Vec<Part> = Vec::new();
-                for c in crate::export::CTX_ORDER {
-                    let mut merged: Vec<Part> = Vec::new();
-                    for s in v.iter().filter(|s| s.0 == c) {
-                        match merged.iter_mut().find(|m| m.1 == s.1) {
-                            Some(m) => {
-                                m.2 += s.2;
-                                m.3 += s.3;
-                            }
-                            None => merged.push(s.clone()),
-                        }
-                    }
-                    out.extend(merged.into_iter().take(CALLER_SERIES));
-                }
-                out
-            };
             for (suffix, help, unit, timed) in [
-                ("calls", format!("Calls per {what} ({flag}; the top {CALLER_SERIES} by time per probe and context)"), None, false),
+                ("calls", format!("Calls per {what} ({flag}; a row becomes a series while among the top {CALLER_SERIES} by time of its probe and context, at most {LISTED_MAX} series each, and stays one for the run)"), None, false),
                 ("latency", format!("Summed latency of the timed calls per {what} ({flag}; the same rows)"), Some(&Unit::Seconds), true),
             ] {
-                let name = format!("{prefix}_{suffix}");
+                let name = format!("{family}_{suffix}");
                 let mut m = e.encode_descriptor(&name, &help, unit, MetricType::Counter)?;
-                for ((p, b), v) in d.probes.iter().zip(&backends).zip(&all) {
+                for (p, b) in d.probes.iter().zip(&backends) {
                     if timed && p.backend.to_string() == "tracepoint" {
                         continue;
                     }
-                    for s in top(v) {
+                    for ((context, value), &(calls, sum_ns)) in self.1.series(family, &p.name) {
                         let labels = [
                             ("probe", p.name.as_str()),
-                            ("context", s.0.as_str()),
-                            (label, s.1.as_str()),
+                            ("context", context),
+                            (label, value),
                             ("backend", b.as_str()),
                         ];
-                        let value = if timed { s.3 as f64 / 1e9 } else { s.2 as f64 };
-                        ConstCounter::new(value).encode(m.encode_family(&labels)?)?;
+                        let v = if timed { sum_ns as f64 / 1e9 } else { calls as f64 };
+                        ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
                     }
+                }
+            }
+            // A gauge: a row that becomes a series takes its calls out of it.
+            let (name, help) = (
+                format!("{family}_unlisted_calls"),
+                format!("Calls of the {what}s that are no series of {family}_calls_total ({flag}): with them, the series of a probe and context sum to its calls in the breakdown"),
+            );
+            let mut m = e.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
+            for (p, b) in d.probes.iter().zip(&backends) {
+                for c in crate::export::CTX_ORDER {
+                    let Some(rows) = merged(&breakdown(p, family), c) else {
+                        continue;
+                    };
+                    let unlisted: u64 = rows
+                        .iter()
+                        .filter(|r| !self.1.has(family, &p.name, c, r.0))
+                        .map(|r| r.1)
+                        .sum();
+                    let labels = [
+                        ("probe", p.name.as_str()),
+                        ("context", c),
+                        ("backend", b.as_str()),
+                    ];
+                    ConstGauge::new(unlisted as i64).encode(m.encode_family(&labels)?)?;
                 }
             }
         }
@@ -581,6 +684,94 @@ mod tests {
         assert!(
             !t.contains("caller_14+"),
             "beyond the top {CALLER_SERIES}: {t}"
+        );
+    }
+
+    /// The calls of `name`'s series whose line contains `having`, by their label line.
+    fn series_of(t: &str, name: &str, having: &str) -> Vec<(String, f64)> {
+        t.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(having))
+            .map(|l| {
+                let (k, v) = l.rsplit_once(' ').unwrap();
+                (k.to_string(), v.parse().unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_served_breakdown_row_stays_a_series_once_it_is_one_and_the_rest_is_told() {
+        let caller = |i: u64, calls: u64| crate::export::CallerOut {
+            context: "task".into(),
+            site: format!("caller_{i}+0x10"),
+            address: format!("{:#x}", 0xffff_ffff_8100_0000u64 + i),
+            calls,
+            share_of_calls: None,
+            sum_ns: calls * 1000,
+            share_of_time: None,
+            p50_ns: None,
+            p99_ns: None,
+            buckets: Vec::new(),
+        };
+        let mut d = fixture();
+        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        // 15 sites, the costliest first, as the recording orders them.
+        charge.callers = (0..15).map(|i| caller(i, 1000 - i)).collect();
+        let mut listed = Listed::default();
+        listed.update(&d);
+        let t1 = encode_listed(Some(&d), &listed, Format::Text);
+        let first = series_of(&t1, "memcg_trace_caller_calls_total", "probe=\"charge\"");
+        assert_eq!(first.len(), CALLER_SERIES, "{t1}");
+        let unlisted = "memcg_trace_caller_unlisted_calls{probe=\"charge\",context=\"task\",backend=\"fentry\"}";
+        let rest: u64 = (CALLER_SERIES as u64..15).map(|i| 1000 - i).sum();
+        assert!(
+            t1.contains(&format!("{unlisted} {rest}")),
+            "{unlisted} {rest}\n{t1}"
+        );
+        // Later the ranking turns: caller_14 becomes the costliest and caller_0 has left the
+        // recording. Every series of the first scrape is still served (caller_0 at its last
+        // figure), caller_14 joins, and the rest is still told.
+        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        charge.callers = std::iter::once(caller(14, 5000))
+            .chain((1..14).map(|i| caller(i, 1000 - i)))
+            .collect();
+        listed.update(&d);
+        let t2 = encode_listed(Some(&d), &listed, Format::Text);
+        let second = series_of(&t2, "memcg_trace_caller_calls_total", "probe=\"charge\"");
+        for (k, v) in &first {
+            assert!(
+                second.iter().any(|(k2, v2)| k2 == k && v2 >= v),
+                "{k} {v} went away or back:\n{t2}"
+            );
+        }
+        assert_eq!(second.len(), CALLER_SERIES + 1, "{t2}");
+        assert!(
+            second
+                .iter()
+                .any(|(k, v)| k.contains("caller_14+") && *v == 5000.0),
+            "{t2}"
+        );
+        let told: u64 = (CALLER_SERIES as u64..14).map(|i| 1000 - i).sum();
+        assert!(
+            t2.contains(&format!("{unlisted} {told}")),
+            "{unlisted} {told}\n{t2}"
+        );
+        // The label set stays bounded: new sites join at most LISTED_MAX a context.
+        for round in 0..10u64 {
+            let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+            charge.callers = (0..CALLER_SERIES as u64)
+                .map(|i| caller(100 + round * 100 + i, 10_000 + round * 100 - i))
+                .collect();
+            listed.update(&d);
+        }
+        let t3 = encode_listed(Some(&d), &listed, Format::Text);
+        let third = series_of(&t3, "memcg_trace_caller_calls_total", "probe=\"charge\"");
+        assert_eq!(third.len(), LISTED_MAX, "{t3}");
+        // A server that chose nothing yet (stateless `encode`): the top of this recording.
+        let fresh = encode(Some(&d), Format::Text);
+        assert_eq!(
+            series_of(&fresh, "memcg_trace_caller_calls_total", "probe=\"charge\"").len(),
+            CALLER_SERIES,
+            "{fresh}"
         );
     }
 

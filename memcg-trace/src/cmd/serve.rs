@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::{
     export::{self, Document},
-    metrics::{self, Format},
+    metrics::{self, Format, Listed},
     session::{End, Event, LiveArgs, Options, Session, Verbosity},
 };
 
@@ -52,8 +52,8 @@ pub const SLOW_START: &str = "MEMCG_TRACE_TEST_SLOW_START_MS";
 /// Connections served at once; more wait in the kernel's accept queue.
 const MAX_CONNECTIONS: usize = 64;
 
-/// A scrape's request for the latest figures.
-type Ask = oneshot::Sender<Option<Arc<Document>>>;
+/// A scrape's request for the latest figures, with the breakdowns' series chosen so far.
+type Ask = oneshot::Sender<Option<Arc<(Document, Listed)>>>;
 
 /// `memcg-trace serve`.
 pub async fn run(args: ServeArgs) -> Result<i32> {
@@ -88,6 +88,8 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
         Err(code) => return Ok(code),
     };
     s.without_history();
+    // Kept across scrapes: a breakdown's row that became a series stays one.
+    let mut listed = Listed::default();
     serving.store(true, Ordering::SeqCst);
     eprintln!("memcg-trace: serving http://{addr}/metrics");
     let end = loop {
@@ -108,7 +110,8 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
             },
             Some(ask) = ask_rx.recv() => {
                 let doc = export::document(&s.latest(), &s.meta_now());
-                let _ = ask.send(Some(Arc::new(doc)));
+                listed.update(&doc);
+                let _ = ask.send(Some(Arc::new((doc, listed.clone()))));
             }
         }
     };
@@ -244,9 +247,9 @@ async fn answer(
             }
         }
     };
-    Ok(reply(
-        StatusCode::OK,
-        format.content_type(),
-        metrics::encode(doc.as_deref(), format),
-    ))
+    let body = match doc.as_deref() {
+        Some((doc, listed)) => metrics::encode_listed(Some(doc), listed, format),
+        None => metrics::encode(None, format),
+    };
+    Ok(reply(StatusCode::OK, format.content_type(), body))
 }

@@ -130,7 +130,7 @@ impl Meta {
 }
 
 /// The daemon's own cost (the programs' cost is per probe).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct DaemonCost {
     /// From the start of the command until every probe was attached, ns.
     pub startup_ns: u64,
@@ -151,6 +151,11 @@ pub struct DaemonCost {
     /// it was spared that (see `tracer::kbtf`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loader_btf_parsed: Option<String>,
+    /// Programs attached besides the probes' (the switch witness on `sched_switch`, the
+    /// bench's floors), with their runs and run time: what they add to the traced kernel.
+    /// Absent when there were none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_programs: Vec<ProgramOut>,
 }
 
 /// One phase of the start-up.
@@ -759,6 +764,17 @@ fn unix_ns(t: SystemTime) -> u128 {
         .unwrap_or(0)
 }
 
+/// A program's statistics as written.
+fn program_out(c: &crate::snapshot::ProgCost) -> ProgramOut {
+    ProgramOut {
+        name: c.name.clone(),
+        run_cnt: c.run_cnt,
+        run_time_ns: c.run_time_ns,
+        ns_per_run: ratio(c.run_time_ns as f64, c.run_cnt as f64),
+        recursion_misses: c.recursion_misses,
+    }
+}
+
 /// The recording of a snapshot: the one place a document is assembled (`record`, the
 /// dashboard's save key).
 pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
@@ -783,7 +799,10 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
             end_unix_ns: start + snap.elapsed.as_nanos(),
             duration_ns: snap.elapsed.as_nanos() as u64,
             bpf_stats: snap.bpf_stats,
-            tracer: run.daemon.clone(),
+            tracer: DaemonCost {
+                other_programs: snap.extra.iter().map(program_out).collect(),
+                ..run.daemon.clone()
+            },
             context_masks: run.masks.clone(),
             off_cpu: run.off_cpu.clone(),
             reads: run.reads.clone(),
@@ -906,17 +925,7 @@ pub(crate) fn probes_out(
                         })
                         .flatten(),
                 }),
-                programs: p
-                    .programs
-                    .iter()
-                    .map(|c| ProgramOut {
-                        name: c.name.clone(),
-                        run_cnt: c.run_cnt,
-                        run_time_ns: c.run_time_ns,
-                        ns_per_run: ratio(c.run_time_ns as f64, c.run_cnt as f64),
-                        recursion_misses: c.recursion_misses,
-                    })
-                    .collect(),
+                programs: p.programs.iter().map(program_out).collect(),
                 contexts: p
                     .contexts
                     .iter()
@@ -1496,6 +1505,63 @@ mod tests {
         let json = serde_json::to_string(&witnessed[0]).unwrap();
         let back: ProbeOut = serde_json::from_str(&json).unwrap();
         assert_eq!(back.held_switches, Some(7));
+    }
+
+    /// What the programs attached besides the probes' cost (the switch witness: one run per
+    /// context switch) is in the recording, read back, and said by the table; a run with none
+    /// has no such field.
+    #[test]
+    fn the_other_programs_runs_and_run_time_are_recorded_and_told() {
+        let mut s = crate::tui::app::tests::snap(10, 1000, 500, 0);
+        s.bpf_stats = true;
+        let run = RunMeta {
+            start: UNIX_EPOCH,
+            masks: None,
+            off_cpu: None,
+            reads: None,
+            daemon: DaemonCost::default(),
+            workload: None,
+            notes: HashMap::new(),
+            not_attached: Vec::new(),
+            floors: Vec::new(),
+            calibration: Vec::new(),
+            history: None,
+            preemption_model: Some("PREEMPT_RT".into()),
+        };
+        let plain = document(&s, &run);
+        assert!(plain.meta.tracer.other_programs.is_empty());
+        assert!(!serde_json::to_string(&plain)
+            .unwrap()
+            .contains("other_programs"));
+        assert!(!crate::table::summary(&plain).contains("also attached"));
+        s.extra.push(crate::snapshot::ProgCost {
+            name: "held_switch".into(),
+            run_cnt: 2000,
+            run_time_ns: 300_000,
+            recursion_misses: 0,
+        });
+        let doc = document(&s, &run);
+        let w = &doc.meta.tracer.other_programs;
+        assert_eq!(w.len(), 1);
+        assert_eq!((w[0].run_cnt, w[0].ns_per_run), (2000, Some(150.0)));
+        let back: Document = serde_json::from_str(&serde_json::to_string(&doc).unwrap()).unwrap();
+        assert_eq!(
+            back.meta.tracer.other_programs,
+            doc.meta.tracer.other_programs
+        );
+        let t = crate::table::summary(&doc);
+        assert!(
+            t.contains("also attached: held_switch ran 2000 times, 150ns a run"),
+            "{t}"
+        );
+        // Without the kernel's bpf stats the runs are not counted: no figure is given.
+        s.bpf_stats = false;
+        let t = crate::table::summary(&document(&s, &run));
+        assert!(
+            t.contains("also attached: held_switch (its runs are counted with --bpf-stats)")
+                && !t.contains("2000"),
+            "{t}"
+        );
     }
 
     /// On a kernel whose task clock leaves out interrupt and steal time (review finding 3d), a

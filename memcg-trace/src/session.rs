@@ -1326,6 +1326,8 @@ impl Session {
                 tick_ns: self.tick.as_nanos() as u64,
                 startup_phases: self.phases.clone(),
                 loader_btf_parsed: self.loader_btf_parsed.clone(),
+                // From the snapshot (`export::document`).
+                other_programs: Vec::new(),
             },
             workload: self.memcg.as_ref().map(|m| Workload {
                 argv: self.argv.clone(),

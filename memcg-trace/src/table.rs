@@ -547,6 +547,24 @@ pub fn summary(doc: &Document) -> String {
         fmt_ns(t.tick_ns as f64),
         t.peak_rss_kib as f64 / 1024.0
     );
+    // Program runs are counted only while the kernel's bpf stats are on.
+    for p in &t.other_programs {
+        let _ = match p.ns_per_run {
+            Some(ns) if m.bpf_stats => writeln!(
+                out,
+                "also attached: {} ran {} times, {} a run",
+                p.name,
+                p.run_cnt,
+                fmt_ns(ns)
+            ),
+            _ if m.bpf_stats => writeln!(out, "also attached: {} ran {} times", p.name, p.run_cnt),
+            _ => writeln!(
+                out,
+                "also attached: {} (its runs are counted with --bpf-stats)",
+                p.name
+            ),
+        };
+    }
     for n in &doc.not_attached {
         let _ = writeln!(out, "{:<16} not attached: {}", n.name, n.reasons.join("; "));
     }

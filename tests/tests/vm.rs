@@ -755,6 +755,48 @@ fn check_witness(short: &str, out: &Path) {
         summary.contains("calls that left the CPU checked by the switch witness"),
         "{short}: the footnote does not say how the calls that left the CPU were proven\n{summary}"
     );
+    // Its own cost, one run per context switch, told beside the daemon's; counted where the
+    // kernel's bpf stats were on (the kprobe recording).
+    assert!(
+        doc.meta
+            .tracer
+            .other_programs
+            .iter()
+            .any(|p| p.name == "held_switch")
+            && summary.contains("also attached: held_switch"),
+        "{short}: auto: the switch witness is not among the programs attached\n{summary}"
+    );
+    let kdoc = load_recording(&out.join("kprobe.json"));
+    let ksummary = fs::read_to_string(out.join("kprobe.txt")).expect("summary");
+    let witness = kdoc
+        .meta
+        .tracer
+        .other_programs
+        .iter()
+        .find(|p| p.name == "held_switch")
+        .unwrap_or_else(|| {
+            panic!("{short}: the switch witness's runs are not recorded\n{ksummary}")
+        });
+    assert!(
+        kdoc.meta.bpf_stats
+            && witness.run_cnt > 0
+            && witness.ns_per_run.is_some()
+            && ksummary.contains("also attached: held_switch ran"),
+        "{short}: kprobe: the switch witness ran {} times ({:?} ns a run), the summary says:\n{ksummary}",
+        witness.run_cnt,
+        witness.ns_per_run
+    );
+    let charge_ns: f64 = probe(&kdoc, "charge")
+        .programs
+        .iter()
+        .filter_map(|p| p.ns_per_run)
+        .sum();
+    let witness_cost = format!(
+        "{} runs, {:.0} ns a run (charge's programs {charge_ns:.0} ns a call, {} calls)",
+        witness.run_cnt,
+        witness.ns_per_run.unwrap_or(f64::NAN),
+        probe(&kdoc, "charge").count
+    );
     let doc = load_recording(&out.join("witness.json"));
     let summary = fs::read_to_string(out.join("witness.txt")).expect("summary");
     check_invariants(&doc, &summary);
@@ -777,7 +819,7 @@ fn check_witness(short: &str, out: &Path) {
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!(
-            "{short}: switch witness: auto {deferred} deferred, {rejected} rejected, {off} ns off the CPU; beside a preempted map update {held} held switches, {} kprobe hits not run, {deferred_held} deferred, {rejected_held} rejected\n",
+            "{short}: switch witness: auto {deferred} deferred, {rejected} rejected, {off} ns off the CPU, the witness itself {witness_cost}; beside a preempted map update {held} held switches, {} kprobe hits not run, {deferred_held} deferred, {rejected_held} rejected\n",
             p.kprobe_skipped
         )
         .as_bytes(),

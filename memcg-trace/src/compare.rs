@@ -118,6 +118,11 @@ pub struct Figure {
     pub context: String,
     /// `calls/s`, `calls/op`, `p50`, `p99`, `mean` or `duration`.
     pub figure: String,
+    /// Where the function behind the probe differs between the sides (kernels that moved the
+    /// work to another function): `A's release: function -> B's release: function`. Calls per
+    /// workload operation then compare the work; latencies compare different functions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub functions: Option<String>,
     /// Unit of the values: `ns`, `calls/s`, `s`.
     pub unit: String,
     /// Side A.
@@ -226,7 +231,10 @@ pub fn compare(
         }
     }
     let mut figures = Vec::new();
-    let mut push = |probe: &str, context: &str, per_run: &dyn Fn(&Document) -> Vec<RunFigure>| {
+    let mut push = |probe: &str,
+                    context: &str,
+                    functions: Option<String>,
+                    per_run: &dyn Fn(&Document) -> Vec<RunFigure>| {
         let names = per_run(&a[0]);
         // A row no run has a call in is left out.
         for (i, (name, unit, _)) in names.iter().enumerate() {
@@ -255,6 +263,7 @@ pub fn compare(
                 probe: probe.to_string(),
                 context: context.to_string(),
                 figure: name.to_string(),
+                functions: functions.clone(),
                 unit: unit.to_string(),
                 beyond_noise,
                 a: sa,
@@ -266,6 +275,7 @@ pub fn compare(
         }
     };
     for name in probes {
+        let functions = function_change(a, b, name);
         for ctx in crate::export::CTX_ORDER {
             let get = |d: &Document| -> Option<ContextOut> {
                 d.probes
@@ -278,7 +288,7 @@ pub fn compare(
             if a.iter().chain(b).all(|d| get(d).is_none()) {
                 continue;
             }
-            push(name, ctx, &|d: &Document| {
+            push(name, ctx, functions.clone(), &|d: &Document| {
                 let c = get(d);
                 // A run where the probe was attached but saw no call here: 0 calls/s (kmem
                 // accounting off, say), not a missing run.
@@ -303,7 +313,7 @@ pub fn compare(
                 .filter(|w| w.count > 0)
         };
         if a.iter().chain(b).any(|d| wl(d).is_some()) {
-            push(name, "workload", &|d: &Document| {
+            push(name, "workload", functions.clone(), &|d: &Document| {
                 let w = wl(d);
                 let attached = d
                     .probes
@@ -320,7 +330,7 @@ pub fn compare(
             });
         }
     }
-    push("run", "-", &|d: &Document| {
+    push("run", "-", None, &|d: &Document| {
         vec![("duration", "s", Some(d.meta.duration_ns as f64 / 1e9))]
     });
     // Every row is a test: at 0.05, one unchanged figure in twenty would come out beyond noise
@@ -342,6 +352,54 @@ pub fn compare(
         a_files,
         b_files,
         figures,
+    }
+}
+
+/// Where the function behind probe `name` differs between the sides: each side's kernel release
+/// and function(s) (several where its runs differ), `A -> B`; None where they are the same.
+fn function_change(a: &[Document], b: &[Document], name: &str) -> Option<String> {
+    let side = |docs: &[Document]| -> (String, std::collections::BTreeSet<String>) {
+        let functions = docs
+            .iter()
+            .flat_map(|d| d.probes.iter().filter(|p| p.name == name))
+            .map(|p| p.target.clone())
+            .collect();
+        (docs[0].meta.kernel_release.clone(), functions)
+    };
+    let ((ra, fa), (rb, fb)) = (side(a), side(b));
+    let join = |f: &std::collections::BTreeSet<String>| {
+        if f.is_empty() {
+            "not attached".to_string()
+        } else {
+            f.iter().cloned().collect::<Vec<_>>().join(", ")
+        }
+    };
+    (fa != fb).then(|| format!("{ra}: {} -> {rb}: {}", join(&fa), join(&fb)))
+}
+
+/// The notes under a table: the probes whose function differs between the sides.
+fn function_notes(c: &Comparison) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for f in &c.figures {
+        if let Some(x) = &f.functions {
+            let line = format!(
+                "* {}: {x} (the function behind the probe changed: calls/op compare the work, latencies different functions)",
+                f.probe
+            );
+            if !out.contains(&line) {
+                out.push(line);
+            }
+        }
+    }
+    out
+}
+
+/// A row's probe cell: marked where its function differs between the sides.
+fn probe_cell(f: &Figure) -> String {
+    if f.functions.is_some() {
+        format!("{}*", f.probe)
+    } else {
+        f.probe.clone()
     }
 }
 
@@ -455,7 +513,7 @@ pub fn table(c: &Comparison) -> String {
             out,
             "{}",
             line(&[
-                f.probe.clone(),
+                probe_cell(f),
                 f.context.clone(),
                 f.figure.clone(),
                 am,
@@ -467,6 +525,9 @@ pub fn table(c: &Comparison) -> String {
                 v
             ])
         );
+    }
+    for n in function_notes(c) {
+        let _ = writeln!(out, "{n}");
     }
     out
 }
@@ -485,8 +546,17 @@ pub fn markdown(c: &Comparison) -> String {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {am} | {ar} | {bm} | {br} | {ch} | {p} | {v} |",
-            f.probe, f.context, f.figure
+            probe_cell(f),
+            f.context,
+            f.figure
         );
+    }
+    let notes = function_notes(c);
+    if !notes.is_empty() {
+        let _ = writeln!(out);
+    }
+    for n in notes {
+        let _ = writeln!(out, "{}  ", n.replacen('*', "\\*", 1));
     }
     out
 }
@@ -543,6 +613,67 @@ mod tests {
         assert!(
             share <= 0.09,
             "adjusted: {share} of comparisons raised a false alarm"
+        );
+    }
+
+    /// One kernel against another where the function behind a probe changed (6.1's
+    /// `obj_cgroup_charge`, 7.3's `__memcg_slab_post_alloc_hook`): that probe's rows say so, in
+    /// the JSON, the table and the markdown; a probe whose function stayed says nothing.
+    #[test]
+    fn a_probe_whose_function_changed_between_kernels_says_so_on_its_rows() {
+        let fixture = crate::export::read(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/6.12-fentry.json"
+        )))
+        .expect("the committed recording");
+        let mut a = fixture.clone();
+        a.meta.kernel_release = "6.1.0-57-amd64".into();
+        let mut b = fixture;
+        b.meta.kernel_release = "7.3.4+deb13-amd64".into();
+        let charge_a = a
+            .probes
+            .iter()
+            .find(|p| p.name == "charge")
+            .unwrap()
+            .target
+            .clone();
+        b.probes
+            .iter_mut()
+            .find(|p| p.name == "charge")
+            .unwrap()
+            .target = "__memcg_slab_post_alloc_hook".into();
+        let (a, b) = (vec![a.clone(), a], vec![b.clone(), b]);
+        let files = |n: &str| vec![format!("{n}-1.json"), format!("{n}-2.json")];
+        let c = compare(&a, &b, files("a"), files("b"), 0.05);
+        let said = format!(
+            "6.1.0-57-amd64: {charge_a} -> 7.3.4+deb13-amd64: __memcg_slab_post_alloc_hook"
+        );
+        let charge: Vec<&Figure> = c.figures.iter().filter(|f| f.probe == "charge").collect();
+        assert!(!charge.is_empty());
+        assert!(
+            charge
+                .iter()
+                .all(|f| f.functions.as_deref() == Some(said.as_str())),
+            "{charge:?}"
+        );
+        assert!(c
+            .figures
+            .iter()
+            .filter(|f| f.probe != "charge")
+            .all(|f| f.functions.is_none()));
+        let t = table(&c);
+        assert!(t.lines().any(|l| l.starts_with("charge* ")), "{t}");
+        assert!(!t.lines().any(|l| l.starts_with("stat* ")), "{t}");
+        assert_eq!(t.matches(&format!("* charge: {said}")).count(), 1, "{t}");
+        let md = markdown(&c);
+        assert!(
+            md.contains("| charge* | ") && md.contains(&format!("\\* charge: {said}")),
+            "{md}"
+        );
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(
+            json.contains(&format!("\"functions\":\"{said}\"")),
+            "{json}"
         );
     }
 

@@ -1196,6 +1196,101 @@ fn boot_with_nmis(
     r
 }
 
+/// A kernel the user built, given by path (`--kernel-image`): Debian's 6.12 image and config
+/// copied where a kernel tree would leave them, under other names, so that no package name or
+/// cache path is involved. Its release is read from the image, its config found beside it,
+/// nothing is said missing, and it boots and traces as 6.12 does. The same image beside a
+/// config without BTF is refused by `cargo xtask vm --kernel-image` in one line, before anything
+/// boots.
+#[test]
+fn vm_own_kernel_image_6_12() {
+    let name = "vm_own_kernel_image_6_12";
+    let Some(stock) = one_kernel(name, "6.12") else {
+        return;
+    };
+    let tree = xtask::workspace_root().join("target/vm/own-kernel-tree");
+    let _ = fs::remove_dir_all(&tree);
+    let boot_dir = tree.join("arch/x86/boot");
+    fs::create_dir_all(&boot_dir).unwrap();
+    let image = boot_dir.join("bzImage");
+    fs::copy(&stock.vmlinuz, &image).unwrap();
+    fs::copy(&stock.config, tree.join(".config")).unwrap();
+    let (own, missing) = xtask::own::own_kernel(&image, None, None)
+        .unwrap_or_else(|e| panic!("{name}: Debian's 6.12 image refused: {e:#}"));
+    assert_eq!(
+        own.release, stock.release,
+        "{name}: the release read from the image"
+    );
+    assert_eq!(own.config, tree.join(".config"), "{name}: the config found");
+    assert!(
+        missing.is_empty(),
+        "{name}: said missing on Debian's 6.12: {missing:?}"
+    );
+    let r = boot(
+        &own,
+        "own-6.12-test".into(),
+        xtask::record_script("fentry", "-g 1 -l 50", false),
+        Vec::new(),
+    );
+    let doc = load_recording(&r.out_dir.join("fentry.json"));
+    let summary = fs::read_to_string(r.out_dir.join("fentry.txt")).expect("summary");
+    check_invariants(&doc, &summary);
+    assert_eq!(doc.meta.kernel_release, stock.release, "{name}\n{summary}");
+    let charge = probe(&doc, "charge");
+    assert!(
+        charge.backend.to_string() == "fentry" && charge.count > 0,
+        "{name}: charge by {} with {} calls\n{summary}",
+        charge.backend,
+        charge.count
+    );
+    // Without BTF: refused before booting, one line naming the option.
+    let config = fs::read_to_string(&stock.config).unwrap();
+    fs::write(
+        tree.join(".config"),
+        config.replace(
+            "CONFIG_DEBUG_INFO_BTF=y",
+            "# CONFIG_DEBUG_INFO_BTF is not set",
+        ),
+    )
+    .unwrap();
+    let xtask_bin = xtask::workspace_root().join("target/debug/xtask");
+    if !xtask_bin.exists() {
+        skip_case(
+            name,
+            "the refusal through the command: target/debug/xtask not built (cargo xtask builds it)",
+        );
+        return;
+    }
+    let out = std::process::Command::new(&xtask_bin)
+        .args(["vm", "--kernel-image"])
+        .arg(&image)
+        .output()
+        .expect("run xtask");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("CONFIG_")).collect();
+    assert!(
+        out.status.code() == Some(1)
+            && lines.len() == 1
+            && lines[0].contains("not booting")
+            && lines[0].contains("CONFIG_DEBUG_INFO_BTF is not set")
+            && !err.contains("booting your kernel"),
+        "{name}: a config without BTF: exit {:?}, stderr:\n{err}",
+        out.status.code()
+    );
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "{name}: {} read from the image, config found at {}; charge {} calls by fentry; without BTF: {}\n",
+            own.release,
+            own.config.display(),
+            charge.count,
+            lines[0]
+        )
+        .as_bytes(),
+    );
+    let _ = fs::remove_dir_all(&tree);
+}
+
 /// `serve` in a VM, where latencies exist: one scrape after the workload ended, then the
 /// recording of the same run (`-o`). The workload's row is final once it exited, so its calls in
 /// the exposition equal the recording's exactly (the system-wide rows go on counting until the
@@ -1871,6 +1966,136 @@ fn vm_compare_kmem_6_12() {
         &mut std::io::stderr(),
         format!("{name}:\n{}", diff("table")).as_bytes(),
     );
+}
+
+/// One kernel against another (`cargo xtask demo --compare --a A --b B`): both booted
+/// alternately, two runs each, and `memcg-trace diff` of the recordings. Each side's runs are
+/// its kernel; every default probe has its calls per hackbench message on both sides, and that
+/// figure repeats within a side (the work per message is the kernel's, not the run's); a probe
+/// whose function differs between the kernels says so on its rows, naming both functions,
+/// and a probe whose function stayed says nothing.
+fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
+    let (Some(ka), Some(kb)) = (one_kernel(name, a), one_kernel(name, b)) else {
+        return;
+    };
+    let out = xtask::workspace_root().join(format!("target/vm/compare-{a}-{b}-test"));
+    let _ = fs::remove_dir_all(&out);
+    let runs = xtask::compare::ab_runs(
+        [("a", &ka), ("b", &kb)],
+        &[
+            bin(),
+            memcg_trace::workload::hackbench().expect("hackbench (rt-tests)"),
+        ],
+        2,
+        "-g 1 -l 50",
+        accel(),
+        &out,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    let docs = |files: &[std::path::PathBuf]| -> Vec<memcg_trace::export::Document> {
+        files.iter().map(|f| load_recording(f)).collect()
+    };
+    let (da, db) = (docs(&runs.a), docs(&runs.b));
+    for (d, k) in da
+        .iter()
+        .map(|d| (d, &ka))
+        .chain(db.iter().map(|d| (d, &kb)))
+    {
+        assert_eq!(
+            d.meta.kernel_release, k.release,
+            "{name}: a run of the wrong kernel"
+        );
+    }
+    let o = std::process::Command::new(bin())
+        .args(["diff", "--format", "json"])
+        .args(&runs.a)
+        .arg("--")
+        .args(&runs.b)
+        .output()
+        .expect("run memcg-trace diff");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let table = std::process::Command::new(bin())
+        .args(["diff"])
+        .args(&runs.a)
+        .arg("--")
+        .args(&runs.b)
+        .output()
+        .expect("run memcg-trace diff");
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    let figs = json["figures"].as_array().unwrap();
+    let mut changed = Vec::new();
+    for p in DEFAULT_PROBES {
+        let target = |d: &memcg_trace::export::Document| probe(d, p).target.clone();
+        let (ta, tb) = (target(&da[0]), target(&db[0]));
+        let rows: Vec<&serde_json::Value> = figs.iter().filter(|f| f["probe"] == p).collect();
+        assert!(!rows.is_empty(), "{name}: no row of {p}\n{table}");
+        let said = format!("{}: {ta} -> {}: {tb}", ka.release, kb.release);
+        for r in &rows {
+            if ta == tb {
+                assert!(
+                    r.get("functions").is_none(),
+                    "{name}: {p} ({ta} on both) says: {r}"
+                );
+            } else {
+                assert_eq!(
+                    r["functions"].as_str(),
+                    Some(said.as_str()),
+                    "{name}: {p}: {r}"
+                );
+            }
+        }
+        if ta != tb {
+            assert!(
+                table.contains(&format!("* {p}: {said}")),
+                "{name}: the table does not say {p}'s function changed\n{table}"
+            );
+            changed.push(said.clone());
+        }
+        let per_op = rows
+            .iter()
+            .find(|r| r["context"] == "workload" && r["figure"] == "calls/op")
+            .unwrap_or_else(|| panic!("{name}: {p}: no calls/op row\n{table}"));
+        for side in ["a", "b"] {
+            let s = &per_op[side];
+            assert!(
+                s["n"].as_u64() == Some(2) && s["mean"].as_f64().unwrap_or(0.0) > 0.0,
+                "{name}: {p} calls/op, side {side}: {per_op}"
+            );
+        }
+        if p == "charge" {
+            // The kmem charges of a hackbench message repeat run to run on one kernel.
+            for side in ["a", "b"] {
+                let rsd = per_op[side]["rsd"].as_f64().unwrap_or(1.0);
+                assert!(
+                    rsd <= 0.05,
+                    "{name}: charge calls/op side {side} rsd {rsd}: {per_op}"
+                );
+            }
+        }
+    }
+    // 6.1 and 6.12 trace the same three functions; 7.3 moved all three.
+    assert_eq!(
+        !changed.is_empty(),
+        functions_change,
+        "{name}: functions changed between {} and {}: {changed:?}\n{table}",
+        ka.release,
+        kb.release
+    );
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("{name}: functions changed: {}\n{table}", changed.join("; ")).as_bytes(),
+    );
+}
+
+#[test]
+fn vm_compare_kernels_6_1_6_12() {
+    compare_kernels("vm_compare_kernels_6_1_6_12", "6.1", "6.12", false);
+}
+
+#[test]
+fn vm_compare_kernels_6_12_7_3() {
+    compare_kernels("vm_compare_kernels_6_12_7_3", "6.12", "7.3", true);
 }
 
 /// `--callers` with fentry and with kprobe: every timed call is under a call site or the

@@ -1,8 +1,9 @@
-//! The kmem-accounting A/B of `cargo xtask demo --compare` and its VM test: one stock kernel
-//! booted `runs` times with its usual command line (A: kmem accounting on) and `runs` times with
-//! `cgroup.memory=nokmem` (B: off, the switch the seeds' debate was about), alternating so that
-//! drift spreads over both sides; each boot records `memcg-trace record --attach auto` while
-//! hackbench runs in a fresh memcg.
+//! The A/B runs of `cargo xtask demo --compare` and their VM tests: two sides booted
+//! alternately, `runs` times each, so that drift spreads over both; each boot records
+//! `memcg-trace record --attach auto` while hackbench runs in a fresh memcg. The sides are one
+//! stock kernel with its usual command line (A: kmem accounting on) and with
+//! `cgroup.memory=nokmem` (B: off, the switch the seeds' debate was about), or two kernels
+//! (`--a`, `--b`: what changed between them).
 
 use std::{
     fs,
@@ -20,15 +21,16 @@ use crate::{
 /// The kernel command-line switch side B adds.
 pub const NOKMEM: &str = "cgroup.memory=nokmem";
 
-/// The recordings of each side, and their directory.
+/// The recordings of each side.
 pub struct KmemRuns {
-    /// Side A (kmem accounting on): `kmem-N.json`.
+    /// Side A: `<label A>-N.json`.
     pub a: Vec<PathBuf>,
-    /// Side B (`cgroup.memory=nokmem`): `nokmem-N.json`.
+    /// Side B.
     pub b: Vec<PathBuf>,
 }
 
-/// Boots `kernel` 2 x `runs` times as above; recordings go to `out`. A boot that fails is an
+/// Boots `kernel` 2 x `runs` times as above (A: kmem accounting on, `kmem-N.json`; B:
+/// `cgroup.memory=nokmem`, `nokmem-N.json`); recordings go to `out`. A boot that fails is an
 /// error with the tail of its console.
 pub fn kmem_runs(
     kernel: &Kernel,
@@ -38,7 +40,6 @@ pub fn kmem_runs(
     accel: Accel,
     out: &Path,
 ) -> Result<KmemRuns> {
-    fs::create_dir_all(out)?;
     let mut nokmem = kernel.clone();
     // One process, a handful of boots: the leaked string lives as long as it must.
     nokmem.spec.cmdline = Box::leak(
@@ -47,8 +48,32 @@ pub fn kmem_runs(
             .to_string()
             .into_boxed_str(),
     );
+    ab_runs(
+        [("kmem", kernel), ("nokmem", &nokmem)],
+        bins,
+        runs,
+        hackbench,
+        accel,
+        out,
+    )
+}
+
+/// Boots the two sides alternately, `runs` times each, each boot recording `memcg-trace
+/// record --attach auto` while hackbench runs in a fresh memcg; the recordings go to `out` as
+/// `<label>-N.json`. Each boot is checked to be the side's kernel (its release) with the side's
+/// command line. A boot that fails is an error with the tail of its console.
+pub fn ab_runs(
+    sides: [(&str, &Kernel); 2],
+    bins: &[PathBuf],
+    runs: usize,
+    hackbench: &str,
+    accel: Accel,
+    out: &Path,
+) -> Result<KmemRuns> {
+    fs::create_dir_all(out)?;
     let script = format!(
         "cat /proc/cmdline >/out/cmdline\n\
+         uname -r >/out/release\n\
          memcg-trace record --attach auto -q -o /out/run.json -- hackbench {hackbench} >/out/run.txt 2>/out/run.err \
          || {{ cat /out/run.err; exit 1; }}\n"
     );
@@ -57,7 +82,7 @@ pub fn kmem_runs(
         b: Vec::new(),
     };
     for i in 1..=runs {
-        for (side, k) in [("kmem", kernel), ("nokmem", &nokmem)] {
+        for (n, (side, k)) in sides.iter().enumerate() {
             eprintln!(
                 "compare: {side} run {i}/{runs}: {} ({})",
                 k.release, k.spec.cmdline
@@ -65,7 +90,7 @@ pub fn kmem_runs(
             let r = vm::run(
                 k,
                 &VmSpec {
-                    name: format!("{}-compare", kernel.spec.short),
+                    name: format!("{}-compare", k.spec.short),
                     script: script.clone(),
                     bins: bins.to_vec(),
                     accel,
@@ -89,12 +114,32 @@ pub fn kmem_runs(
                 );
             }
             let cmdline = fs::read_to_string(r.out_dir.join("cmdline"))?;
-            if cmdline.contains(NOKMEM) != (side == "nokmem") {
+            let others: Vec<&str> = sides
+                .iter()
+                .flat_map(|(_, o)| o.spec.cmdline.split_whitespace())
+                .filter(|w| !k.spec.cmdline.split_whitespace().any(|x| x == *w))
+                .collect();
+            let words: Vec<&str> = cmdline.split_whitespace().collect();
+            if !k
+                .spec
+                .cmdline
+                .split_whitespace()
+                .all(|w| words.contains(&w))
+                || others.iter().any(|w| words.contains(w))
+            {
                 bail!("{side} run {i} booted with the wrong command line: {cmdline}");
+            }
+            let release = fs::read_to_string(r.out_dir.join("release"))?;
+            if k.spec.short != "own" && release.trim() != k.release {
+                bail!(
+                    "{side} run {i} booted {} instead of {}",
+                    release.trim(),
+                    k.release
+                );
             }
             let dst = out.join(format!("{side}-{i}.json"));
             fs::copy(r.out_dir.join("run.json"), &dst)?;
-            if side == "kmem" {
+            if n == 0 {
                 runs_out.a.push(dst);
             } else {
                 runs_out.b.push(dst);

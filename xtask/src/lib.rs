@@ -5,6 +5,7 @@ pub mod bench;
 pub mod compare;
 pub mod dist;
 pub mod kernels;
+pub mod own;
 pub mod setup;
 pub mod soak;
 pub mod userland;

@@ -72,6 +72,8 @@ enum Cmd {
         /// Debian packages of the kernel's release unpacked into the guest, e.g. bpftool.
         #[arg(long)]
         package: Vec<String>,
+        #[command(flatten)]
+        own: OwnKernel,
     },
     /// The main job: memcg-trace alongside hackbench on a stock kernel in a VM (or the host).
     Demo {
@@ -99,6 +101,15 @@ enum Cmd {
         /// Runs per side of --compare.
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// --compare one kernel against another instead: side A's kernel, a name as for
+        /// --kernel or the path of an image you built (with --b).
+        #[arg(long, value_name = "KERNEL", requires = "compare", requires = "b")]
+        a: Option<String>,
+        /// Side B's kernel (with --a).
+        #[arg(long, value_name = "KERNEL", requires = "compare", requires = "a")]
+        b: Option<String>,
+        #[command(flatten)]
+        own: OwnKernel,
     },
     /// What tracing costs: per-call cost against two floors, hackbench slowdown, daemon CPU,
     /// RSS, start-up and detach; host and VM; writes target/bench/report.{json,md} (the smoke run: target/bench-smoke).
@@ -176,9 +187,10 @@ fn main() {
             icount,
             cpus,
             package,
-        } => vm_cmd(
-            &kernel, arch, accel, script, timeout, bin, mem, icount, cpus, package,
-        ),
+            own,
+        } => own.kernels(&kernel, arch).and_then(|ks| {
+            vm_cmd(ks, accel, script, timeout, bin, mem, icount, cpus, package)
+        }),
         Cmd::Demo {
             host,
             kernel,
@@ -187,11 +199,27 @@ fn main() {
             hackbench,
             compare,
             runs,
+            a,
+            b,
+            own,
         } => {
-            if compare {
-                demo_compare(&arch_kernel(&kernel, arch), accel, &hackbench, runs)
+            if let (Some(a), Some(b)) = (&a, &b) {
+                demo_compare_kernels(a, b, accel, &hackbench, runs)
+            } else if compare {
+                if own.kernel_image.is_some() {
+                    Err(anyhow::anyhow!(
+                        "--compare with --kernel-image: give your kernel as a side, `--compare --a PATH --b KERNEL`"
+                    ))
+                } else {
+                    demo_compare(&arch_kernel(&kernel, arch), accel, &hackbench, runs)
+                }
+            } else if host {
+                demo(true, Vec::new(), accel, &hackbench)
             } else {
-                demo(host, &kernel, arch, accel, &hackbench)
+                // An image says its architecture itself (--arch has a default).
+                let arch = own.kernel_image.is_none().then_some(arch);
+                own.kernels(&kernel, arch)
+                    .and_then(|ks| demo(false, ks, accel, &hackbench))
             }
         }
         Cmd::Test {
@@ -280,10 +308,48 @@ fn arch_kernel(kernel: &str, arch: Arch) -> String {
         .join(",")
 }
 
+/// A kernel the user built, instead of Debian's (`vm`, `demo`).
+#[derive(clap::Args, Debug)]
+struct OwnKernel {
+    /// Boot this kernel image instead (a bzImage or vmlinuz you built; arm64: an Image), with
+    /// the same initramfs and tools. Its configuration is checked first: what the VM or
+    /// memcg-trace cannot do without refuses it, anything else missing is said, one line an
+    /// option. Modules are not loaded.
+    #[arg(long, value_name = "PATH")]
+    kernel_image: Option<PathBuf>,
+    /// Its .config (default: a `.config`, `config` or `config-<release>` beside the image, or
+    /// the `.config` of the tree it was built in).
+    #[arg(long, value_name = "PATH", requires = "kernel_image")]
+    kernel_config: Option<PathBuf>,
+}
+
+impl OwnKernel {
+    /// The kernels to boot: the image given, or Debian's named by `--kernel` (fetched).
+    fn kernels(&self, kernel: &str, arch: Option<Arch>) -> Result<Vec<kernels::Kernel>> {
+        let Some(image) = &self.kernel_image else {
+            return kernels::select_for(kernel, arch)?
+                .into_iter()
+                .map(kernels::fetch)
+                .collect();
+        };
+        let (k, missing) = xtask::own::own_kernel(image, self.kernel_config.as_deref(), arch)?;
+        eprintln!(
+            "xtask: booting your kernel {} ({}, {}; config {})",
+            image.display(),
+            k.release,
+            k.spec.arch.gnu(),
+            k.config.display()
+        );
+        for m in &missing {
+            eprintln!("xtask: warning: {m}");
+        }
+        Ok(vec![k])
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn vm_cmd(
-    kernel: &str,
-    arch: Option<Arch>,
+    kernels: Vec<kernels::Kernel>,
     accel: Accel,
     script: Option<PathBuf>,
     timeout: u64,
@@ -293,7 +359,6 @@ fn vm_cmd(
     cpus: u32,
     packages: Vec<String>,
 ) -> Result<()> {
-    let specs = kernels::select_for(kernel, arch)?;
     let script = match script {
         Some(p) => fs::read_to_string(&p).with_context(|| format!("read {}", p.display()))?,
         None => record_script("auto fentry kprobe", "-g 2 -l 100", true),
@@ -301,7 +366,8 @@ fn vm_cmd(
     let hackbench = xtask::hackbench()?;
     let (mut passed, mut failed) = (0, 0);
     let mut built = std::collections::HashMap::new();
-    for spec in specs {
+    for k in kernels {
+        let spec = k.spec;
         let bin = match built.get(&spec.arch) {
             Some(b) => PathBuf::clone(b),
             None => {
@@ -310,7 +376,6 @@ fn vm_cmd(
                 b
             }
         };
-        let k = kernels::fetch(spec)?;
         let r = vm::run(
             &k,
             &VmSpec {
@@ -358,13 +423,8 @@ fn vm_cmd(
     Ok(())
 }
 
-fn demo(host: bool, kernel: &str, arch: Arch, accel: Accel, hackbench: &str) -> Result<()> {
+fn demo(host: bool, kernels: Vec<kernels::Kernel>, accel: Accel, hackbench: &str) -> Result<()> {
     let bin = build_release()?;
-    let specs = if host {
-        Vec::new()
-    } else {
-        kernels::select_for(kernel, Some(arch))?
-    };
     let out = workspace_root().join("target/demo");
     fs::create_dir_all(&out)?;
     if host {
@@ -383,15 +443,20 @@ fn demo(host: bool, kernel: &str, arch: Arch, accel: Accel, hackbench: &str) -> 
         println!("demo: the recording is at {}", json.display());
         return Ok(());
     }
-    for spec in specs {
-        let k = kernels::fetch(spec)?;
+    for k in kernels {
+        let spec = k.spec;
         // The guest's binary: this machine's, or the one built for the guest's architecture;
         // the plots are drawn here by this machine's.
         let guest_bin = match spec.arch {
             Arch::X86_64 => bin.clone(),
             a => build_release_for(a)?,
         };
-        eprintln!("demo: booting Debian's {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", k.release);
+        let whose = if spec.short == "own" {
+            "your"
+        } else {
+            "Debian's"
+        };
+        eprintln!("demo: booting {whose} {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", k.release);
         let r = vm::run(
             &k,
             &VmSpec {
@@ -493,6 +558,79 @@ fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Res
         k.release,
         xtask::compare::NOKMEM
     );
+    print!("{}", diff("table")?);
+    fs::write(out.join("verdict.md"), diff("markdown")?)?;
+    fs::write(out.join("verdict.json"), diff("json")?)?;
+    println!(
+        "demo: recordings, verdict.md and verdict.json are in {}",
+        out.display()
+    );
+    Ok(())
+}
+
+/// A side of `demo --compare --a/--b`: a kernel's name, or the path of an image (a `/` in it,
+/// or a file by that name).
+fn side_kernel(arg: &str) -> Result<kernels::Kernel> {
+    if arg.contains('/') || Path::new(arg).is_file() {
+        let (k, missing) = xtask::own::own_kernel(Path::new(arg), None, None)?;
+        for m in &missing {
+            eprintln!("xtask: warning: {arg}: {m}");
+        }
+        return Ok(k);
+    }
+    let spec = kernels::select(arg)?;
+    match spec.as_slice() {
+        [one] => kernels::fetch(one),
+        _ => bail!("--a/--b take one kernel each, not {arg:?}"),
+    }
+}
+
+/// `cargo xtask demo --compare --a A --b B`: one kernel against another, `runs` boots each,
+/// alternately, and the verdict of `memcg-trace diff` per probe (charge, stat, rstat, ...),
+/// saying where the function behind a probe changed between them; calls per hackbench message
+/// are the figure that survives such a change.
+fn demo_compare_kernels(
+    a: &str,
+    b: &str,
+    accel: Accel,
+    hackbench: &str,
+    runs: usize,
+) -> Result<()> {
+    if runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let (ka, kb) = (side_kernel(a)?, side_kernel(b)?);
+    if ka.spec.arch != Arch::X86_64 || kb.spec.arch != Arch::X86_64 {
+        bail!("--compare boots x86_64 kernels only (it has not been run on arm64)");
+    }
+    let bin = build_release_for(ka.spec.arch)?;
+    let out = workspace_root().join("target/demo/compare-kernels");
+    let _ = fs::remove_dir_all(&out);
+    let r = xtask::compare::ab_runs(
+        [("a", &ka), ("b", &kb)],
+        &[bin, xtask::hackbench()?],
+        runs,
+        hackbench,
+        accel,
+        &out,
+    )?;
+    let host_bin = build_release()?;
+    let diff = |format: &str| -> Result<String> {
+        let o = Command::new(&host_bin)
+            .args(["diff", "--format", format])
+            .args(&r.a)
+            .arg("--")
+            .args(&r.b)
+            .output()?;
+        if !o.status.success() {
+            bail!(
+                "memcg-trace diff failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    println!("== A = {a} ({}), B = {b} ({}) ==", ka.release, kb.release);
     print!("{}", diff("table")?);
     fs::write(out.join("verdict.md"), diff("markdown")?)?;
     fs::write(out.join("verdict.json"), diff("json")?)?;
@@ -676,11 +814,13 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         "demo (short), on the host"
     });
     let demo_ok = (if long {
-        demo(false, "6.12", Arch::X86_64, accel, "-g 1 -l 20")
+        kernels::select("6.12")
+            .and_then(|s| kernels::fetch(s[0]))
+            .and_then(|k| demo(false, vec![k], accel, "-g 1 -l 20"))
     } else {
         Ok(())
     })
-    .and_then(|_| demo(true, "", Arch::X86_64, accel, "-g 1 -l 20"))
+    .and_then(|_| demo(true, Vec::new(), accel, "-g 1 -l 20"))
     .map_err(|e| eprintln!("test: demo failed: {e:#}"))
     .is_ok();
     println!(

@@ -123,6 +123,10 @@ pub struct Figure {
     /// workload operation then compare the work; latencies compare different functions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub functions: Option<String>,
+    /// Where the backend that traced the probe differs between the sides (`auto` takes fentry
+    /// on one kernel, kprobe on another): `A's -> B's`. Latencies then hold different floors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backends: Option<String>,
     /// Unit of the values: `ns`, `calls/s`, `s`.
     pub unit: String,
     /// Side A.
@@ -233,7 +237,7 @@ pub fn compare(
     let mut figures = Vec::new();
     let mut push = |probe: &str,
                     context: &str,
-                    functions: Option<String>,
+                    (functions, backends): (Option<String>, Option<String>),
                     per_run: &dyn Fn(&Document) -> Vec<RunFigure>| {
         let names = per_run(&a[0]);
         // A row no run has a call in is left out.
@@ -264,6 +268,7 @@ pub fn compare(
                 context: context.to_string(),
                 figure: name.to_string(),
                 functions: functions.clone(),
+                backends: backends.clone(),
                 unit: unit.to_string(),
                 beyond_noise,
                 a: sa,
@@ -275,7 +280,10 @@ pub fn compare(
         }
     };
     for name in probes {
-        let functions = function_change(a, b, name);
+        let functions = (
+            change(a, b, name, true, |p| p.target.clone()),
+            change(a, b, name, false, |p| p.backend.to_string()),
+        );
         for ctx in crate::export::CTX_ORDER {
             let get = |d: &Document| -> Option<ContextOut> {
                 d.probes
@@ -330,7 +338,7 @@ pub fn compare(
             });
         }
     }
-    push("run", "-", None, &|d: &Document| {
+    push("run", "-", (None, None), &|d: &Document| {
         vec![("duration", "s", Some(d.meta.duration_ns as f64 / 1e9))]
     });
     // Every row is a test: at 0.05, one unchanged figure in twenty would come out beyond noise
@@ -355,14 +363,21 @@ pub fn compare(
     }
 }
 
-/// Where the function behind probe `name` differs between the sides: each side's kernel release
-/// and function(s) (several where its runs differ), `A -> B`; None where they are the same.
-fn function_change(a: &[Document], b: &[Document], name: &str) -> Option<String> {
+/// Where what `of` takes from probe `name` (its function, its backend) differs between the
+/// sides: each side's value(s) (several where its runs differ), after its kernel release if
+/// `releases`, `A -> B`; None where they are the same.
+fn change(
+    a: &[Document],
+    b: &[Document],
+    name: &str,
+    releases: bool,
+    of: impl Fn(&crate::export::ProbeOut) -> String,
+) -> Option<String> {
     let side = |docs: &[Document]| -> (String, std::collections::BTreeSet<String>) {
         let functions = docs
             .iter()
             .flat_map(|d| d.probes.iter().filter(|p| p.name == name))
-            .map(|p| p.target.clone())
+            .map(&of)
             .collect();
         (docs[0].meta.kernel_release.clone(), functions)
     };
@@ -374,29 +389,48 @@ fn function_change(a: &[Document], b: &[Document], name: &str) -> Option<String>
             f.iter().cloned().collect::<Vec<_>>().join(", ")
         }
     };
-    (fa != fb).then(|| format!("{ra}: {} -> {rb}: {}", join(&fa), join(&fb)))
+    // Two builds of one release (a patch against its base) are told by side.
+    let (ra, rb) = if ra == rb {
+        ("A".to_string(), "B".to_string())
+    } else {
+        (ra, rb)
+    };
+    (fa != fb).then(|| {
+        if releases {
+            format!("{ra}: {} -> {rb}: {}", join(&fa), join(&fb))
+        } else {
+            format!("{} -> {}", join(&fa), join(&fb))
+        }
+    })
 }
 
-/// The notes under a table: the probes whose function differs between the sides.
+/// The notes under a table: the probes whose function or backend differs between the sides.
 fn function_notes(c: &Comparison) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for f in &c.figures {
+        let mut said = Vec::new();
         if let Some(x) = &f.functions {
-            let line = format!(
-                "* {}: {x} (the function behind the probe changed: calls/op compare the work, latencies different functions)",
-                f.probe
-            );
-            if !out.contains(&line) {
-                out.push(line);
-            }
+            said.push(format!("{x} (the function behind the probe changed: calls/op compare the work, latencies different functions)"));
+        }
+        if let Some(x) = &f.backends {
+            said.push(format!(
+                "traced by {x} (the backend changed: latencies hold different floors)"
+            ));
+        }
+        if said.is_empty() {
+            continue;
+        }
+        let line = format!("* {}: {}", f.probe, said.join("; "));
+        if !out.contains(&line) {
+            out.push(line);
         }
     }
     out
 }
 
-/// A row's probe cell: marked where its function differs between the sides.
+/// A row's probe cell: marked where its function or backend differs between the sides.
 fn probe_cell(f: &Figure) -> String {
-    if f.functions.is_some() {
+    if f.functions.is_some() || f.backends.is_some() {
         format!("{}*", f.probe)
     } else {
         f.probe.clone()
@@ -674,6 +708,41 @@ mod tests {
         assert!(
             json.contains(&format!("\"functions\":\"{said}\"")),
             "{json}"
+        );
+        assert!(!json.contains("\"backends\""), "{json}");
+        // Two builds of one release: the sides are named A and B.
+        let mut b1 = b.clone();
+        for d in &mut b1 {
+            d.meta.kernel_release = "6.1.0-57-amd64".into();
+        }
+        let c1 = compare(&a, &b1, files("a"), files("b"), 0.05);
+        let f = c1.figures.iter().find(|f| f.probe == "charge").unwrap();
+        assert_eq!(
+            f.functions.as_deref(),
+            Some(format!("A: {charge_a} -> B: __memcg_slab_post_alloc_hook").as_str())
+        );
+        // auto took kprobe for stat on B's kernel: its rows say so, the others do not.
+        let mut b2 = b.clone();
+        for d in &mut b2 {
+            let stat = d.probes.iter_mut().find(|p| p.name == "stat").unwrap();
+            stat.backend = crate::probes::Backend::Kprobe;
+        }
+        let c = compare(&a, &b2, files("a"), files("b"), 0.05);
+        assert!(c
+            .figures
+            .iter()
+            .filter(|f| f.probe == "stat")
+            .all(|f| f.backends.as_deref() == Some("fentry -> kprobe") && f.functions.is_none()));
+        assert!(c
+            .figures
+            .iter()
+            .filter(|f| f.probe != "stat")
+            .all(|f| f.backends.is_none()));
+        let t = table(&c);
+        assert!(
+            t.lines().any(|l| l.starts_with("stat* "))
+                && t.contains("* stat: traced by fentry -> kprobe (the backend changed"),
+            "{t}"
         );
     }
 

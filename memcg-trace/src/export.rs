@@ -193,6 +193,29 @@ pub struct Workload {
     /// its tasks.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub by_memcg: bool,
+    /// Tasks its memcg's OOM killer killed while it ran (`oom_kill` of the memcg's
+    /// `memory.events`, or v1's `memory.oom_control`, since it started). Absent where not
+    /// readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
+}
+
+impl Workload {
+    /// How it ended, in words: `exit N`, and what its memcg's OOM killer did (`exit 137:
+    /// killed by its memcg's OOM killer, 1 OOM kill`); `not ended` where tracing stopped first.
+    pub fn ended(&self) -> String {
+        let kills = self.oom_kills.unwrap_or(0);
+        let of = |n: u64| format!("{n} OOM kill{}", if n == 1 { "" } else { "s" });
+        match self.exit_status {
+            None if kills > 0 => format!("not ended; its memcg's OOM killer: {}", of(kills)),
+            None => "not ended".into(),
+            Some(137) if kills > 0 => {
+                format!("exit 137: killed by its memcg's OOM killer, {}", of(kills))
+            }
+            Some(s) if kills > 0 => format!("exit {s}; its memcg's OOM killer: {}", of(kills)),
+            Some(s) => format!("exit {s}"),
+        }
+    }
 }
 
 /// One program's statistics.
@@ -800,7 +823,17 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
             duration_ns: snap.elapsed.as_nanos() as u64,
             bpf_stats: snap.bpf_stats,
             tracer: DaemonCost {
-                other_programs: snap.extra.iter().map(program_out).collect(),
+                // Runs are counted only while the kernel's bpf stats are on: without them a
+                // few runs seen (another tool turning the stats on a moment) give no cost.
+                other_programs: snap
+                    .extra
+                    .iter()
+                    .map(program_out)
+                    .map(|p| ProgramOut {
+                        ns_per_run: p.ns_per_run.filter(|_| snap.bpf_stats),
+                        ..p
+                    })
+                    .collect(),
                 ..run.daemon.clone()
             },
             context_masks: run.masks.clone(),
@@ -1507,6 +1540,53 @@ mod tests {
         assert_eq!(back.held_switches, Some(7));
     }
 
+    /// A workload killed by its memcg's OOM killer is said to be so: in the JSON, read back,
+    /// and in the table's workload line; a workload that ended by itself with no OOM kill
+    /// says only its exit, and the count is read from either cgroup version's file.
+    #[test]
+    fn a_workload_killed_by_its_memcgs_oom_killer_is_told() {
+        let mut w = Workload {
+            argv: vec!["tail".into(), "/dev/zero".into()],
+            exit_status: Some(137),
+            cgroup: "/sys/fs/cgroup/small".into(),
+            by_memcg: true,
+            cpu_ns: None,
+            cpu_source: None,
+            oom_kills: Some(1),
+        };
+        assert_eq!(
+            w.ended(),
+            "exit 137: killed by its memcg's OOM killer, 1 OOM kill"
+        );
+        let back: Workload = serde_json::from_str(&serde_json::to_string(&w).unwrap()).unwrap();
+        assert_eq!(back.oom_kills, Some(1));
+        let mut doc = crate::export::read(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/6.12-fentry.json"
+        )))
+        .unwrap();
+        doc.meta.workload = Some(w.clone());
+        let t = crate::table::summary(&doc);
+        assert!(
+            t.contains("workload: tail /dev/zero (exit 137: killed by its memcg's OOM killer, 1 OOM kill) in /sys/fs/cgroup/small"),
+            "{t}"
+        );
+        w.exit_status = Some(0);
+        w.oom_kills = Some(3);
+        assert_eq!(w.ended(), "exit 0; its memcg's OOM killer: 3 OOM kills");
+        w.oom_kills = Some(0);
+        assert_eq!(w.ended(), "exit 0");
+        w.exit_status = None;
+        assert_eq!(w.ended(), "not ended");
+        w.oom_kills = None;
+        assert!(!serde_json::to_string(&w).unwrap().contains("oom_kills"));
+        let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n";
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n";
+        assert_eq!(crate::workload::oom_kill_of(v2), Some(2));
+        assert_eq!(crate::workload::oom_kill_of(v1), Some(5));
+        assert_eq!(crate::workload::oom_kill_of("oom 1\n"), None);
+    }
+
     /// What the programs attached besides the probes' cost (the switch witness: one run per
     /// context switch) is in the recording, read back, and said by the table; a run with none
     /// has no such field.
@@ -1556,7 +1636,9 @@ mod tests {
         );
         // Without the kernel's bpf stats the runs are not counted: no figure is given.
         s.bpf_stats = false;
-        let t = crate::table::summary(&document(&s, &run));
+        let off = document(&s, &run);
+        assert_eq!(off.meta.tracer.other_programs[0].ns_per_run, None);
+        let t = crate::table::summary(&off);
         assert!(
             t.contains("also attached: held_switch (its runs are counted with --bpf-stats)")
                 && !t.contains("2000"),

@@ -406,7 +406,7 @@ impl Collector for Figures {
                 continue;
             }
             for (suffix, help, unit, timed) in [
-                ("calls", format!("Calls per {what} ({flag}; a row becomes a series while among the top {CALLER_SERIES} by time of its probe and context, at most {LISTED_MAX} series each, and stays one for the run)"), None, false),
+                ("calls", format!("Calls per {what} ({flag}; a row becomes a series while among the top {CALLER_SERIES} of its probe and context, by time (counts only: by calls), and stays one for the run; at most {LISTED_MAX} series each, after which no row joins)"), None, false),
                 ("latency", format!("Summed latency of the timed calls per {what} ({flag}; the same rows)"), Some(&Unit::Seconds), true),
             ] {
                 let name = format!("{family}_{suffix}");
@@ -430,7 +430,7 @@ impl Collector for Figures {
             // A gauge: a row that becomes a series takes its calls out of it.
             let (name, help) = (
                 format!("{family}_unlisted_calls"),
-                format!("Calls of the {what}s that are no series of {family}_calls_total ({flag}): with them, the series of a probe and context sum to its calls in the breakdown"),
+                format!("Calls of the {what}s that are no series of {family}_calls_total, and those that found no room in the kernel's map ({flag}): with them, the series of a probe and context sum to its calls"),
             );
             let mut m = e.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
             for (p, b) in d.probes.iter().zip(&backends) {
@@ -438,11 +438,22 @@ impl Collector for Figures {
                     let Some(rows) = merged(&breakdown(p, family), c) else {
                         continue;
                     };
-                    let unlisted: u64 = rows
+                    // And the calls that found no room in the kernel's map (its `other` row).
+                    let other = p
+                        .contexts
                         .iter()
-                        .filter(|r| !self.1.has(family, &p.name, c, r.0))
-                        .map(|r| r.1)
-                        .sum();
+                        .filter(|x| x.context == c)
+                        .map(|x| match family {
+                            "caller" => x.callers_other,
+                            _ => x.memcgs_other,
+                        })
+                        .sum::<u64>();
+                    let unlisted: u64 = other
+                        + rows
+                            .iter()
+                            .filter(|r| !self.1.has(family, &p.name, c, r.0))
+                            .map(|r| r.1)
+                            .sum::<u64>();
                     let labels = [
                         ("probe", p.name.as_str()),
                         ("context", c),

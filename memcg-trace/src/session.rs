@@ -962,6 +962,9 @@ pub struct Session {
     workload_cpu0: Option<WorkloadCpu>,
     /// The workload's CPU time and where it comes from, once known.
     workload_cpu: Option<(u64, String)>,
+    /// Its memcg's OOM kills when it started, and the kills since, once it exited.
+    oom_kills0: Option<u64>,
+    oom_kills: Option<u64>,
     argv: Vec<String>,
     exit_status: Option<i32>,
     notes: HashMap<String, Vec<String>>,
@@ -1153,6 +1156,7 @@ impl Session {
         let collector = Collector::spawn(tracer, args.tick)?;
         let snapshots = collector.subscribe();
         let workload_cpu0 = memcg.as_ref().map(WorkloadCpu::start);
+        let oom_kills0 = memcg.as_ref().and_then(Memcg::oom_kills);
         let child = match &memcg {
             Some(m) => {
                 let mut cmd = m.command(&argv);
@@ -1185,6 +1189,8 @@ impl Session {
             argv,
             exit_status: None,
             workload_cpu0,
+            oom_kills0,
+            oom_kills: None,
             workload_cpu: None,
             notes,
             failed,
@@ -1235,6 +1241,7 @@ impl Session {
                 self.child = None;
                 self.exit_status = code;
                 self.workload_cpu = self.workload_cpu0.as_ref().and_then(|w| w.used(true));
+                self.oom_kills = self.oom_kills_now();
                 Ok(Event::WorkloadExited(code))
             }
             s = self.signals.recv() => Ok(Event::Signal(s)),
@@ -1310,6 +1317,17 @@ impl Session {
             .or_else(|| self.workload_cpu0.as_ref().and_then(|w| w.used(false)))
     }
 
+    /// The tasks its memcg's OOM killer killed since the workload started: as read when it
+    /// exited, or from the memcg now.
+    pub fn oom_kills(&self) -> Option<u64> {
+        self.oom_kills.or_else(|| self.oom_kills_now())
+    }
+
+    fn oom_kills_now(&self) -> Option<u64> {
+        let now = self.memcg.as_ref()?.oom_kills()?;
+        Some(now.saturating_sub(self.oom_kills0.unwrap_or(0)))
+    }
+
     fn meta(&self, detach: Duration, cpu: Duration, elapsed: Option<Duration>) -> RunMeta {
         RunMeta {
             start: self.started,
@@ -1336,6 +1354,7 @@ impl Session {
                 by_memcg: self.workload_memcg,
                 cpu_ns: self.workload_cpu().map(|c| c.0),
                 cpu_source: self.workload_cpu().map(|c| c.1),
+                oom_kills: self.oom_kills(),
             }),
             notes: self.notes.clone(),
             not_attached: self.failed.clone(),

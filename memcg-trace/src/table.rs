@@ -410,14 +410,11 @@ pub fn summary(doc: &Document) -> String {
         m.duration_ns as f64 / 1e9
     );
     if let Some(w) = &m.workload {
-        let status = w
-            .exit_status
-            .map(|s| s.to_string())
-            .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
-            "workload: {} (exit {status}) in {}{}",
+            "workload: {} ({}) in {}{}",
             w.argv.join(" "),
+            w.ended(),
             w.cgroup,
             if w.by_memcg {
                 "; its calls: those charging that memcg or one below it, in every context"

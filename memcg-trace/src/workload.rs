@@ -115,6 +115,14 @@ pub struct Memcg {
     _locks: Vec<DirLock>,
 }
 
+/// The `oom_kill` count of a `memory.events` or `memory.oom_control` file.
+pub fn oom_kill_of(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == "oom_kill").then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
 /// Whether process `pid` exists.
 pub fn alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence.
@@ -396,6 +404,17 @@ impl Memcg {
     }
 
     /// Whether this process created the memcg (and removes it when done).
+    /// Tasks its memory cgroup's OOM killer has killed so far, in it and below it: `oom_kill` of
+    /// `memory.events` (v2) or of `memory.oom_control` (v1, 4.13 and later). None: not readable.
+    pub fn oom_kills(&self) -> Option<u64> {
+        let file = if self.v2 {
+            "memory.events"
+        } else {
+            "memory.oom_control"
+        };
+        oom_kill_of(&fs::read_to_string(self.path.join(file)).ok()?)
+    }
+
     pub fn owned(&self) -> bool {
         self.owned
     }

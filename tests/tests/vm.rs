@@ -1255,6 +1255,7 @@ fn vm_own_kernel_image_6_12() {
     .unwrap();
     let xtask_bin = xtask::workspace_root().join("target/debug/xtask");
     if !xtask_bin.exists() {
+        let _ = fs::remove_dir_all(&tree);
         skip_case(
             name,
             "the refusal through the command: target/debug/xtask not built (cargo xtask builds it)",
@@ -1437,6 +1438,76 @@ fn vm_serve_6_12() {
             p99 * 1e6,
             lo * 1e6,
             hi * 1e6
+        )
+        .as_bytes(),
+    );
+}
+
+/// A workload its memcg's OOM killer kills: `record --cgroup` on a memcg of 32 MiB without
+/// swap while `tail /dev/zero` grows. memcg-trace exits with the workload's 137 and says why:
+/// the recording's OOM kills equal the kernel's own count (`oom_kill` of the memcg's
+/// memory.events, read by the guest after the run), and the table's workload line says the
+/// memcg's OOM killer killed it. A second memcg-trace run on a workload that exits by itself in
+/// the same memcg (its earlier kill already counted) says no OOM kill.
+#[test]
+fn vm_oom_6_12() {
+    let name = "vm_oom_6_12";
+    let short = "6.12";
+    let Some(kernel) = one_kernel(name, short) else {
+        return;
+    };
+    let script = r#"
+echo +memory >/sys/fs/cgroup/cgroup.subtree_control
+mkdir /sys/fs/cgroup/small
+echo 32M >/sys/fs/cgroup/small/memory.max
+echo 0 >/sys/fs/cgroup/small/memory.swap.max 2>/dev/null || true
+echo "guest: tail /dev/zero in a 32M memcg"
+rc=0
+memcg-trace record --cgroup /sys/fs/cgroup/small -p charge -o /out/oom.json -- tail /dev/zero >/out/oom.txt 2>/out/oom.err || rc=$?
+echo $rc >/out/oom.status
+cp /sys/fs/cgroup/small/memory.events /out/memory.events
+echo "guest: a workload that ends by itself there"
+memcg-trace record --cgroup /sys/fs/cgroup/small -p charge -o /out/after.json -- true >/out/after.txt 2>&1
+cat /out/oom.txt /out/oom.err
+"#;
+    let r = boot(&kernel, format!("{short}-oom"), script.into(), Vec::new());
+    let status = fs::read_to_string(r.out_dir.join("oom.status")).expect("status");
+    let summary = fs::read_to_string(r.out_dir.join("oom.txt")).expect("summary");
+    let events = fs::read_to_string(r.out_dir.join("memory.events")).expect("memory.events");
+    let kernel_kills =
+        memcg_trace::workload::oom_kill_of(&events).expect("oom_kill in memory.events");
+    let doc = load_recording(&r.out_dir.join("oom.json"));
+    let w = doc.meta.workload.as_ref().expect("the workload");
+    assert!(
+        status.trim() == "137" && w.exit_status == Some(137),
+        "{name}: memcg-trace exited {}, the workload {:?}\n{summary}",
+        status.trim(),
+        w.exit_status
+    );
+    assert!(
+        kernel_kills >= 1 && w.oom_kills == Some(kernel_kills),
+        "{name}: the kernel counted {kernel_kills} OOM kills, the recording {:?}\n{events}\n{summary}",
+        w.oom_kills
+    );
+    assert!(
+        summary.contains("(exit 137: killed by its memcg's OOM killer"),
+        "{name}: the table does not say it was OOM-killed\n{summary}"
+    );
+    let after = load_recording(&r.out_dir.join("after.json"));
+    let wa = after.meta.workload.as_ref().expect("the workload");
+    assert_eq!(
+        (wa.exit_status, wa.oom_kills),
+        (Some(0), Some(0)),
+        "{name}: a workload that ended by itself after the kill"
+    );
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "{name}: {}\n",
+            summary
+                .lines()
+                .find(|l| l.starts_with("workload:"))
+                .unwrap_or("")
         )
         .as_bytes(),
     );
@@ -1972,8 +2043,8 @@ fn vm_compare_kmem_6_12() {
 /// alternately, two runs each, and `memcg-trace diff` of the recordings. Each side's runs are
 /// its kernel; every default probe has its calls per hackbench message on both sides, and that
 /// figure repeats within a side (the work per message is the kernel's, not the run's); a probe
-/// whose function differs between the kernels says so on its rows, naming both functions,
-/// and a probe whose function stayed says nothing.
+/// whose function (or backend: `auto` decides per kernel) differs between the kernels says so
+/// on its rows, naming both, and a probe where they stayed says nothing.
 fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
     let (Some(ka), Some(kb)) = (one_kernel(name, a), one_kernel(name, b)) else {
         return;
@@ -2022,6 +2093,11 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
         .args(&runs.b)
         .output()
         .expect("run memcg-trace diff");
+    assert!(
+        table.status.success(),
+        "{}",
+        String::from_utf8_lossy(&table.stderr)
+    );
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     let figs = json["figures"].as_array().unwrap();
     let mut changed = Vec::new();
@@ -2031,6 +2107,9 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
         let rows: Vec<&serde_json::Value> = figs.iter().filter(|f| f["probe"] == p).collect();
         assert!(!rows.is_empty(), "{name}: no row of {p}\n{table}");
         let said = format!("{}: {ta} -> {}: {tb}", ka.release, kb.release);
+        // `auto` may take another backend on the other kernel (kprobe on preemptible 7.3).
+        let backend = |d: &memcg_trace::export::Document| probe(d, p).backend.to_string();
+        let (ba, bb) = (backend(&da[0]), backend(&db[0]));
         for r in &rows {
             if ta == tb {
                 assert!(
@@ -2041,6 +2120,18 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
                 assert_eq!(
                     r["functions"].as_str(),
                     Some(said.as_str()),
+                    "{name}: {p}: {r}"
+                );
+            }
+            if ba == bb {
+                assert!(
+                    r.get("backends").is_none(),
+                    "{name}: {p} ({ba} on both) says: {r}"
+                );
+            } else {
+                assert_eq!(
+                    r["backends"].as_str(),
+                    Some(format!("{ba} -> {bb}").as_str()),
                     "{name}: {p}: {r}"
                 );
             }

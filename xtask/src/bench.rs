@@ -216,16 +216,30 @@ fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
     Ok(())
 }
 
-fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Result<()> {
-    let spec = kernels::select(kernel)?[0];
-    if spec.arch != kernels::Arch::X86_64 {
+/// The kernel the VM parts boot: the image given (`--kernel-image`), or Debian's `kernel`.
+fn vm_kernel(kernel: &str, own: Option<&kernels::Kernel>) -> Result<kernels::Kernel> {
+    let k = match own {
+        Some(k) => k.clone(),
+        None => kernels::fetch(kernels::select(kernel)?[0])?,
+    };
+    if k.spec.arch != kernels::Arch::X86_64 {
         bail!(
             "the bench boots x86_64 kernels only: {} is {}",
-            spec.short,
-            spec.arch.debian()
+            k.spec.short,
+            k.spec.arch.debian()
         );
     }
-    let k = kernels::fetch(spec)?;
+    Ok(k)
+}
+
+fn vm_run(
+    bin: &Path,
+    out: &Path,
+    size: Size,
+    kernel: &kernels::Kernel,
+    accel: Accel,
+) -> Result<()> {
+    let k = kernel;
     let script = format!(
         "BACKENDS='{}'\nPAIRS={}\nREPEATS={}\nHACKBENCH='{}'\nDAEMON_HACKBENCH='{}'\n{}",
         size.vm_backends.join(" "),
@@ -236,9 +250,9 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
         include_str!("../guest/bench.sh")
     );
     let r = vm::run(
-        &k,
+        k,
         &VmSpec {
-            name: format!("{}-bench", spec.short),
+            name: format!("{}-bench", k.spec.short),
             script,
             bins: vec![bin.to_path_buf(), crate::hackbench()?],
             accel,
@@ -266,16 +280,14 @@ fn vm_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Res
     Ok(())
 }
 
-fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> Result<()> {
-    let spec = kernels::select(kernel)?[0];
-    if spec.arch != kernels::Arch::X86_64 {
-        bail!(
-            "the bench boots x86_64 kernels only: {} is {}",
-            spec.short,
-            spec.arch.debian()
-        );
-    }
-    let k = kernels::fetch(spec)?;
+fn peer_run(
+    bin: &Path,
+    out: &Path,
+    size: Size,
+    kernel: &kernels::Kernel,
+    accel: Accel,
+) -> Result<()> {
+    let k = kernel;
     // Under TCG the guest's clock counts instructions (`-icount shift=0`: 1 guest ns per
     // instruction), so that a round's times do not move with the host's load: host-clocked,
     // the rounds of one bench scattered 0.09-0.85x around their median. QEMU 7.2 (Debian 12's)
@@ -303,9 +315,9 @@ fn peer_run(bin: &Path, out: &Path, size: Size, kernel: &str, accel: Accel) -> R
             format!("round {round}")
         };
         let r = vm::run(
-            &k,
+            k,
             &VmSpec {
-                name: format!("{}-peer", spec.short),
+                name: format!("{}-peer", k.spec.short),
                 script,
                 bins: vec![
                     bin.to_path_buf(),
@@ -1168,14 +1180,17 @@ fn rows_for(
     Ok(serde_json::Value::Object(json))
 }
 
-/// Runs the bench on the host and in a VM on `kernel`; returns the report's path.
+/// Runs the bench on the host and in a VM on `kernel` (Debian's, by name; or `own`, a kernel
+/// the user built, named `own` in the report); returns the report's path.
 pub fn bench(
     bin: &Path,
     size: Size,
     kernel: &str,
+    own: Option<&kernels::Kernel>,
     accel: Accel,
     parts: &[Part],
 ) -> Result<PathBuf> {
+    let kernel = if own.is_some() { "own" } else { kernel };
     let root = workspace_root().join("target").join(size.dir);
     let host_dir = root.join("host");
     let vm_dir = root.join(format!("vm-{kernel}"));
@@ -1209,14 +1224,14 @@ pub fn bench(
             "bench: VM {kernel}, fentry and kprobe ({} pairs of hackbench {})",
             size.pairs, size.vm_hackbench
         );
-        vm_run(bin, &vm_dir, size, kernel, accel)?;
+        vm_run(bin, &vm_dir, size, &vm_kernel(kernel, own)?, accel)?;
     }
     if fresh(Part::Peer, &peer_dir)? {
         eprintln!(
             "bench: VM {kernel}, {} rounds of hackbench {} untraced / bpftrace / memcg-trace fentry / kprobe",
             size.rounds, size.peer_hackbench
         );
-        peer_run(bin, &peer_dir, size, kernel, accel)?;
+        peer_run(bin, &peer_dir, size, &vm_kernel(kernel, own)?, accel)?;
     }
     // The loss part is optional (it boots every kernel): not run and never run, no rows.
     if !parts.contains(&Part::Loss) && !loss_dir.exists() {

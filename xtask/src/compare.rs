@@ -60,8 +60,10 @@ pub fn kmem_runs(
 
 /// Boots the two sides alternately, `runs` times each, each boot recording `memcg-trace
 /// record --attach auto` while hackbench runs in a fresh memcg; the recordings go to `out` as
-/// `<label>-N.json`. Each boot is checked to be the side's kernel (its release) with the side's
-/// command line. A boot that fails is an error with the tail of its console.
+/// `<label>-N.json`. Each boot is checked to be the side's kernel (its release, where known)
+/// with the side's command line. The boots work in `target/vm/<out's name>-<label>`, so that
+/// comparisons with different `out`s can run at once. A boot that fails is an error with the
+/// tail of its console.
 pub fn ab_runs(
     sides: [(&str, &Kernel); 2],
     bins: &[PathBuf],
@@ -90,7 +92,12 @@ pub fn ab_runs(
             let r = vm::run(
                 k,
                 &VmSpec {
-                    name: format!("{}-compare", k.spec.short),
+                    name: format!(
+                        "{}-{side}",
+                        out.file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_else(|| "compare".into())
+                    ),
                     script: script.clone(),
                     bins: bins.to_vec(),
                     accel,
@@ -130,7 +137,8 @@ pub fn ab_runs(
                 bail!("{side} run {i} booted with the wrong command line: {cmdline}");
             }
             let release = fs::read_to_string(r.out_dir.join("release"))?;
-            if k.spec.short != "own" && release.trim() != k.release {
+            // An image whose release could not be read is named `own`.
+            if k.release != "own" && release.trim() != k.release {
                 bail!(
                     "{side} run {i} booted {} instead of {}",
                     release.trim(),

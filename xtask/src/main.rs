@@ -79,14 +79,15 @@ enum Cmd {
     Demo {
         /// Trace this machine's kernel instead (tracepoint backend where function tracing is
         /// refused).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "kernel_image")]
         host: bool,
         /// Kernel for the VM demo.
         #[arg(long, default_value = "6.12")]
         kernel: String,
-        /// The guest's architecture: x86_64 or arm64 (emulated).
-        #[arg(long, value_enum, default_value = "x86_64")]
-        arch: Arch,
+        /// The guest's architecture: x86_64 (the default) or arm64 (emulated). With
+        /// --kernel-image, the image's (checked against this when given).
+        #[arg(long, value_enum)]
+        arch: Option<Arch>,
         /// tcg or kvm.
         #[arg(long, value_enum, default_value = "tcg")]
         accel: Accel,
@@ -102,8 +103,14 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         runs: usize,
         /// --compare one kernel against another instead: side A's kernel, a name as for
-        /// --kernel or the path of an image you built (with --b).
-        #[arg(long, value_name = "KERNEL", requires = "compare", requires = "b")]
+        /// --kernel or the path of an image you built (with --b; x86_64).
+        #[arg(
+            long,
+            value_name = "KERNEL",
+            requires = "compare",
+            requires = "b",
+            conflicts_with_all = ["kernel", "arch", "host", "kernel_image"]
+        )]
         a: Option<String>,
         /// Side B's kernel (with --a).
         #[arg(long, value_name = "KERNEL", requires = "compare", requires = "a")]
@@ -126,6 +133,8 @@ enum Cmd {
         /// Parts to run (the others are read from their last run): host, vm, peer, loss.
         #[arg(long, value_enum, value_delimiter = ',')]
         parts: Vec<xtask::bench::Part>,
+        #[command(flatten)]
+        own: OwnKernel,
     },
     /// The release: for x86_64 and arm64, a tarball (binary, man pages, completions, the
     /// systemd unit, the Prometheus rules) and a Debian package, with SHA256SUMS, in
@@ -211,13 +220,18 @@ fn main() {
                         "--compare with --kernel-image: give your kernel as a side, `--compare --a PATH --b KERNEL`"
                     ))
                 } else {
-                    demo_compare(&arch_kernel(&kernel, arch), accel, &hackbench, runs)
+                    demo_compare(
+                        &arch_kernel(&kernel, arch.unwrap_or(Arch::X86_64)),
+                        accel,
+                        &hackbench,
+                        runs,
+                    )
                 }
             } else if host {
                 demo(true, Vec::new(), accel, &hackbench)
             } else {
-                // An image says its architecture itself (--arch has a default).
-                let arch = own.kernel_image.is_none().then_some(arch);
+                // Debian's kernels: x86_64 unless said; an image: its own, checked against --arch.
+                let arch = arch.or(own.kernel_image.is_none().then_some(Arch::X86_64));
                 own.kernels(&kernel, arch)
                     .and_then(|ks| demo(false, ks, accel, &hackbench))
             }
@@ -276,7 +290,13 @@ fn main() {
             accel,
             smoke,
             parts,
+            own,
         } => {
+            // The VM parts' kernel: an image given resolves (and is checked) before any part runs.
+            let own_kernel = match &own.kernel_image {
+                Some(_) => own.kernels(&kernel, None)?.pop(),
+                None => None,
+            };
             let bin = build_release()?;
             let size = if smoke {
                 xtask::bench::SMOKE
@@ -288,7 +308,8 @@ fn main() {
             } else {
                 parts
             };
-            let report = xtask::bench::bench(&bin, size, &kernel, accel, &parts)?;
+            let report =
+                xtask::bench::bench(&bin, size, &kernel, own_kernel.as_ref(), accel, &parts)?;
             eprintln!("bench: report in {}", report.display());
             Ok(())
         }
@@ -315,7 +336,7 @@ struct OwnKernel {
     /// the same initramfs and tools. Its configuration is checked first: what the VM or
     /// memcg-trace cannot do without refuses it, anything else missing is said, one line an
     /// option. Modules are not loaded.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "kernel")]
     kernel_image: Option<PathBuf>,
     /// Its .config (default: a `.config`, `config` or `config-<release>` beside the image, or
     /// the `.config` of the tree it was built in).
@@ -781,6 +802,7 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         &bin,
         xtask::bench::SMOKE,
         "6.12",
+        None,
         accel,
         // The smoke run's loss part boots 6.12: only when it is selected.
         &xtask::bench::ALL_PARTS

@@ -59,6 +59,18 @@ const WANTED: &[Wanted] = &[
         without: "no initramfs support: the VM's userland cannot be started",
     },
     Wanted {
+        option: "BINFMT_ELF",
+        arch: None,
+        need: Need::Refuse,
+        without: "no ELF binaries: nothing in the VM can run",
+    },
+    Wanted {
+        option: "BINFMT_SCRIPT",
+        arch: None,
+        need: Need::Refuse,
+        without: "no #! scripts: the VM's init (a script) cannot start",
+    },
+    Wanted {
         option: "DEVTMPFS",
         arch: None,
         need: Need::Refuse,
@@ -87,6 +99,12 @@ const WANTED: &[Wanted] = &[
         arch: Some(Arch::Arm64),
         need: Need::Refuse,
         without: "no virtio PCI: the VM cannot send its results back",
+    },
+    Wanted {
+        option: "PCI_HOST_GENERIC",
+        arch: Some(Arch::Arm64),
+        need: Need::Refuse,
+        without: "no generic PCI host (qemu's virt board): the VM's virtio console is never found",
     },
     Wanted {
         option: "BPF_EVENTS",
@@ -165,16 +183,26 @@ pub fn check_config(config: &str, arch: Arch) -> Vec<Missing> {
         .collect()
 }
 
-/// The architecture an image is for, by its boot header: x86's `HdrS`, arm64's `ARM\x64`
-/// (an Image) or `zimg` (an EFI zboot image). None: not told (e.g. a gzipped Image).
+/// The architecture an image is for, by its boot header: x86's `HdrS`, arm64's `ARM\x64` (an
+/// Image). None: not told (a gzipped Image, an EFI zboot image, which other architectures
+/// share).
 pub fn image_arch(image: &[u8]) -> Option<Arch> {
     if image.get(0x202..0x206) == Some(b"HdrS") {
         Some(Arch::X86_64)
-    } else if image.get(0x38..0x3c) == Some(b"ARM\x64") || image.get(4..8) == Some(b"zimg") {
+    } else if image.get(0x38..0x3c) == Some(b"ARM\x64") {
         Some(Arch::Arm64)
     } else {
         None
     }
+}
+
+/// The architecture a kernel config is for (`CONFIG_X86_64=y`, `CONFIG_ARM64=y`).
+pub fn config_arch(config: &str) -> Option<Arch> {
+    config.lines().find_map(|l| match l.trim_end() {
+        "CONFIG_X86_64=y" => Some(Arch::X86_64),
+        "CONFIG_ARM64=y" => Some(Arch::Arm64),
+        _ => None,
+    })
 }
 
 /// The release (`uname -r`) an image says it is: an x86 bzImage, the first word of the version
@@ -207,7 +235,15 @@ pub fn find_config(image: &Path, release: Option<&str>) -> Result<PathBuf> {
     if let Some(r) = release {
         candidates.push(dir.join(format!("config-{r}")));
     }
-    if let Some(tree) = dir.parent().and_then(Path::parent).and_then(Path::parent) {
+    // A kernel tree's arch/<arch>/boot/<image>.
+    let arch_dir = dir
+        .parent()
+        .filter(|_| dir.file_name() == Some("boot".as_ref()));
+    if let Some(tree) = arch_dir
+        .filter(|a| a.parent().and_then(Path::file_name) == Some("arch".as_ref()))
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+    {
         candidates.push(tree.join(".config"));
     }
     candidates
@@ -228,25 +264,16 @@ pub fn find_config(image: &Path, release: Option<&str>) -> Result<PathBuf> {
 }
 
 /// A kernel the user built, ready to boot: `image` (bzImage or vmlinuz; an arm64 Image), its
-/// `config` (found beside it if not given) and its architecture (from the image, else `arch`,
-/// else x86_64). Refused, before anything boots, when its configuration lacks what the VM or
-/// memcg-trace cannot do without; what else it lacks is in the returned warnings.
+/// `config` (found beside it if not given) and its architecture (from the image, else from the
+/// config; `arch`, where given, must agree). Refused, before anything boots, when its
+/// configuration lacks what the VM or memcg-trace cannot do without; what else it lacks is in
+/// the returned warnings.
 pub fn own_kernel(
     image: &Path,
     config: Option<&Path>,
     arch: Option<Arch>,
 ) -> Result<(Kernel, Vec<Missing>)> {
     let bytes = fs::read(image).with_context(|| format!("--kernel-image {}", image.display()))?;
-    let arch = match (image_arch(&bytes), arch) {
-        (Some(a), Some(b)) if a != b => bail!(
-            "--kernel-image {} is an {} image, not {}",
-            image.display(),
-            a.gnu(),
-            b.gnu()
-        ),
-        (Some(a), _) | (None, Some(a)) => a,
-        (None, None) => Arch::X86_64,
-    };
     let release = image_release(&bytes);
     let config = match config {
         Some(c) => c.to_path_buf(),
@@ -260,6 +287,29 @@ pub fn own_kernel(
             config.display()
         );
     }
+    let found = match (image_arch(&bytes), config_arch(&text)) {
+        (Some(a), Some(c)) if a != c => bail!(
+            "--kernel-image {} is an {} image, its config {} is for {}",
+            image.display(),
+            a.gnu(),
+            config.display(),
+            c.gnu()
+        ),
+        (a, c) => a.or(c),
+    };
+    let arch = match (found, arch) {
+        (Some(a), Some(b)) if a != b => bail!(
+            "--kernel-image {} is an {} image, not {}",
+            image.display(),
+            a.gnu(),
+            b.gnu()
+        ),
+        (Some(a), _) | (None, Some(a)) => a,
+        (None, None) => bail!(
+            "cannot tell the architecture of {} (neither its header nor its config says): give --arch",
+            image.display()
+        ),
+    };
     let missing = check_config(&text, arch);
     let refused: Vec<String> = missing
         .iter()
@@ -304,7 +354,7 @@ pub fn own_kernel(
 mod tests {
     use super::*;
 
-    const FULL: &str = "CONFIG_BPF_SYSCALL=y\nCONFIG_DEBUG_INFO_BTF=y\nCONFIG_MEMCG=y\nCONFIG_BLK_DEV_INITRD=y\nCONFIG_DEVTMPFS=y\nCONFIG_SERIAL_8250_CONSOLE=y\nCONFIG_BPF_EVENTS=y\nCONFIG_KPROBES=y\nCONFIG_KPROBE_EVENTS=y\nCONFIG_BPF_JIT=y\nCONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS=y\nCONFIG_KALLSYMS=y\nCONFIG_FUNCTION_GRAPH_TRACER=y\n";
+    const FULL: &str = "CONFIG_X86_64=y\nCONFIG_BPF_SYSCALL=y\nCONFIG_DEBUG_INFO_BTF=y\nCONFIG_MEMCG=y\nCONFIG_BLK_DEV_INITRD=y\nCONFIG_BINFMT_ELF=y\nCONFIG_BINFMT_SCRIPT=y\nCONFIG_DEVTMPFS=y\nCONFIG_SERIAL_8250_CONSOLE=y\nCONFIG_BPF_EVENTS=y\nCONFIG_KPROBES=y\nCONFIG_KPROBE_EVENTS=y\nCONFIG_BPF_JIT=y\nCONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS=y\nCONFIG_KALLSYMS=y\nCONFIG_FUNCTION_GRAPH_TRACER=y\n";
 
     #[test]
     fn a_config_with_everything_lacks_nothing_and_each_gap_is_one_line() {
@@ -331,7 +381,8 @@ mod tests {
             [
                 "CONFIG_SERIAL_AMBA_PL011_CONSOLE",
                 "CONFIG_VIRTIO_CONSOLE",
-                "CONFIG_VIRTIO_PCI"
+                "CONFIG_VIRTIO_PCI",
+                "CONFIG_PCI_HOST_GENERIC"
             ]
         );
     }
@@ -355,6 +406,9 @@ mod tests {
             Some("6.12.117+deb12-arm64")
         );
         assert_eq!(image_arch(&[0x1f, 0x8b, 8, 0]), None);
+        assert_eq!(config_arch(FULL), Some(Arch::X86_64));
+        assert_eq!(config_arch("CONFIG_ARM64=y\n"), Some(Arch::Arm64));
+        assert_eq!(config_arch("# CONFIG_ARM64 is not set\n"), None);
         assert_eq!(image_release(&[0u8; 16]), None);
     }
 

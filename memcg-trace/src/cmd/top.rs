@@ -108,8 +108,12 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
     );
     app.mode = Mode::Cumulative;
     app.workload = doc.meta.workload.as_ref().map(|w| {
+        let oom = match w.oom_kills {
+            Some(n) if n > 0 => format!(" ({})", w.ended()),
+            _ => String::new(),
+        };
         format!(
-            "workload: {} exited {} in {}",
+            "workload: {} exited {}{oom} in {}",
             w.argv.join(" "),
             w.exit_status
                 .map(|s| s.to_string())

@@ -104,6 +104,30 @@ fn save(session: &Session) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The dashboard's workload line once the workload exited: its status, what its memcg's OOM
+/// killer did, how long it ran.
+fn exited_line(
+    argv: &[String],
+    code: Option<i32>,
+    oom_kills: Option<u64>,
+    took: std::time::Duration,
+) -> String {
+    let oom = match oom_kills {
+        Some(n) if n > 0 && code == Some(137) => {
+            let s = if n == 1 { "" } else { "s" };
+            format!(", killed by its memcg's OOM killer ({n} OOM kill{s})")
+        }
+        Some(n) if n > 0 => format!("; its memcg's OOM killer killed {n}"),
+        _ => String::new(),
+    };
+    format!(
+        "workload: {} exited {}{oom} after {:.1} s; whole run shown, p to go on, q to quit",
+        argv.join(" "),
+        code.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),
+        took.as_secs_f64()
+    )
+}
+
 /// Runs the dashboard on a live session until the user quits, a signal arrives, or (with
 /// `exit_with_workload`) the workload ends. Returns how it ended.
 pub async fn live(app: &mut App, session: &mut Session, exit_with_workload: bool) -> Result<End> {
@@ -144,11 +168,11 @@ pub async fn live(app: &mut App, session: &mut Session, exit_with_workload: bool
                     app.mode = Mode::Cumulative;
                     app.paused = true;
                     app.ended = true;
-                    app.workload = Some(format!(
-                        "workload: {} exited {} after {:.1} s; whole run shown, p to go on, q to quit",
-                        session.argv().join(" "),
-                        code.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),
-                        took.as_secs_f64()
+                    app.workload = Some(exited_line(
+                        session.argv(),
+                        code,
+                        session.oom_kills(),
+                        took,
                     ));
                     app.dirty = true;
                     if exit_with_workload {
@@ -206,4 +230,29 @@ pub async fn view(app: &mut App) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The dashboard says when the workload's memcg OOM-killed it, and only then.
+    #[test]
+    fn the_exited_line_tells_an_oom_kill() {
+        let argv = ["tail".to_string(), "/dev/zero".to_string()];
+        let took = std::time::Duration::from_millis(2500);
+        let line = super::exited_line(&argv, Some(137), Some(1), took);
+        assert!(
+            line.starts_with("workload: tail /dev/zero exited 137, killed by its memcg's OOM killer (1 OOM kill) after 2.5 s"),
+            "{line}"
+        );
+        let plain = super::exited_line(&argv, Some(137), Some(0), took);
+        assert!(
+            plain.starts_with("workload: tail /dev/zero exited 137 after 2.5 s"),
+            "{plain}"
+        );
+        let other = super::exited_line(&argv, Some(0), Some(2), took);
+        assert!(
+            other.contains("exited 0; its memcg's OOM killer killed 2 after"),
+            "{other}"
+        );
+    }
 }

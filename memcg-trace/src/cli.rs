@@ -59,6 +59,17 @@ enum Command {
     /// Examples: memcg-trace plot run.json -o plots;
     /// memcg-trace plot base.json patched.json --probe charge; memcg-trace plot --hdr-log run.hlog
     Plot(plot::PlotArgs),
+    /// Run a built-in workload (what `--workload NAME[:N]` runs): open-loop (open of a
+    /// nonexistent path, N times: a struct file charged and uncharged each) or kmalloc (pipe2
+    /// and two closes, N times: kmalloc(GFP_KERNEL_ACCOUNT) and accounted slab objects).
+    ///
+    /// Example: memcg-trace record -p charge,slab_free --workload open-loop:100000
+    Workload {
+        /// open-loop or kmalloc.
+        name: String,
+        /// How many operations (default: 100000 opens, 20000 pipes).
+        count: Option<u64>,
+    },
     /// Run the in-kernel histogram and context code on fixed inputs (BPF_PROG_TEST_RUN) and
     /// compare with the userspace bucket layout.
     #[command(hide = true)]
@@ -149,6 +160,19 @@ async fn dispatch(command: Command) -> Result<i32> {
         Command::Selftest => selftest::run(),
         Command::Bench(a) => bench::run(a).await,
         Command::Generate { dir } => generate(&dir),
+        Command::Workload { name, count } => {
+            // As a workload it is stopped like any other: the stop signals the start blocked.
+            crate::session::block_stop_signals(false);
+            let n = count
+                .or_else(|| {
+                    crate::workload::BUILTIN
+                        .iter()
+                        .find(|b| b.0 == name)
+                        .map(|b| b.2)
+                })
+                .unwrap_or(1);
+            crate::workload::run_builtin(&name, n).map(|_| 0)
+        }
     }
 }
 

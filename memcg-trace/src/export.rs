@@ -193,28 +193,50 @@ pub struct Workload {
     /// its tasks.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub by_memcg: bool,
-    /// Tasks its memcg's OOM killer killed while it ran (`oom_kill` of the memcg's
-    /// `memory.events`, or v1's `memory.oom_control`, since it started). Absent where not
-    /// readable.
+    /// Tasks of its memcg OOM-killed while it ran (`oom_kill` of the memcg's `memory.events`,
+    /// or v1's `memory.oom_control`, since it started: its tasks, or in a memcg given with
+    /// `--cgroup` anyone's there). Absent where not readable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom_kills: Option<u64>,
+    /// The operations it reports (hackbench's messages, a built-in workload's count): the
+    /// denominator of calls and time per operation. Absent for other workloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operations: Option<Operations>,
+}
+
+/// A workload's operations.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Operations {
+    /// How many.
+    pub count: u64,
+    /// What one is (`hackbench messages`, `opens`, `pipes`).
+    pub unit: String,
 }
 
 impl Workload {
-    /// How it ended, in words: `exit N`, and what its memcg's OOM killer did (`exit 137:
-    /// killed by its memcg's OOM killer, 1 OOM kill`); `not ended` where tracing stopped first.
+    /// How it ended, in words: `exit N` (`not ended` where tracing stopped first), and the OOM
+    /// kills in its memcg meanwhile (`exit 137 (SIGKILL); 1 OOM kill in its memcg`).
     pub fn ended(&self) -> String {
-        let kills = self.oom_kills.unwrap_or(0);
-        let of = |n: u64| format!("{n} OOM kill{}", if n == 1 { "" } else { "s" });
-        match self.exit_status {
-            None if kills > 0 => format!("not ended; its memcg's OOM killer: {}", of(kills)),
-            None => "not ended".into(),
-            Some(137) if kills > 0 => {
-                format!("exit 137: killed by its memcg's OOM killer, {}", of(kills))
-            }
-            Some(s) if kills > 0 => format!("exit {s}; its memcg's OOM killer: {}", of(kills)),
-            Some(s) => format!("exit {s}"),
-        }
+        ended_words(self.exit_status, self.oom_kills)
+    }
+}
+
+/// A workload's end in words: its exit status and the OOM kills in its memcg while it ran.
+/// The kernel's count says a task there was OOM-killed, not which: exit 137 beside a kill is
+/// told as SIGKILL with the kill beside it, not as a proof.
+pub fn ended_words(exit_status: Option<i32>, oom_kills: Option<u64>) -> String {
+    let kills = oom_kills.unwrap_or(0);
+    let status = match exit_status {
+        None => "not ended".to_string(),
+        Some(137) if kills > 0 => "exit 137 (SIGKILL)".to_string(),
+        Some(s) => format!("exit {s}"),
+    };
+    match kills {
+        0 => status,
+        n => format!(
+            "{status}; {n} OOM kill{} in its memcg",
+            if n == 1 { "" } else { "s" }
+        ),
     }
 }
 
@@ -1540,8 +1562,37 @@ mod tests {
         assert_eq!(back.held_switches, Some(7));
     }
 
-    /// A workload killed by its memcg's OOM killer is said to be so: in the JSON, read back,
-    /// and in the table's workload line; a workload that ended by itself with no OOM kill
+    /// Where the workload reports its operations, the table gives each probe's calls and time
+    /// per operation, from the workload rows; elsewhere nothing.
+    #[test]
+    fn calls_and_time_per_operation_of_the_workload_are_told() {
+        let mut doc = crate::export::read(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/6.12-fentry.json"
+        )))
+        .unwrap();
+        assert_eq!(crate::table::per_operation(&doc), "");
+        let w = doc.probes[0].workload.clone().expect("a workload row");
+        let l = w.latency.as_ref().expect("its latency");
+        doc.meta.workload.as_mut().unwrap().operations = Some(Operations {
+            count: 1000,
+            unit: "opens".into(),
+        });
+        let t = crate::table::per_operation(&doc);
+        let want = format!(
+            "per operation (1000 opens): {} {:.3} calls {}",
+            doc.probes[0].name,
+            w.count as f64 / 1000.0,
+            crate::units::fmt_ns(l.sum_ns as f64 / 1000.0)
+        );
+        assert!(t.starts_with(&want), "{want}\n{t}");
+        assert!(crate::table::summary(&doc).contains(&want));
+        let back: Document = serde_json::from_str(&serde_json::to_string(&doc).unwrap()).unwrap();
+        assert_eq!(back.meta.workload.unwrap().operations.unwrap().count, 1000);
+    }
+
+    /// A workload whose memcg saw OOM kills says so: in the JSON, read back, and in the
+    /// table's workload line; a workload that ended by itself with no OOM kill
     /// says only its exit, and the count is read from either cgroup version's file.
     #[test]
     fn a_workload_killed_by_its_memcgs_oom_killer_is_told() {
@@ -1553,11 +1604,9 @@ mod tests {
             cpu_ns: None,
             cpu_source: None,
             oom_kills: Some(1),
+            operations: None,
         };
-        assert_eq!(
-            w.ended(),
-            "exit 137: killed by its memcg's OOM killer, 1 OOM kill"
-        );
+        assert_eq!(w.ended(), "exit 137 (SIGKILL); 1 OOM kill in its memcg");
         let back: Workload = serde_json::from_str(&serde_json::to_string(&w).unwrap()).unwrap();
         assert_eq!(back.oom_kills, Some(1));
         let mut doc = crate::export::read(std::path::Path::new(concat!(
@@ -1568,16 +1617,18 @@ mod tests {
         doc.meta.workload = Some(w.clone());
         let t = crate::table::summary(&doc);
         assert!(
-            t.contains("workload: tail /dev/zero (exit 137: killed by its memcg's OOM killer, 1 OOM kill) in /sys/fs/cgroup/small"),
+            t.contains("workload: tail /dev/zero (exit 137 (SIGKILL); 1 OOM kill in its memcg) in /sys/fs/cgroup/small"),
             "{t}"
         );
         w.exit_status = Some(0);
         w.oom_kills = Some(3);
-        assert_eq!(w.ended(), "exit 0; its memcg's OOM killer: 3 OOM kills");
+        assert_eq!(w.ended(), "exit 0; 3 OOM kills in its memcg");
         w.oom_kills = Some(0);
         assert_eq!(w.ended(), "exit 0");
         w.exit_status = None;
         assert_eq!(w.ended(), "not ended");
+        w.oom_kills = Some(2);
+        assert_eq!(w.ended(), "not ended; 2 OOM kills in its memcg");
         w.oom_kills = None;
         assert!(!serde_json::to_string(&w).unwrap().contains("oom_kills"));
         let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n";

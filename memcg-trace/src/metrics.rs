@@ -435,10 +435,7 @@ impl Collector for Figures {
             let mut m = e.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
             for (p, b) in d.probes.iter().zip(&backends) {
                 for c in crate::export::CTX_ORDER {
-                    let Some(rows) = merged(&breakdown(p, family), c) else {
-                        continue;
-                    };
-                    // And the calls that found no room in the kernel's map (its `other` row).
+                    // The calls that found no room in the kernel's map (its `other` row) too.
                     let other = p
                         .contexts
                         .iter()
@@ -448,6 +445,10 @@ impl Collector for Figures {
                             _ => x.memcgs_other,
                         })
                         .sum::<u64>();
+                    let rows = merged(&breakdown(p, family), c).unwrap_or_default();
+                    if rows.is_empty() && other == 0 {
+                        continue;
+                    }
                     let unlisted: u64 = other
                         + rows
                             .iter()
@@ -765,6 +766,19 @@ mod tests {
         assert!(
             t2.contains(&format!("{unlisted} {told}")),
             "{unlisted} {told}\n{t2}"
+        );
+        // Calls that found no room in the kernel's map are told with the rest.
+        let task = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        task.contexts
+            .iter_mut()
+            .find(|c| c.context == "task")
+            .unwrap()
+            .callers_other = 77;
+        let t2b = encode_listed(Some(&d), &listed, Format::Text);
+        assert!(
+            t2b.contains(&format!("{unlisted} {}", told + 77)),
+            "{unlisted} {}\n{t2b}",
+            told + 77
         );
         // The label set stays bounded: new sites join at most LISTED_MAX a context.
         for round in 0..10u64 {

@@ -61,8 +61,10 @@ pub struct LiveArgs {
     /// charging this memcg or one below it, in every context (as with --by-memcg).
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
-    /// A named workload instead of a command: `hackbench` or `hackbench:ARGS`
-    /// (default ARGS: "-g 2 -l 200").
+    /// A named workload instead of a command: `hackbench` or `hackbench:ARGS` (default ARGS:
+    /// "-g 2 -l 200"); `open-loop[:N]` (N opens of a nonexistent path: a struct file charged
+    /// and freed each) or `kmalloc[:N]` (N pipes made and closed: kmalloc(GFP_KERNEL_ACCOUNT)
+    /// and accounted slab objects), built in, each with its operations for calls/op.
     #[arg(long, conflicts_with = "command")]
     pub workload: Option<String>,
     /// Diagnostics from inside the eBPF programs (per-CPU base resolution, context reads,
@@ -1325,7 +1327,7 @@ impl Session {
 
     fn oom_kills_now(&self) -> Option<u64> {
         let now = self.memcg.as_ref()?.oom_kills()?;
-        Some(now.saturating_sub(self.oom_kills0.unwrap_or(0)))
+        Some(now.saturating_sub(self.oom_kills0?))
     }
 
     fn meta(&self, detach: Duration, cpu: Duration, elapsed: Option<Duration>) -> RunMeta {
@@ -1355,6 +1357,12 @@ impl Session {
                 cpu_ns: self.workload_cpu().map(|c| c.0),
                 cpu_source: self.workload_cpu().map(|c| c.1),
                 oom_kills: self.oom_kills(),
+                operations: workload::operations(&self.argv).map(|(count, unit)| {
+                    crate::export::Operations {
+                        count,
+                        unit: unit.to_string(),
+                    }
+                }),
             }),
             notes: self.notes.clone(),
             not_attached: self.failed.clone(),
@@ -1461,6 +1469,8 @@ impl Session {
         if self.keep_history {
             self.history.push(&snapshot);
         }
+        // Read before the memcg goes: a workload still running at the stop has no count yet.
+        self.oom_kills = self.oom_kills();
         if let Some(m) = self.memcg.as_mut() {
             if let Err(e) = m.remove() {
                 eprintln!("memcg-trace: warning: {e:#}");

@@ -153,6 +153,45 @@ pub fn workload_cpu(doc: &Document) -> String {
     out
 }
 
+/// Per operation of the workload, where it reports them (hackbench's messages, a built-in
+/// workload's count): each probe's calls of the workload and their summed latency, over the
+/// operations. Empty for other workloads.
+pub fn per_operation(doc: &Document) -> String {
+    let Some(ops) = doc
+        .meta
+        .workload
+        .as_ref()
+        .and_then(|w| w.operations.as_ref())
+    else {
+        return String::new();
+    };
+    let rows: Vec<String> = doc
+        .probes
+        .iter()
+        .filter_map(|p| {
+            let w = p.workload.as_ref()?;
+            let calls = w.count as f64 / ops.count as f64;
+            Some(match &w.latency {
+                Some(l) => format!(
+                    "{} {calls:.3} calls {}",
+                    p.name,
+                    fmt_ns(l.sum_ns as f64 / ops.count as f64)
+                ),
+                None => format!("{} {calls:.3} calls", p.name),
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    format!(
+        "per operation ({} {}): {}\n",
+        ops.count,
+        ops.unit,
+        rows.join("; ")
+    )
+}
+
 /// The footnote line of a probe: calls, every way calls were lost, calls that left the CPU.
 /// Tests parse it back against the JSON.
 pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
@@ -476,6 +515,7 @@ pub fn summary(doc: &Document) -> String {
         }
     }
     out.push_str(&workload_cpu(doc));
+    out.push_str(&per_operation(doc));
     for p in &doc.probes {
         out.push_str(&callers(p, CALLERS_SHOWN));
         out.push_str(&stacks(p, CALLERS_SHOWN));

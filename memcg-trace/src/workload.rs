@@ -403,9 +403,9 @@ impl Memcg {
         c
     }
 
-    /// Whether this process created the memcg (and removes it when done).
-    /// Tasks its memory cgroup's OOM killer has killed so far, in it and below it: `oom_kill` of
-    /// `memory.events` (v2) or of `memory.oom_control` (v1, 4.13 and later). None: not readable.
+    /// Tasks of the memcg OOM-killed so far: `oom_kill` of `memory.events` (v2: in it and
+    /// below it, by any OOM killer) or of `memory.oom_control` (v1, 4.13 and later: in it).
+    /// None: not readable.
     pub fn oom_kills(&self) -> Option<u64> {
         let file = if self.v2 {
             "memory.events"
@@ -415,6 +415,7 @@ impl Memcg {
         oom_kill_of(&fs::read_to_string(self.path.join(file)).ok()?)
     }
 
+    /// Whether this process created the memcg (and removes it when done).
     pub fn owned(&self) -> bool {
         self.owned
     }
@@ -596,9 +597,42 @@ pub fn hackbench() -> Result<PathBuf> {
         })
 }
 
-/// The command line of a named workload (`--workload hackbench[:ARGS]`).
+/// The built-in workloads (`memcg-trace workload NAME [N]`, `--workload NAME[:N]`): name, what
+/// one operation is, its default count, what it charges.
+pub const BUILTIN: &[(&str, &str, u64, &str)] = &[
+    (
+        "open-loop",
+        "opens",
+        100_000,
+        "open(\"/nonexistent/...\") in a loop: each allocates and frees a struct file (the filp cache is SLAB_ACCOUNT) before the path walk fails (the January 2024 open-loop debate)",
+    ),
+    (
+        "kmalloc",
+        "pipes",
+        20_000,
+        "pipe2() and two closes in a loop: each allocates the pipe's pipe_inode_info and its buffer array with kmalloc(GFP_KERNEL_ACCOUNT), and two struct files, an inode and a dentry from accounted caches, all freed at the last close",
+    ),
+];
+
+/// The command line of a named workload: `hackbench[:ARGS]` (default ARGS "-g 2 -l 200"), or a
+/// built-in one, `NAME[:N]` (this binary's `workload NAME N`).
 pub fn named(spec: &str) -> Result<Vec<String>> {
     let (name, rest) = spec.split_once(':').unwrap_or((spec, ""));
+    if let Some((_, _, default, _)) = BUILTIN.iter().find(|b| b.0 == name) {
+        let n = match rest.trim() {
+            "" => *default,
+            r => r.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                anyhow!("--workload {spec}: the count after ':' must be a positive number")
+            })?,
+        };
+        let exe = std::env::current_exe().context("find memcg-trace's own binary")?;
+        return Ok(vec![
+            exe.display().to_string(),
+            "workload".into(),
+            name.into(),
+            n.to_string(),
+        ]);
+    }
     match name {
         "hackbench" => {
             let args = if rest.trim().is_empty() {
@@ -610,15 +644,72 @@ pub fn named(spec: &str) -> Result<Vec<String>> {
                 .chain(args.split_whitespace().map(str::to_string))
                 .collect())
         }
-        other => bail!("unknown workload {other:?}; known: hackbench[:ARGS]"),
+        other => bail!(
+            "unknown workload {other:?}; known: hackbench[:ARGS], {}",
+            BUILTIN
+                .iter()
+                .map(|b| format!("{}[:N]", b.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
+}
+
+/// Runs built-in workload `name` `n` times in this process and prints `Time: S` (seconds, as
+/// hackbench does). The first failure of an operation other than the one meant is an error.
+pub fn run_builtin(name: &str, n: u64) -> Result<()> {
+    let t = Instant::now();
+    match name {
+        "open-loop" => {
+            let path = c"/nonexistent/memcg-trace-open-loop";
+            for _ in 0..n {
+                // SAFETY: a valid C string; the call cannot succeed (no such directory).
+                let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+                if fd >= 0 {
+                    // SAFETY: closing the descriptor just returned.
+                    unsafe { libc::close(fd) };
+                    bail!("open-loop: {} exists", path.to_string_lossy());
+                }
+            }
+        }
+        "kmalloc" => {
+            for _ in 0..n {
+                let mut fds = [0i32; 2];
+                // SAFETY: fds has room for the two descriptors pipe2 writes.
+                if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+                    bail!("kmalloc: pipe2: {}", std::io::Error::last_os_error());
+                }
+                // SAFETY: closing the two descriptors just returned.
+                unsafe {
+                    libc::close(fds[0]);
+                    libc::close(fds[1]);
+                }
+            }
+        }
+        other => bail!(
+            "unknown built-in workload {other:?}; known: {}",
+            BUILTIN.iter().map(|b| b.0).collect::<Vec<_>>().join(", ")
+        ),
+    }
+    println!(
+        "{n} {name} operations\nTime: {:.3}",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 /// The operations a workload reports, from its command line, with their name: hackbench's
 /// messages (each of a group's `--fds` senders writes `--loops` messages to each of its `--fds`
-/// receivers: groups x fds x fds x loops; defaults 10 groups, 20 fds, 100 loops). None for
-/// any other command, or a hackbench command line this does not understand.
+/// receivers: groups x fds x fds x loops; defaults 10 groups, 20 fds, 100 loops), or a
+/// built-in workload's count (`memcg-trace workload NAME N`). None for any other command, or
+/// a hackbench command line this does not understand.
 pub fn operations(argv: &[String]) -> Option<(u64, &'static str)> {
+    if let [_, sub, name, n] = argv {
+        if sub == "workload" {
+            let b = BUILTIN.iter().find(|b| b.0 == name)?;
+            return n.parse().ok().filter(|n| *n > 0).map(|n| (n, b.1));
+        }
+    }
     let name = Path::new(argv.first()?).file_name()?.to_str()?;
     if name != "hackbench" {
         return None;
@@ -693,6 +784,26 @@ pub fn timed_run(cmd: &[String]) -> Result<f64> {
 mod tests {
     use super::operations;
     use super::ours;
+
+    #[test]
+    fn a_built_in_workload_is_its_own_command_and_reports_its_operations() {
+        let argv = super::named("open-loop:500").unwrap();
+        assert_eq!(&argv[1..], ["workload", "open-loop", "500"]);
+        assert_eq!(operations(&argv), Some((500, "opens")));
+        let argv = super::named("kmalloc").unwrap();
+        assert_eq!(operations(&argv), Some((20_000, "pipes")));
+        assert!(super::named("kmalloc:0").is_err());
+        assert!(super::named("kmalloc:x").is_err());
+        let e = super::named("nope").unwrap_err().to_string();
+        assert!(
+            e.contains("open-loop[:N]") && e.contains("kmalloc[:N]"),
+            "{e}"
+        );
+        // Both run here, unprivileged: the operations they make exist on any kernel.
+        super::run_builtin("open-loop", 100).unwrap();
+        super::run_builtin("kmalloc", 100).unwrap();
+        assert!(super::run_builtin("nope", 1).is_err());
+    }
 
     #[test]
     fn hackbench_reports_its_messages() {

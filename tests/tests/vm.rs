@@ -1443,6 +1443,78 @@ fn vm_serve_6_12() {
     );
 }
 
+/// The built-in workloads of the upstream debates (`--workload open-loop`, `--workload
+/// kmalloc`) with their operations: each open of a nonexistent path allocates and frees a
+/// struct file (an accounted cache), each pipe made and closed two kmalloc(GFP_KERNEL_ACCOUNT)
+/// objects besides its files, inode and dentry. The recording knows the operations, and the
+/// calls per operation make sense: at least one charge per open and two per pipe by the
+/// workload, and at least as many slab frees (any context) as charges' objects.
+fn workloads_on(name: &str, short: &str) {
+    let Some(kernel) = one_kernel(name, short) else {
+        return;
+    };
+    let script = r#"
+echo "guest: open-loop"
+memcg-trace record -p charge,slab_free --workload open-loop:20000 -o /out/open.json >/out/open.txt 2>&1
+echo "guest: kmalloc"
+memcg-trace record -p charge,slab_free --workload kmalloc:5000 -o /out/kmalloc.json >/out/kmalloc.txt 2>&1
+cat /out/open.txt /out/kmalloc.txt
+"#;
+    let r = boot(
+        &kernel,
+        format!("{short}-workloads"),
+        script.into(),
+        Vec::new(),
+    );
+    let mut said = Vec::new();
+    for (file, unit, ops, charges, frees) in [
+        ("open", "opens", 20_000u64, 1.0, 1.0),
+        ("kmalloc", "pipes", 5_000, 2.0, 2.0),
+    ] {
+        let doc = load_recording(&r.out_dir.join(format!("{file}.json")));
+        let summary = fs::read_to_string(r.out_dir.join(format!("{file}.txt"))).expect("summary");
+        check_invariants(&doc, &summary);
+        let w = doc.meta.workload.as_ref().expect("the workload");
+        assert_eq!(w.exit_status, Some(0), "{name}: {file}\n{summary}");
+        let o = w.operations.as_ref().expect("the workload's operations");
+        assert_eq!((o.count, o.unit.as_str()), (ops, unit), "{name}: {file}");
+        let charge = probe(&doc, "charge");
+        let free = probe(&doc, "slab_free");
+        let per_op = |n: u64| n as f64 / ops as f64;
+        let charged = per_op(charge.workload.as_ref().map_or(0, |w| w.count));
+        let freed_by_it = per_op(free.workload.as_ref().map_or(0, |w| w.count));
+        let freed = per_op(free.count);
+        assert!(
+            charged >= charges && freed >= frees,
+            "{name}: {file}: {charged:.3} charges ({}) of the workload an operation (>= {charges} expected), {freed:.3} slab frees ({}) an operation in all contexts (>= {frees})\n{summary}",
+            charge.target,
+            free.target
+        );
+        assert!(
+            summary.contains(&format!("per operation ({ops} {unit}): charge ")),
+            "{name}: {file}: the table does not give the calls per operation\n{summary}"
+        );
+        said.push(format!(
+            "{file}: charge ({}, {}) {charged:.3}/op by the workload, slab_free ({}) {freed_by_it:.3}/op by it, {freed:.3}/op in all",
+            charge.target, charge.backend, free.target
+        ));
+    }
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("{name}: {}\n", said.join("; ")).as_bytes(),
+    );
+}
+
+#[test]
+fn vm_workloads_6_12() {
+    workloads_on("vm_workloads_6_12", "6.12");
+}
+
+#[test]
+fn vm_workloads_7_3() {
+    workloads_on("vm_workloads_7_3", "7.3");
+}
+
 /// A workload its memcg's OOM killer kills: `record --cgroup` on a memcg of 32 MiB without
 /// swap while `tail /dev/zero` grows. memcg-trace exits with the workload's 137 and says why:
 /// the recording's OOM kills equal the kernel's own count (`oom_kill` of the memcg's
@@ -1468,6 +1540,8 @@ echo $rc >/out/oom.status
 cp /sys/fs/cgroup/small/memory.events /out/memory.events
 echo "guest: a workload that ends by itself there"
 memcg-trace record --cgroup /sys/fs/cgroup/small -p charge -o /out/after.json -- true >/out/after.txt 2>&1
+echo "guest: OOM kills in a memcg memcg-trace made, tracing stopped first"
+memcg-trace record -p charge --duration 4s -o /out/stopped.json -- sh -c 'cg=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup); echo 16M >$cg/memory.max; while :; do tail /dev/zero; done' >/out/stopped.txt 2>&1
 cat /out/oom.txt /out/oom.err
 "#;
     let r = boot(&kernel, format!("{short}-oom"), script.into(), Vec::new());
@@ -1490,7 +1564,10 @@ cat /out/oom.txt /out/oom.err
         w.oom_kills
     );
     assert!(
-        summary.contains("(exit 137: killed by its memcg's OOM killer"),
+        summary.contains(&format!(
+            "(exit 137 (SIGKILL); {kernel_kills} OOM kill{} in its memcg)",
+            if kernel_kills == 1 { "" } else { "s" }
+        )),
         "{name}: the table does not say it was OOM-killed\n{summary}"
     );
     let after = load_recording(&r.out_dir.join("after.json"));
@@ -1499,6 +1576,18 @@ cat /out/oom.txt /out/oom.err
         (wa.exit_status, wa.oom_kills),
         (Some(0), Some(0)),
         "{name}: a workload that ended by itself after the kill"
+    );
+    // Still running when tracing stopped (its memcg removed at the end): the kills so far.
+    let stopped = load_recording(&r.out_dir.join("stopped.json"));
+    let ws = stopped.meta.workload.as_ref().expect("the workload");
+    let ssum = fs::read_to_string(r.out_dir.join("stopped.txt")).expect("summary");
+    assert!(
+        ws.exit_status.is_none()
+            && ws.oom_kills.is_some_and(|k| k >= 1)
+            && ssum.contains("(not ended; "),
+        "{name}: a workload OOM-killed over and over, stopped by --duration: exit {:?}, {:?} OOM kills\n{ssum}",
+        ws.exit_status,
+        ws.oom_kills
     );
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
@@ -1989,17 +2078,7 @@ fn vm_compare_kmem_6_12() {
     for f in runs.a.iter().chain(&runs.b) {
         load_recording(f);
     }
-    let diff = |format: &str| {
-        let o = std::process::Command::new(bin())
-            .args(["diff", "--format", format])
-            .args(&runs.a)
-            .arg("--")
-            .args(&runs.b)
-            .output()
-            .expect("run memcg-trace diff");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap()
-    };
+    let diff = |format: &str| diff_of(&runs, format);
     let json: serde_json::Value = serde_json::from_str(&diff("json")).unwrap();
     let figs = json["figures"].as_array().unwrap();
     let find = |probe: &str, ctx: &str, fig: &str| {
@@ -2037,6 +2116,19 @@ fn vm_compare_kmem_6_12() {
         &mut std::io::stderr(),
         format!("{name}:\n{}", diff("table")).as_bytes(),
     );
+}
+
+/// `memcg-trace diff --format FORMAT` of the two sides' recordings; fails the test if diff does.
+fn diff_of(runs: &xtask::compare::KmemRuns, format: &str) -> String {
+    let o = std::process::Command::new(bin())
+        .args(["diff", "--format", format])
+        .args(&runs.a)
+        .arg("--")
+        .args(&runs.b)
+        .output()
+        .expect("run memcg-trace diff");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).expect("diff's output is UTF-8")
 }
 
 /// One kernel against another (`cargo xtask demo --compare --a A --b B`): both booted
@@ -2077,28 +2169,8 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
             "{name}: a run of the wrong kernel"
         );
     }
-    let o = std::process::Command::new(bin())
-        .args(["diff", "--format", "json"])
-        .args(&runs.a)
-        .arg("--")
-        .args(&runs.b)
-        .output()
-        .expect("run memcg-trace diff");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let table = std::process::Command::new(bin())
-        .args(["diff"])
-        .args(&runs.a)
-        .arg("--")
-        .args(&runs.b)
-        .output()
-        .expect("run memcg-trace diff");
-    assert!(
-        table.status.success(),
-        "{}",
-        String::from_utf8_lossy(&table.stderr)
-    );
-    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    let json: serde_json::Value = serde_json::from_str(&diff_of(&runs, "json")).unwrap();
+    let table = diff_of(&runs, "table");
     let figs = json["figures"].as_array().unwrap();
     let mut changed = Vec::new();
     for p in DEFAULT_PROBES {

@@ -1190,7 +1190,9 @@ pub fn bench(
     accel: Accel,
     parts: &[Part],
 ) -> Result<PathBuf> {
-    let kernel = if own.is_some() { "own" } else { kernel };
+    // A kernel given as an image is named by its release in the report and its directories.
+    let own_name = own.map(|k| format!("own-{}", k.release));
+    let kernel = own_name.as_deref().unwrap_or(kernel);
     let root = workspace_root().join("target").join(size.dir);
     let host_dir = root.join("host");
     let vm_dir = root.join(format!("vm-{kernel}"));
@@ -1282,7 +1284,11 @@ pub fn bench(
     } else {
         "# memcg-trace bench\n\n"
     });
-    md.push_str("Host: this machine's kernel (tracepoint backend). VM: Debian stock kernel under single-threaded TCG, where absolute costs are inflated 10-100x; read the ratios.\n\n| figure | where | value | target | verdict |\n|---|---|---|---|---|\n");
+    let vm_kernel = match own {
+        Some(k) => format!("the kernel image {} ({})", k.vmlinuz.display(), k.release),
+        None => "Debian stock kernel".to_string(),
+    };
+    md.push_str(&format!("Host: this machine's kernel (tracepoint backend). VM: {vm_kernel} under single-threaded TCG, where absolute costs are inflated 10-100x; read the ratios.\n\n| figure | where | value | target | verdict |\n|---|---|---|---|---|\n"));
     let mut summary = String::new();
     for r in &rows {
         let _ = writeln!(md, "| {} | {} | {} | {} | {} |", r.0, r.1, r.2, r.3, r.4);

@@ -294,7 +294,8 @@ fn main() {
         } => {
             // The VM parts' kernel: an image given resolves (and is checked) before any part runs.
             let own_kernel = match &own.kernel_image {
-                Some(_) => own.kernels(&kernel, None)?.pop(),
+                // The bench boots x86_64 only.
+                Some(_) => own.kernels(&kernel, Some(Arch::X86_64))?.pop(),
                 None => None,
             };
             let bin = build_release()?;
@@ -558,8 +559,24 @@ fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Res
         accel,
         &out,
     )?;
+    verdict(
+        &bin,
+        &r,
+        &out,
+        &format!(
+            "{} ({}): A = kmem accounting on, B = {}",
+            spec.short,
+            k.release,
+            xtask::compare::NOKMEM
+        ),
+    )
+}
+
+/// Prints the verdict of `memcg-trace diff` on the two sides' recordings under `title` (the
+/// table), and writes it as markdown and JSON beside them.
+fn verdict(bin: &Path, r: &xtask::compare::KmemRuns, out: &Path, title: &str) -> Result<()> {
     let diff = |format: &str| -> Result<String> {
-        let o = Command::new(&bin)
+        let o = Command::new(bin)
             .args(["diff", "--format", format])
             .args(&r.a)
             .arg("--")
@@ -573,12 +590,7 @@ fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Res
         }
         Ok(String::from_utf8_lossy(&o.stdout).into_owned())
     };
-    println!(
-        "== {} ({}): A = kmem accounting on, B = {} ==",
-        spec.short,
-        k.release,
-        xtask::compare::NOKMEM
-    );
+    println!("== {title} ==");
     print!("{}", diff("table")?);
     fs::write(out.join("verdict.md"), diff("markdown")?)?;
     fs::write(out.join("verdict.json"), diff("json")?)?;
@@ -593,7 +605,8 @@ fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Res
 /// or a file by that name).
 fn side_kernel(arg: &str) -> Result<kernels::Kernel> {
     if arg.contains('/') || Path::new(arg).is_file() {
-        let (k, missing) = xtask::own::own_kernel(Path::new(arg), None, None)?;
+        // --compare boots x86_64 only.
+        let (k, missing) = xtask::own::own_kernel(Path::new(arg), None, Some(Arch::X86_64))?;
         for m in &missing {
             eprintln!("xtask: warning: {arg}: {m}");
         }
@@ -635,31 +648,12 @@ fn demo_compare_kernels(
         accel,
         &out,
     )?;
-    let host_bin = build_release()?;
-    let diff = |format: &str| -> Result<String> {
-        let o = Command::new(&host_bin)
-            .args(["diff", "--format", format])
-            .args(&r.a)
-            .arg("--")
-            .args(&r.b)
-            .output()?;
-        if !o.status.success() {
-            bail!(
-                "memcg-trace diff failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    };
-    println!("== A = {a} ({}), B = {b} ({}) ==", ka.release, kb.release);
-    print!("{}", diff("table")?);
-    fs::write(out.join("verdict.md"), diff("markdown")?)?;
-    fs::write(out.join("verdict.json"), diff("json")?)?;
-    println!(
-        "demo: recordings, verdict.md and verdict.json are in {}",
-        out.display()
-    );
-    Ok(())
+    verdict(
+        &build_release()?,
+        &r,
+        &out,
+        &format!("A = {a} ({}), B = {b} ({})", ka.release, kb.release),
+    )
 }
 
 /// Runs `cmd`, echoing its output (each test's result line with the time since the start, so
@@ -1013,5 +1007,79 @@ impl Skips {
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::{CommandFactory as _, Parser as _};
+
+    /// Every argument a constraint names exists where it is used (clap checks this only in
+    /// debug builds, at start-up), and flags that would be ignored together are refused.
+    #[test]
+    fn the_command_line_refuses_what_it_would_ignore() {
+        Cli::command().debug_assert();
+        let refused: [&[&str]; 6] = [
+            &[
+                "xtask",
+                "demo",
+                "--compare",
+                "--a",
+                "6.1",
+                "--b",
+                "6.12",
+                "--kernel",
+                "7.3",
+            ],
+            &[
+                "xtask",
+                "demo",
+                "--compare",
+                "--a",
+                "6.1",
+                "--b",
+                "6.12",
+                "--arch",
+                "arm64",
+            ],
+            &["xtask", "demo", "--host", "--kernel-image", "/x/bzImage"],
+            &[
+                "xtask",
+                "vm",
+                "--kernel",
+                "6.1",
+                "--kernel-image",
+                "/x/bzImage",
+            ],
+            &["xtask", "demo", "--a", "6.1", "--b", "6.12"],
+            &["xtask", "demo", "--compare", "--a", "6.1"],
+        ];
+        for args in refused {
+            assert!(Cli::try_parse_from(args).is_err(), "accepted: {args:?}");
+        }
+        let taken: [&[&str]; 4] = [
+            &["xtask", "demo", "--compare", "--a", "6.1", "--b", "6.12"],
+            &[
+                "xtask",
+                "demo",
+                "--kernel-image",
+                "/x/bzImage",
+                "--kernel-config",
+                "/x/.config",
+            ],
+            &["xtask", "bench", "--kernel-image", "/x/bzImage"],
+            &[
+                "xtask",
+                "vm",
+                "--kernel-image",
+                "/x/bzImage",
+                "--arch",
+                "x86_64",
+            ],
+        ];
+        for args in taken {
+            assert!(Cli::try_parse_from(args).is_ok(), "refused: {args:?}");
+        }
     }
 }

@@ -109,7 +109,10 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
     app.mode = Mode::Cumulative;
     app.workload = doc.meta.workload.as_ref().map(|w| {
         let oom = match w.oom_kills {
-            Some(n) if n > 0 => format!(" ({})", w.ended()),
+            Some(n) if n > 0 => format!(
+                " ({n} OOM kill{} in its memcg)",
+                if n == 1 { "" } else { "s" }
+            ),
             _ => String::new(),
         };
         format!(

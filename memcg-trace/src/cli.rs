@@ -68,6 +68,7 @@ enum Command {
         /// open-loop or kmalloc.
         name: String,
         /// How many operations (default: 100000 opens, 20000 pipes).
+        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
     },
     /// Run the in-kernel histogram and context code on fixed inputs (BPF_PROG_TEST_RUN) and
@@ -161,16 +162,19 @@ async fn dispatch(command: Command) -> Result<i32> {
         Command::Bench(a) => bench::run(a).await,
         Command::Generate { dir } => generate(&dir),
         Command::Workload { name, count } => {
-            // As a workload it is stopped like any other: the stop signals the start blocked.
-            crate::session::block_stop_signals(false);
-            let n = count
-                .or_else(|| {
-                    crate::workload::BUILTIN
-                        .iter()
-                        .find(|b| b.0 == name)
-                        .map(|b| b.2)
-                })
-                .unwrap_or(1);
+            // (Not a live command: main has unblocked the stop signals for it.)
+            let n = match count {
+                Some(n) => n,
+                None => crate::workload::BUILTIN
+                    .iter()
+                    .find(|b| b.0 == name)
+                    .map(|b| b.2)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "unknown built-in workload {name:?}; known: open-loop, kmalloc"
+                        )
+                    })?,
+            };
             crate::workload::run_builtin(&name, n).map(|_| 0)
         }
     }

@@ -453,12 +453,15 @@ pub fn benjamini_hochberg(ps: &[f64]) -> Vec<f64> {
 }
 
 /// The operations the run's workload reports (see `workload::operations`).
+/// The operations a run's workload made: as recorded, or, in a recording from before they were,
+/// from its command line where it ran to the end.
 fn ops(d: &Document) -> Option<u64> {
-    d.meta
-        .workload
-        .as_ref()
-        .and_then(|w| crate::workload::operations(&w.argv))
-        .map(|(n, _)| n)
+    let w = d.meta.workload.as_ref()?;
+    match &w.operations {
+        Some(o) => Some(o.count),
+        None if w.exit_status == Some(0) => crate::workload::operations(&w.argv).map(|(n, _)| n),
+        None => None,
+    }
 }
 
 fn value(v: f64, unit: &str) -> String {

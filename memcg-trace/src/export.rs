@@ -1583,7 +1583,7 @@ mod tests {
             "per operation (1000 opens): {} {:.3} calls {}",
             doc.probes[0].name,
             w.count as f64 / 1000.0,
-            crate::units::fmt_ns(l.sum_ns as f64 / 1000.0)
+            crate::units::fmt_ns(l.mean_ns.unwrap() * w.count as f64 / 1000.0)
         );
         assert!(t.starts_with(&want), "{want}\n{t}");
         assert!(crate::table::summary(&doc).contains(&want));

@@ -1319,7 +1319,7 @@ impl Session {
             .or_else(|| self.workload_cpu0.as_ref().and_then(|w| w.used(false)))
     }
 
-    /// The tasks its memcg's OOM killer killed since the workload started: as read when it
+    /// The tasks of its memcg OOM-killed since the workload started: as read when it
     /// exited, or from the memcg now.
     pub fn oom_kills(&self) -> Option<u64> {
         self.oom_kills.or_else(|| self.oom_kills_now())
@@ -1357,12 +1357,13 @@ impl Session {
                 cpu_ns: self.workload_cpu().map(|c| c.0),
                 cpu_source: self.workload_cpu().map(|c| c.1),
                 oom_kills: self.oom_kills(),
-                operations: workload::operations(&self.argv).map(|(count, unit)| {
-                    crate::export::Operations {
+                // Only a workload that ran to the end made the operations it was asked for.
+                operations: workload::operations(&self.argv)
+                    .filter(|_| self.exit_status == Some(0))
+                    .map(|(count, unit)| crate::export::Operations {
                         count,
                         unit: unit.to_string(),
-                    }
-                }),
+                    }),
             }),
             notes: self.notes.clone(),
             not_attached: self.failed.clone(),

@@ -153,9 +153,9 @@ pub fn workload_cpu(doc: &Document) -> String {
     out
 }
 
-/// Per operation of the workload, where it reports them (hackbench's messages, a built-in
-/// workload's count): each probe's calls of the workload and their summed latency, over the
-/// operations. Empty for other workloads.
+/// Per operation of the workload, where it reports them and ran to the end (hackbench's
+/// messages, a built-in workload's count): each probe's calls of the workload and their time
+/// (at the timed calls' mean), over the operations. Empty for other workloads.
 pub fn per_operation(doc: &Document) -> String {
     let Some(ops) = doc
         .meta
@@ -171,11 +171,12 @@ pub fn per_operation(doc: &Document) -> String {
         .filter_map(|p| {
             let w = p.workload.as_ref()?;
             let calls = w.count as f64 / ops.count as f64;
-            Some(match &w.latency {
-                Some(l) => format!(
+            // The time of every call at the timed calls' mean (calls lost untimed included).
+            Some(match w.latency.as_ref().and_then(|l| l.mean_ns) {
+                Some(mean) => format!(
                     "{} {calls:.3} calls {}",
                     p.name,
-                    fmt_ns(l.sum_ns as f64 / ops.count as f64)
+                    fmt_ns(mean * w.count as f64 / ops.count as f64)
                 ),
                 None => format!("{} {calls:.3} calls", p.name),
             })

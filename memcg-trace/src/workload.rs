@@ -704,11 +704,17 @@ pub fn run_builtin(name: &str, n: u64) -> Result<()> {
 /// built-in workload's count (`memcg-trace workload NAME N`). None for any other command, or
 /// a hackbench command line this does not understand.
 pub fn operations(argv: &[String]) -> Option<(u64, &'static str)> {
-    if let [_, sub, name, n] = argv {
-        if sub == "workload" {
-            let b = BUILTIN.iter().find(|b| b.0 == name)?;
-            return n.parse().ok().filter(|n| *n > 0).map(|n| (n, b.1));
-        }
+    // This binary's `workload NAME [N]` (not any command whose second word is `workload`).
+    let ours = Path::new(argv.first()?).file_name() == Some("memcg-trace".as_ref());
+    if ours && argv.get(1).map(String::as_str) == Some("workload") {
+        let b = BUILTIN
+            .iter()
+            .find(|b| Some(b.0) == argv.get(2).map(String::as_str))?;
+        return match argv.get(3..)? {
+            [] => Some((b.2, b.1)),
+            [n] => n.parse().ok().filter(|n| *n > 0).map(|n| (n, b.1)),
+            _ => None,
+        };
     }
     let name = Path::new(argv.first()?).file_name()?.to_str()?;
     if name != "hackbench" {
@@ -789,8 +795,16 @@ mod tests {
     fn a_built_in_workload_is_its_own_command_and_reports_its_operations() {
         let argv = super::named("open-loop:500").unwrap();
         assert_eq!(&argv[1..], ["workload", "open-loop", "500"]);
-        assert_eq!(operations(&argv), Some((500, "opens")));
-        let argv = super::named("kmalloc").unwrap();
+        // (Under cargo test this binary is not named memcg-trace.)
+        let mut ours = argv.clone();
+        ours[0] = "/usr/bin/memcg-trace".into();
+        assert_eq!(operations(&ours), Some((500, "opens")));
+        ours.truncate(3);
+        assert_eq!(operations(&ours), Some((100_000, "opens")));
+        let v = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(operations(&v("./mybench workload kmalloc 1000")), None);
+        let mut argv = super::named("kmalloc").unwrap();
+        argv[0] = "memcg-trace".into();
         assert_eq!(operations(&argv), Some((20_000, "pipes")));
         assert!(super::named("kmalloc:0").is_err());
         assert!(super::named("kmalloc:x").is_err());

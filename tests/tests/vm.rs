@@ -1447,8 +1447,8 @@ fn vm_serve_6_12() {
 /// kmalloc`) with their operations: each open of a nonexistent path allocates and frees a
 /// struct file (an accounted cache), each pipe made and closed two kmalloc(GFP_KERNEL_ACCOUNT)
 /// objects besides its files, inode and dentry. The recording knows the operations, and the
-/// calls per operation make sense: at least one charge per open and two per pipe by the
-/// workload, and at least as many slab frees (any context) as charges' objects.
+/// calls per operation are what the kernel's code makes: two charges and one slab free by the
+/// workload an open, six and six a pipe.
 fn workloads_on(name: &str, short: &str) {
     let Some(kernel) = one_kernel(name, short) else {
         return;
@@ -1467,9 +1467,13 @@ cat /out/open.txt /out/kmalloc.txt
         Vec::new(),
     );
     let mut said = Vec::new();
+    // Measured on 6.12 and 7.3: 2.01 charges and 1.01 slab frees by the workload an open (the
+    // struct file and one more object charged; the rest of the 0.01 is memcg-trace's own start
+    // as the workload), 6.03-6.04 charges and 6.04-6.06 frees a pipe (pipe_inode_info, its
+    // buffers, two files, an inode, a dentry). Held to 0.9x of that, and to at most 1.25x.
     for (file, unit, ops, charges, frees) in [
-        ("open", "opens", 20_000u64, 1.0, 1.0),
-        ("kmalloc", "pipes", 5_000, 2.0, 2.0),
+        ("open", "opens", 20_000u64, 2.0, 1.0),
+        ("kmalloc", "pipes", 5_000, 6.0, 6.0),
     ] {
         let doc = load_recording(&r.out_dir.join(format!("{file}.json")));
         let summary = fs::read_to_string(r.out_dir.join(format!("{file}.txt"))).expect("summary");
@@ -1484,9 +1488,10 @@ cat /out/open.txt /out/kmalloc.txt
         let charged = per_op(charge.workload.as_ref().map_or(0, |w| w.count));
         let freed_by_it = per_op(free.workload.as_ref().map_or(0, |w| w.count));
         let freed = per_op(free.count);
+        let near = |v: f64, want: f64| v >= 0.9 * want && v <= 1.25 * want;
         assert!(
-            charged >= charges && freed >= frees,
-            "{name}: {file}: {charged:.3} charges ({}) of the workload an operation (>= {charges} expected), {freed:.3} slab frees ({}) an operation in all contexts (>= {frees})\n{summary}",
+            near(charged, charges) && near(freed_by_it, frees) && freed >= freed_by_it,
+            "{name}: {file}: {charged:.3} charges ({}) and {freed_by_it:.3} slab frees ({}) of the workload an operation, {charges} and {frees} expected (within 0.9-1.25x); {freed:.3} frees an operation in all contexts\n{summary}",
             charge.target,
             free.target
         );
@@ -1515,12 +1520,14 @@ fn vm_workloads_7_3() {
     workloads_on("vm_workloads_7_3", "7.3");
 }
 
-/// A workload its memcg's OOM killer kills: `record --cgroup` on a memcg of 32 MiB without
+/// A workload OOM-killed in its memcg: `record --cgroup` on a memcg of 32 MiB without
 /// swap while `tail /dev/zero` grows. memcg-trace exits with the workload's 137 and says why:
 /// the recording's OOM kills equal the kernel's own count (`oom_kill` of the memcg's
-/// memory.events, read by the guest after the run), and the table's workload line says the
-/// memcg's OOM killer killed it. A second memcg-trace run on a workload that exits by itself in
-/// the same memcg (its earlier kill already counted) says no OOM kill.
+/// memory.events, read by the guest after the run), and the table's workload line gives the
+/// kill beside the exit. A second memcg-trace run on a workload that exits by itself in the
+/// same memcg (its earlier kill already counted) says no OOM kill; a workload OOM-killed over
+/// and over in a memcg memcg-trace made, stopped by `--duration`, keeps its count (read before
+/// the memcg is removed).
 #[test]
 fn vm_oom_6_12() {
     let name = "vm_oom_6_12";

@@ -1181,7 +1181,7 @@ fn rows_for(
 }
 
 /// Runs the bench on the host and in a VM on `kernel` (Debian's, by name; or `own`, a kernel
-/// the user built, named `own` in the report); returns the report's path.
+/// the user built, named `own-<release>` in the report); returns the report's path.
 pub fn bench(
     bin: &Path,
     size: Size,

@@ -104,8 +104,8 @@ fn save(session: &Session) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The dashboard's workload line once the workload exited: its status, what its memcg's OOM
-/// killer did, how long it ran.
+/// The dashboard's workload line once the workload exited: its status, the OOM kills in its
+/// memcg meanwhile, how long it ran.
 fn exited_line(
     argv: &[String],
     code: Option<i32>,

@@ -225,19 +225,23 @@ impl Workload {
 /// The kernel's count says a task there was OOM-killed, not which: exit 137 beside a kill is
 /// told as SIGKILL with the kill beside it, not as a proof.
 pub fn ended_words(exit_status: Option<i32>, oom_kills: Option<u64>) -> String {
-    let kills = oom_kills.unwrap_or(0);
+    let kills = oom_kill_words(oom_kills);
     let status = match exit_status {
         None => "not ended".to_string(),
-        Some(137) if kills > 0 => "exit 137 (SIGKILL)".to_string(),
+        Some(137) if kills.is_some() => "exit 137 (SIGKILL)".to_string(),
         Some(s) => format!("exit {s}"),
     };
     match kills {
-        0 => status,
-        n => format!(
-            "{status}; {n} OOM kill{} in its memcg",
-            if n == 1 { "" } else { "s" }
-        ),
+        Some(k) => format!("{status}; {k}"),
+        None => status,
     }
+}
+
+/// The OOM kills in a workload's memcg, in words (`1 OOM kill in its memcg`); None for none.
+pub fn oom_kill_words(oom_kills: Option<u64>) -> Option<String> {
+    oom_kills
+        .filter(|n| *n > 0)
+        .map(|n| format!("{n} OOM kill{} in its memcg", if n == 1 { "" } else { "s" }))
 }
 
 /// One program's statistics.

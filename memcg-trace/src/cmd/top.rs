@@ -108,13 +108,9 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
     );
     app.mode = Mode::Cumulative;
     app.workload = doc.meta.workload.as_ref().map(|w| {
-        let oom = match w.oom_kills {
-            Some(n) if n > 0 => format!(
-                " ({n} OOM kill{} in its memcg)",
-                if n == 1 { "" } else { "s" }
-            ),
-            _ => String::new(),
-        };
+        let oom = crate::export::oom_kill_words(w.oom_kills)
+            .map(|w| format!(" ({w})"))
+            .unwrap_or_default();
         format!(
             "workload: {} exited {}{oom} in {}",
             w.argv.join(" "),

@@ -112,13 +112,9 @@ fn exited_line(
     oom_kills: Option<u64>,
     took: std::time::Duration,
 ) -> String {
-    let oom = match oom_kills {
-        Some(n) if n > 0 => format!(
-            " ({n} OOM kill{} in its memcg)",
-            if n == 1 { "" } else { "s" }
-        ),
-        _ => String::new(),
-    };
+    let oom = crate::export::oom_kill_words(oom_kills)
+        .map(|w| format!(" ({w})"))
+        .unwrap_or_default();
     format!(
         "workload: {} exited {}{oom} after {:.1} s; whole run shown, p to go on, q to quit",
         argv.join(" "),

@@ -220,8 +220,14 @@ pub mod names {
     pub const MAP_STACKS: &str = "STACKS";
     /// Per probe slot: how to reach the charged memcg from the argument ([`super::MemcgPath`]).
     pub const MAP_MEMCG_PATH: &str = "MEMCG_PATH";
-    /// The ids of the workload's memcg and its descendants (`Config::workload_memcg`).
+    /// Whether a memcg is the workload's or below it (`Config::workload_memcg`), by id: the
+    /// workload's subtree put in by userspace each tick, and the verdicts of the programs
+    /// on memcgs it did not know yet (made since the last tick, or not the workload's), found
+    /// by climbing their parents to the workload's memcg or the root. LRU: a verdict pushed
+    /// out is found again.
     pub const MAP_WORKLOAD_MEMCGS: &str = "WORKLOAD_MEMCGS";
+    /// The id of the workload's memcg, where a climb stops (one entry; 0: none).
+    pub const MAP_WORKLOAD_ROOT: &str = "WORKLOAD_ROOT";
     /// Read-only global: the kernel layout.
     pub const GLOBAL_LAYOUT: &str = "LAYOUT";
     /// Read-only global: the settings ([`super::Config`]).
@@ -882,8 +888,18 @@ pub struct CallerKey {
 /// memcgs beyond it are counted in `Counters::memcgs_other`.
 pub const MAX_MEMCGS: u32 = 1024;
 
-/// Ids in the workload's set of memcgs (`WORKLOAD_MEMCGS`: its memcg and descendants).
+/// Memcgs whose verdict the workload's set holds (`WORKLOAD_MEMCGS`: in the workload or not).
 pub const MAX_WORKLOAD_MEMCGS: u32 = 4096;
+
+/// A `WORKLOAD_MEMCGS` value: the memcg is the workload's or below it.
+pub const MEMCG_IN_WORKLOAD: u8 = 1;
+
+/// A `WORKLOAD_MEMCGS` value: the memcg is not below the workload's (found by the programs).
+pub const MEMCG_OUTSIDE: u8 = 2;
+
+/// Parents the programs climb from a memcg the workload set does not know yet before giving
+/// up (deeper trees: the call is not counted as the workload's, and no verdict kept).
+pub const MEMCG_CLIMB: usize = 16;
 
 /// Pointer hops of a [`MemcgPath`] at most.
 pub const MEMCG_HOPS: usize = 4;
@@ -920,6 +936,12 @@ pub struct MemcgPath {
     pub check_want: u32,
     /// Offset added before each load of the check.
     pub check_off: [i32; 2],
+    /// Offset of the parent pointer in the last struct reached (`kernfs_node.parent`, or
+    /// `__parent` from 6.15): the way up from a memcg the workload set does not know yet (see
+    /// `WORKLOAD_MEMCGS`).
+    pub parent_off: u32,
+    /// Padding (the struct is shared with the programs as it is).
+    pub _pad: u32,
 }
 
 /// The "memcg" of a call whose cgroup argument belongs to another controller (see

@@ -39,7 +39,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel, bpf_seq_write, bpf_this_cpu_ptr,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{
         BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RawTracePointContext,
         RetProbeContext,
@@ -54,10 +54,11 @@ use memcg_trace_common::{
     KernelLayout, MemcgKey, MemcgPath, Nest, Pending, PendingSet, StackKey, ARCH_ARM64,
     CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK,
     CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED,
-    DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_HOPS, NEST_IRQ, NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS,
-    NUM_CTX, PENDING_ENCLOSED, PENDING_MISSES_KNOWN, PENDING_SLOTS, PENDING_WORKLOAD,
-    PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS,
-    THREAD_IRQ, THREAD_OTHER, THREAD_SOFTIRQ, TP_CELLS, WINDOW_OPEN,
+    DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_CLIMB, MEMCG_HOPS, MEMCG_IN_WORKLOAD, MEMCG_OUTSIDE,
+    NEST_IRQ, NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_ENCLOSED, PENDING_MISSES_KNOWN,
+    PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH,
+    STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, THREAD_IRQ, THREAD_OTHER, THREAD_SOFTIRQ, TP_CELLS,
+    WINDOW_OPEN,
 };
 
 /// The license declared to the kernel (read from this section at load). The kernel lets only
@@ -171,10 +172,15 @@ static MEMCGS: HashMap<MemcgKey, CallerStat> = HashMap::with_max_entries(1, 0);
 #[map]
 static MEMCG_PATH: Array<MemcgPath> = Array::with_max_entries(MAX_PROBES as u32, 0);
 
-/// The ids of the workload's memcg and its descendants (`Config::workload_memcg`), kept by
-/// userspace; sized 1 when unused.
+/// Whether a memcg is the workload's (`Config::workload_memcg`; `names::MAP_WORKLOAD_MEMCGS`):
+/// `MEMCG_IN_WORKLOAD` for its subtree (userspace, each tick) and the verdicts of the climbs
+/// (`memcg_in_workload`); sized 1 when unused.
 #[map]
-static WORKLOAD_MEMCGS: HashMap<u64, u8> = HashMap::with_max_entries(1, 0);
+static WORKLOAD_MEMCGS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(1, 0);
+
+/// The workload's memcg id, where a climb stops (written by userspace before any call counts).
+#[map]
+static WORKLOAD_ROOT: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Sampled short stacks (`--callers-depth`): entries per stack, sized by userspace: 1 entry
 /// when off.
@@ -951,14 +957,29 @@ fn count_memcg(cs: &mut Counters, probe: u32, ctx: u32, memcg: u64, ns: u64, tim
     }
 }
 
-/// The id of the memcg a call of `probe` charges, from its first argument `arg` along the
-/// probe's `MEMCG_PATH` (fault-safe reads); 0 when the probe has no path or a pointer on it
-/// is null.
+/// The memcg a call charges: its id, and where its `kernfs_node` is (0: not read), from which
+/// its parents are found.
+#[derive(Clone, Copy)]
+struct Charged {
+    id: u64,
+    kn: u64,
+}
+
+impl Charged {
+    /// Not read (no path, or a null pointer on it), or another controller's.
+    const fn id(id: u64) -> Charged {
+        Charged { id, kn: 0 }
+    }
+}
+
+/// The memcg a call of `probe` charges, from its first argument `arg` along the probe's
+/// `MEMCG_PATH` (fault-safe reads); id 0 when the probe has no path or a pointer on it is
+/// null.
 #[inline(always)]
-fn charged_memcg(probe: u32, arg: u64) -> u64 {
+fn charged_memcg(probe: u32, arg: u64) -> Charged {
     // SAFETY: pointer from a successful map lookup; written by userspace before attaching.
     let Some(path) = MEMCG_PATH.get_ptr(probe).map(|p| unsafe { *p }) else {
-        return 0;
+        return Charged::id(0);
     };
     if path.check_hops != 0 {
         let mut c = arg;
@@ -967,7 +988,7 @@ fn charged_memcg(probe: u32, arg: u64) -> u64 {
                 break;
             }
             if c == 0 {
-                return NOT_A_MEMCG;
+                return Charged::id(NOT_A_MEMCG);
             }
             let at = c.wrapping_add(path.check_off[i] as i64 as u64);
             // SAFETY: a fault-safe read of kernel memory.
@@ -980,7 +1001,7 @@ fn charged_memcg(probe: u32, arg: u64) -> u64 {
             c => unsafe { bpf_probe_read_kernel((c + path.check_field as u64) as *const u32) }.ok(),
         };
         if v.map(|v| v & path.check_mask) != Some(path.check_want) {
-            return NOT_A_MEMCG;
+            return Charged::id(NOT_A_MEMCG);
         }
     }
     let mut p = arg;
@@ -989,17 +1010,18 @@ fn charged_memcg(probe: u32, arg: u64) -> u64 {
             break;
         }
         if p == 0 {
-            return 0;
+            return Charged::id(0);
         }
         let at = p.wrapping_add(path.off[i] as i64 as u64);
         // SAFETY: a fault-safe read of kernel memory.
         p = unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0);
     }
     if path.hops == 0 || p == 0 {
-        return 0;
+        return Charged::id(0);
     }
     // SAFETY: as above.
-    unsafe { bpf_probe_read_kernel((p + path.id_off as u64) as *const u64) }.unwrap_or(0)
+    let id = unsafe { bpf_probe_read_kernel((p + path.id_off as u64) as *const u64) }.unwrap_or(0);
+    Charged { id, kn: p }
 }
 
 /// The first argument of a function (fentry) or BTF tracepoint from the program's context
@@ -1011,21 +1033,67 @@ fn first_arg(ctx: *mut c_void) -> u64 {
     unsafe { bpf_probe_read_kernel(ctx as *const u64) }.unwrap_or(0)
 }
 
-/// Whether memcg `id` is the workload's or one of its descendants (`Config::workload_memcg`).
+/// Whether memcg `m`, charged by a call of `probe`, is the workload's or one of its
+/// descendants (`Config::workload_memcg`): the verdict in `WORKLOAD_MEMCGS`, or, for a memcg
+/// it does not hold yet (one made since userspace last looked, or one that is not the
+/// workload's), the verdict of a climb through its parents, kept for the next call.
 #[inline(always)]
-fn memcg_in_workload(id: u64) -> bool {
-    // SAFETY: a lookup that only tests presence.
-    id != 0 && unsafe { WORKLOAD_MEMCGS.get(&id) }.is_some()
+fn memcg_in_workload(probe: u32, m: Charged) -> bool {
+    if m.id == 0 {
+        return false;
+    }
+    // SAFETY: a lookup of a plain value.
+    if let Some(v) = unsafe { WORKLOAD_MEMCGS.get(&m.id) } {
+        return *v == MEMCG_IN_WORKLOAD;
+    }
+    match climb(probe, m.kn) {
+        Some(v) => {
+            let _ = WORKLOAD_MEMCGS.insert(&m.id, &v, 0);
+            v == MEMCG_IN_WORKLOAD
+        }
+        None => false,
+    }
+}
+
+/// The verdict on the memcg whose `kernfs_node` is at `kn`, from its parents (up to
+/// `MEMCG_CLIMB`): in the workload if the workload's memcg comes first, or a parent already
+/// judged in it; outside if the root (a null parent) or a parent judged outside comes first (a
+/// memcg below the workload's meets it before any memcg outside it). None when unread.
+#[inline(always)]
+fn climb(probe: u32, kn: u64) -> Option<u8> {
+    // SAFETY: pointers from successful map lookups; written by userspace before attaching.
+    let path = MEMCG_PATH.get_ptr(probe).map(|p| unsafe { *p })?;
+    let root = WORKLOAD_ROOT.get_ptr(0).map(|p| unsafe { *p })?;
+    if kn == 0 || root == 0 || path.parent_off == 0 {
+        return None;
+    }
+    let mut at = kn;
+    for _ in 0..MEMCG_CLIMB {
+        // SAFETY: fault-safe reads of kernel memory.
+        at = unsafe { bpf_probe_read_kernel((at + path.parent_off as u64) as *const u64) }.ok()?;
+        if at == 0 {
+            return Some(MEMCG_OUTSIDE);
+        }
+        let id = unsafe { bpf_probe_read_kernel((at + path.id_off as u64) as *const u64) }.ok()?;
+        if id == root {
+            return Some(MEMCG_IN_WORKLOAD);
+        }
+        // SAFETY: a lookup of a plain value.
+        if let Some(v) = unsafe { WORKLOAD_MEMCGS.get(&id) } {
+            return Some(*v);
+        }
+    }
+    None
 }
 
 /// Whether a call belongs to the workload: by the memcg it charges (`memcg`, where
 /// `Config::workload_memcg` says so and it was read), else by the cgroup of the task making it
 /// (task context only).
 #[inline(always)]
-fn workload_call<E: Env>(env: &E, ctx: u32, memcg: u64, task: u64) -> bool {
+fn workload_call<E: Env>(env: &E, probe: u32, ctx: u32, memcg: Charged, task: u64) -> bool {
     let c = config();
-    if !env.lean() && c.workload_memcg != 0 && memcg != 0 {
-        return memcg_in_workload(memcg);
+    if !env.lean() && c.workload_memcg != 0 && memcg.id != 0 {
+        return memcg_in_workload(probe, memcg);
     }
     ctx == CTX_TASK && env.in_workload(task)
 }
@@ -1328,7 +1396,7 @@ fn pair_entry<E: Env>(
     k: Key,
     fentry: bool,
     caller: u64,
-    memcg: u64,
+    memcg: Charged,
     stack: impl FnOnce(u32),
 ) {
     let key = k.frame;
@@ -1366,10 +1434,11 @@ fn pair_entry<E: Env>(
             Some(m) => (PENDING_MISSES_KNOWN, m),
             None => (0, 0),
         };
-        let workload = !env.lean() && config().workload_memcg != 0 && memcg_in_workload(memcg);
+        let workload =
+            !env.lean() && config().workload_memcg != 0 && memcg_in_workload(probe, memcg);
         p.flags = flags | if workload { PENDING_WORKLOAD } else { 0 };
         p.switches = misses;
-        set_origin(p, caller, memcg);
+        set_origin(p, caller, memcg.id);
         p.key = key;
         nest_enter(env, p, NEST_IRQ, ctx, || env.task());
         p.ts = env.now();
@@ -1383,7 +1452,7 @@ fn pair_entry<E: Env>(
         _ => {}
     }
     let switches = env.switches(task);
-    let flags = if workload_call(env, CTX_TASK, memcg, task) {
+    let flags = if workload_call(env, probe, CTX_TASK, memcg, task) {
         PENDING_WORKLOAD
     } else {
         0
@@ -1437,7 +1506,7 @@ fn pair_entry<E: Env>(
     p.migrations = env.migrations(task);
     p.ctx = CTX_TASK;
     p.flags = flags;
-    set_origin(p, caller, memcg);
+    set_origin(p, caller, memcg.id);
     // Before the timestamp: a call nested from here on is inside this one's time. (A claim
     // below fails only where runs interleave, and nesting is not followed there.)
     nest_enter(env, p, task, CTX_TASK, || task);
@@ -1917,10 +1986,10 @@ fn no_state(probe: u32, exit: bool) {
 /// read only where it is needed). A function, not a closure: the compiler made the closure a
 /// subprogram with its captures passed through the stack, about twenty instructions a hit.
 #[inline(always)]
-fn tp_workload(env: &Kernel, memcg: u64, ctx: u32) -> bool {
+fn tp_workload(env: &Kernel, probe: u32, memcg: Charged, ctx: u32) -> bool {
     let cfg = config();
-    if cfg.workload_memcg != 0 && memcg != 0 {
-        memcg_in_workload(memcg)
+    if cfg.workload_memcg != 0 && memcg.id != 0 {
+        memcg_in_workload(probe, memcg)
     } else {
         ctx == CTX_TASK && cfg.workload_cgroup != 0 && env.in_workload(env.task())
     }
@@ -1942,7 +2011,7 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
     let memcg = if cfg.by_memcg != 0 || cfg.workload_memcg != 0 {
         charged_memcg(probe, first_arg(c.as_ptr()))
     } else {
-        0
+        Charged::id(0)
     };
     match env.context() {
         Some(ctx) if cfg.tp_percpu != 0 => {
@@ -1951,23 +2020,23 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
             // preempted.
             let hits = unsafe { &mut (*st.0).tp_hits[i] };
             hits[0] += 1;
-            if tp_workload(&env, memcg, ctx) {
+            if tp_workload(&env, probe, memcg, ctx) {
                 hits[1] += 1;
             }
             if cfg.by_memcg != 0 {
                 if let Some(cs) = counters(st.cpu(), probe, ctx) {
-                    count_memcg(cs, probe, ctx, memcg, 0, false);
+                    count_memcg(cs, probe, ctx, memcg.id, 0, false);
                 }
             }
         }
         Some(ctx) => {
             if let Some(cs) = counters(st.cpu(), probe, ctx) {
                 cs.entries += 1;
-                if tp_workload(&env, memcg, ctx) {
+                if tp_workload(&env, probe, memcg, ctx) {
                     cs.workload_hits += 1;
                 }
                 if cfg.by_memcg != 0 {
-                    count_memcg(cs, probe, ctx, memcg, 0, false);
+                    count_memcg(cs, probe, ctx, memcg.id, 0, false);
                 }
             }
         }
@@ -2241,7 +2310,7 @@ macro_rules! fentry_body {
             let memcg = if !env.lean && (config().by_memcg != 0 || config().workload_memcg != 0) {
                 charged_memcg(n, first_arg($ctx.as_ptr()))
             } else {
-                0
+                Charged::id(0)
             };
             let stack = |c: u32| sample_stack(&$ctx, st, n, c, caller);
             pair_entry(&env, n, Key::fentry(&$ctx), true, caller, memcg, stack);
@@ -2306,7 +2375,7 @@ macro_rules! probe_slot {
                 let memcg = if config().by_memcg != 0 || config().workload_memcg != 0 {
                     charged_memcg(n, reg_arg0(ctx.regs as *const c_void))
                 } else {
-                    0
+                    Charged::id(0)
                 };
                 let stack = |c: u32| sample_stack(&ctx, st, n, c, caller);
                 pair_entry(&env, n, Key::kprobe(&ctx), false, caller, memcg, stack);
@@ -2772,7 +2841,7 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
             Key::given(a(2)),
             a(7) & 2 != 0,
             a(2) | 1,
-            a(2) | 3,
+            Charged::id(a(2) | 3),
             |_| {},
         ),
         test_op::EXIT_FENTRY => pair_exit(&given, probe, Key::given(a(2)), true),

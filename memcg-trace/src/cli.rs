@@ -60,14 +60,17 @@ enum Command {
     /// memcg-trace plot base.json patched.json --probe charge; memcg-trace plot --hdr-log run.hlog
     Plot(plot::PlotArgs),
     /// Run a built-in workload (what `--workload NAME[:N]` runs): open-loop (open of a
-    /// nonexistent path, N times: a struct file charged and uncharged each) or kmalloc (pipe2
-    /// and two closes, N times: kmalloc(GFP_KERNEL_ACCOUNT) and accounted slab objects).
+    /// nonexistent path, N times: a struct file charged and uncharged each), kmalloc (pipe2
+    /// and two closes, N times: kmalloc(GFP_KERNEL_ACCOUNT) and accounted slab objects) or
+    /// sockets (N messages of 64 KiB over loopback TCP to 4 clients, each in a memcg of its
+    /// own: socket memory charged in softirq).
     ///
-    /// Example: memcg-trace record -p charge,slab_free --workload open-loop:100000
+    /// Examples: memcg-trace record -p charge,slab_free --workload open-loop:100000;
+    /// memcg-trace record -p try_charge,stat --by-memcg --workload sockets:20000
     Workload {
-        /// open-loop or kmalloc.
+        /// open-loop, kmalloc or sockets.
         name: String,
-        /// How many operations (default: 100000 opens, 20000 pipes).
+        /// How many operations (default: 100000 opens, 20000 pipes, 100000 messages).
         #[arg(value_parser = clap::value_parser!(u64).range(1..))]
         count: Option<u64>,
     },
@@ -171,7 +174,8 @@ async fn dispatch(command: Command) -> Result<i32> {
                     .map(|b| b.2)
                     .ok_or_else(|| {
                         anyhow::anyhow!(
-                            "unknown built-in workload {name:?}; known: open-loop, kmalloc"
+                            "unknown built-in workload {name:?}; known: {}",
+                            crate::workload::builtin_names()
                         )
                     })?,
             };

@@ -332,9 +332,17 @@ pub fn memcg_path(btf: &Btf, arg: &str) -> Result<memcg_trace_common::MemcgPath>
         ],
         other => bail!("a struct {other} does not lead to a memcg"),
     };
+    // The way up, for memcgs made below the workload's after userspace last looked: the
+    // field is `__parent` from 6.15 (read under RCU there; a fault-safe read here). 0 where
+    // neither is found: no climb, such memcgs count from the next tick.
+    let parent_off = ["parent", "__parent"]
+        .iter()
+        .find_map(|f| field_path_offset(btf, "kernfs_node", &[f]).ok())
+        .unwrap_or(0);
     let mut p = memcg_trace_common::MemcgPath {
         hops: hops.len() as u32,
         id_off: off("kernfs_node", &["id"])? as u32,
+        parent_off: u32::try_from(parent_off).unwrap_or(0),
         ..Default::default()
     };
     p.off[..hops.len()].copy_from_slice(&hops);

@@ -63,8 +63,10 @@ pub struct LiveArgs {
     pub cgroup: Option<PathBuf>,
     /// A named workload instead of a command: `hackbench` or `hackbench:ARGS` (default ARGS:
     /// "-g 2 -l 200"); `open-loop[:N]` (N opens of a nonexistent path: a struct file charged
-    /// and freed each) or `kmalloc[:N]` (N pipes made and closed: kmalloc(GFP_KERNEL_ACCOUNT)
-    /// and accounted slab objects), built in, each with its operations for calls/op.
+    /// and freed each), `kmalloc[:N]` (N pipes made and closed: kmalloc(GFP_KERNEL_ACCOUNT)
+    /// and accounted slab objects) or `sockets[:N]` (N 64 KiB messages over loopback TCP to 4
+    /// clients in memcgs of their own: socket memory charged in softirq; with --by-memcg),
+    /// built in, each with its operations for calls/op.
     #[arg(long, conflicts_with = "command")]
     pub workload: Option<String>,
     /// Diagnostics from inside the eBPF programs (per-CPU base resolution, context reads,

@@ -14,6 +14,8 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
+pub mod sockets;
+
 /// Prefix of the cgroups memcg-trace creates: `memcg-trace.<pid>`.
 pub const PREFIX: &str = "memcg-trace.";
 
@@ -612,6 +614,12 @@ pub const BUILTIN: &[(&str, &str, u64, &str)] = &[
         20_000,
         "pipe2() and two closes in a loop: each allocates the pipe's pipe_inode_info and its buffer array with kmalloc(GFP_KERNEL_ACCOUNT), and two struct files, an inode and a dentry from accounted caches, all freed at the last close",
     ),
+    (
+        "sockets",
+        "64 KiB messages",
+        100_000,
+        "loopback TCP streams to 4 client processes, each in a memcg of its own below the workload's: the receiving socket's memory is charged to the client's memcg in the NET_RX softirq the sender runs (the netperf loopback debates of 2022 and 2025); use --by-memcg to count those charges in the workload's rows",
+    ),
 ];
 
 /// The command line of a named workload: `hackbench[:ARGS]` (default ARGS "-g 2 -l 200"), or a
@@ -655,6 +663,11 @@ pub fn named(spec: &str) -> Result<Vec<String>> {
     }
 }
 
+/// The built-in workloads' names, for messages.
+pub fn builtin_names() -> String {
+    BUILTIN.iter().map(|b| b.0).collect::<Vec<_>>().join(", ")
+}
+
 /// Runs built-in workload `name` `n` times in this process and prints `Time: S` (seconds, as
 /// hackbench does). The first failure of an operation other than the one meant is an error.
 pub fn run_builtin(name: &str, n: u64) -> Result<()> {
@@ -686,9 +699,10 @@ pub fn run_builtin(name: &str, n: u64) -> Result<()> {
                 }
             }
         }
+        "sockets" => sockets::run(n)?,
         other => bail!(
             "unknown built-in workload {other:?}; known: {}",
-            BUILTIN.iter().map(|b| b.0).collect::<Vec<_>>().join(", ")
+            builtin_names()
         ),
     }
     println!(

@@ -352,3 +352,24 @@ fn plot_draws_calls_per_second_from_an_interval_log() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
+
+/// The sockets workload as a command of its own: every message reaches its client (a client
+/// that read less makes it fail), and it says its operations. Unprivileged or on cgroup v1 its
+/// clients share its cgroup (said on stderr); the memcg part runs in the VM tests.
+#[test]
+fn the_sockets_workload_delivers_every_message() {
+    let out = run(&["workload", "sockets", "203"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.starts_with("203 sockets operations\nTime: "),
+        "{}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let out = run(&["workload", "nope"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1) && stderr.contains("open-loop, kmalloc, sockets"),
+        "{stderr}"
+    );
+}

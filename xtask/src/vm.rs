@@ -113,6 +113,8 @@ mount -t debugfs debugfs /sys/kernel/debug
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 mount -t bpf bpf /sys/fs/bpf
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
+# Loopback up, as on any system (the sockets workload streams over it).
+ifconfig lo 127.0.0.1 up
 mkdir -p /out
 for m in $(cat /lib/modules/order 2>/dev/null); do
   insmod /lib/modules/$m || echo "init: insmod $m failed"

@@ -31,7 +31,7 @@ use aya_log::EbpfLogger;
 use memcg_trace_common::{
     cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Cell, Config, Deferred,
     HeldSwitches, KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK, MAX_CALLERS, MAX_MEMCGS,
-    MAX_STACKS, MAX_WORKLOAD_MEMCGS, NUM_CTX, STACK_DEPTH, TP_CELLS,
+    MAX_STACKS, MAX_WORKLOAD_MEMCGS, MEMCG_IN_WORKLOAD, NUM_CTX, STACK_DEPTH, TP_CELLS,
 };
 
 use self::{
@@ -980,6 +980,17 @@ impl Tracer {
             .take_map(names::MAP_WORKLOAD_MEMCGS)
             .ok_or_else(|| anyhow!("map {} missing", names::MAP_WORKLOAD_MEMCGS))?;
         let set = aya::maps::HashMap::try_from(m).context("the workload's memcgs")?;
+        // Where the programs' climbs stop, before the set is filled: a memcg made below it
+        // meanwhile is found there.
+        let root = crate::memcgs::id_of(dir)
+            .ok_or_else(|| anyhow!("the workload's memcg {} is gone", dir.display()))?;
+        let m = self
+            .ebpf
+            .map_mut(names::MAP_WORKLOAD_ROOT)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_WORKLOAD_ROOT))?;
+        aya::maps::Array::<_, u64>::try_from(m)
+            .and_then(|mut a| a.set(0, root, 0))
+            .context("the workload's memcg id")?;
         self.workload_memcg = Some((dir.to_path_buf(), set, Default::default()));
         self.update_workload_memcgs();
         Ok(())
@@ -994,7 +1005,7 @@ impl Tracer {
     fn update_workload_memcgs(&mut self) {
         if let Some((dir, set, known)) = self.workload_memcg.as_mut() {
             for id in crate::memcgs::subtree_ids(dir) {
-                if !known.contains(&id) && set.insert(id, 1, 0).is_ok() {
+                if !known.contains(&id) && set.insert(id, MEMCG_IN_WORKLOAD, 0).is_ok() {
                     known.insert(id);
                 }
             }

@@ -62,7 +62,8 @@ pub struct LiveArgs {
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
     /// A named workload instead of a command: `hackbench` or `hackbench:ARGS` (default ARGS:
-    /// "-g 2 -l 200"); `open-loop[:N]` (N opens of a nonexistent path: a struct file charged
+    /// "-g 2 -l 200"), `perf-messaging[:ARGS]` (perf bench sched messaging, the same default
+    /// ARGS); `open-loop[:N]` (N opens of a nonexistent path: a struct file charged
     /// and freed each), `kmalloc[:N]` (N pipes made and closed: kmalloc(GFP_KERNEL_ACCOUNT)
     /// and accounted slab objects) or `sockets[:N]` (N 64 KiB messages over loopback TCP to 4
     /// clients in memcgs of their own: socket memory charged in softirq; with --by-memcg),

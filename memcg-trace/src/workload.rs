@@ -588,15 +588,19 @@ fn join_one(procs: &CString) -> std::io::Result<()> {
 /// Where hackbench (Debian package rt-tests) is installed: the one lookup memcg-trace and its
 /// tests use.
 pub fn hackbench() -> Result<PathBuf> {
+    find_in_path("hackbench").ok_or_else(|| {
+        anyhow!("hackbench not found: install it with `apt-get install rt-tests` (cargo xtask setup does)")
+    })
+}
+
+/// The file `name` in the directories of PATH, then /usr/bin and /usr/local/bin.
+fn find_in_path(name: &str) -> Option<PathBuf> {
     std::env::var("PATH")
         .unwrap_or_default()
         .split(':')
         .chain(["/usr/bin", "/usr/local/bin"])
-        .map(|d| Path::new(d).join("hackbench"))
+        .map(|d| Path::new(d).join(name))
         .find(|p| p.is_file())
-        .ok_or_else(|| {
-            anyhow!("hackbench not found: install it with `apt-get install rt-tests` (cargo xtask setup does)")
-        })
 }
 
 /// The built-in workloads (`memcg-trace workload NAME [N]`, `--workload NAME[:N]`): name, what
@@ -622,8 +626,9 @@ pub const BUILTIN: &[(&str, &str, u64, &str)] = &[
     ),
 ];
 
-/// The command line of a named workload: `hackbench[:ARGS]` (default ARGS "-g 2 -l 200"), or a
-/// built-in one, `NAME[:N]` (this binary's `workload NAME N`).
+/// The command line of a named workload: `hackbench[:ARGS]` or `perf-messaging[:ARGS]` (perf
+/// bench sched messaging; default ARGS "-g 2 -l 200" for both), or a built-in one, `NAME[:N]`
+/// (this binary's `workload NAME N`).
 pub fn named(spec: &str) -> Result<Vec<String>> {
     let (name, rest) = spec.split_once(':').unwrap_or((spec, ""));
     if let Some((_, _, default, _)) = BUILTIN.iter().find(|b| b.0 == name) {
@@ -642,6 +647,25 @@ pub fn named(spec: &str) -> Result<Vec<String>> {
         ]);
     }
     match name {
+        "perf-messaging" => {
+            let args = if rest.trim().is_empty() {
+                "-g 2 -l 200"
+            } else {
+                rest
+            };
+            let perf = find_in_path("perf").ok_or_else(|| {
+                anyhow!("perf not found: install it with `apt-get install linux-perf` (cargo xtask setup does)")
+            })?;
+            Ok([
+                perf.display().to_string(),
+                "bench".into(),
+                "sched".into(),
+                "messaging".into(),
+            ]
+            .into_iter()
+            .chain(args.split_whitespace().map(str::to_string))
+            .collect())
+        }
         "hackbench" => {
             let args = if rest.trim().is_empty() {
                 "-g 2 -l 200"
@@ -653,7 +677,7 @@ pub fn named(spec: &str) -> Result<Vec<String>> {
                 .collect())
         }
         other => bail!(
-            "unknown workload {other:?}; known: hackbench[:ARGS], {}",
+            "unknown workload {other:?}; known: hackbench[:ARGS], perf-messaging[:ARGS], {}",
             BUILTIN
                 .iter()
                 .map(|b| format!("{}[:N]", b.0))
@@ -714,9 +738,10 @@ pub fn run_builtin(name: &str, n: u64) -> Result<()> {
 
 /// The operations a workload reports, from its command line, with their name: hackbench's
 /// messages (each of a group's `--fds` senders writes `--loops` messages to each of its `--fds`
-/// receivers: groups x fds x fds x loops; defaults 10 groups, 20 fds, 100 loops), or a
-/// built-in workload's count (`memcg-trace workload NAME N`). None for any other command, or
-/// a hackbench command line this does not understand.
+/// receivers: groups x fds x fds x loops; defaults 10 groups, 20 fds, 100 loops), those of
+/// perf's copy of it (`perf bench sched messaging`, the same count under its option names), or
+/// a built-in workload's count (`memcg-trace workload NAME N`). None for any other command, or
+/// a command line this does not understand.
 pub fn operations(argv: &[String]) -> Option<(u64, &'static str)> {
     // This binary's `workload NAME [N]` (not any command whose second word is `workload`).
     let ours = Path::new(argv.first()?).file_name() == Some("memcg-trace".as_ref());
@@ -731,22 +756,29 @@ pub fn operations(argv: &[String]) -> Option<(u64, &'static str)> {
         };
     }
     let name = Path::new(argv.first()?).file_name()?.to_str()?;
-    if name != "hackbench" {
+    let (args, unit) = if name == "hackbench" {
+        (&argv[1..], "hackbench messages")
+    } else if name == "perf" || name.starts_with("perf_") {
+        (perf_messaging_args(&argv[1..])?, "perf messaging messages")
+    } else {
         return None;
-    }
+    };
     let (mut groups, mut fds, mut loops) = (10u64, 20u64, 100u64);
-    let mut it = argv[1..].iter();
+    let mut it = args.iter();
     while let Some(a) = it.next() {
         let (flag, inline) = match a.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
             _ => (a.as_str(), None),
         };
         let target = match flag {
-            "-g" | "--groups" => &mut groups,
-            "-f" | "--fds" => &mut fds,
-            "-l" | "--loops" => &mut loops,
+            // hackbench's names, then perf bench sched messaging's.
+            "-g" | "--groups" | "--group" => &mut groups,
+            "-f" | "--fds" | "--nr_fds" => &mut fds,
+            "-l" | "--loops" | "--nr_loops" => &mut loops,
             // Flags without a value, and valued ones that do not change the count.
-            "-p" | "--pipe" | "-T" | "--threads" | "-P" | "--process" => continue,
+            "-p" | "--pipe" | "-T" | "--threads" | "-t" | "--thread" | "-P" | "--process" => {
+                continue
+            }
             "-s" | "--datasize" => {
                 if inline.is_none() {
                     it.next()?;
@@ -766,7 +798,22 @@ pub fn operations(argv: &[String]) -> Option<(u64, &'static str)> {
         .checked_mul(fds)?
         .checked_mul(loops)
         .filter(|n| *n > 0)
-        .map(|n| (n, "hackbench messages"))
+        .map(|n| (n, unit))
+}
+
+/// The arguments of `perf [bench [-f FORMAT]] sched messaging ARGS` after `perf`: ARGS (the
+/// options of hackbench's count under perf's names), or None for any other perf command, or
+/// one repeated (`--repeat`).
+fn perf_messaging_args(args: &[String]) -> Option<&[String]> {
+    let mut rest = args.strip_prefix(&["bench".to_string()])?;
+    loop {
+        match rest.first().map(String::as_str)? {
+            "-f" | "--format" => rest = rest.get(2..)?,
+            f if f.starts_with("--format=") => rest = &rest[1..],
+            _ => break,
+        }
+    }
+    rest.strip_prefix(&["sched".to_string(), "messaging".to_string()])
 }
 
 /// The error for a command that could not be started.
@@ -849,6 +896,25 @@ mod tests {
         assert_eq!(operations(&v("hackbench -g x")), None);
         assert_eq!(operations(&v("hackbench --unknown 3")), None);
         assert_eq!(operations(&v("stress-ng -c 1")), None);
+        // perf bench sched messaging counts the same way under its own option names.
+        assert_eq!(
+            operations(&v("/usr/bin/perf bench sched messaging -g 2 -l 200 -t")),
+            Some((160_000, "perf messaging messages"))
+        );
+        assert_eq!(
+            operations(&v(
+                "perf bench -f simple sched messaging --group=1 --nr_loops 5 -p"
+            ))
+            .map(|o| o.0),
+            Some(2000)
+        );
+        assert_eq!(
+            operations(&v("perf_6.1 bench sched messaging")).map(|o| o.0),
+            Some(400_000)
+        );
+        assert_eq!(operations(&v("perf bench sched pipe")), None);
+        assert_eq!(operations(&v("perf bench -r 3 sched messaging")), None);
+        assert_eq!(operations(&v("perf record -g hackbench")), None);
     }
 
     #[test]

@@ -155,6 +155,7 @@ pub fn load_recording(path: &Path) -> Document {
 /// - percentiles are ordered, within [min, max], end at max; floor-corrected ones are lower;
 /// - the summary table's footnote carries the same numbers as the JSON.
 pub fn check_invariants(doc: &Document, summary: &str) {
+    check_shares_bounds(doc, summary);
     for p in &doc.probes {
         let sum = |f: fn(&memcg_trace::export::ContextOut) -> u64| -> u64 {
             p.contexts.iter().map(f).sum()
@@ -442,6 +443,50 @@ pub fn check_self_times(doc: &Document) {
             "with nothing lost, the self times add up to the outermost calls' time"
         );
     }
+}
+
+/// The workload's CPU shares are marked as upper bounds (`<=` in the table,
+/// `shares_at_most` in the JSON) exactly where the raw counters say they are: a timed probe
+/// with shares whose task-context calls include some with time off the CPU unknown or only a
+/// lower bound (counted as CPU), or, when the workload is told by the memcg charged, whose
+/// interrupt-context calls are in its rows (their CPU time is not its cgroup's).
+fn check_shares_bounds(doc: &Document, summary: &str) {
+    let Some(w) = doc.meta.workload.as_ref() else {
+        return;
+    };
+    let mut with_shares = 0;
+    let mut bounded = false;
+    for p in &doc.probes {
+        let Some(pw) = p.workload.as_ref() else {
+            continue;
+        };
+        if pw.self_share_of_workload_cpu.is_none() {
+            continue;
+        }
+        with_shares += 1;
+        let task = p.contexts.first();
+        let off_unknown = task.is_some_and(|c| c.off_cpu_unknown > 0 || c.off_cpu_at_least > 0);
+        let irq_rows = w.by_memcg && p.contexts.iter().skip(1).any(|c| c.count > 0);
+        let want = off_unknown || irq_rows;
+        assert_eq!(
+            pw.shares_at_most, want,
+            "{}: shares_at_most {} where the counters say {want} (off-CPU unknown {off_unknown}, interrupt calls in memcg rows {irq_rows})",
+            p.name, pw.shares_at_most
+        );
+        bounded |= want;
+    }
+    if with_shares == 0 {
+        return;
+    }
+    let Some(line) = summary.lines().find(|l| l.starts_with("workload CPU: ")) else {
+        return;
+    };
+    assert_eq!(
+        line.contains("<="),
+        bounded,
+        "the table's share line marks upper bounds {}, the counters say {bounded}: {line}",
+        line.contains("<=")
+    );
 }
 
 /// Runs one of the tests' HdrHistogram_py scripts (in the venv `cargo xtask setup` makes) and

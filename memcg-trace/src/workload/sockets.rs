@@ -60,27 +60,33 @@ pub fn run(messages: u64) -> Result<()> {
             None
         }
     };
+    let sent = serve(cgroups.as_ref(), messages);
+    give_back(cgroups);
+    sent
+}
+
+/// Steps 2 and 3, and the clients' exits: the cgroups are given back by the caller whatever
+/// happens here.
+fn serve(cgroups: Option<&Cgroups>, messages: u64) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").context("sockets: listen on loopback")?;
     let port = listener.local_addr()?.port();
     let shares = shares(messages, CLIENTS);
     let mut pids = Vec::new();
     for (i, share) in shares.iter().enumerate() {
-        let procs = cgroups
-            .as_ref()
+        let started = cgroups
             .map(|c| procs_file(&c.clients[i]))
-            .transpose()?;
-        match start_client(port, i as u8, *share, procs.as_ref()) {
+            .transpose()
+            .and_then(|procs| start_client(port, i as u8, *share, procs.as_ref()));
+        match started {
             Ok(pid) => pids.push(pid),
             Err(e) => {
                 reap(&pids, true);
-                give_back(cgroups);
                 return Err(e);
             }
         }
     }
     let streamed = stream(&listener, &shares);
     let exits = reap(&pids, streamed.is_err());
-    give_back(cgroups);
     streamed?;
     if let Some((i, status)) = exits.iter().enumerate().find(|(_, s)| **s != 0) {
         bail!("sockets: client {i} did not read its whole stream (wait status {status:#x})");
@@ -102,9 +108,12 @@ fn make_cgroups() -> Result<Cgroups> {
     let server = own.join("sockets-server");
     mkdir(&server)?;
     // A cgroup with processes cannot hand controllers to its children: this process leaves
-    // for a leaf first (it is the only one: the workload has not forked yet).
-    fs::write(procs_path(&server), "0")
-        .with_context(|| format!("move into {}", server.display()))?;
+    // for a leaf first (the workload's only one in a memcg memcg-trace made; in one given
+    // with --cgroup others may stay, and the controller is then refused).
+    if let Err(e) = fs::write(procs_path(&server), "0") {
+        let _ = fs::remove_dir(&server);
+        return Err(e).with_context(|| format!("move into {}", server.display()));
+    }
     let mut made = Cgroups {
         own,
         server,

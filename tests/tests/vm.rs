@@ -1626,8 +1626,12 @@ fn check_sockets(name: &str, out: &Path) -> String {
 }
 
 /// `--workload perf-messaging`: perf's copy of hackbench, its messages counted from its own
-/// option names (1 group, 20 senders, 20 receivers, 50 loops: 20,000), and charged as
-/// hackbench's are with the same options in the same boot (0.8-1.25x the charges a message).
+/// option names (1 group, 20 senders, 20 receivers, 50 loops: 20,000), and at least the
+/// charges a message of hackbench with the same options in the same boot (0.9x), at most
+/// twice them: the messaging is the same, and perf adds its own start and the forks of its
+/// 40 processes from a far larger parent than hackbench's (each fork copies its mappings,
+/// accounted objects: measured 3.095 against 2.225 charges a message on 6.12, 2.769 against
+/// 2.172 on 7.3, i.e. about 400 charges a fork).
 fn check_perf_messaging(name: &str, out: &Path) -> String {
     let mut per_op = Vec::new();
     for (file, unit) in [
@@ -1649,7 +1653,7 @@ fn check_perf_messaging(name: &str, out: &Path) -> String {
     }
     let ratio = per_op[1] / per_op[0].max(1e-9);
     assert!(
-        per_op[0] > 0.0 && (0.8..=1.25).contains(&ratio),
+        per_op[0] > 0.0 && (0.9..=2.0).contains(&ratio),
         "{name}: charges a message: hackbench {:.3}, perf bench sched messaging {:.3}",
         per_op[0],
         per_op[1]

@@ -116,7 +116,7 @@ pub struct Figure {
     pub probe: String,
     /// Context, `workload`, or `-` for the run-wide figures.
     pub context: String,
-    /// `calls/s`, `calls/op`, `p50`, `p99`, `mean` or `duration`.
+    /// `calls/s`, `calls/op`, `time/op`, `p50`, `p99`, `mean` or `duration`.
     pub figure: String,
     /// Where the function behind the probe differs between the sides (kernels that moved the
     /// work to another function): `A's release: function -> B's release: function`. Calls per
@@ -198,23 +198,25 @@ fn pct(l: &Latency, q: f64) -> Option<f64> {
 /// One figure of one run: (name, unit, value).
 type RunFigure = (&'static str, &'static str, Option<f64>);
 
-/// The figures of one row of one run: `calls` with the workload's operations give calls/op.
+/// The figures of one row of one run: `calls` with the workload's operations give calls/op,
+/// and with the mean latency the time per operation (every call at the timed calls' mean, as
+/// the table's "per operation" line): what the probe's function costs the workload a unit of
+/// its work, the figure that survives a change of function or of how often it is called.
 fn row_figures(
     rate: Option<f64>,
     calls: Option<u64>,
     ops: Option<u64>,
     l: Option<&Latency>,
 ) -> Vec<RunFigure> {
+    let per_op = calls.zip(ops).map(|(c, o)| c as f64 / o as f64);
+    let mean = l.and_then(|l| l.mean_ns);
     vec![
         ("calls/s", "calls/s", rate),
-        (
-            "calls/op",
-            "calls/op",
-            calls.zip(ops).map(|(c, o)| c as f64 / o as f64),
-        ),
+        ("calls/op", "calls/op", per_op),
+        ("time/op", "ns", per_op.zip(mean).map(|(n, m)| n * m)),
         ("p50", "ns", l.and_then(|l| pct(l, 0.5))),
         ("p99", "ns", l.and_then(|l| pct(l, 0.99))),
-        ("mean", "ns", l.and_then(|l| l.mean_ns)),
+        ("mean", "ns", mean),
     ]
 }
 

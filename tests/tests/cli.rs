@@ -142,13 +142,28 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
         .as_f64()
         .unwrap();
     assert!((per_op - count / 80_000.0).abs() < 1e-9, "{per_op}");
+    // Time per message: every call of the workload at its mean (each side's runs are equal
+    // here, so the mean of the products is the product of the means).
+    let mean = base["probes"][0]["workload"]["latency"]["mean_ns"]
+        .as_f64()
+        .unwrap();
+    let time_op = find("charge", "workload", "time/op")["a"]["mean"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (time_op - per_op * mean).abs() < 1e-6 * time_op,
+        "{time_op} ns a message, {per_op} calls at {mean} ns"
+    );
     assert!(
         json["figures"]
             .as_array()
             .unwrap()
             .iter()
-            .all(|f| f["figure"] != "calls/op" || f["context"] == "workload"),
-        "calls/op of a system-wide row: {json}"
+            .all(
+                |f| !matches!(f["figure"].as_str(), Some("calls/op" | "time/op"))
+                    || f["context"] == "workload"
+            ),
+        "calls/op or time/op of a system-wide row: {json}"
     );
     assert_eq!(json["a_files"].as_array().unwrap().len(), 3);
     // The table and the markdown say the same.

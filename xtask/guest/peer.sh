@@ -1,11 +1,14 @@
 # Guest part of `cargo xtask bench`'s peer comparison, one boot per round: round ROUND of the
 # same hackbench (PEER_HACKBENCH) untraced (U), under a typical bpftrace latency script (B),
 # under memcg-trace with fentry (F) and kprobe (K), and under empty fentry/fexit programs on the
-# same functions (E, the floor of any such tracer), the order rotated per round; or (CAL=1) the
-# calibration, with bpf stats on for both tools. Set by the caller: ROUND (0: none), CAL,
-# PEER_HACKBENCH, PROBES.
+# same functions (E, the floor of any such tracer); then the leanest C peer on charge's function
+# alone: libbpf-tools' funclatency (L) against memcg-trace `-p charge` with fentry (C) and
+# kprobe (Q); the order rotated per round; or (CAL=1) the calibration, with bpf stats on for
+# every tool. Set by the caller: ROUND (0: none), CAL, PEER_HACKBENCH, PROBES.
 # Leaves in /out: peer-<round>-<variant>.txt (hackbench's output), peer-<round>-B.bt
-# (bpftrace's), peer-<round>-<F|K>.json, peer.bt, and cal-B.json / cal-F.json / cal-K.json.
+# (bpftrace's), peer-<round>-L.fl (funclatency's), peer-<round>-<F|K|C|Q>.json, peer.bt,
+# charge-func.txt, and cal-B.json / cal-L.json / cal-F.json / cal-K.json / cal-C.json /
+# cal-Q.json.
 #
 # The functions memcg-trace resolves PROBES to on this kernel; bpftrace traces the same ones the
 # way a linux-mm user would write it: start time keyed by tid, hist() of the difference.
@@ -24,6 +27,10 @@ BT
 done
 echo "guest: bpftrace script:"
 cat /out/peer.bt
+# charge's function, the one funclatency times (it takes one function).
+cfunc=$(memcg-trace probes -p charge --attach fentry | awk '$4 == "attached" {print $2}')
+[ -n "$cfunc" ] || { echo "guest: charge has no function here"; exit 1; }
+echo "$cfunc" >/out/charge-func.txt
 # The floor any fentry/fexit tracer pays on these functions: the same probes, empty bodies.
 sed 's/{.*}/{ }/; s|/@start[0-9]*\[tid\]/ ||' /out/peer.bt >/out/empty.bt
 # memcg-trace runs its workload in a fresh memcg; the untraced and bpftrace runs get one too,
@@ -77,6 +84,37 @@ bpftrace_stop() {
   done
   wait $bp || true
 }
+# funclatency's "Tracing ..." line may wait in its stdout buffer until it leaves: it is
+# attached once its programs are loaded (two more on the machine) and a moment has passed.
+funclatency_start() { # log
+  before=$(memcg-trace programs --json | grep -o '"id"' | wc -l)
+  funclatency "$cfunc" >"$1" 2>&1 &
+  fl=$!
+  n=0
+  while [ "$(memcg-trace programs --json | grep -o '"id"' | wc -l)" -lt $((before + 2)) ]; do
+    if ! kill -0 $fl 2>/dev/null || [ $n -ge 600 ]; then
+      echo "guest: funclatency did not attach"
+      cat "$1"
+      exit 1
+    fi
+    sleep 0.5
+    n=$((n + 1))
+  done
+  sleep 2
+}
+funclatency_stop() {
+  kill -INT $fl
+  n=0
+  while kill -0 $fl 2>/dev/null; do
+    if [ $n -ge 1200 ]; then
+      echo "guest: funclatency still running 120 s after SIGINT"
+      exit 1
+    fi
+    sleep 0.1
+    n=$((n + 1))
+  done
+  wait $fl || true
+}
 run() { # round variant
   case $2 in
   U) in_memcg hackbench $PEER_HACKBENCH >/out/peer-$1-U.txt ;;
@@ -90,10 +128,17 @@ run() { # round variant
     in_memcg hackbench $PEER_HACKBENCH >/out/peer-$1-B.txt
     bpftrace_stop "round $1: B"
     ;;
-  F | K)
+  L)
+    funclatency_start /out/peer-$1-L.fl
+    in_memcg hackbench $PEER_HACKBENCH >/out/peer-$1-L.txt
+    funclatency_stop
+    ;;
+  F | K | C | Q)
     backend=fentry
-    [ "$2" = K ] && backend=kprobe
-    timeout 900 memcg-trace record -q --attach $backend -p "$PROBES" -o /out/peer-$1-$2.json \
+    case $2 in K | Q) backend=kprobe ;; esac
+    probes=$PROBES
+    case $2 in C | Q) probes=charge ;; esac
+    timeout 900 memcg-trace record -q --attach $backend -p "$probes" -o /out/peer-$1-$2.json \
       -- hackbench $PEER_HACKBENCH >/out/peer-$1-$2.txt 2>/out/peer-$1-$2.err ||
       { echo "guest: round $1: $2 failed or hung (exit $?)"; cat /out/peer-$1-$2.err; exit 1; }
     ;;
@@ -101,13 +146,13 @@ run() { # round variant
 }
 r=$ROUND
 if [ "$r" -gt 0 ]; then
-  case $((r % 5)) in
-  1) order="U B F K E" ;;
-  2) order="B F K E U" ;;
-  3) order="F K E U B" ;;
-  4) order="K E U B F" ;;
-  0) order="E U B F K" ;;
-  esac
+  # Each variant starts the rotation in turn: round r starts at the ((r - 1) mod 8)-th.
+  order="U B F K E L C Q"
+  i=1
+  while [ $i -lt $(((r - 1) % 8 + 1)) ]; do
+    order="${order#* } ${order%% *}"
+    i=$((i + 1))
+  done
   for v in $order; do
     echo "guest: round $r: $v"
     run $r $v
@@ -122,11 +167,18 @@ bpftrace_start /out/cal-B.bt
 in_memcg hackbench $PEER_HACKBENCH >/out/cal-B.txt
 memcg-trace programs --json >/out/cal-B.json
 bpftrace_stop "calibration: B"
-for v in F K; do
+echo "guest: calibration: funclatency"
+funclatency_start /out/cal-L.fl
+in_memcg hackbench $PEER_HACKBENCH >/out/cal-L.txt
+memcg-trace programs --json >/out/cal-L.json
+funclatency_stop
+for v in F K C Q; do
   echo "guest: calibration: $v"
   backend=fentry
-  [ "$v" = K ] && backend=kprobe
-  memcg-trace record -q --bpf-stats --attach $backend -p "$PROBES" -o /out/cal-$v.json \
+  case $v in K | Q) backend=kprobe ;; esac
+  probes=$PROBES
+  case $v in C | Q) probes=charge ;; esac
+  memcg-trace record -q --bpf-stats --attach $backend -p "$probes" -o /out/cal-$v.json \
     -- hackbench $PEER_HACKBENCH >/out/cal-$v.txt 2>/out/cal-$v.err
 done
 echo 0 >/proc/sys/kernel/bpf_stats_enabled

@@ -244,10 +244,11 @@ pub fn which(name: &str) -> Result<PathBuf> {
     }
     bail!(
         "{name} not found: run `cargo xtask setup` ({name} comes with apt package {})",
-        if name == "hackbench" {
-            "rt-tests"
-        } else {
-            name
+        match name {
+            "hackbench" => "rt-tests",
+            "funclatency" => "libbpf-tools",
+            "perf" => "linux-perf",
+            _ => name,
         }
     )
 }

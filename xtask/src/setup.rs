@@ -29,8 +29,10 @@ pub const APT_PACKAGES: &[&str] = &[
     "xz-utils",
     "tmux",
     "debian-archive-keyring",
-    // The peer of `cargo xtask bench`: a typical bpftrace latency script (Debian 12: 0.17).
+    // The peers of `cargo xtask bench`: a typical bpftrace latency script (Debian 12: 0.17),
+    // and the leanest C one, libbpf-tools' funclatency (Debian 12: 0.26).
     "bpftrace",
+    "libbpf-tools",
     // The venv of the independent HdrHistogram reader (where python3 is Debian's).
     "python3-venv",
     // The font `memcg-trace plot` lays its labels out with.

@@ -224,7 +224,8 @@ pub mod names {
     /// workload's subtree put in by userspace each tick, and the verdicts of the programs
     /// on memcgs it did not know yet (made since the last tick, or not the workload's), found
     /// by climbing their parents to the workload's memcg or the root. LRU: a verdict pushed
-    /// out is found again.
+    /// out is found again (the workload's own memcg by its id, the others by climbing); the
+    /// programs never replace a verdict already there.
     pub const MAP_WORKLOAD_MEMCGS: &str = "WORKLOAD_MEMCGS";
     /// The id of the workload's memcg, where a climb stops (one entry; 0: none).
     pub const MAP_WORKLOAD_ROOT: &str = "WORKLOAD_ROOT";
@@ -898,7 +899,8 @@ pub const MEMCG_IN_WORKLOAD: u8 = 1;
 pub const MEMCG_OUTSIDE: u8 = 2;
 
 /// Parents the programs climb from a memcg the workload set does not know yet before giving
-/// up (deeper trees: the call is not counted as the workload's, and no verdict kept).
+/// up (deeper trees: the call is not counted as the workload's, and no verdict is kept, so
+/// each call charging such a memcg climbs again).
 pub const MEMCG_CLIMB: usize = 16;
 
 /// Pointer hops of a [`MemcgPath`] at most.

@@ -1046,28 +1046,35 @@ fn memcg_in_workload(probe: u32, m: Charged) -> bool {
     if let Some(v) = unsafe { WORKLOAD_MEMCGS.get(&m.id) } {
         return *v == MEMCG_IN_WORKLOAD;
     }
-    match climb(probe, m.kn) {
+    match climb(probe, m) {
         Some(v) => {
-            let _ = WORKLOAD_MEMCGS.insert(&m.id, &v, 0);
+            // Never over userspace's verdict (set meanwhile): BPF_NOEXIST.
+            let _ = WORKLOAD_MEMCGS.insert(&m.id, &v, 1);
             v == MEMCG_IN_WORKLOAD
         }
         None => false,
     }
 }
 
-/// The verdict on the memcg whose `kernfs_node` is at `kn`, from its parents (up to
-/// `MEMCG_CLIMB`): in the workload if the workload's memcg comes first, or a parent already
-/// judged in it; outside if the root (a null parent) or a parent judged outside comes first (a
-/// memcg below the workload's meets it before any memcg outside it). None when unread.
+/// The verdict on memcg `m`: in the workload if it is the workload's memcg; else from its
+/// parents (up to `MEMCG_CLIMB`, from its `kernfs_node`): in the workload if the workload's
+/// memcg comes first, or a parent already judged in it; outside if the root (a null parent) or
+/// a parent judged outside comes first (a memcg below the workload's meets it before any memcg
+/// outside it). None when unread, or deeper than the climb (such a memcg pays the climb again
+/// at each call: none is that deep in practice).
 #[inline(always)]
-fn climb(probe: u32, kn: u64) -> Option<u8> {
+fn climb(probe: u32, m: Charged) -> Option<u8> {
     // SAFETY: pointers from successful map lookups; written by userspace before attaching.
-    let path = MEMCG_PATH.get_ptr(probe).map(|p| unsafe { *p })?;
     let root = WORKLOAD_ROOT.get_ptr(0).map(|p| unsafe { *p })?;
-    if kn == 0 || root == 0 || path.parent_off == 0 {
+    // The workload's own memcg (its verdict pushed out of the LRU map, or not put in yet).
+    if root != 0 && m.id == root {
+        return Some(MEMCG_IN_WORKLOAD);
+    }
+    let path = MEMCG_PATH.get_ptr(probe).map(|p| unsafe { *p })?;
+    if m.kn == 0 || root == 0 || path.parent_off == 0 {
         return None;
     }
-    let mut at = kn;
+    let mut at = m.kn;
     for _ in 0..MEMCG_CLIMB {
         // SAFETY: fault-safe reads of kernel memory.
         at = unsafe { bpf_probe_read_kernel((at + path.parent_off as u64) as *const u64) }.ok()?;

@@ -692,8 +692,9 @@ pub struct WorkloadOut {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_self_share_of_workload_cpu: Option<f64>,
     /// The shares are upper bounds: some call's time off the CPU is unknown (counted as CPU), or
-    /// the rows hold interrupt-context calls charging the workload's memcg (`--by-memcg`),
-    /// whose CPU time is not the workload's.
+    /// the workload is told by the memcg charged (`--by-memcg`) and the probe has
+    /// interrupt-context calls, which its rows may hold and whose CPU time is not the
+    /// workload's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shares_at_most: bool,
 }

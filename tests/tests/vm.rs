@@ -1461,6 +1461,14 @@ echo "guest: kmalloc"
 memcg-trace record -p charge,slab_free --workload kmalloc:5000 -o /out/kmalloc.json >/out/kmalloc.txt 2>&1
 echo "guest: sockets"
 memcg-trace record -p try_charge,stat --by-memcg --workload sockets:4000 -o /out/sockets.json >/out/sockets.txt 2>&1
+echo "guest: sockets in a given memcg, stopped by --duration"
+echo +memory >/sys/fs/cgroup/cgroup.subtree_control
+mkdir /sys/fs/cgroup/given
+memcg-trace record -q -p try_charge --cgroup /sys/fs/cgroup/given --duration 3s --workload sockets:1000000 -o /out/stopped.json >/out/stopped.txt 2>&1 || true
+cat /sys/fs/cgroup/given/cgroup.subtree_control >/out/given-control.txt
+ls /sys/fs/cgroup/given | grep -c '^sockets-' >/out/given-children.txt || true
+wc -l </sys/fs/cgroup/given/cgroup.procs >/out/given-procs.txt
+memcg-trace record -q -p try_charge --cgroup /sys/fs/cgroup/given -o /out/again.json -- true >/out/again.txt 2>&1 && echo 0 >/out/again.status || echo $? >/out/again.status
 cat /out/open.txt /out/kmalloc.txt /out/sockets.txt
 if command -v perf >/dev/null; then
   echo "guest: hackbench and perf bench sched messaging"
@@ -1520,6 +1528,7 @@ ls -d /sys/fs/cgroup/memcg-trace.* 2>/dev/null | wc -l >/out/left.txt
         ));
     }
     said.push(check_sockets(name, &r.out_dir));
+    check_sockets_stopped(name, &r.out_dir);
     if perf.is_some() {
         said.push(check_perf_messaging(name, &r.out_dir));
     } else {
@@ -1553,6 +1562,11 @@ fn check_sockets(name: &str, out: &Path) -> String {
     let doc = load_recording(&out.join("sockets.json"));
     let summary = fs::read_to_string(out.join("sockets.txt")).expect("summary");
     check_invariants(&doc, &summary);
+    // The clients were in memcgs of their own, and everything was given back.
+    assert!(
+        !summary.contains("share the workload's memcg") && !summary.contains("not given back"),
+        "{name}: sockets: the sub-memcgs were not used or not given back\n{summary}"
+    );
     let w = doc.meta.workload.as_ref().expect("the workload");
     assert_eq!(w.exit_status, Some(0), "{name}: sockets\n{summary}");
     let ops = w.operations.as_ref().expect("the workload's operations");
@@ -1571,7 +1585,8 @@ fn check_sockets(name: &str, out: &Path) -> String {
         let pr = probe(&doc, p);
         let below = |c: &str| c == root || c.starts_with(&format!("{root}/"));
         // A memcg removed before it was named is the workload's: nothing else in the guest
-        // makes and removes memcgs.
+        // makes or removes memcgs during this run (the earlier runs' memcgs were gone before
+        // it began).
         let of_workload = |c: &str| below(c) || c.starts_with("removed cgroup");
         let in_rows: u64 = pr
             .memcgs
@@ -1623,6 +1638,34 @@ fn check_sockets(name: &str, out: &Path) -> String {
         "{name}: sockets: the table does not give the calls per message\n{summary}"
     );
     format!("sockets: {}", said.join(", "))
+}
+
+/// The sockets workload in a memcg given with `--cgroup`, stopped by `--duration` (the
+/// SIGTERM memcg-trace sends): it gives the memcg back as it was, the memory controller off
+/// below it again, its sub-memcgs gone and no process left, so a later run there can join it
+/// (the kernel refuses a process in a cgroup that hands the memory controller down).
+fn check_sockets_stopped(name: &str, out: &Path) {
+    let read = |f: &str| fs::read_to_string(out.join(f)).unwrap_or_default();
+    let said = read("stopped.txt");
+    assert!(
+        !read("given-control.txt").contains("memory")
+            && read("given-children.txt").trim() == "0"
+            && read("given-procs.txt").trim() == "0",
+        "{name}: the given memcg after a stopped sockets workload: subtree_control {:?}, {} sockets-* children, {} processes\n{said}",
+        read("given-control.txt").trim(),
+        read("given-children.txt").trim(),
+        read("given-procs.txt").trim()
+    );
+    assert!(
+        !said.contains("not given back"),
+        "{name}: the stopped sockets workload did not give its cgroups back\n{said}"
+    );
+    assert_eq!(
+        read("again.status").trim(),
+        "0",
+        "{name}: a later run in the given memcg failed\n{}",
+        read("again.txt")
+    );
 }
 
 /// `--workload perf-messaging`: perf's copy of hackbench, its messages counted from its own

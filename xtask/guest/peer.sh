@@ -85,13 +85,13 @@ bpftrace_stop() {
   wait $bp || true
 }
 # funclatency's "Tracing ..." line may wait in its stdout buffer until it leaves: it is
-# attached once its programs are loaded (two more on the machine) and a moment has passed.
+# attached once its two programs (dummy_kprobe and dummy_kretprobe in 0.26, dummy_fentry and
+# dummy_fexit where it takes fentry) are loaded and a moment has passed.
 funclatency_start() { # log
-  before=$(memcg-trace programs --json | grep -o '"id"' | wc -l)
   funclatency "$cfunc" >"$1" 2>&1 &
   fl=$!
   n=0
-  while [ "$(memcg-trace programs --json | grep -o '"id"' | wc -l)" -lt $((before + 2)) ]; do
+  while [ "$(memcg-trace programs --name dummy_ --json | grep -c '"id"')" -lt 2 ]; do
     if ! kill -0 $fl 2>/dev/null || [ $n -ge 600 ]; then
       echo "guest: funclatency did not attach"
       cat "$1"
@@ -101,13 +101,18 @@ funclatency_start() { # log
     n=$((n + 1))
   done
   sleep 2
+  kill -0 $fl 2>/dev/null || { echo "guest: funclatency ended:"; cat "$1"; exit 1; }
 }
 funclatency_stop() {
-  kill -INT $fl
+  kill -INT $fl 2>/dev/null || true
   n=0
   while kill -0 $fl 2>/dev/null; do
-    if [ $n -ge 1200 ]; then
-      echo "guest: funclatency still running 120 s after SIGINT"
+    if [ $n = 1200 ]; then
+      echo "guest: funclatency still running 120 s after SIGINT: SIGKILL"
+      kill -KILL $fl
+    fi
+    if [ $n -ge 2400 ]; then
+      echo "guest: funclatency still running 120 s after SIGKILL"
       exit 1
     fi
     sleep 0.1
@@ -146,7 +151,7 @@ run() { # round variant
 }
 r=$ROUND
 if [ "$r" -gt 0 ]; then
-  # Each variant starts the rotation in turn: round r starts at the ((r - 1) mod 8)-th.
+  # Round r starts at the ((r - 1) mod 8)-th variant (with 7 rounds, Q never starts one).
   order="U B F K E L C Q"
   i=1
   while [ $i -lt $(((r - 1) % 8 + 1)) ]; do

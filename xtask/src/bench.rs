@@ -840,9 +840,9 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
         "fentry_above_floor".into(),
         serde_json::json!({"per_round": above, "median": median(&above)}),
     );
-    // The leanest C peer, on charge's function alone: libbpf-tools' funclatency (fentry/fexit
-    // where the kernel has them, a hash map keyed by thread id, one log2 histogram; no context
-    // split, no pairing beyond the thread id) against memcg-trace with `-p charge`, which pairs
+    // The leanest C peer, on charge's function alone: libbpf-tools' funclatency (0.26: a
+    // kprobe and a kretprobe, even where fentry works; a hash map keyed by thread id, one log2
+    // histogram; no context split, no pairing beyond the thread id) against memcg-trace with `-p charge`, which pairs
     // exactly, splits by context and keeps the workload's rows besides.
     let charge_rounds: Vec<&Round> = rounds
         .iter()
@@ -948,8 +948,8 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
         b_insns,
         b_helpers
     );
-    // funclatency's programs, listed while it was attached (absent from older runs): its
-    // fentry and fexit run once a call each.
+    // funclatency's programs (`dummy_*`), listed while it was attached (absent from older
+    // runs): its entry and exit programs run once a call each.
     let mut l_ns = None;
     if let Ok(l) = read(&dir.join("cal-L.json")) {
         let progs: Vec<serde_json::Value> = l
@@ -957,15 +957,23 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             .cloned()
             .unwrap_or_default()
             .into_iter()
-            .filter(|p| p.get("run_cnt").and_then(|x| x.as_u64()).unwrap_or(0) > 0)
+            .filter(|p| {
+                p.get("name")
+                    .and_then(|x| x.as_str())
+                    .is_some_and(|n| n.starts_with("dummy_"))
+            })
             .collect();
         let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
         l_ns = ratio_opt(sum("run_time_ns") as f64, (sum("run_cnt") / 2) as f64);
+        let names: Vec<&str> = progs
+            .iter()
+            .filter_map(|p| p.get("name")?.as_str())
+            .collect();
         let _ = write!(
             cal_line,
-            "; on charge alone: funclatency {} ns ({} programs, {} insns)",
+            "; on charge alone: funclatency {} ns ({}: {} insns)",
             l_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
-            progs.len(),
+            names.join(" + "),
             sum("xlated_insns"),
         );
         cal.insert(

@@ -22,6 +22,7 @@ use std::{
     net::{TcpListener, TcpStream},
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
+    sync::atomic::{AtomicI32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -51,6 +52,7 @@ struct Cgroups {
 /// Sends `messages` messages of 64 KiB over loopback TCP to `CLIENTS` clients, each in a memcg
 /// of its own where the kernel allows it.
 pub fn run(messages: u64) -> Result<()> {
+    catch_stop_signals();
     let cgroups = match make_cgroups() {
         Ok(c) => Some(c),
         Err(e) => {
@@ -62,7 +64,41 @@ pub fn run(messages: u64) -> Result<()> {
     };
     let sent = serve(cgroups.as_ref(), messages);
     give_back(cgroups);
+    // Stopped (memcg-trace's SIGTERM at --duration or Ctrl-C): the cgroups are given back, then
+    // the signal ends the process as it would have.
+    let sig = STOPPED.load(Ordering::SeqCst);
+    if sig != 0 {
+        // SAFETY: back to the default action, then the signal to this process.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
     sent
+}
+
+/// The stop signal received while streaming (0: none).
+static STOPPED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop(sig: libc::c_int) {
+    STOPPED.store(sig, Ordering::SeqCst);
+}
+
+/// The signals that stop the workload.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
+/// Has the stop signals end the stream instead of the process, so that the cgroups are given
+/// back (the clients set the default actions back).
+fn catch_stop_signals() {
+    for sig in STOP_SIGNALS {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe { libc::signal(sig, on_stop as *const () as libc::sighandler_t) };
+    }
+}
+
+/// Whether a stop signal came.
+fn stopped() -> bool {
+    STOPPED.load(Ordering::SeqCst) != 0
 }
 
 /// Steps 2 and 3, and the clients' exits: the cgroups are given back by the caller whatever
@@ -76,7 +112,7 @@ fn serve(cgroups: Option<&Cgroups>, messages: u64) -> Result<()> {
         let started = cgroups
             .map(|c| procs_file(&c.clients[i]))
             .transpose()
-            .and_then(|procs| start_client(port, i as u8, *share, procs.as_ref()));
+            .and_then(|procs| start_client(&listener, i as u8, *share, procs.as_ref()));
         match started {
             Ok(pid) => pids.push(pid),
             Err(e) => {
@@ -86,6 +122,8 @@ fn serve(cgroups: Option<&Cgroups>, messages: u64) -> Result<()> {
         }
     }
     let streamed = stream(&listener, &shares);
+    // No client can connect any more (one that did not is not left waiting in the backlog).
+    drop(listener);
     let exits = reap(&pids, streamed.is_err());
     streamed?;
     if let Some((i, status)) = exits.iter().enumerate().find(|(_, s)| **s != 0) {
@@ -121,10 +159,14 @@ fn make_cgroups() -> Result<Cgroups> {
         turned_on: false,
     };
     let control = made.own.join("cgroup.subtree_control");
-    let on = fs::read_to_string(&control)
-        .with_context(|| format!("read {}", control.display()))?
-        .split_whitespace()
-        .any(|c| c == "memory");
+    let on = match fs::read_to_string(&control) {
+        Ok(text) => text.split_whitespace().any(|c| c == "memory"),
+        Err(e) => {
+            let e = anyhow!("read {}: {e}", control.display());
+            give_back(Some(made));
+            return Err(e);
+        }
+    };
     if !on {
         if let Err(e) = fs::write(&control, "+memory") {
             let e = anyhow!(
@@ -179,7 +221,14 @@ fn procs_file(dir: &Path) -> Result<CString> {
 
 /// Step 2: client `index`, a process that joins `procs` (if any), connects to `port`, says its
 /// index and reads `share` messages; it exits 0 when it read exactly that many bytes.
-fn start_client(port: u16, index: u8, share: u64, procs: Option<&CString>) -> Result<libc::pid_t> {
+fn start_client(
+    listener: &TcpListener,
+    index: u8,
+    share: u64,
+    procs: Option<&CString>,
+) -> Result<libc::pid_t> {
+    use std::os::fd::AsRawFd as _;
+    let port = listener.local_addr()?.port();
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
     // SAFETY: this process is single-threaded here (a current-thread runtime, no thread
@@ -190,6 +239,14 @@ fn start_client(port: u16, index: u8, share: u64, procs: Option<&CString>) -> Re
     }
     if pid > 0 {
         return Ok(pid);
+    }
+    // SAFETY: in the child, closing its copy of the listener and setting the stop signals'
+    // default actions back (the server catches them).
+    unsafe {
+        libc::close(listener.as_raw_fd());
+        for sig in STOP_SIGNALS {
+            libc::signal(sig, libc::SIG_DFL);
+        }
     }
     let client = || -> Result<()> {
         super::die_with_parent(parent).context("die with the server")?;
@@ -236,7 +293,11 @@ fn stream(listener: &TcpListener, shares: &[u64]) -> Result<()> {
     use std::os::fd::AsRawFd as _;
     let deadline = Instant::now() + CONNECT_WAIT;
     let mut conns = Vec::new();
+    let mut seen = vec![false; shares.len()];
     while conns.len() < shares.len() {
+        if stopped() {
+            bail!("sockets: stopped by a signal");
+        }
         // Waits in poll, not in a loop of accepts: a refused accept allocates and frees a
         // socket (an accounted inode and file), charges that are not the workload's.
         let left = deadline.saturating_duration_since(Instant::now());
@@ -268,9 +329,12 @@ fn stream(listener: &TcpListener, shares: &[u64]) -> Result<()> {
         let mut index = [0u8];
         c.read_exact(&mut index)
             .context("sockets: a client's index")?;
+        let i = usize::from(index[0]);
         let share = *shares
-            .get(usize::from(index[0]))
-            .ok_or_else(|| anyhow!("sockets: a client said index {}", index[0]))?;
+            .get(i)
+            .filter(|_| !seen[i])
+            .ok_or_else(|| anyhow!("sockets: a connection said index {i}, not a client's"))?;
+        seen[i] = true;
         conns.push((c, share));
     }
     let message = vec![0x5au8; MESSAGE];
@@ -281,6 +345,9 @@ fn stream(listener: &TcpListener, shares: &[u64]) -> Result<()> {
                 let message = &message;
                 s.spawn(move || -> std::io::Result<()> {
                     for _ in 0..n {
+                        if stopped() {
+                            return Err(std::io::Error::from(std::io::ErrorKind::Interrupted));
+                        }
                         c.write_all(message)?;
                     }
                     // The end of the stream: the client's read returns 0.

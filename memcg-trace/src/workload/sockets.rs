@@ -105,7 +105,6 @@ fn stopped() -> bool {
 /// happens here.
 fn serve(cgroups: Option<&Cgroups>, messages: u64) -> Result<()> {
     let listener = TcpListener::bind("127.0.0.1:0").context("sockets: listen on loopback")?;
-    let port = listener.local_addr()?.port();
     let shares = shares(messages, CLIENTS);
     let mut pids = Vec::new();
     for (i, share) in shares.iter().enumerate() {

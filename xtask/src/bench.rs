@@ -712,16 +712,13 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             format!("{:.2}-{:.2} us", lo / 1e3, hi / 1e3)
         }
     };
-    for (i, name) in [
-        (0, "bpftrace"),
-        (1, "memcg-trace fentry"),
-        (2, "memcg-trace kprobe"),
-        (3, "empty fentry/fexit programs (the floor)"),
-    ] {
+    // A row per variant: its full cost per traced call over the rounds (`what`: on which
+    // functions).
+    let cost_row = |i: usize, name: &str, what: &str| -> Row {
         let v = col(i);
-        rows.push(Row(
+        Row(
             format!(
-                "full cost per traced call, {name} (median; spread of {} rounds)",
+                "full cost per traced call{what}, {name} (median; spread of {} rounds)",
                 v.len()
             ),
             place.clone(),
@@ -731,7 +728,15 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             },
             "report".into(),
             "reported",
-        ));
+        )
+    };
+    for (i, name) in [
+        (0, "bpftrace"),
+        (1, "memcg-trace fentry"),
+        (2, "memcg-trace kprobe"),
+        (3, "empty fentry/fexit programs (the floor)"),
+    ] {
+        rows.push(cost_row(i, name, ""));
     }
     let ratios = |i: usize| -> Vec<f64> {
         // A round where a traced run was not slower than the untraced one says nothing (a
@@ -855,21 +860,7 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             (5, "memcg-trace fentry"),
             (6, "memcg-trace kprobe"),
         ] {
-            let v = col(i);
-            rows.push(Row(
-                format!(
-                    "full cost per traced call on {} alone, {name} (median; spread of {} rounds)",
-                    func.trim(),
-                    v.len()
-                ),
-                place.clone(),
-                match median(&v) {
-                    Some(m) => format!("{:.2} us; {}", m / 1e3, spread(&v)),
-                    None => "-".into(),
-                },
-                "report".into(),
-                "reported",
-            ));
+            rows.push(cost_row(i, name, &format!(" on {} alone", func.trim())));
         }
         let agree: Vec<f64> = charge_rounds
             .iter()

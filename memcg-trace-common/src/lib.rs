@@ -353,7 +353,7 @@ pub struct Hist {
 /// cells, account for every run (a migrated call's exit is counted on the CPU it ends on):
 ///
 /// - `entries == paired + ambiguous + deferred + deferred_lost + stale + evicted + (pending)`
-/// - `exits == paired + ambiguous + deferred + deferred_lost + orphans + outside`
+/// - `exits == paired + ambiguous + deferred + deferred_lost + orphans + evicted_exits + outside`
 ///
 /// (for the tracepoint backend, which has no exit, `entries` counts the hits).
 #[repr(C)]
@@ -380,8 +380,12 @@ pub struct Counters {
     pub switched: u64,
     /// Of the switched calls: those whose exit ran on another CPU than their entry.
     pub migrated: u64,
-    /// Exits that found no pending entry of their own (the entry was skipped or evicted).
+    /// Exits that found no pending entry of their own (the entry was skipped, or evicted and
+    /// no longer remembered).
     pub orphans: u64,
+    /// Exits of calls counted `evicted`, remembered in `PendingSet::evicted` (on any CPU): not
+    /// timed, and not lost a second time.
+    pub evicted_exits: u64,
     /// Exits without an entry outside the tracing window: while the entry program was not
     /// attached yet (the exit program is attached first) or no longer (it is detached first).
     /// Those calls began or ended outside the window; they are not lost.
@@ -451,6 +455,7 @@ impl Counters {
         self.switched += o.switched;
         self.migrated += o.migrated;
         self.orphans += o.orphans;
+        self.evicted_exits += o.evicted_exits;
         self.outside += o.outside;
         self.stale += o.stale;
         self.evicted += o.evicted;
@@ -571,6 +576,27 @@ pub struct PendingSet {
     /// one per probe, since only that program writes it and it never runs nested in itself on
     /// a CPU (an exit of another probe in an interrupt must not find it changed).
     pub scratch: u64,
+    /// The last task calls pushed out of this set (`Counters::evicted`), so that their exits
+    /// are told from exits whose entry was never seen: such a call is counted lost once, as
+    /// evicted, and its exit as `Counters::evicted_exits`, not again as an orphan.
+    pub evicted: [Evicted; EVICTED_KEPT],
+    /// Where the next evicted call goes in `evicted` (modulo its length).
+    pub evicted_next: u64,
+}
+
+/// Evicted calls remembered per (CPU, probe); an older one's exit is an orphan again (counted
+/// twice, as before: still an upper bound).
+pub const EVICTED_KEPT: usize = 8;
+const _: () = assert!(EVICTED_KEPT.is_power_of_two());
+
+/// A task call pushed out of its CPU's set before its exit came (see `PendingSet::evicted`).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct Evicted {
+    /// Its frame (`Pending::key`); 0: none, or its exit came.
+    pub key: u64,
+    /// Its task.
+    pub task: u64,
 }
 
 /// A paired call whose pairing userspace confirms before it counts: a task-context call that
@@ -1032,8 +1058,6 @@ pub const fn workload_cell(cpu: u32, probes: u32, probe: u32, ctx: u32, contexts
 pub struct Cell {
     pub counters: Counters,
     pub hist: Hist,
-    /// To a whole number of cache lines: each cell starts one.
-    pub _pad: [u64; 1],
 }
 const _: () = assert!(core::mem::size_of::<Cell>().is_multiple_of(64));
 

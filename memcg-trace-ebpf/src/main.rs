@@ -54,11 +54,11 @@ use memcg_trace_common::{
     KernelLayout, MemcgKey, MemcgPath, Nest, Pending, PendingSet, StackKey, ARCH_ARM64,
     CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK,
     CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED,
-    DEFERRED_WORKLOAD, MAX_PROBES, MEMCG_CLIMB, MEMCG_HOPS, MEMCG_IN_WORKLOAD, MEMCG_OUTSIDE,
-    NEST_IRQ, NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_ENCLOSED, PENDING_MISSES_KNOWN,
-    PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH,
-    STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, THREAD_IRQ, THREAD_OTHER, THREAD_SOFTIRQ, TP_CELLS,
-    WINDOW_OPEN,
+    DEFERRED_WORKLOAD, EVICTED_KEPT, MAX_PROBES, MEMCG_CLIMB, MEMCG_HOPS, MEMCG_IN_WORKLOAD,
+    MEMCG_OUTSIDE, NEST_IRQ, NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_ENCLOSED,
+    PENDING_MISSES_KNOWN, PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER,
+    STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, THREAD_IRQ, THREAD_OTHER, THREAD_SOFTIRQ,
+    TP_CELLS, WINDOW_OPEN,
 };
 
 /// The license declared to the kernel (read from this section at load). The kernel lets only
@@ -1501,8 +1501,10 @@ fn pair_entry<E: Env>(
     if free == TASK_SLOTS {
         let p = &mut set.calls[oldest & (TASK_SLOTS - 1)];
         let k = p.key;
+        let victim = p.task;
         if k != 0 && claim(&mut p.key, k, 0) {
             add(&mut cs.evicted, 1, atomic);
+            remember_evicted(set, k, victim);
         }
         free = oldest;
     }
@@ -1524,9 +1526,36 @@ fn pair_entry<E: Env>(
         occupy(set, free);
     } else {
         // Taken meanwhile by an interleaved run (preemptible fentry): this call is not
-        // recorded, so its exit will be an orphan.
+        // recorded; its exit finds it among the evicted.
         add(&mut cs.evicted, 1, atomic);
+        remember_evicted(set, key, task);
     }
+}
+
+/// Remembers a task call pushed out of `set` (frame `key`, task `task`), so that its exit is
+/// counted as the exit of an evicted call, not lost again as an orphan. Where runs interleave,
+/// a race can lose or tear an entry: that exit is then an orphan (counted twice, an upper
+/// bound still).
+#[inline(always)]
+fn remember_evicted(set: &mut PendingSet, key: u64, task: u64) {
+    let i = set.evicted_next as usize & (EVICTED_KEPT - 1);
+    set.evicted_next = set.evicted_next.wrapping_add(1);
+    if let Some(e) = set.evicted.get_mut(i) {
+        e.task = task;
+        e.key = key;
+    }
+}
+
+/// Takes the evicted call of frame `key` and task `task` from `set`, if it is remembered there.
+#[inline(always)]
+fn take_evicted(set: &mut PendingSet, key: u64, task: u64) -> bool {
+    for i in 0..EVICTED_KEPT {
+        let e = &mut set.evicted[i];
+        if e.key == key && e.task == task && claim(&mut e.key, key, 0) {
+            return true;
+        }
+    }
+    false
 }
 
 /// `pair_exit`'s "the exit's context was not read".
@@ -1543,6 +1572,9 @@ struct Search {
     skip: u64,
     /// Only entries made after this time (a local entry's): an older one elsewhere is stale.
     after: u64,
+    /// Search the evicted calls (`PendingSet::evicted`) instead of the pending ones: `found` is
+    /// then `FOUND_EVICTED` where the call is one of them.
+    evicted: u64,
     /// The call found (set with `found`); also the copy of a slot `pair_exit` makes where runs
     /// interleave (one buffer: the program's stack is small).
     call: core::mem::MaybeUninit<Pending>,
@@ -1571,6 +1603,13 @@ unsafe extern "C" fn search_cpu(cpu: u64, ctx: *mut c_void) -> i64 {
     let Some(set) = (unsafe { (*st).pending.get_mut(s.probe as usize) }) else {
         return 0;
     };
+    if s.evicted != 0 {
+        if take_evicted(set, s.key, s.task) {
+            s.found = FOUND_EVICTED;
+            return 1;
+        }
+        return 0;
+    }
     for i in 0..TASK_SLOTS {
         let p = &mut set.calls[i];
         if p.key == s.key && p.task == s.task && p.ts > s.after {
@@ -1578,13 +1617,18 @@ unsafe extern "C" fn search_cpu(cpu: u64, ctx: *mut c_void) -> i64 {
             if claim(&mut p.key, s.key, 0) {
                 vacate(set, i);
                 s.call.write(call);
-                s.found = 1;
+                s.found = FOUND_PENDING;
                 return 1;
             }
         }
     }
     0
 }
+
+/// `Search::found`: the call was pending there (and is now in `Search::call`).
+const FOUND_PENDING: u32 = 1;
+/// `Search::found`: the call was pushed out of that CPU's set before (`PendingSet::evicted`).
+const FOUND_EVICTED: u32 = 2;
 
 /// Exit half: pair with the call's own entry; count what cannot be paired; time the rest.
 /// `defer_irq`: the exit program has a recursion guard of its own (fexit), so an interrupt pair
@@ -1691,6 +1735,7 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
                         core::ptr::addr_of_mut!((*sp).task).write(task);
                         core::ptr::addr_of_mut!((*sp).skip).write(cpu as u64);
                         core::ptr::addr_of_mut!((*sp).after).write(after);
+                        core::ptr::addr_of_mut!((*sp).evicted).write(0);
                         bpf_loop(
                             config().cpus,
                             search_cpu as *mut c_void,
@@ -1781,28 +1826,51 @@ fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
                 return;
             }
         };
+        // The call may have been pushed out of a full set (on this CPU, or on the one it began
+        // on): it is lost, counted once, as evicted.
+        let mut evicted = false;
         if ctx == CTX_TASK && !LEGACY {
-            // SAFETY: the search's inputs are written before the loop, and the callback only
-            // touches the context passed here; `found` is read after it.
-            let found_one = unsafe {
-                core::ptr::addr_of_mut!((*sp).probe).write(probe);
-                core::ptr::addr_of_mut!((*sp).found).write(0);
-                core::ptr::addr_of_mut!((*sp).key).write(key);
-                core::ptr::addr_of_mut!((*sp).task).write(task);
-                core::ptr::addr_of_mut!((*sp).skip).write(u64::MAX);
-                core::ptr::addr_of_mut!((*sp).after).write(0);
-                bpf_loop(
-                    config().cpus,
-                    search_cpu as *mut c_void,
-                    sp as *mut c_void,
-                    0,
-                );
-                (*sp).found != 0
-            };
-            if found_one {
-                found = true;
-                migrated = true;
+            // The pending calls of every CPU, then (an exit of a call pending anywhere is that
+            // call's) the evicted ones.
+            for pass in 0..2u64 {
+                // SAFETY: the search's inputs are written before the loop, and the callback
+                // only touches the context passed here; `found` is read after it.
+                let found_as = unsafe {
+                    core::ptr::addr_of_mut!((*sp).probe).write(probe);
+                    core::ptr::addr_of_mut!((*sp).found).write(0);
+                    core::ptr::addr_of_mut!((*sp).key).write(key);
+                    core::ptr::addr_of_mut!((*sp).task).write(task);
+                    core::ptr::addr_of_mut!((*sp).skip).write(u64::MAX);
+                    core::ptr::addr_of_mut!((*sp).after).write(0);
+                    core::ptr::addr_of_mut!((*sp).evicted).write(pass);
+                    bpf_loop(
+                        config().cpus,
+                        search_cpu as *mut c_void,
+                        sp as *mut c_void,
+                        0,
+                    );
+                    (*sp).found
+                };
+                if found_as == FOUND_PENDING {
+                    found = true;
+                    migrated = true;
+                    break;
+                }
+                if found_as == FOUND_EVICTED {
+                    evicted = true;
+                    break;
+                }
             }
+        } else if ctx == CTX_TASK {
+            // The legacy object cannot look at other CPUs: this one's only.
+            evicted = take_evicted(set, key, task);
+        }
+        if evicted {
+            if let Some(c) = counters(cpu, probe, ctx) {
+                add(&mut c.exits, 1, atomic);
+                add(&mut c.evicted_exits, 1, atomic);
+            }
+            return;
         }
         if !found {
             // An exit without its entry while the entry program is not attached is a call that

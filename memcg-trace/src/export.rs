@@ -361,6 +361,10 @@ pub struct ContextOut {
     /// Entries pushed out of a full set of pending calls.
     #[serde(default)]
     pub evicted: u64,
+    /// Exits of evicted calls, told apart from orphan exits (not lost a second time); absent
+    /// in recordings made before, whose orphan exits hold them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub evicted_exits: u64,
     /// Entry runs whose context could not be read.
     #[serde(default)]
     pub no_context_entries: u64,
@@ -392,8 +396,9 @@ pub struct ContextOut {
     pub outermost_ns: u64,
     /// Calls that left the CPU (slept, were preempted or moved) and are not timed: pairs that
     /// could not be proven (`rejected`), pairs lost on the way to userspace
-    /// (`deferred_lost`), and task pairs that cannot be told from a stale entry (`ambiguous`,
-    /// the legacy object). They are the slow tail: where this is not 0 the upper percentiles,
+    /// (`deferred_lost`), task pairs that cannot be told from a stale entry (`ambiguous`,
+    /// the legacy object), and task calls pushed out as the oldest of 17 in flight on their CPU
+    /// (`evicted`). They are the slow tail: where this is not 0 the upper percentiles,
     /// the maximum and the mean of `latency` are lower bounds (the table marks them `>=`).
     #[serde(default)]
     pub censored: u64,
@@ -1021,6 +1026,7 @@ pub(crate) fn probes_out(
                             outside: k.outside,
                             stale: k.stale,
                             evicted: k.evicted,
+                            evicted_exits: k.evicted_exits,
                             no_context_entries: k.no_context_entries,
                             no_context_exits: k.no_context_exits,
                             lost: c.lost(),
@@ -1391,6 +1397,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                             outside: c.outside,
                             stale: c.stale,
                             evicted: c.evicted,
+                            evicted_exits: c.evicted_exits,
                             ambiguous: c.ambiguous,
                             no_context_entries: c.no_context_entries,
                             no_context_exits: c.no_context_exits,

@@ -232,10 +232,11 @@ impl CtxStats {
     /// Calls of context `ctx` known to have left the CPU and not timed (see
     /// `export::ContextOut::censored`): every deferred pair is a call that left the CPU, and
     /// an ambiguous task pair is one whose task moved (interrupt pairs are ambiguous for a
-    /// skipped entry run, whatever their length).
+    /// skipped entry run, whatever their length); an evicted call was the oldest of 17 calls
+    /// in flight on its CPU (task context only).
     pub fn censored(&self, ctx: usize) -> u64 {
         let c = &self.counters;
-        self.rejected + c.deferred_lost + if ctx == 0 { c.ambiguous } else { 0 }
+        self.rejected + c.deferred_lost + if ctx == 0 { c.ambiguous + c.evicted } else { 0 }
     }
 
     /// Calls seen in this context but not timed: exits without their own entry, entries whose
@@ -395,6 +396,22 @@ pub struct Snapshot {
 mod tests {
     use super::*;
     use memcg_trace_common::bucket_index;
+
+    /// An evicted call was the oldest of 17 in flight on its CPU, a slow call not timed: the
+    /// tail is censored. Its exit, found among the evicted, does not make it lost twice.
+    #[test]
+    fn an_evicted_call_is_lost_once_and_censors_the_tail() {
+        let mut c = CtxStats::default();
+        c.counters.evicted = 3;
+        c.counters.evicted_exits = 2;
+        c.counters.orphans = 1;
+        assert_eq!(c.censored(0), 3);
+        assert_eq!(c.lost(), 4);
+        // Interrupt contexts evict nothing; their slot's stale entry is another matter.
+        let mut irq = CtxStats::default();
+        irq.counters.stale = 1;
+        assert_eq!(irq.censored(1), 0);
+    }
 
     #[test]
     fn an_interval_has_its_own_min_and_max() {

@@ -149,7 +149,8 @@ pub fn load_recording(path: &Path) -> Document {
 /// The invariants every recording holds, whatever the backend:
 /// - every entry and exit program run is accounted for: entries = paired + ambiguous +
 ///   deferred + deferred_lost + stale + evicted + pending at the end, exits = paired +
-///   ambiguous + deferred + deferred_lost + orphans + outside, deferred = confirmed + rejected; with bpf
+///   ambiguous + deferred + deferred_lost + orphans + evicted_exits + outside, deferred =
+///   confirmed + rejected; with bpf
 ///   stats on, the kernel's own run counts of the programs match ours;
 /// - the calls counted are the paired and confirmed ones, and every one is in a bucket;
 /// - percentiles are ordered, within [min, max], end at max; floor-corrected ones are lower;
@@ -175,11 +176,17 @@ pub fn check_invariants(doc: &Document, summary: &str) {
                 p.name
             );
             let matched = sum(|c| {
-                c.paired + c.ambiguous + c.deferred + c.deferred_lost + c.orphans + c.outside
+                c.paired
+                    + c.ambiguous
+                    + c.deferred
+                    + c.deferred_lost
+                    + c.orphans
+                    + c.evicted_exits
+                    + c.outside
             });
             assert_eq!(
                 exits, matched,
-                "{}: {exits} exit runs, but paired + ambiguous + deferred + deferred_lost + orphans + outside = {matched}",
+                "{}: {exits} exit runs, but paired + ambiguous + deferred + deferred_lost + orphans + evicted exits + outside = {matched}",
                 p.name
             );
             for c in &p.contexts {

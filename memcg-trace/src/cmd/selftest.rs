@@ -73,7 +73,7 @@ use Step::{
 
 /// Every entry and exit run is accounted for: entries = paired + ambiguous + deferred +
 /// deferred_lost + stale + evicted + pending, exits = paired + ambiguous + deferred +
-/// deferred_lost + orphans.
+/// deferred_lost + orphans + evicted exits + outside.
 fn accounted(o: &Outcome) -> Result<(), String> {
     let sum = |f: fn(&memcg_trace_common::Counters) -> u64| o.counters.iter().map(f).sum::<u64>();
     let entries = sum(|c| c.entries);
@@ -81,8 +81,15 @@ fn accounted(o: &Outcome) -> Result<(), String> {
         sum(|c| c.paired + c.ambiguous + c.deferred + c.deferred_lost + c.stale + c.evicted)
             + o.pending;
     let exits = sum(|c| c.exits);
-    let matched =
-        sum(|c| c.paired + c.ambiguous + c.deferred + c.deferred_lost + c.orphans + c.outside);
+    let matched = sum(|c| {
+        c.paired
+            + c.ambiguous
+            + c.deferred
+            + c.deferred_lost
+            + c.orphans
+            + c.evicted_exits
+            + c.outside
+    });
     if entries != ended || exits != matched {
         return Err(format!(
             "not every run accounted for: entries {entries} vs {ended}, exits {exits} vs {matched}"
@@ -866,7 +873,7 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
-            name: "a full set of pending calls evicts the oldest",
+            name: "a full set of pending calls evicts the oldest, whose exit is then its own, not a second loss",
             cpus: 1,
             kernel: PREEMPT,
             steps: {
@@ -877,11 +884,37 @@ fn cases() -> Vec<Case> {
                 s.extend((0..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
                 s
             },
-            check: |o| {
-                expect("evicted", o.counters[0].evicted, 1)?;
-                expect("orphan exits", o.counters[0].orphans, 1)?;
-                expect("paired", o.counters[0].paired, TASK_SLOTS as u64)
+            check: |o| evicted_once(o, 0),
+        },
+        Case {
+            name: EVICTED_MIGRATED,
+            cpus: 2,
+            kernel: PREEMPT,
+            steps: {
+                let n = TASK_SLOTS as u64 + 1;
+                let mut s: Vec<Step> = (0..n)
+                    .map(|i| E(0x100 + i, task, T, 5, 1000 + i, false, 0))
+                    .collect();
+                s.extend((1..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
+                s.push(XK(0x100, task, T, 6, 6000, 1));
+                s
             },
+            check: |o| evicted_once(o, 0),
+        },
+        Case {
+            name: "another task's exit at an evicted call's frame is an orphan; the call's own exit is its own",
+            cpus: 1,
+            kernel: PREEMPT,
+            steps: {
+                let n = TASK_SLOTS as u64 + 1;
+                let mut s: Vec<Step> = (0..n)
+                    .map(|i| E(0x100 + i, task, T, 5, 1000 + i, false, 0))
+                    .collect();
+                s.push(XK(0x100, task, T2, 5, 4000, 0));
+                s.extend((0..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
+                s
+            },
+            check: |o| evicted_once(o, 1),
         },
         Case {
             name: TWO_MIGRATIONS,
@@ -1129,6 +1162,16 @@ fn legacy_outcome(case: &str) -> Option<(&'static str, Check)> {
             "cannot be told from a stale entry: ambiguous, nothing timed",
             |o| untimed(o, 0, 1, 0),
         ),
+        EVICTED_MIGRATED => (
+            "the other CPU's evicted calls are not looked at: the exit an orphan",
+            |o| {
+                let c = &o.counters[CTX_TASK as usize];
+                expect("evicted", c.evicted, 1)?;
+                expect("exits of evicted calls", c.evicted_exits, 0)?;
+                expect("orphan exits", c.orphans, 1)?;
+                expect("paired", c.paired, TASK_SLOTS as u64)
+            },
+        ),
         _ => return None,
     })
 }
@@ -1150,6 +1193,19 @@ const RING_FULL_CALLS: u64 = (1 << 20) / RING_RECORD + 200;
 const MIGRATED_LEAVES_NOTHING_OPEN: &str =
     "a call that migrated leaves nothing open on the CPU it entered on: later calls there, interrupt or its own task's, are outermost";
 const LEFT_AND_CAME_BACK: &str = "a call that moved to another CPU and back keeps its own entry";
+const EVICTED_MIGRATED: &str =
+    "an evicted call that migrated: its exit on another CPU is the evicted call's, not an orphan";
+
+/// One call of a full set evicted and counted lost once: its exit found among the evicted
+/// (not an orphan), the other calls paired; `orphans`: exits of calls never seen.
+fn evicted_once(o: &Outcome, orphans: u64) -> Result<(), String> {
+    let c = &o.counters[CTX_TASK as usize];
+    expect("evicted", c.evicted, 1)?;
+    expect("exits of evicted calls", c.evicted_exits, 1)?;
+    expect("orphan exits", c.orphans, orphans)?;
+    expect("paired", c.paired, TASK_SLOTS as u64)?;
+    expect("pending", o.pending, 0)
+}
 
 /// What the legacy object (no search of other CPUs) must make of a migrated call: its exit
 /// an orphan, its entry left pending on the CPU it entered on, no pair, nothing timed.

@@ -182,6 +182,31 @@ static WORKLOAD_MEMCGS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(1, 0)
 #[map]
 static WORKLOAD_ROOT: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Per CPU and probe slot: the memcg the last call's argument led to (see `charged_memcg`).
+#[map]
+static MEMCG_MEMO: PerCpuArray<MemcgMemo> = PerCpuArray::with_max_entries(MAX_PROBES as u32, 0);
+
+/// The end of a probe's memcg path (`MemcgPath`) for one argument: a call with the same
+/// argument whose first hop reads the same is taken to charge the same memcg, without the rest
+/// of the chase. What the rest reads does not change while the first hop's object lives (a
+/// memcg's css, cgroup and kernfs node are its own for life); the first hop is what does (an
+/// object cgroup is moved to the parent memcg when its memcg goes offline). Wrong only if the
+/// first hop's object were freed and another made at its very address, reached from an
+/// argument at the same address, between two calls of the probe on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MemcgMemo {
+    /// The argument (0: empty).
+    arg: u64,
+    /// What its first hop read.
+    hop: u64,
+    /// The memcg found (`Charged`), and whether it is the workload's where that was asked
+    /// (a memcg's place in the tree does not change).
+    id: u64,
+    kn: u64,
+    verdict: u64,
+}
+
 /// Sampled short stacks (`--callers-depth`): entries per stack, sized by userspace: 1 entry
 /// when off.
 #[map]
@@ -963,24 +988,85 @@ fn count_memcg(cs: &mut Counters, probe: u32, ctx: u32, memcg: u64, ns: u64, tim
 struct Charged {
     id: u64,
     kn: u64,
+    /// Whether it is the workload's, where already known (`MEMCG_IN_WORKLOAD`,
+    /// `MEMCG_OUTSIDE`; 0: not judged yet).
+    verdict: u64,
 }
 
 impl Charged {
     /// Not read (no path, or a null pointer on it), or another controller's.
     const fn id(id: u64) -> Charged {
-        Charged { id, kn: 0 }
+        Charged {
+            id,
+            kn: 0,
+            verdict: 0,
+        }
     }
 }
 
 /// The memcg a call of `probe` charges, from its first argument `arg` along the probe's
 /// `MEMCG_PATH` (fault-safe reads); id 0 when the probe has no path or a pointer on it is
-/// null.
+/// null. `memo`: the last call's result on this CPU may be used and kept (`MEMCG_MEMO`; not
+/// where runs of the program interleave on a CPU, which could tear it).
 #[inline(always)]
-fn charged_memcg(probe: u32, arg: u64) -> Charged {
+fn charged_memcg(probe: u32, arg: u64, memo: bool) -> Charged {
     // SAFETY: pointer from a successful map lookup; written by userspace before attaching.
     let Some(path) = MEMCG_PATH.get_ptr(probe).map(|p| unsafe { *p }) else {
         return Charged::id(0);
     };
+    if path.hops == 0 {
+        return Charged::id(0);
+    }
+    if arg == 0 {
+        // A null css is no memcg's.
+        return Charged::id(if path.check_hops != 0 { NOT_A_MEMCG } else { 0 });
+    }
+    // SAFETY: a fault-safe read of kernel memory.
+    let hop =
+        unsafe { bpf_probe_read_kernel(arg.wrapping_add(path.off[0] as i64 as u64) as *const u64) }
+            .unwrap_or(0);
+    let memo = if memo {
+        MEMCG_MEMO.get_ptr_mut(probe)
+    } else {
+        None
+    };
+    if let Some(m) = memo {
+        // SAFETY: this CPU's element; no other run of this program writes it meanwhile (they
+        // do not interleave where `memo` is set).
+        let m = unsafe { &*m };
+        if m.arg == arg && m.hop == hop && hop != 0 {
+            return Charged {
+                id: m.id,
+                kn: m.kn,
+                verdict: m.verdict,
+            };
+        }
+    }
+    let mut found = chase_memcg(&path, arg, hop);
+    if let Some(m) = memo {
+        if found.id != 0 {
+            if config().workload_memcg != 0 {
+                found.verdict = workload_verdict(probe, found);
+            }
+            // SAFETY: as above.
+            unsafe {
+                *m = MemcgMemo {
+                    arg,
+                    hop,
+                    id: found.id,
+                    kn: found.kn,
+                    verdict: found.verdict,
+                };
+            }
+        }
+    }
+    found
+}
+
+/// The rest of `charged_memcg`'s chase from argument `arg`, whose first hop read `hop`: the
+/// check (another controller's css is not a memcg), then the hops left and the id.
+#[inline(always)]
+fn chase_memcg(path: &MemcgPath, arg: u64, hop: u64) -> Charged {
     if path.check_hops != 0 {
         let mut c = arg;
         for i in 0..2 {
@@ -1004,8 +1090,8 @@ fn charged_memcg(probe: u32, arg: u64) -> Charged {
             return Charged::id(NOT_A_MEMCG);
         }
     }
-    let mut p = arg;
-    for i in 0..MEMCG_HOPS {
+    let mut p = hop;
+    for i in 1..MEMCG_HOPS {
         if i as u32 >= path.hops {
             break;
         }
@@ -1016,12 +1102,16 @@ fn charged_memcg(probe: u32, arg: u64) -> Charged {
         // SAFETY: a fault-safe read of kernel memory.
         p = unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0);
     }
-    if path.hops == 0 || p == 0 {
+    if p == 0 {
         return Charged::id(0);
     }
     // SAFETY: as above.
     let id = unsafe { bpf_probe_read_kernel((p + path.id_off as u64) as *const u64) }.unwrap_or(0);
-    Charged { id, kn: p }
+    Charged {
+        id,
+        kn: p,
+        verdict: 0,
+    }
 }
 
 /// The first argument of a function (fentry) or BTF tracepoint from the program's context
@@ -1039,20 +1129,31 @@ fn first_arg(ctx: *mut c_void) -> u64 {
 /// workload's), the verdict of a climb through its parents, kept for the next call.
 #[inline(always)]
 fn memcg_in_workload(probe: u32, m: Charged) -> bool {
+    let v = if m.verdict != 0 {
+        m.verdict
+    } else {
+        workload_verdict(probe, m)
+    };
+    v == MEMCG_IN_WORKLOAD as u64
+}
+
+/// `memcg_in_workload`'s verdict on `m` (`MEMCG_IN_WORKLOAD`, `MEMCG_OUTSIDE`; 0: not known).
+#[inline(always)]
+fn workload_verdict(probe: u32, m: Charged) -> u64 {
     if m.id == 0 {
-        return false;
+        return 0;
     }
     // SAFETY: a lookup of a plain value.
     if let Some(v) = unsafe { WORKLOAD_MEMCGS.get(&m.id) } {
-        return *v == MEMCG_IN_WORKLOAD;
+        return *v as u64;
     }
     match climb(probe, m) {
         Some(v) => {
             // Never over userspace's verdict (set meanwhile): BPF_NOEXIST.
             let _ = WORKLOAD_MEMCGS.insert(&m.id, &v, 1);
-            v == MEMCG_IN_WORKLOAD
+            v as u64
         }
-        None => false,
+        None => 0,
     }
 }
 
@@ -2084,7 +2185,7 @@ fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
     };
     let cfg = config();
     let memcg = if cfg.by_memcg != 0 || cfg.workload_memcg != 0 {
-        charged_memcg(probe, first_arg(c.as_ptr()))
+        charged_memcg(probe, first_arg(c.as_ptr()), true)
     } else {
         Charged::id(0)
     };
@@ -2383,7 +2484,7 @@ macro_rules! fentry_body {
                 0
             };
             let memcg = if !env.lean && (config().by_memcg != 0 || config().workload_memcg != 0) {
-                charged_memcg(n, first_arg($ctx.as_ptr()))
+                charged_memcg(n, first_arg($ctx.as_ptr()), !env.atomic())
             } else {
                 Charged::id(0)
             };
@@ -2448,7 +2549,7 @@ macro_rules! probe_slot {
                     0
                 };
                 let memcg = if config().by_memcg != 0 || config().workload_memcg != 0 {
-                    charged_memcg(n, reg_arg0(ctx.regs as *const c_void))
+                    charged_memcg(n, reg_arg0(ctx.regs as *const c_void), true)
                 } else {
                     Charged::id(0)
                 };

@@ -187,15 +187,21 @@ static WORKLOAD_ROOT: Array<u64> = Array::with_max_entries(1, 0);
 static MEMCG_MEMO: PerCpuArray<MemcgMemo> = PerCpuArray::with_max_entries(MAX_PROBES as u32, 0);
 
 /// The end of a probe's memcg path (`MemcgPath`) for one argument: a call with the same
-/// argument whose first hop reads the same is taken to charge the same memcg, without the rest
-/// of the chase. What the rest reads does not change while the first hop's object lives (a
-/// memcg's css, cgroup and kernfs node are its own for life); the first hop is what does (an
-/// object cgroup is moved to the parent memcg when its memcg goes offline). Wrong only if the
-/// first hop's object were freed and another made at its very address, reached from an
-/// argument at the same address, between two calls of the probe on one CPU.
+/// argument whose first hop reads the same, and whose kernfs node still holds the memcg's id,
+/// is taken to charge the same memcg, without the rest of the chase. What lies past the first
+/// hop does not change while that hop's object lives (a memcg's css, cgroup and kernfs node are
+/// its own for life); the first hop is what does (an object cgroup is moved to the parent memcg
+/// when its memcg goes offline). The id read again through the kernfs node catches a memcg
+/// removed and another made at the same addresses, node included (kernfs ids are never
+/// reused); not one made at the same addresses with its node elsewhere while the old node's
+/// memory still holds the old id, between two calls of the probe on one CPU.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct MemcgMemo {
+    /// Odd while a run writes it: a run nested in that one (an interrupt's call of the same
+    /// probe, where the kernel does not keep a program from running nested in itself, as
+    /// fentry before 5.12) neither reads nor writes it; a read that finds it moved is dropped.
+    seq: u64,
     /// The argument (0: empty).
     arg: u64,
     /// What its first hop read.
@@ -1006,8 +1012,10 @@ impl Charged {
 
 /// The memcg a call of `probe` charges, from its first argument `arg` along the probe's
 /// `MEMCG_PATH` (fault-safe reads); id 0 when the probe has no path or a pointer on it is
-/// null. `memo`: the last call's result on this CPU may be used and kept (`MEMCG_MEMO`; not
-/// where runs of the program interleave on a CPU, which could tear it).
+/// null. `memo`: the last call's result on this CPU may be used and kept (`MEMCG_MEMO`). Not
+/// where runs of the program interleave on a CPU by preemption (fentry on preemptible
+/// kernels): the sequence word keeps a nested run's read or write whole, not a read preempted
+/// across two whole writes that leave the same word.
 #[inline(always)]
 fn charged_memcg(probe: u32, arg: u64, memo: bool) -> Charged {
     // SAFETY: pointer from a successful map lookup; written by userspace before attaching.
@@ -1031,15 +1039,8 @@ fn charged_memcg(probe: u32, arg: u64, memo: bool) -> Charged {
         None
     };
     if let Some(m) = memo {
-        // SAFETY: this CPU's element; no other run of this program writes it meanwhile (they
-        // do not interleave where `memo` is set).
-        let m = unsafe { &*m };
-        if m.arg == arg && m.hop == hop && hop != 0 {
-            return Charged {
-                id: m.id,
-                kn: m.kn,
-                verdict: m.verdict,
-            };
+        if let Some(c) = memo_hit(m, arg, hop, path.id_off) {
+            return c;
         }
     }
     let mut found = chase_memcg(&path, arg, hop);
@@ -1048,19 +1049,64 @@ fn charged_memcg(probe: u32, arg: u64, memo: bool) -> Charged {
             if config().workload_memcg != 0 {
                 found.verdict = workload_verdict(probe, found);
             }
-            // SAFETY: as above.
-            unsafe {
-                *m = MemcgMemo {
-                    arg,
-                    hop,
-                    id: found.id,
-                    kn: found.kn,
-                    verdict: found.verdict,
-                };
-            }
+            memo_keep(m, arg, hop, found);
         }
     }
     found
+}
+
+/// The memcg memo `m` holds for argument `arg` whose first hop read `hop`, if it holds it and
+/// was not being written (see `MemcgMemo::seq`), and its kernfs node at `id_off` still reads
+/// its id.
+#[inline(always)]
+fn memo_hit(m: *mut MemcgMemo, arg: u64, hop: u64, id_off: u32) -> Option<Charged> {
+    // SAFETY: this CPU's element of a per-CPU map; volatile, so that the reads of the sequence
+    // word come before and after the others.
+    unsafe {
+        let seq = core::ptr::read_volatile(core::ptr::addr_of!((*m).seq));
+        let held = core::ptr::read_volatile(core::ptr::addr_of!((*m).arg));
+        let held_hop = core::ptr::read_volatile(core::ptr::addr_of!((*m).hop));
+        if seq & 1 != 0 || held != arg || held_hop != hop || hop == 0 {
+            return None;
+        }
+        let c = Charged {
+            id: core::ptr::read_volatile(core::ptr::addr_of!((*m).id)),
+            kn: core::ptr::read_volatile(core::ptr::addr_of!((*m).kn)),
+            verdict: core::ptr::read_volatile(core::ptr::addr_of!((*m).verdict)),
+        };
+        if core::ptr::read_volatile(core::ptr::addr_of!((*m).seq)) != seq {
+            return None;
+        }
+        // The other controllers' css (no memcg, no node) are told by the check alone.
+        if c.kn != 0 {
+            let id = bpf_probe_read_kernel((c.kn + id_off as u64) as *const u64).ok()?;
+            if id != c.id {
+                return None;
+            }
+        }
+        Some(c)
+    }
+}
+
+/// Writes `found`, reached from `arg` whose first hop read `hop`, into the memo `m`, unless a
+/// run this one interrupted is writing it.
+#[inline(always)]
+fn memo_keep(m: *mut MemcgMemo, arg: u64, hop: u64, found: Charged) {
+    // SAFETY: as in `memo_hit`; the sequence word is odd from before the first field written
+    // to after the last.
+    unsafe {
+        let seq = core::ptr::read_volatile(core::ptr::addr_of!((*m).seq));
+        if seq & 1 != 0 {
+            return;
+        }
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*m).seq), seq | 1);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*m).arg), arg);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*m).hop), hop);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*m).id), found.id);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*m).kn), found.kn);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*m).verdict), found.verdict);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*m).seq), seq.wrapping_add(2));
+    }
 }
 
 /// The rest of `charged_memcg`'s chase from argument `arg`, whose first hop read `hop`: the

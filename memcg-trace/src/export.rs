@@ -281,7 +281,8 @@ pub struct Bucket {
 
 /// One (probe, context) pair. The counters account for every program run: `entries` =
 /// `paired + ambiguous + deferred + deferred_lost + stale + evicted` (+ pending at the end),
-/// `exits` = `paired + ambiguous + deferred + deferred_lost + orphans + outside`.
+/// `exits` = `paired + ambiguous + deferred + deferred_lost + orphans + evicted_exits +
+/// outside`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ContextOut {
     /// task, softirq, hardirq or nmi.
@@ -398,7 +399,7 @@ pub struct ContextOut {
     /// could not be proven (`rejected`), pairs lost on the way to userspace
     /// (`deferred_lost`), task pairs that cannot be told from a stale entry (`ambiguous`,
     /// the legacy object), and task calls pushed out as the oldest of 17 in flight on their CPU
-    /// (`evicted`). They are the slow tail: where this is not 0 the upper percentiles,
+    /// (`evicted`; where runs interleave, also a call whose slot was taken meanwhile). They are the slow tail: where this is not 0 the upper percentiles,
     /// the maximum and the mean of `latency` are lower bounds (the table marks them `>=`).
     #[serde(default)]
     pub censored: u64,

@@ -287,7 +287,8 @@ impl Collector for Figures {
                             ],
                             calls: c.count,
                             lost: Some(c.lost),
-                            unmatched: Some(c.orphans),
+                            // Exits without their own entry: the evicted calls' too.
+                            unmatched: Some(c.orphans + c.evicted_exits),
                             censored: Some(c.censored),
                             threads: (threads && c.context == "task")
                                 .then_some((c.irq_thread, c.softirq_thread)),

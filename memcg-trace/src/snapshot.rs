@@ -233,7 +233,8 @@ impl CtxStats {
     /// `export::ContextOut::censored`): every deferred pair is a call that left the CPU, and
     /// an ambiguous task pair is one whose task moved (interrupt pairs are ambiguous for a
     /// skipped entry run, whatever their length); an evicted call was the oldest of 17 calls
-    /// in flight on its CPU (task context only).
+    /// in flight on its CPU, or, where runs interleave, one whose slot was taken meanwhile
+    /// (task context only; a slow call in the first case, counted so in both).
     pub fn censored(&self, ctx: usize) -> u64 {
         let c = &self.counters;
         self.rejected + c.deferred_lost + if ctx == 0 { c.ambiguous + c.evicted } else { 0 }

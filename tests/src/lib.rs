@@ -189,6 +189,14 @@ pub fn check_invariants(doc: &Document, summary: &str) {
                 "{}: {exits} exit runs, but paired + ambiguous + deferred + deferred_lost + orphans + evicted exits + outside = {matched}",
                 p.name
             );
+            // An evicted call's exit is found among the evicted at most once.
+            assert!(
+                sum(|c| c.evicted_exits) <= sum(|c| c.evicted),
+                "{}: more exits of evicted calls ({}) than calls evicted ({})",
+                p.name,
+                sum(|c| c.evicted_exits),
+                sum(|c| c.evicted)
+            );
             for c in &p.contexts {
                 assert_eq!(
                     c.deferred,

@@ -2774,7 +2774,9 @@ fn vm_callers_7_3() {
 /// a mem_cgroup, a cgroup or css): per context the rows add up to the calls (the invariants),
 /// none is unknown, A and B are named by their paths and B has two to five times A's task
 /// calls; interrupt-context calls charging A or B are seen; the workload's row is exactly the
-/// calls charging A, in every context.
+/// calls charging A, in every context. Then, in the same run, a small hackbench in memcg D1,
+/// which is then removed, and the same in D2 made after it: each has its calls on its own id,
+/// within 2x of the other's (the per-CPU memo of the chase must not outlive D1).
 fn by_memcg_on(name: &str, short: &str) {
     let Some(kernel) = one_kernel(name, short) else {
         return;
@@ -2798,6 +2800,20 @@ fn by_memcg_on(name: &str, short: &str) {
             })
             .collect();
     let (a, b) = (ids["/A"], ids["/B"]);
+    // Per backend: the ids of the memcgs made and removed during its run ("fentry/D1", ...).
+    let mut churn: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    for backend in ["fentry", "kprobe"] {
+        let f = r.out_dir.join(format!("bymemcg-ids-{backend}"));
+        for l in fs::read_to_string(&f)
+            .unwrap_or_else(|e| panic!("{}: {e}", f.display()))
+            .lines()
+        {
+            if let Some((id, path)) = l.split_once(' ') {
+                let d = path.trim_start_matches("/sys/fs/cgroup/");
+                churn.insert(format!("{backend}/{d}"), id.parse().expect("a cgroup id"));
+            }
+        }
+    }
     let mut report = String::new();
     for backend in ["fentry", "kprobe"] {
         let path = r.out_dir.join(format!("bymemcg-{backend}.json"));
@@ -2867,8 +2883,18 @@ fn by_memcg_on(name: &str, short: &str) {
                 "{backend} {}: the workload's calls are those charging A\n{text}",
                 p.name
             );
+            // The same hackbench in D1, removed, then in D2 made after it, in the run: each
+            // memcg's calls on its own id (a memo of the chase kept past D1's removal, with D2
+            // at D1's addresses, would put D2's on D1's id), about as many each.
+            let (d1, d2) = (churn[&format!("{backend}/D1")], churn[&format!("{backend}/D2")]);
+            let (t1, t2) = (calls(d1, Some("task")), calls(d2, Some("task")));
+            assert!(
+                t1 > 0 && t2 > 0 && t2 < 2 * t1 && t1 < 2 * t2,
+                "{backend} {}: task-context calls charging D1 {t1}, D2 {t2} (the same hackbench, D2 made after D1 was removed)\n{text}",
+                p.name
+            );
             report.push_str(&format!(
-                "{backend} {}: A {ta} task / {} all, B {tb} task / {} all, {} memcgs, {other} calls of another controller; ",
+                "{backend} {}: A {ta} task / {} all, B {tb} task / {} all, D1 {t1}, D2 {t2} task, {} memcgs, {other} calls of another controller; ",
                 p.name,
                 calls(a, None),
                 calls(b, None),

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::Result;
 use memcg_trace_common::{
     bucket_index, CtxUse, Deferred, KernelLayout, CTX_HARDIRQ, CTX_NAMES, CTX_SOFTIRQ, CTX_TASK,
-    DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED, NUM_CTX,
-    TASK_SLOTS,
+    DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED, EVICTED_KEPT,
+    NUM_CTX, TASK_SLOTS,
 };
 
 use crate::{
@@ -885,6 +885,28 @@ fn cases() -> Vec<Case> {
                 s
             },
             check: |o| evicted_once(o, 0),
+        },
+        Case {
+            name: "more calls evicted than remembered: the exit of the first evicted is an orphan again, the others' are their own",
+            cpus: 1,
+            kernel: PREEMPT,
+            steps: {
+                // Nine evicted, eight remembered.
+                let n = TASK_SLOTS as u64 + EVICTED_KEPT as u64 + 1;
+                let mut s: Vec<Step> = (0..n)
+                    .map(|i| E(0x100 + i, task, T, 5, 1000 + i, false, 0))
+                    .collect();
+                s.extend((0..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
+                s
+            },
+            check: |o| {
+                let c = &o.counters[CTX_TASK as usize];
+                let kept = EVICTED_KEPT as u64;
+                expect("evicted", c.evicted, kept + 1)?;
+                expect("exits of evicted calls", c.evicted_exits, kept)?;
+                expect("orphan exits", c.orphans, 1)?;
+                expect("paired", c.paired, TASK_SLOTS as u64)
+            },
         },
         Case {
             name: EVICTED_MIGRATED,

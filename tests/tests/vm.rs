@@ -2886,7 +2886,10 @@ fn by_memcg_on(name: &str, short: &str) {
             // The same hackbench in D1, removed, then in D2 made after it, in the run: each
             // memcg's calls on its own id (a memo of the chase kept past D1's removal, with D2
             // at D1's addresses, would put D2's on D1's id), about as many each.
-            let (d1, d2) = (churn[&format!("{backend}/D1")], churn[&format!("{backend}/D2")]);
+            let (d1, d2) = (
+                churn[&format!("{backend}/D1")],
+                churn[&format!("{backend}/D2")],
+            );
             let (t1, t2) = (calls(d1, Some("task")), calls(d2, Some("task")));
             assert!(
                 t1 > 0 && t2 > 0 && t2 < 2 * t1 && t1 < 2 * t2,

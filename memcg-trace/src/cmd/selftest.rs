@@ -878,9 +878,7 @@ fn cases() -> Vec<Case> {
             kernel: PREEMPT,
             steps: {
                 let n = TASK_SLOTS as u64 + 1;
-                let mut s: Vec<Step> = (0..n)
-                    .map(|i| E(0x100 + i, task, T, 5, 1000 + i, false, 0))
-                    .collect();
+                let mut s = crowd(n);
                 s.extend((0..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
                 s
             },
@@ -893,9 +891,7 @@ fn cases() -> Vec<Case> {
             steps: {
                 // Nine evicted, eight remembered.
                 let n = TASK_SLOTS as u64 + EVICTED_KEPT as u64 + 1;
-                let mut s: Vec<Step> = (0..n)
-                    .map(|i| E(0x100 + i, task, T, 5, 1000 + i, false, 0))
-                    .collect();
+                let mut s = crowd(n);
                 s.extend((0..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
                 s
             },
@@ -914,9 +910,7 @@ fn cases() -> Vec<Case> {
             kernel: PREEMPT,
             steps: {
                 let n = TASK_SLOTS as u64 + 1;
-                let mut s: Vec<Step> = (0..n)
-                    .map(|i| E(0x100 + i, task, T, 5, 1000 + i, false, 0))
-                    .collect();
+                let mut s = crowd(n);
                 s.extend((1..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
                 s.push(XK(0x100, task, T, 6, 6000, 1));
                 s
@@ -929,9 +923,7 @@ fn cases() -> Vec<Case> {
             kernel: PREEMPT,
             steps: {
                 let n = TASK_SLOTS as u64 + 1;
-                let mut s: Vec<Step> = (0..n)
-                    .map(|i| E(0x100 + i, task, T, 5, 1000 + i, false, 0))
-                    .collect();
+                let mut s = crowd(n);
                 s.push(XK(0x100, task, T2, 5, 4000, 0));
                 s.extend((0..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
                 s
@@ -1217,6 +1209,14 @@ const MIGRATED_LEAVES_NOTHING_OPEN: &str =
 const LEFT_AND_CAME_BACK: &str = "a call that moved to another CPU and back keeps its own entry";
 const EVICTED_MIGRATED: &str =
     "an evicted call that migrated: its exit on another CPU is the evicted call's, not an orphan";
+
+/// `n` task calls of task T entering on CPU 0 one after the other, at frames 0x100.., none
+/// returning: past `TASK_SLOTS` each evicts the oldest.
+fn crowd(n: u64) -> Vec<Step> {
+    (0..n)
+        .map(|i| E(0x100 + i, CTX_TASK, T, 5, 1000 + i, false, 0))
+        .collect()
+}
 
 /// One call of a full set evicted and counted lost once: its exit found among the evicted
 /// (not an orphan), the other calls paired; `orphans`: exits of calls never seen.

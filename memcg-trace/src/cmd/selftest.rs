@@ -879,7 +879,7 @@ fn cases() -> Vec<Case> {
             steps: {
                 let n = TASK_SLOTS as u64 + 1;
                 let mut s = crowd(n);
-                s.extend((0..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
+                s.extend(crowd_exits(0..n));
                 s
             },
             check: |o| evicted_once(o, 0),
@@ -892,7 +892,7 @@ fn cases() -> Vec<Case> {
                 // Nine evicted, eight remembered.
                 let n = TASK_SLOTS as u64 + EVICTED_KEPT as u64 + 1;
                 let mut s = crowd(n);
-                s.extend((0..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
+                s.extend(crowd_exits(0..n));
                 s
             },
             check: |o| {
@@ -911,7 +911,7 @@ fn cases() -> Vec<Case> {
             steps: {
                 let n = TASK_SLOTS as u64 + 1;
                 let mut s = crowd(n);
-                s.extend((1..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
+                s.extend(crowd_exits(1..n));
                 s.push(XK(0x100, task, T, 6, 6000, 1));
                 s
             },
@@ -925,7 +925,7 @@ fn cases() -> Vec<Case> {
                 let n = TASK_SLOTS as u64 + 1;
                 let mut s = crowd(n);
                 s.push(XK(0x100, task, T2, 5, 4000, 0));
-                s.extend((0..n).rev().map(|i| XK(0x100 + i, task, T, 5, 5000, 0)));
+                s.extend(crowd_exits(0..n));
                 s
             },
             check: |o| evicted_once(o, 1),
@@ -1216,6 +1216,11 @@ fn crowd(n: u64) -> Vec<Step> {
     (0..n)
         .map(|i| E(0x100 + i, CTX_TASK, T, 5, 1000 + i, false, 0))
         .collect()
+}
+
+/// The exits of `crowd`'s calls `which` on CPU 0, the newest first.
+fn crowd_exits(which: std::ops::Range<u64>) -> impl Iterator<Item = Step> {
+    which.rev().map(|i| XK(0x100 + i, CTX_TASK, T, 5, 5000, 0))
 }
 
 /// One call of a full set evicted and counted lost once: its exit found among the evicted

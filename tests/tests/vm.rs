@@ -3309,6 +3309,8 @@ const PROFILE_BACKENDS_AGREE: f64 = 0.05;
 struct PerfRun {
     freq: u32,
     samples: u64,
+    /// Stretches of any CPU perf did not watch (throttled).
+    throttled: u64,
     effective: f64,
     /// The batches' spread over the binomial's (at least 1).
     inflation: f64,
@@ -3328,11 +3330,12 @@ struct PerfRun {
 impl PerfRun {
     fn describe(&self) -> String {
         format!(
-            "{} Hz {:.2}% +- {:.2} ({} samples, {:.0} effective, batches {:.2}x the binomial; the instrumentation {:.2}%; memcg-trace beside it: total {:.2}%, floor-based instrumentation {:.2}%)",
+            "{} Hz {:.2}% +- {:.2} ({} samples, {} stretches throttled, {:.0} effective, batches {:.2}x the binomial; the instrumentation {:.2}%; memcg-trace beside it: total {:.2}%, floor-based instrumentation {:.2}%)",
             self.freq,
             self.function * 100.0,
             self.four_sigma * 100.0,
             self.samples,
+            self.throttled,
             self.effective,
             self.inflation,
             self.instrumentation * 100.0,
@@ -3391,8 +3394,10 @@ fn perf_run(out: &Path, backend: &str, freq: u32) -> PerfRun {
     assert!(n >= 2000.0, "{run}: perf took {n} samples\n{shares}");
     assert!(
         (perf.ns as f64 - cpu as f64).abs() <= 0.05 * cpu as f64,
-        "{run}: perf's time of the workload {} ns is not its cgroup's CPU usage {cpu} ns\n{shares}",
-        perf.ns
+        "{run}: perf's time of the workload {} ns is not its cgroup's CPU usage {cpu} ns ({} stretches, {} ns in all, of any task, not watched)\n{shares}",
+        perf.ns,
+        perf.throttled,
+        perf.throttled_ns,
     );
     assert!(
         perf.function_self > 0,
@@ -3417,6 +3422,7 @@ fn perf_run(out: &Path, backend: &str, freq: u32) -> PerfRun {
     PerfRun {
         freq,
         samples: perf.samples,
+        throttled: perf.throttled,
         effective,
         inflation,
         function,
@@ -3429,7 +3435,8 @@ fn perf_run(out: &Path, backend: &str, freq: u32) -> PerfRun {
 }
 
 /// What the profile guest script counted of the workload's samples (`perf-shares-*.txt`):
-/// numbers of samples and their weights (ns since the previous sample on the CPU).
+/// numbers of samples and their weights (ns since the previous sample on the CPU, or since
+/// its sampling resumed after a throttle).
 #[derive(Debug)]
 struct PerfShares {
     samples: u64,
@@ -3437,6 +3444,10 @@ struct PerfShares {
     /// Sum of the squared weights, ns^2.
     ns2: f64,
     instrumentation_ns: u64,
+    /// Stretches of the run perf did not watch (a CPU's sampling throttled until a later
+    /// tick), and their ns: the sample after one weighs only the time since sampling resumed.
+    throttled: u64,
+    throttled_ns: u64,
     function_self: u64,
     function_self_ns: u64,
     /// Per batch of consecutive samples: (all ns, the function's self ns).
@@ -3454,12 +3465,19 @@ impl PerfShares {
                 .collect::<Option<_>>()?;
             Some(v)
         };
-        let (all, ins, f) = (row("samples")?, row("instrumentation")?, row(function)?);
+        let (all, ins, throttled, f) = (
+            row("samples")?,
+            row("instrumentation")?,
+            row("throttled")?,
+            row(function)?,
+        );
         Some(PerfShares {
             samples: *all.first()?,
             ns: *all.get(1)?,
             ns2: *all.get(2)? as f64,
             instrumentation_ns: *ins.get(1)?,
+            throttled: *throttled.first()?,
+            throttled_ns: *throttled.get(1)?,
             function_self: *f.first()?,
             function_self_ns: *f.get(2)?,
             // "batch INDEX NS FUNCTION SELF_NS ...".

@@ -27,6 +27,12 @@ if ! grep -q '^[1-9]' /out/switch-ns.txt; then
   echo "guest: perf bench sched pipe gave no time"
   exit 1
 fi
+# perf stops sampling a CPU that took more samples than one tick allows ("throttled") until a
+# later tick: the kernel lowers that limit when its sampling interrupt runs long (as it does
+# under emulation), and on an idle CPU whose tick is stopped the count of samples never resets,
+# so it throttles there after max_sample_rate / HZ samples. Keep the limit where it is (it
+# stays 400 a tick at 250 Hz: 40 ms of a tickless idle CPU at 10,000 Hz).
+echo 0 >/proc/sys/kernel/perf_cpu_time_max_percent
 for b in $BACKENDS; do
   for f in ${FREQS:-4000}; do
     r="$b-$f"
@@ -45,7 +51,12 @@ for b in $BACKENDS; do
     wait $perf || true  # perf ends on the SIGINT with 130
     # The functions traced, by the summary's footnotes ("NAME TARGET via ...").
     targets=$(awk '$3 == "via" { printf "%s%s", sep, $2; sep = "," }' "/out/profile-$r.txt")
-    perf script -i "/tmp/perf-$r.data" --ns -F comm,cpu,time,ip,sym 2>"/out/perf-script-$r.err" | awk -v targets="$targets" '
+    # When a throttled CPU's sampling resumes ("CPU TIME OFFSET [SIZE]: PERF_RECORD_UNTHROTTLE:"
+    # in the raw dump): the stretch before it was not watched, and the first sample after it
+    # weighs only the time since.
+    perf report -D -i "/tmp/perf-$r.data" 2>/dev/null |
+      awk '$5 == "PERF_RECORD_UNTHROTTLE:" { print $1, $2 }' | sort -k1,1n -k2,2n >"/tmp/unthrottle-$r.txt"
+    perf script -i "/tmp/perf-$r.data" --ns -F comm,cpu,time,ip,sym 2>"/out/perf-script-$r.err" | awk -v targets="$targets" -v unthrottle="/tmp/unthrottle-$r.txt" '
       # A frame of the instrumentation: a BPF program or trampoline (unnamed kernel text is
       # JIT code here), or the ftrace, kprobe and return-probe machinery that runs the programs
       # (the ftrace trampoline a kprobe enters by is its own frame above the function).
@@ -53,7 +64,13 @@ for b in $BACKENDS; do
         return s ~ /^bpf_prog_/ || s ~ /^bpf_trampoline_/ || s == "[unknown]" ||
           s ~ /^(ftrace_trampoline|ftrace_regs_caller|ftrace_caller|ftrace_regs_call|ftrace_call|ftrace_stub|arch_ftrace_ops_list_func|ftrace_ops_list_func|kprobe_ftrace_handler|kprobe_dispatcher|kretprobe_dispatcher|kprobe_perf_func|kretprobe_perf_func|trace_call_bpf|arch_rethook_trampoline|arch_rethook_trampoline_callback|rethook_trampoline_handler|kretprobe_rethook_handler|__kretprobe_trampoline|kretprobe_trampoline)$/
       }
-      BEGIN { n = split(targets, t, ","); for (i = 1; i <= n; i++) want[t[i]] = 1 }
+      BEGIN {
+        n = split(targets, t, ","); for (i = 1; i <= n; i++) want[t[i]] = 1
+        # Per CPU, the times its sampling resumed, in order.
+        while ((getline line < unthrottle) > 0) {
+          split(line, u, " "); resumed[u[1], ++resumes[u[1]]] = u[2]
+        }
+      }
       function done_sample() {
         if (mine) {
           # Batches of 400 consecutive samples: a sampler whose ticks fall in step with the
@@ -77,8 +94,17 @@ for b in $BACKENDS; do
       $0 !~ /^\t/ && match($0, /\[[0-9]+\] +[0-9]+\.[0-9]+:/) {
         done_sample()
         split(substr($0, RSTART, RLENGTH), h, /[] :[]+/)
-        cpu = h[2]; now = h[3] * 1e9
+        cpu = h[2] + 0; now = h[3] * 1e9
         w = (cpu in last) ? now - last[cpu] : 0
+        # The last time sampling resumed on this CPU before this sample: the stretch from
+        # the previous sample to it was not watched.
+        at = 0
+        while (next_resume[cpu] < resumes[cpu] && resumed[cpu, next_resume[cpu] + 1] <= now)
+          at = resumed[cpu, ++next_resume[cpu]]
+        if ((cpu in last) && at > last[cpu]) {
+          unwatched++; unwatched_ns += at - last[cpu]
+          w = now - at
+        }
         last[cpu] = now
         mine = $1 == "hackbench"
         next
@@ -95,6 +121,8 @@ for b in $BACKENDS; do
         done_sample()
         printf "samples %d %.0f %.0f\n", total, total_ns, total_ns2
         printf "instrumentation %d %.0f\n", instrumentation, instrumentation_ns
+        # Stretches of any task on any CPU that perf did not watch (throttled), and their ns.
+        printf "throttled %d %.0f\n", unwatched, unwatched_ns
         for (i = 1; i <= n; i++)
           printf "%s %d %d %.0f %.0f\n", t[i], self[t[i]], incl[t[i]], self_ns[t[i]], incl_ns[t[i]]
         # Per batch of 400 samples (the last one partial): "batch INDEX NS FUNCTION SELF_NS ...".
@@ -105,7 +133,7 @@ for b in $BACKENDS; do
         }
       }
     ' >"/out/perf-shares-$r.txt"
-    rm -f "/tmp/perf-$r.data"
+    rm -f "/tmp/perf-$r.data" "/tmp/unthrottle-$r.txt"
     if ! grep -q '^samples [1-9]' "/out/perf-shares-$r.txt"; then
       echo "guest: perf took no sample of the workload"
       cat "/out/perf-record-$r.err" "/out/perf-script-$r.err"

@@ -15,12 +15,12 @@ use crate::{
 /// that sees too little, the classic layout is used and `source` says why: callers show it and
 /// `--strict` refuses to go on. Kernels disagree: Debian 7.3 counts hardirqs from bit 24,
 /// earlier ones from bit 16.
-pub fn masks(mut layout: KernelLayout) -> (KernelLayout, kernel::ContextMasks) {
-    if layout.no_context != 0 {
+pub fn masks(found: kernel::Layout) -> (KernelLayout, kernel::ContextMasks) {
+    let mut layout = found.offsets;
+    if let Some(why) = found.no_context_split {
         // Nothing to calibrate: the preempt count cannot be read (see `kernel::layout`).
         let mut m = kernel::ContextMasks::classic(&format!(
-            "none: no context split, every call is counted under context \"all\" (interrupt-context calls made while a workload task runs count as the workload's): {}",
-            kernel::no_context_reason().unwrap_or_default()
+            "none: no context split, every call is counted under context \"all\" (interrupt-context calls made while a workload task runs count as the workload's): {why}"
         ));
         (m.nmi_mask, m.hardirq_mask, m.softirq_offset) = (0, 0, 0);
         m.nmi = "none".into();

@@ -998,11 +998,11 @@ pub(crate) fn probes_out(
                     .enumerate()
                     // Without the context split every call is in context 0 (`all`): no
                     // interrupt rows, which would claim none were seen.
-                    .filter(|(i, _)| *i == 0 || kernel::no_context_reason().is_none())
+                    .filter(|(i, _)| *i == 0 || !snap.no_context_split)
                     .map(|(i, c)| {
                         let k = &c.counters;
                         ContextOut {
-                            context: kernel::ctx_name(i).to_string(),
+                            context: snap.ctx_name(i).to_string(),
                             count: p.ctx_calls(i),
                             rate_per_s: rate(p.ctx_calls(i), secs),
                             entries: k.entries,
@@ -1049,7 +1049,7 @@ pub(crate) fn probes_out(
                     .map(|s| {
                         let c = &p.contexts[(s.ctx as usize) % NUM_CTX];
                         CallerOut {
-                            context: kernel::ctx_name(s.ctx as usize).to_string(),
+                            context: snap.ctx_name(s.ctx as usize).to_string(),
                             site: s.name.clone(),
                             address: format!("{:#x}", s.addr),
                             calls: s.count,
@@ -1080,7 +1080,7 @@ pub(crate) fn probes_out(
                             .map(|o| o.count)
                             .sum();
                         StackOut {
-                            context: kernel::ctx_name(ctx).to_string(),
+                            context: snap.ctx_name(ctx).to_string(),
                             frames: s.names.clone(),
                             addresses: s.frames.iter().map(|f| format!("{f:#x}")).collect(),
                             sampled: s.count,
@@ -1096,7 +1096,7 @@ pub(crate) fn probes_out(
                         let ctx = (s.ctx as usize) % NUM_CTX;
                         let c = &p.contexts[ctx];
                         MemcgOut {
-                            context: kernel::ctx_name(ctx).to_string(),
+                            context: snap.ctx_name(ctx).to_string(),
                             cgroup: s.name.clone(),
                             id: s.addr,
                             calls: s.count,
@@ -1508,6 +1508,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
         waiting: 0,
         pending: doc.probes.iter().map(|p| p.pending_at_end).collect(),
         bpf_stats: doc.meta.bpf_stats,
+        no_context_split: doc.meta.context_masks.as_ref().is_some_and(|m| !m.split()),
     }
 }
 

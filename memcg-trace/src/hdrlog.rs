@@ -49,10 +49,7 @@ fn rows(snap: &Snapshot) -> Vec<(String, &HistData)> {
     let mut out = Vec::new();
     for p in snap.probes.iter().filter(|p| p.backend.has_latency()) {
         for (i, c) in p.contexts.iter().enumerate() {
-            out.push((
-                format!("{}.{}", p.name, crate::kernel::ctx_name(i)),
-                &c.hist,
-            ));
+            out.push((format!("{}.{}", p.name, snap.ctx_name(i)), &c.hist));
         }
         if let Some(w) = &p.workload {
             out.push((format!("{}.workload", p.name), w));

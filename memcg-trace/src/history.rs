@@ -119,7 +119,7 @@ impl Recorder {
                     .ctx_calls(i)
                     .saturating_sub(before.map_or(0, |b| b.ctx_calls(i)));
                 let h = c.hist.since(before.map_or(&empty, |b| &b.contexts[i].hist));
-                rows.push((crate::kernel::ctx_name(i), h, calls));
+                rows.push((snap.ctx_name(i), h, calls));
             }
             if let Some(w) = &p.workload {
                 let h = w.since(before.and_then(|b| b.workload.as_ref()).unwrap_or(&empty));

@@ -14,24 +14,11 @@ use btf_rs::{Backend, Btf, BtfType, Type};
 use fallible_iterator::FallibleIterator as _;
 use memcg_trace_common::{KernelLayout, CTX_NAMES, PREEMPT_MASKS};
 
-/// Why this kernel gives no context split (no per-CPU offsets), once `layout` found so.
-static NO_CONTEXT: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-
-/// Why the context split is off on this kernel (see `KernelLayout::no_context`), or None.
-/// Also set when a recording without the split is read back.
-pub fn no_context_reason() -> Option<String> {
-    NO_CONTEXT.lock().unwrap_or_else(|e| e.into_inner()).clone()
-}
-
-/// Records that there is no context split (`layout`, or `view` of a recording made so).
-pub fn set_no_context(why: String) {
-    *NO_CONTEXT.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
-}
-
 /// The name of context `i` in tables, the JSON and metrics: `all` for context 0 where there is
-/// no context split (every call is counted there), else task, softirq, hardirq, nmi.
-pub fn ctx_name(i: usize) -> &'static str {
-    if i == 0 && no_context_reason().is_some() {
+/// no context split (`split` false: every call is counted there), else task, softirq, hardirq,
+/// nmi.
+pub fn ctx_name(i: usize, split: bool) -> &'static str {
+    if i == 0 && !split {
         "all"
     } else {
         CTX_NAMES[i % CTX_NAMES.len()]
@@ -573,17 +560,24 @@ fn named_struct_id(btf: &Btf, name: &str) -> Option<u32> {
         .find(|id| matches!(btf.resolve_type_by_id(*id), Ok(Type::Struct(_))))
 }
 
+/// What `layout` found in the kernel: the offsets the programs are loaded with, and where
+/// there is no context split, why.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub offsets: KernelLayout,
+    /// Why calls cannot be told apart by context here (no per-CPU offsets), or None.
+    pub no_context_split: Option<String>,
+}
+
 /// The offsets the eBPF programs need to read preempt_count and the task's off-CPU clock.
-pub fn layout(btf: &Btf) -> Result<KernelLayout> {
+pub fn layout(btf: &Btf) -> Result<Layout> {
     // Without per-CPU offsets there is no preempt count to read: degrade to latency without
     // the context split (said in the header, the table and the JSON), never refuse to trace.
-    let (percpu, percpu_from_kallsyms, no_context) = match percpu_vars(btf) {
-        Ok((p, k)) => (p, k, false),
-        Err(e) => {
-            set_no_context(e.to_string());
-            (HashMap::new(), false, true)
-        }
+    let (percpu, percpu_from_kallsyms, no_context_split) = match percpu_vars(btf) {
+        Ok((p, k)) => (p, k, None),
+        Err(e) => (HashMap::new(), false, Some(e.to_string())),
     };
+    let no_context = no_context_split.is_some();
     // arm64: the preempt count is the running task's (thread_info, the first member of
     // task_struct with THREAD_INFO_IN_TASK), read through `current`, no per-CPU variable.
     let arm64 = cfg!(target_arch = "aarch64");
@@ -686,7 +680,7 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
             at,
         ))
     })();
-    Ok(KernelLayout {
+    let offsets = KernelLayout {
         this_cpu_off,
         prog_aux: off("bpf_prog", "aux"),
         prog_stats: off("bpf_prog", "stats"),
@@ -753,6 +747,10 @@ pub fn layout(btf: &Btf) -> Result<KernelLayout> {
         } else {
             0
         },
+    };
+    Ok(Layout {
+        offsets,
+        no_context_split,
     })
 }
 
@@ -1113,6 +1111,11 @@ fn in_preempt_count() -> String {
 }
 
 impl ContextMasks {
+    /// Whether calls are told apart by context (the per-CPU offsets were found).
+    pub fn split(&self) -> bool {
+        self.percpu != "none"
+    }
+
     /// How the softirq count is read, in words for the header: empty where it is the preempt
     /// count's.
     pub fn softirq_words(&self) -> &'static str {

@@ -391,6 +391,17 @@ pub struct Snapshot {
     pub pending: Vec<u64>,
     /// Whether the kernel's bpf stats were on (program run times are known).
     pub bpf_stats: bool,
+    /// Calls are not told apart by context on this kernel (no per-CPU offsets): every call is
+    /// in context 0, named `all`.
+    pub no_context_split: bool,
+}
+
+impl Snapshot {
+    /// The name of context `i` in this snapshot's outputs (`all` for context 0 without the
+    /// context split).
+    pub fn ctx_name(&self, i: usize) -> &'static str {
+        crate::kernel::ctx_name(i, !self.no_context_split)
+    }
 }
 
 #[cfg(test)]

@@ -492,7 +492,7 @@ pub fn summary(doc: &Document) -> String {
     }
     // Told by the memcg charged, the workload's calls are those of every context; without the
     // context split, its tasks' calls in any context.
-    let no_split = m.context_masks.as_ref().is_some_and(|c| c.percpu == "none");
+    let no_split = m.context_masks.as_ref().is_some_and(|c| !c.split());
     let workload_ctx = if no_split || m.workload.as_ref().is_some_and(|w| w.by_memcg) {
         "all"
     } else {

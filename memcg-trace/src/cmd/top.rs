@@ -122,21 +122,15 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
     });
     app.set_workload_cpu(doc.meta.workload.as_ref().and_then(|w| w.cpu_ns));
     // A recording made without the context split names its one context `all` here too.
-    if let Some(m) = doc
-        .meta
-        .context_masks
-        .as_ref()
-        .filter(|m| m.percpu == "none")
-    {
-        crate::kernel::set_no_context(m.source.clone());
-    }
-    app.on_snapshot(export::to_snapshot(doc));
+    let snap = export::to_snapshot(doc);
+    let split = !snap.no_context_split;
+    app.on_snapshot(snap);
     if let Some(h) = &doc.history {
         // The run tick by tick: the rate and p99 panes, stepped through with the arrow keys.
         app.times_ms = h.t_ms.clone();
         for s in &h.rows {
             let context = match crate::kernel::ctx_index(&s.context) {
-                Some(i) => crate::kernel::ctx_name(i),
+                Some(i) => crate::kernel::ctx_name(i, split),
                 None if s.context == "workload" => "workload",
                 None => continue,
             };

@@ -890,7 +890,7 @@ mod tests {
             return;
         }
         let btf = crate::kernel::open_btf().expect("kernel BTF");
-        let layout = crate::kernel::layout(&btf).expect("layout");
+        let layout = crate::kernel::layout(&btf).expect("layout").offsets;
         drop(btf);
         let rig = TestRig::new(&layout, false, false).expect("the self-test program");
         let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("bpf stats");

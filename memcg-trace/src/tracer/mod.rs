@@ -496,6 +496,8 @@ pub struct Tracer {
     pub failed: Vec<NotAttached>,
     /// The preempt_count masks the programs were loaded with.
     pub masks: Option<crate::kernel::ContextMasks>,
+    /// The programs count every call in context 0 (no per-CPU offsets on this kernel).
+    no_context_split: bool,
     /// How the programs tell the time a task call spent off the CPU (`kernel::off_cpu_source`).
     pub off_cpu: String,
     /// How the programs read the kernel (`kernel::reads_of`).
@@ -679,6 +681,7 @@ impl Tracer {
             attached: Vec::new(),
             failed: Vec::new(),
             masks: None,
+            no_context_split: layout.no_context != 0,
             off_cpu: crate::kernel::off_cpu_source(layout),
             task_clock_excludes: None,
             reads: match object {
@@ -1520,6 +1523,7 @@ impl Tracer {
             waiting: self.verifier.waiting() as u64,
             pending: Vec::new(),
             bpf_stats: self.stats.is_some(),
+            no_context_split: self.no_context_split,
         })
     }
 }

@@ -547,7 +547,7 @@ impl App {
                     c.censored(i) > before.map(|b| b.contexts[i].censored(i)).unwrap_or(0);
                 let mut r = row(
                     &p.name,
-                    crate::kernel::ctx_name(i),
+                    cur.ctx_name(i),
                     p.backend,
                     h,
                     elapsed,

@@ -1121,6 +1121,95 @@ mod tests {
         assert_eq!(app.step, Some(4), "stops at the last tick");
     }
 
+    /// A kernel without the context split (no per-CPU offsets): every call is in context 0,
+    /// named `all` in the JSON, the table, the live dashboard and the dashboard of the
+    /// recording read back, with no interrupt rows; the same snapshot with the split says
+    /// `task`. The fact travels in the snapshot and the recording, not in the process.
+    #[test]
+    fn a_snapshot_without_the_context_split_is_all_everywhere() {
+        use crate::export::{self, RunMeta};
+        let masks = |no_context_split: Option<String>| {
+            crate::calibrate::masks(crate::kernel::Layout {
+                offsets: Default::default(),
+                no_context_split,
+            })
+            .1
+        };
+        let run = |split: bool| RunMeta {
+            start: std::time::UNIX_EPOCH,
+            masks: Some(if split {
+                crate::kernel::ContextMasks::classic("calibrated")
+            } else {
+                masks(Some("no per-CPU offsets in BTF or kallsyms".into()))
+            }),
+            off_cpu: None,
+            reads: None,
+            daemon: Default::default(),
+            workload: None,
+            notes: Default::default(),
+            not_attached: Vec::new(),
+            floors: Vec::new(),
+            calibration: Vec::new(),
+            history: None,
+            preemption_model: Some("PREEMPT_DYNAMIC".into()),
+        };
+        let row_names = |doc: &export::Document| -> Vec<String> {
+            doc.probes[0]
+                .contexts
+                .iter()
+                .map(|c| c.context.clone())
+                .collect()
+        };
+        for split in [false, true] {
+            let mut s = snap(4, 180_000, 700, 0);
+            s.no_context_split = !split;
+            let name = if split { "task" } else { "all" };
+            // The JSON: one row without the split (none claiming no interrupt call was seen),
+            // every context's with it; read back as such.
+            let rows: &[&str] = if split {
+                &["task", "softirq", "hardirq", "nmi"]
+            } else {
+                &["all"]
+            };
+            let doc = export::document(&s, &run(split));
+            assert_eq!(row_names(&doc), rows, "split {split}");
+            let json = serde_json::to_string(&doc).expect("json");
+            let back = export::parse(&json).expect("read back");
+            assert_eq!(row_names(&back), rows);
+            let again = export::to_snapshot(&back);
+            assert_eq!(again.no_context_split, !split);
+            assert_eq!(again.ctx_name(0), name);
+            // The table.
+            let table = crate::table::summary(&back);
+            let rows: Vec<&str> = table
+                .lines()
+                .filter(|l| l.starts_with("charge ") && !l.contains(" via "))
+                .collect();
+            assert!(
+                !rows.is_empty()
+                    && rows
+                        .iter()
+                        .all(|l| l.split_whitespace().nth(1) == Some(name)),
+                "split {split}:\n{table}"
+            );
+            // The live dashboard and the recording's.
+            let mut live = App::new(Header::default(), Duration::from_secs(1));
+            live.on_snapshot(s.clone());
+            let read = crate::cmd::top::recording_app(&back, "r.json");
+            for (what, app) in [("live", &live), ("recording", &read)] {
+                let screen = render(app, 120, 36);
+                let names: Vec<&str> = app.rows().iter().map(|r| r.context).collect();
+                assert_eq!(names, [name], "{what}, split {split}:\n{screen}");
+                assert!(
+                    screen
+                        .lines()
+                        .any(|l| l.contains(" charge ") && l.contains(&format!(" {name} "))),
+                    "{what}, split {split}:\n{screen}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn octaves_group_buckets_by_power_of_two() {
         let app = app_with_data();

@@ -683,11 +683,15 @@ mod tests {
             .target = "__memcg_slab_post_alloc_hook".into();
         let (a, b) = (vec![a.clone(), a], vec![b.clone(), b]);
         let files = |n: &str| vec![format!("{n}-1.json"), format!("{n}-2.json")];
-        let c = compare(&a, &b, files("a"), files("b"), 0.05);
+        let compared = compare(&a, &b, files("a"), files("b"), 0.05);
         let said = format!(
             "6.1.0-57-amd64: {charge_a} -> 7.3.4+deb13-amd64: __memcg_slab_post_alloc_hook"
         );
-        let charge: Vec<&Figure> = c.figures.iter().filter(|f| f.probe == "charge").collect();
+        let charge: Vec<&Figure> = compared
+            .figures
+            .iter()
+            .filter(|f| f.probe == "charge")
+            .collect();
         assert!(!charge.is_empty());
         assert!(
             charge
@@ -695,21 +699,25 @@ mod tests {
                 .all(|f| f.functions.as_deref() == Some(said.as_str())),
             "{charge:?}"
         );
-        assert!(c
+        assert!(compared
             .figures
             .iter()
             .filter(|f| f.probe != "charge")
             .all(|f| f.functions.is_none()));
-        let t = table(&c);
-        assert!(t.lines().any(|l| l.starts_with("charge* ")), "{t}");
-        assert!(!t.lines().any(|l| l.starts_with("stat* ")), "{t}");
-        assert_eq!(t.matches(&format!("* charge: {said}")).count(), 1, "{t}");
-        let md = markdown(&c);
+        let text = table(&compared);
+        assert!(text.lines().any(|l| l.starts_with("charge* ")), "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("stat* ")), "{text}");
+        assert_eq!(
+            text.matches(&format!("* charge: {said}")).count(),
+            1,
+            "{text}"
+        );
+        let md = markdown(&compared);
         assert!(
             md.contains("| charge* | ") && md.contains(&format!("\\* charge: {said}")),
             "{md}"
         );
-        let json = serde_json::to_string(&c).unwrap();
+        let json = serde_json::to_string(&compared).unwrap();
         assert!(
             json.contains(&format!("\"functions\":\"{said}\"")),
             "{json}"
@@ -721,9 +729,9 @@ mod tests {
             d.meta.kernel_release = "6.1.0-57-amd64".into();
         }
         let c1 = compare(&a, &b1, files("a"), files("b"), 0.05);
-        let f = c1.figures.iter().find(|f| f.probe == "charge").unwrap();
+        let figure = c1.figures.iter().find(|f| f.probe == "charge").unwrap();
         assert_eq!(
-            f.functions.as_deref(),
+            figure.functions.as_deref(),
             Some(format!("A: {charge_a} -> B: __memcg_slab_post_alloc_hook").as_str())
         );
         // auto took kprobe for stat on B's kernel: its rows say so, the others do not.
@@ -732,22 +740,22 @@ mod tests {
             let stat = d.probes.iter_mut().find(|p| p.name == "stat").unwrap();
             stat.backend = crate::probes::Backend::Kprobe;
         }
-        let c = compare(&a, &b2, files("a"), files("b"), 0.05);
-        assert!(c
+        let compared = compare(&a, &b2, files("a"), files("b"), 0.05);
+        assert!(compared
             .figures
             .iter()
             .filter(|f| f.probe == "stat")
             .all(|f| f.backends.as_deref() == Some("fentry -> kprobe") && f.functions.is_none()));
-        assert!(c
+        assert!(compared
             .figures
             .iter()
             .filter(|f| f.probe != "stat")
             .all(|f| f.backends.is_none()));
-        let t = table(&c);
+        let text = table(&compared);
         assert!(
-            t.lines().any(|l| l.starts_with("stat* "))
-                && t.contains("* stat: traced by fentry -> kprobe (the backend changed"),
-            "{t}"
+            text.lines().any(|l| l.starts_with("stat* "))
+                && text.contains("* stat: traced by fentry -> kprobe (the backend changed"),
+            "{text}"
         );
     }
 

@@ -179,11 +179,11 @@ fn spectrum(h: &HistData) -> Vec<(f64, f64)> {
     let top = (n as f64).min(SPECTRUM_MAX);
     let steps = (top.log10() * 40.0).ceil().max(1.0) as usize;
     (0..=steps)
-        .map(|i| {
-            let x = 10f64.powf(top.log10() * i as f64 / steps as f64);
-            let q = 1.0 - 1.0 / x;
-            let v = hdr.value_at_quantile(q).clamp(lo, hi);
-            (x, v as f64)
+        .map(|step| {
+            let one_in = 10f64.powf(top.log10() * step as f64 / steps as f64);
+            let quantile = 1.0 - 1.0 / one_in;
+            let latency = hdr.value_at_quantile(quantile).clamp(lo, hi);
+            (one_in, latency as f64)
         })
         .collect()
 }

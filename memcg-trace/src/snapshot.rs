@@ -513,34 +513,34 @@ mod tests {
         let mut torn = before;
         torn.self_ns += 4_000;
         torn.nested_off_ns += 1_000;
-        let (mut a, mut b) = (HistData::default(), HistData::default());
-        a.add_cpu(&before);
-        b.add_cpu(&torn);
+        let (mut first, mut second) = (HistData::default(), HistData::default());
+        first.add_cpu(&before);
+        second.add_cpu(&torn);
         assert!(
-            b.self_ns <= b.sum_ns && b.nested_off_ns <= b.off_ns,
-            "{b:?}"
+            second.self_ns <= second.sum_ns && second.nested_off_ns <= second.off_ns,
+            "{second:?}"
         );
         // The window between an untorn read and the torn one: the parts' growth without the
         // wholes' (with the whole's growth capped: none), and then the next window, from the
         // torn read to a whole one, gets the call whole.
-        let d = b.since(&a);
+        let between = second.since(&first);
         assert!(
-            d.self_ns <= d.sum_ns && d.nested_off_ns <= d.off_ns,
-            "{d:?}"
+            between.self_ns <= between.sum_ns && between.nested_off_ns <= between.off_ns,
+            "{between:?}"
         );
         let mut after = torn;
         after.sum_ns += 4_000;
         after.off_ns += 1_000;
         after.buckets[bucket_index(4_000)] += 1;
-        let mut c = HistData::default();
-        c.add_cpu(&after);
-        let e = c.since(&b);
+        let mut third = HistData::default();
+        third.add_cpu(&after);
+        let next = third.since(&second);
         assert_eq!(
-            (e.sum_ns, e.self_ns, e.off_ns, e.nested_off_ns),
+            (next.sum_ns, next.self_ns, next.off_ns, next.nested_off_ns),
             (4_000, 4_000, 1_000, 1_000)
         );
         // Over both windows nothing is lost.
-        let whole = c.since(&a);
+        let whole = third.since(&first);
         assert_eq!((whole.self_ns, whole.nested_off_ns), (4_000, 1_000));
     }
 

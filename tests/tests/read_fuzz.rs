@@ -123,58 +123,61 @@ fn number() -> impl Strategy<Value = Value> {
     ]
 }
 
-fn apply(v: &mut Value, e: &Edit) {
+fn apply(doc: &mut Value, edit: &Edit) {
     let mut all = Vec::new();
-    pointers(v, String::new(), &mut all);
+    pointers(doc, String::new(), &mut all);
     if all.is_empty() {
         return;
     }
-    let ps: Vec<&String> = all.iter().map(|(p, _)| p).collect();
-    match e {
-        Edit::AllBuckets(n) => {
-            for (p, _) in all
+    let paths: Vec<&String> = all.iter().map(|(path, _)| path).collect();
+    match edit {
+        Edit::AllBuckets(value) => {
+            for (path, _) in all.iter().filter(|(path, number)| {
+                *number && path.contains("/buckets/") && path.ends_with("/count")
+            }) {
+                if let Some(target) = doc.pointer_mut(path) {
+                    *target = value.clone();
+                }
+            }
+        }
+        Edit::Number(index, value) => {
+            let numbers: Vec<&String> = all
                 .iter()
-                .filter(|(p, num)| *num && p.contains("/buckets/") && p.ends_with("/count"))
-            {
-                if let Some(t) = v.pointer_mut(p) {
-                    *t = n.clone();
+                .filter(|(_, number)| *number)
+                .map(|(path, _)| path)
+                .collect();
+            if !numbers.is_empty() {
+                if let Some(target) = doc.pointer_mut(numbers[index % numbers.len()]) {
+                    *target = value.clone();
                 }
             }
         }
-        Edit::Number(i, n) => {
-            let nums: Vec<&String> = all.iter().filter(|(_, n)| *n).map(|(p, _)| p).collect();
-            if !nums.is_empty() {
-                if let Some(t) = v.pointer_mut(nums[i % nums.len()]) {
-                    *t = n.clone();
-                }
+        Edit::Replace(index, value) => {
+            if let Some(target) = doc.pointer_mut(paths[index % paths.len()]) {
+                *target = value.clone();
             }
         }
-        Edit::Replace(i, x) => {
-            if let Some(t) = v.pointer_mut(ps[i % ps.len()]) {
-                *t = x.clone();
-            }
-        }
-        Edit::Remove(i) => {
-            let p = ps[i % ps.len()];
-            let (parent, last) = p.rsplit_once('/').unwrap();
-            match v.pointer_mut(parent) {
-                Some(Value::Object(m)) => {
-                    m.remove(&last.replace("~1", "/").replace("~0", "~"));
+        Edit::Remove(index) => {
+            let path = paths[index % paths.len()];
+            let (parent, last) = path.rsplit_once('/').unwrap();
+            match doc.pointer_mut(parent) {
+                Some(Value::Object(object)) => {
+                    object.remove(&last.replace("~1", "/").replace("~0", "~"));
                 }
-                Some(Value::Array(a)) => {
-                    if let Ok(i) = last.parse::<usize>() {
-                        if i < a.len() {
-                            a.remove(i);
+                Some(Value::Array(array)) => {
+                    if let Ok(at) = last.parse::<usize>() {
+                        if at < array.len() {
+                            array.remove(at);
                         }
                     }
                 }
                 _ => {}
             }
         }
-        Edit::Copy(a, b) => {
-            let x = v.pointer(ps[a % ps.len()]).cloned();
-            if let (Some(x), Some(t)) = (x, v.pointer_mut(ps[b % ps.len()])) {
-                *t = x;
+        Edit::Copy(from, to) => {
+            let value = doc.pointer(paths[from % paths.len()]).cloned();
+            if let (Some(value), Some(target)) = (value, doc.pointer_mut(paths[to % paths.len()])) {
+                *target = value;
             }
         }
     }

@@ -1376,10 +1376,14 @@ fn vm_serve_6_12() {
     assert!(les.len() >= 20, "latency buckets: {les:?}\n{text}");
     let total = les.last().unwrap().1;
     let rank = 0.99 * total;
-    let i = les.iter().position(|b| b.1 >= rank).unwrap();
-    let (lo, below) = if i == 0 { (0.0, 0.0) } else { les[i - 1] };
-    let (hi, at) = les[i];
-    let q = lo + (hi - lo) * (rank - below) / (at - below);
+    let bucket = les.iter().position(|b| b.1 >= rank).unwrap();
+    let (lo, below) = if bucket == 0 {
+        (0.0, 0.0)
+    } else {
+        les[bucket - 1]
+    };
+    let (hi, at) = les[bucket];
+    let quantile = lo + (hi - lo) * (rank - below) / (at - below);
     let p99 = workload
         .latency
         .as_ref()
@@ -1391,8 +1395,8 @@ fn vm_serve_6_12() {
         .ns as f64
         / 1e9;
     assert!(
-        lo < p99 && p99 <= hi * 1.0000001 && lo <= q && q <= hi,
-        "histogram_quantile(0.99) {q:e} s in ({lo:e}, {hi:e}], the recording's p99 {p99:e} s"
+        lo < p99 && p99 <= hi * 1.0000001 && lo <= quantile && quantile <= hi,
+        "histogram_quantile(0.99) {quantile:e} s in ({lo:e}, {hi:e}], the recording's p99 {p99:e} s"
     );
     assert!(text.lines().any(|l| l == "memcg_trace_up 1"), "{text}");
     // `--callers`: the top sites of each probe and context as counters; each is a site of the
@@ -1411,8 +1415,8 @@ fn vm_serve_6_12() {
                 .unwrap_or("")
                 .to_string()
         };
-        let p = probe(&doc, &get("probe"));
-        let site = p
+        let scraped_probe = probe(&doc, &get("probe"));
+        let site = scraped_probe
             .callers
             .iter()
             .find(|s| s.context == get("context") && s.site == get("site"))
@@ -1434,7 +1438,7 @@ fn vm_serve_6_12() {
             text.lines().filter(|l| !l.starts_with('#')).count(),
             workload.count,
             task.count,
-            q * 1e6,
+            quantile * 1e6,
             p99 * 1e6,
             lo * 1e6,
             hi * 1e6
@@ -2032,7 +2036,7 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
         assert_eq!(p.target, func, "{w}: {probe_name} resolved elsewhere");
         let fg = fgraph(&r.out_dir.join(format!("fgraph-{w}.txt")));
         let wl = p.workload.as_ref().expect("the workload row");
-        let l = wl.latency.as_ref().expect("the workload's latencies");
+        let latency = wl.latency.as_ref().expect("the workload's latencies");
         let ctx = |f: fn(&memcg_trace::export::ContextOut) -> u64| -> u64 {
             p.contexts.iter().map(f).sum()
         };
@@ -2051,7 +2055,7 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
             fg.lost,
             fg.max_ns,
             wl.count,
-            l.max_ns,
+            latency.max_ns,
             p.count,
             p.lost,
             irq,
@@ -2065,7 +2069,8 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
         // The instrumentation's difference: the mean window of the calls under 10 us, each
         // tool's (memcg-trace's from its buckets' midpoints).
         let (n, sum) =
-            l.buckets
+            latency
+                .buckets
                 .iter()
                 .filter(|b| b.max_ns <= 10_000)
                 .fold((0u64, 0f64), |a, b| {
@@ -2087,7 +2092,7 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
         );
         let mut rows = Vec::new();
         for &(ns, k) in &fg.ge {
-            let (lo, hi) = at_least(&l.buckets, ns);
+            let (lo, hi) = at_least(&latency.buckets, ns);
             rows.push((ns, k, lo, hi));
             let _ = writeln!(
                 report,
@@ -2114,7 +2119,7 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
         }
         // Measured: 1.1-1.5 times the ratio of the means (stalls do not land uniformly: the
         // instrumentation's paths end more translation blocks under TCG); 3x leaves twice that.
-        let k = 3.0 * ratio.max(1.0 / ratio);
+        let allowed = 3.0 * ratio.max(1.0 / ratio);
         for &(ns, kernel_n, lo, hi) in &rows {
             // The wider window's count above the threshold (at its least) and the narrower's
             // (at its most).
@@ -2139,10 +2144,10 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
                 ));
             }
             if ns >= 100_000 {
-                let bound = k * narrow as f64;
+                let bound = allowed * narrow as f64;
                 if wide as f64 > bound + 3.0 * bound.sqrt() + 10.0 {
                     fail(format!(
-                        "{wide} calls of {ns} ns or more in the wider window, {narrow} in the narrower: beyond {k:.2}x (3x the windows' ratio)"
+                        "{wide} calls of {ns} ns or more in the wider window, {narrow} in the narrower: beyond {allowed:.2}x (3x the windows' ratio)"
                     ));
                 }
             }
@@ -2163,9 +2168,9 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
             }
         }
         let (wide_max, narrow_max) = if fg_wider {
-            (fg.max_ns, l.max_ns)
+            (fg.max_ns, latency.max_ns)
         } else {
-            (l.max_ns, fg.max_ns)
+            (latency.max_ns, fg.max_ns)
         };
         // (Where memcg-trace is the wider window and lost a call, that call may be the longest.)
         if narrow_max > wide_max && (fg_wider || p.lost == 0) {
@@ -2803,14 +2808,17 @@ fn by_memcg_on(name: &str, short: &str) {
     // Per backend: the ids of the memcgs made and removed during its run ("fentry/D1", ...).
     let mut churn: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     for backend in ["fentry", "kprobe"] {
-        let f = r.out_dir.join(format!("bymemcg-ids-{backend}"));
-        for l in fs::read_to_string(&f)
-            .unwrap_or_else(|e| panic!("{}: {e}", f.display()))
+        let ids_file = r.out_dir.join(format!("bymemcg-ids-{backend}"));
+        for l in fs::read_to_string(&ids_file)
+            .unwrap_or_else(|e| panic!("{}: {e}", ids_file.display()))
             .lines()
         {
             if let Some((id, path)) = l.split_once(' ') {
-                let d = path.trim_start_matches("/sys/fs/cgroup/");
-                churn.insert(format!("{backend}/{d}"), id.parse().expect("a cgroup id"));
+                let memcg = path.trim_start_matches("/sys/fs/cgroup/");
+                churn.insert(
+                    format!("{backend}/{memcg}"),
+                    id.parse().expect("a cgroup id"),
+                );
             }
         }
     }

@@ -668,7 +668,8 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
         for (i, v) in VARIANTS.iter().enumerate() {
             seconds[i] = if i < 5 { time(r, v)? } else { time_if(r, v)? };
         }
-        let [u, b, f, k, e, l, c, q] = seconds;
+        let [untraced, bpftrace, fentry, kprobe, empty, funclatency, charge_fentry, charge_kprobe] =
+            seconds;
         let bt = fs::read_to_string(dir.join(format!("peer-{r}-B.bt"))).unwrap_or_default();
         let fl = fs::read_to_string(dir.join(format!("peer-{r}-L.fl"))).unwrap_or_default();
         let calls = [
@@ -679,9 +680,9 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             calls_if(r, "C")?,
             calls_if(r, "Q")?,
         ];
-        let per = |t: Option<f64>, n: u64| -> Option<f64> {
-            let (t, u) = (t?, u?);
-            (n > 0).then(|| (t - u) * 1e9 / n as f64)
+        let per = |traced: Option<f64>, calls: u64| -> Option<f64> {
+            let (traced, untraced) = (traced?, untraced?);
+            (calls > 0).then(|| (traced - untraced) * 1e9 / calls as f64)
         };
         rounds.push(Round {
             round: r,
@@ -693,13 +694,13 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             // run; it is kept as the check that both saw the same work. The same for
             // funclatency against the charge-only fentry recording.
             per_call_ns: [
-                per(b, calls[1]),
-                per(f, calls[1]),
-                per(k, calls[2]),
-                per(e, calls[1]),
-                per(l, calls[4]),
-                per(c, calls[4]),
-                per(q, calls[5]),
+                per(bpftrace, calls[1]),
+                per(fentry, calls[1]),
+                per(kprobe, calls[2]),
+                per(empty, calls[1]),
+                per(funclatency, calls[4]),
+                per(charge_fentry, calls[4]),
+                per(charge_kprobe, calls[5]),
             ],
         });
     }

@@ -1270,26 +1270,28 @@ fn pairing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
         } else {
             (case.name.to_string(), case.check)
         };
-        let o = checks::pairing(rigs, layout, &case.steps, case.kernel)?;
-        let mut r = accounted(&o)
-            .and_then(|_| self_times(&o))
-            .and_then(|_| check(&o));
-        if r.is_ok() && !o.deferred.is_empty() {
-            let n = o.deferred.len() as u64;
-            let (c, x, off) = verify(&o.deferred, false);
-            let (c2, x2, off2) = verify(&o.deferred, true);
-            let sent: u64 = o.deferred.iter().map(|d| d.off_ns).sum();
-            if (c, x, c2, x2) != (n, 0, 0, n) {
-                r = Err(format!(
-                    "verifier: without misses {c} confirmed {x} rejected; with a miss {c2} confirmed {x2} rejected"
+        let outcome = checks::pairing(rigs, layout, &case.steps, case.kernel)?;
+        let mut result = accounted(&outcome)
+            .and_then(|_| self_times(&outcome))
+            .and_then(|_| check(&outcome));
+        if result.is_ok() && !outcome.deferred.is_empty() {
+            let deferred = outcome.deferred.len() as u64;
+            let (confirmed, rejected, off) = verify(&outcome.deferred, false);
+            let (confirmed_missed, rejected_missed, off_missed) = verify(&outcome.deferred, true);
+            let sent: u64 = outcome.deferred.iter().map(|d| d.off_ns).sum();
+            if (confirmed, rejected, confirmed_missed, rejected_missed)
+                != (deferred, 0, 0, deferred)
+            {
+                result = Err(format!(
+                    "verifier: without misses {confirmed} confirmed {rejected} rejected; with a miss {confirmed_missed} confirmed {rejected_missed} rejected"
                 ));
-            } else if (off, off2) != (sent, 0) {
-                r = Err(format!(
-                    "verifier: time off the CPU {off} ns confirmed ({off2} ns with a miss), {sent} ns sent"
+            } else if (off, off_missed) != (sent, 0) {
+                result = Err(format!(
+                    "verifier: time off the CPU {off} ns confirmed ({off_missed} ns with a miss), {sent} ns sent"
                 ));
             }
         }
-        match r {
+        match result {
             Ok(()) => println!("selftest: pairing: {name}: ok"),
             Err(e) => {
                 bad += 1;

@@ -259,36 +259,40 @@ mod tests {
 
     #[test]
     fn confirmed_calls_that_left_the_cpu_carry_their_time_off_it() {
-        let mut v = Verifier::new(1);
-        v.mark(0, mark(0, 7));
-        let mut a = call(100, 900, CTX_TASK);
-        a.flags = DEFERRED_SWITCHED;
-        a.off_ns = 500;
-        let mut b = call(1000, 1900, CTX_TASK);
-        b.flags = DEFERRED_SWITCHED;
-        b.off_ns = 300;
-        let mut c = call(2000, 2900, CTX_TASK);
-        c.flags = DEFERRED_SWITCHED | DEFERRED_OFF_UNKNOWN;
-        v.push(a);
-        v.push(b);
-        v.push(c);
-        v.mark(0, mark(3000, 7));
-        v.settle();
-        let o = &v.outcomes[0][0];
-        assert_eq!(o.hist.count, 3);
+        let mut verifier = Verifier::new(1);
+        verifier.mark(0, mark(0, 7));
+        let mut slept = call(100, 900, CTX_TASK);
+        slept.flags = DEFERRED_SWITCHED;
+        slept.off_ns = 500;
+        let mut slept_less = call(1000, 1900, CTX_TASK);
+        slept_less.flags = DEFERRED_SWITCHED;
+        slept_less.off_ns = 300;
+        let mut unknown = call(2000, 2900, CTX_TASK);
+        unknown.flags = DEFERRED_SWITCHED | DEFERRED_OFF_UNKNOWN;
+        verifier.push(slept);
+        verifier.push(slept_less);
+        verifier.push(unknown);
+        verifier.mark(0, mark(3000, 7));
+        verifier.settle();
+        let outcome = &verifier.outcomes[0][0];
+        assert_eq!(outcome.hist.count, 3);
         assert_eq!(
-            (o.off_cpu_ns, o.off_cpu_max_ns, o.off_cpu_unknown),
+            (
+                outcome.off_cpu_ns,
+                outcome.off_cpu_max_ns,
+                outcome.off_cpu_unknown
+            ),
             (800, 500, 1)
         );
         // Rejected calls add nothing.
-        let mut d = call(4000, 4900, CTX_TASK);
-        d.flags = DEFERRED_SWITCHED;
-        d.off_ns = 900;
-        v.push(d);
-        v.mark(0, mark(5000, 8));
-        v.settle();
-        let o = &v.outcomes[0][0];
-        assert_eq!((o.rejected, o.off_cpu_ns), (1, 800));
+        let mut rejected = call(4000, 4900, CTX_TASK);
+        rejected.flags = DEFERRED_SWITCHED;
+        rejected.off_ns = 900;
+        verifier.push(rejected);
+        verifier.mark(0, mark(5000, 8));
+        verifier.settle();
+        let outcome = &verifier.outcomes[0][0];
+        assert_eq!((outcome.rejected, outcome.off_cpu_ns), (1, 800));
     }
 
     /// A confirmed call carries the part of its time off the CPU that its nested calls spent

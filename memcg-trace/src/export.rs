@@ -283,7 +283,7 @@ pub struct Bucket {
 /// `paired + ambiguous + deferred + deferred_lost + stale + evicted` (+ pending at the end),
 /// `exits` = `paired + ambiguous + deferred + deferred_lost + orphans + evicted_exits +
 /// outside`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ContextOut {
     /// task, softirq, hardirq or nmi.
     pub context: String,
@@ -896,6 +896,71 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
     }
 }
 
+/// A context's row with the kernel's counters of that context written in; `counters_of` reads
+/// them back. Each direction is written once, here side by side: a counter added to one and not
+/// the other fails `every_counter_is_recorded_and_read_back`. Not recorded: `workload_hits`
+/// (the recording has it as the workload row's count).
+fn with_counters(row: ContextOut, k: &Counters) -> ContextOut {
+    ContextOut {
+        entries: k.entries,
+        exits: k.exits,
+        paired: k.paired,
+        deferred: k.deferred,
+        deferred_lost: k.deferred_lost,
+        switched: k.switched,
+        migrated: k.migrated,
+        orphans: k.orphans,
+        evicted_exits: k.evicted_exits,
+        outside: k.outside,
+        stale: k.stale,
+        evicted: k.evicted,
+        ambiguous: k.ambiguous,
+        no_context_entries: k.no_context_entries,
+        no_context_exits: k.no_context_exits,
+        off_cpu_ns: k.off_cpu_ns,
+        off_cpu_max_ns: k.off_cpu_max_ns,
+        off_cpu_unknown: k.off_cpu_unknown,
+        callers_other: k.callers_other,
+        memcgs_other: k.memcgs_other,
+        self_unknown: k.self_unknown,
+        outermost_ns: k.outermost_ns,
+        irq_thread: k.irq_thread,
+        softirq_thread: k.softirq_thread,
+        ..row
+    }
+}
+
+/// The kernel's counters of a recorded context row (`with_counters` undone).
+fn counters_of(row: &ContextOut) -> Counters {
+    Counters {
+        entries: row.entries,
+        workload_hits: 0,
+        exits: row.exits,
+        paired: row.paired,
+        deferred: row.deferred,
+        deferred_lost: row.deferred_lost,
+        switched: row.switched,
+        migrated: row.migrated,
+        orphans: row.orphans,
+        evicted_exits: row.evicted_exits,
+        outside: row.outside,
+        stale: row.stale,
+        evicted: row.evicted,
+        ambiguous: row.ambiguous,
+        no_context_entries: row.no_context_entries,
+        no_context_exits: row.no_context_exits,
+        off_cpu_ns: row.off_cpu_ns,
+        off_cpu_max_ns: row.off_cpu_max_ns,
+        off_cpu_unknown: row.off_cpu_unknown,
+        callers_other: row.callers_other,
+        memcgs_other: row.memcgs_other,
+        self_unknown: row.self_unknown,
+        outermost_ns: row.outermost_ns,
+        irq_thread: row.irq_thread,
+        softirq_thread: row.softirq_thread,
+    }
+}
+
 /// The per-probe part of the document.
 /// `workload_by_memcg`: the workload rows hold calls of every context (`Workload::by_memcg`).
 pub(crate) fn probes_out(
@@ -1001,46 +1066,24 @@ pub(crate) fn probes_out(
                     .filter(|(i, _)| *i == 0 || !snap.no_context_split)
                     .map(|(i, c)| {
                         let k = &c.counters;
-                        ContextOut {
+                        let row = ContextOut {
                             context: snap.ctx_name(i).to_string(),
                             count: p.ctx_calls(i),
                             rate_per_s: rate(p.ctx_calls(i), secs),
-                            entries: k.entries,
-                            exits: k.exits,
-                            paired: k.paired,
-                            deferred: k.deferred,
                             confirmed: c.confirmed,
                             rejected: c.rejected,
                             unproven_nested_ns: c.unproven_nested_ns,
-                            deferred_lost: k.deferred_lost,
-                            ambiguous: k.ambiguous,
-                            switched: k.switched,
-                            migrated: k.migrated,
-                            off_cpu_ns: k.off_cpu_ns,
-                            off_cpu_max_ns: k.off_cpu_max_ns,
-                            off_cpu_unknown: k.off_cpu_unknown,
                             off_cpu_at_least: c.off_cpu_at_least,
                             // Unknown where any call's time off the CPU is, or only bounded.
                             on_cpu_ns: (timed && !c.on_cpu_unknown())
                                 .then(|| c.hist.sum_ns.saturating_sub(k.off_cpu_ns)),
-                            orphans: k.orphans,
-                            outside: k.outside,
-                            stale: k.stale,
-                            evicted: k.evicted,
-                            evicted_exits: k.evicted_exits,
-                            no_context_entries: k.no_context_entries,
-                            no_context_exits: k.no_context_exits,
                             lost: c.lost(),
-                            callers_other: k.callers_other,
-                            memcgs_other: k.memcgs_other,
-                            self_unknown: k.self_unknown,
-                            outermost_ns: k.outermost_ns,
                             censored: c.censored(i),
-                            irq_thread: k.irq_thread,
-                            softirq_thread: k.softirq_thread,
                             latency: timed
                                 .then(|| latency_out(&c.hist, secs, floor, c.on_cpu_unknown())),
-                        }
+                            ..Default::default()
+                        };
+                        with_counters(row, k)
                     })
                     .collect(),
                 callers: p
@@ -1385,39 +1428,18 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
                         hist: hist(if timed { c.count } else { 0 }, c.latency.as_ref()),
                         counters: Counters {
                             entries: if timed { c.entries } else { c.count },
-                            exits: c.exits,
-                            paired: c.paired,
-                            deferred: c.deferred,
-                            deferred_lost: c.deferred_lost,
-                            switched: c.switched,
-                            migrated: c.migrated,
-                            off_cpu_ns: c.off_cpu_ns,
-                            off_cpu_max_ns: c.off_cpu_max_ns,
-                            off_cpu_unknown: c.off_cpu_unknown,
-                            orphans: c.orphans,
-                            outside: c.outside,
-                            stale: c.stale,
-                            evicted: c.evicted,
-                            evicted_exits: c.evicted_exits,
-                            ambiguous: c.ambiguous,
-                            no_context_entries: c.no_context_entries,
-                            no_context_exits: c.no_context_exits,
-                            callers_other: c.callers_other,
-                            memcgs_other: c.memcgs_other,
                             // Recordings from before self time count every call as unknown.
                             self_unknown: match c.latency.as_ref().map(|l| l.self_ns) {
                                 Some(None) => c.count,
                                 _ => c.self_unknown,
                             },
-                            outermost_ns: c.outermost_ns,
-                            irq_thread: c.irq_thread,
-                            softirq_thread: c.softirq_thread,
                             // Kept for the tracepoint backend's task context; the recording
                             // has it as the workload's count.
                             workload_hits: match (&p.workload, timed, i) {
                                 (Some(w), false, 0) => w.count,
                                 _ => 0,
                             },
+                            ..counters_of(c)
                         },
                         confirmed: c.confirmed,
                         rejected: c.rejected,
@@ -1513,7 +1535,7 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn dir(name: &str) -> PathBuf {
@@ -1522,6 +1544,47 @@ mod tests {
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    /// Counters' fields (a size not a multiple of 8 fails the transmutes below to compile).
+    const FIELDS: usize = std::mem::size_of::<Counters>() / 8;
+
+    /// `k` with each field mapped by `f(its byte offset, its value)`: the kernel's counters
+    /// are all u64, so any counter added later is mapped too.
+    pub(crate) fn map_counters(k: &Counters, f: impl Fn(usize, u64) -> u64) -> Counters {
+        // SAFETY: Counters is repr(C) with u64 fields only, FIELDS of them, no padding.
+        let mut fields = unsafe { std::mem::transmute::<Counters, [u64; FIELDS]>(*k) };
+        for (i, v) in fields.iter_mut().enumerate() {
+            *v = f(i * 8, *v);
+        }
+        // SAFETY: as above; every bit pattern is a valid u64.
+        unsafe { std::mem::transmute::<[u64; FIELDS], Counters>(fields) }
+    }
+
+    /// Counters with every field its own value (1, 2, 3, ... in declaration order).
+    pub(crate) fn distinct_counters() -> Counters {
+        map_counters(&Counters::default(), |offset, _| offset as u64 / 8 + 1)
+    }
+
+    /// Every counter the kernel keeps goes into the recorded row and comes back the same,
+    /// through the JSON too (but `workload_hits`, which the recording keeps as the workload
+    /// row's count).
+    #[test]
+    fn every_counter_is_recorded_and_read_back() {
+        let k = distinct_counters();
+        let row = with_counters(ContextOut::default(), &k);
+        let json = serde_json::to_string(&row).unwrap();
+        let read: ContextOut = serde_json::from_str(&json).unwrap();
+        let back = counters_of(&read);
+        assert_eq!(
+            Counters {
+                workload_hits: k.workload_hits,
+                ..back
+            },
+            k,
+            "{json}"
+        );
+        assert_eq!(back.workload_hits, 0);
     }
 
     #[test]

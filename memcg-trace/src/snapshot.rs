@@ -425,6 +425,23 @@ mod tests {
         assert_eq!(irq.censored(1), 0);
     }
 
+    /// Adding another CPU's counters adds every counter (the longest time off the CPU is the
+    /// larger of the two): a counter missing from `Counters::add` fails here.
+    #[test]
+    fn adding_a_cpu_s_counters_adds_every_counter() {
+        let k = crate::export::tests::distinct_counters();
+        let mut sum = k;
+        sum.add(&k);
+        let doubled = crate::export::tests::map_counters(&k, |field, v| {
+            if field == std::mem::offset_of!(Counters, off_cpu_max_ns) {
+                v
+            } else {
+                2 * v
+            }
+        });
+        assert_eq!(sum, doubled);
+    }
+
     #[test]
     fn an_interval_has_its_own_min_and_max() {
         let before = HistData::of(&[100, 2_000_000]);

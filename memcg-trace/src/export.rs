@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 use crate::{
     figures::{self, rate, ratio, QUANTILES},
     kernel,
+    model::{Floor, NotAttached},
     probes::Backend,
     snapshot::{CtxStats, HistData, ProbeStats, ProgCost, Snapshot},
-    tracer::{checks::Floor, NotAttached},
 };
 
 /// The schema identifier of this document version.
@@ -970,34 +970,16 @@ pub(crate) fn probes_out(
     workload_by_memcg: bool,
     workload_cpu_ns: Option<u64>,
 ) -> Vec<ProbeOut> {
-    let of_cpu = |ns: u64| workload_cpu_ns.and_then(|c| ratio(ns as f64, c as f64));
     let floor_of = |b: Backend| floors.iter().find(|f| f.backend == b);
-    // The workload's CPU time without the tracer: less every traced call's full cost.
-    let instrumented: Option<f64> = snap
-        .probes
-        .iter()
-        .filter(|p| p.backend.has_latency())
-        .filter_map(|p| Some(p.workload.as_ref()?.count as f64 * floor_of(p.backend)?.per_call_ns?))
-        .reduce(|a, b| a + b);
-    let untraced_cpu = workload_cpu_ns
-        .map(|c| c as f64 - instrumented.unwrap_or(0.0))
-        .filter(|c| *c > 0.0);
+    let workload_cpu = figures::WorkloadCpu::of(snap, floors, workload_cpu_ns);
     snap.probes
         .iter()
         .enumerate()
         .map(|(slot, p)| {
             // Rates and shares over the probe's own window.
             let secs = p.window.unwrap_or(snap.elapsed);
-            let f = floor_of(p.backend);
-            let floor = f.map(|f| f.p50_ns);
-            // The instrumentation inside the self time of `w`'s calls, ns.
-            let instrumentation = |w: &HistData| -> Option<f64> {
-                let f = f?;
-                let outside = f
-                    .per_call_ns
-                    .map_or(0.0, |c| (c - f.p50_ns as f64).max(0.0));
-                Some(w.count as f64 * f.p50_ns as f64 + w.nested as f64 * outside)
-            };
+            let backend_floor = floor_of(p.backend);
+            let floor = backend_floor.map(|f| f.p50_ns);
             let timed = p.backend.has_latency();
             let pending = snap.pending.get(slot).copied().unwrap_or(0);
             ProbeOut {
@@ -1016,45 +998,40 @@ pub(crate) fn probes_out(
                 loss_share: p.loss_share_with(pending),
                 pending_at_end: pending,
                 notes: notes.get(&p.name).cloned().unwrap_or_default(),
-                workload: p.workload.as_ref().map(|w| WorkloadOut {
-                    // Upper bounds where some call's time off the CPU is unknown (counted as
-                    // CPU), and where the rows hold interrupt calls charging the workload's
-                    // memcg (`--by-memcg`): their CPU time is not in its cgroup's.
-                    shares_at_most: timed
-                        && (p.contexts.first().is_some_and(CtxStats::on_cpu_unknown)
-                            || (workload_by_memcg && (1..NUM_CTX).any(|i| p.ctx_calls(i) > 0))),
-                    count: w.count,
-                    rate_per_s: rate(w.count, secs),
-                    share_of_task_calls: ratio(
-                        w.count as f64,
-                        if workload_by_memcg {
-                            p.calls()
-                        } else {
-                            p.ctx_calls(0)
-                        } as f64,
-                    ),
-                    // Its calls are task calls (with --by-memcg, mostly): their off-CPU time is
-                    // unknown where any task call's is.
-                    latency: timed.then(|| {
-                        let unknown = p.contexts.first().is_some_and(CtxStats::on_cpu_unknown);
-                        latency_out(w, secs, floor, unknown)
-                    }),
-                    // CPU time: what the calls spent off the CPU (asleep in reclaim, say) is
-                    // not the workload's CPU.
-                    share_of_workload_cpu: timed
-                        .then(|| of_cpu(w.sum_ns.saturating_sub(w.off_ns)))
-                        .flatten(),
-                    self_share_of_workload_cpu: timed.then(|| of_cpu(w.self_on_cpu_ns())).flatten(),
-                    floor_share_of_workload_cpu: timed
-                        .then(|| instrumentation(w).and_then(|i| of_cpu(i as u64)))
-                        .flatten(),
-                    net_self_share_of_workload_cpu: timed
-                        .then(|| {
-                            let i = instrumentation(w)?;
-                            let own = w.self_on_cpu_ns() as f64;
-                            ratio((own - i).max(0.0), untraced_cpu?)
-                        })
-                        .flatten(),
+                workload: p.workload.as_ref().map(|w| {
+                    let shares = if timed {
+                        figures::cpu_shares(w, backend_floor, workload_cpu.as_ref())
+                    } else {
+                        figures::CpuShares::default()
+                    };
+                    WorkloadOut {
+                        // Upper bounds where some call's time off the CPU is unknown (counted as
+                        // CPU), and where the rows hold interrupt calls charging the workload's
+                        // memcg (`--by-memcg`): their CPU time is not in its cgroup's.
+                        shares_at_most: timed
+                            && (p.contexts.first().is_some_and(CtxStats::on_cpu_unknown)
+                                || (workload_by_memcg && (1..NUM_CTX).any(|i| p.ctx_calls(i) > 0))),
+                        count: w.count,
+                        rate_per_s: rate(w.count, secs),
+                        share_of_task_calls: ratio(
+                            w.count as f64,
+                            if workload_by_memcg {
+                                p.calls()
+                            } else {
+                                p.ctx_calls(0)
+                            } as f64,
+                        ),
+                        // Its calls are task calls (with --by-memcg, mostly): their off-CPU time is
+                        // unknown where any task call's is.
+                        latency: timed.then(|| {
+                            let unknown = p.contexts.first().is_some_and(CtxStats::on_cpu_unknown);
+                            latency_out(w, secs, floor, unknown)
+                        }),
+                        share_of_workload_cpu: shares.total,
+                        self_share_of_workload_cpu: shares.own,
+                        floor_share_of_workload_cpu: shares.instrumentation,
+                        net_self_share_of_workload_cpu: shares.net,
+                    }
                 }),
                 programs: p.programs.iter().map(program_out).collect(),
                 contexts: p

@@ -7,7 +7,10 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use memcg_trace_common::bucket_bounds;
 
-use crate::snapshot::{HistData, ProbeStats, ProgCost, Snapshot};
+use crate::{
+    model::Floor,
+    snapshot::{HistData, ProbeStats, ProgCost, Snapshot},
+};
 
 /// Percentiles reported everywhere.
 pub const QUANTILES: [f64; 6] = [0.5, 0.9, 0.99, 0.999, 0.9999, 1.0];
@@ -20,6 +23,76 @@ pub fn ratio(a: f64, b: f64) -> Option<f64> {
 /// Per-second rate of `n` events over `d`.
 pub fn rate(n: u64, d: Duration) -> Option<f64> {
     ratio(n as f64, d.as_secs_f64())
+}
+
+/// The workload's CPU time (its cgroup's), and the same less what the instrumentation cost it:
+/// every traced call of the workload at its backend's full cost per call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WorkloadCpu {
+    pub cpu_ns: u64,
+    /// None where the instrumentation's cost is the whole CPU time or more.
+    pub untraced_ns: Option<f64>,
+}
+
+impl WorkloadCpu {
+    /// Of the snapshot's workload rows, with the floors measured (None without the CPU time).
+    pub fn of(snap: &Snapshot, floors: &[Floor], cpu_ns: Option<u64>) -> Option<WorkloadCpu> {
+        let cpu_ns = cpu_ns?;
+        let instrumented: f64 = snap
+            .probes
+            .iter()
+            .filter(|p| p.backend.has_latency())
+            .filter_map(|p| {
+                let per_call = floors
+                    .iter()
+                    .find(|f| f.backend == p.backend)?
+                    .per_call_ns?;
+                Some(p.workload.as_ref()?.count as f64 * per_call)
+            })
+            .sum();
+        let untraced = cpu_ns as f64 - instrumented;
+        Some(WorkloadCpu {
+            cpu_ns,
+            untraced_ns: (untraced > 0.0).then_some(untraced),
+        })
+    }
+}
+
+/// What one probe's workload calls took of the workload's CPU, as shares of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuShares {
+    /// The calls' time on the CPU (what they spent off it, asleep in reclaim say, is not the
+    /// workload's CPU).
+    pub total: Option<f64>,
+    /// Their self time on the CPU (the time in traced calls nested in them taken out).
+    pub own: Option<f64>,
+    /// The instrumentation inside that self time: the floor's p50 per call, and per nested
+    /// call what its full cost adds beyond that.
+    pub instrumentation: Option<f64>,
+    /// Self time less the instrumentation, of the workload's CPU less the tracer's full cost.
+    pub net: Option<f64>,
+}
+
+/// The shares of `cpu` that the workload calls `calls` took, with `floor` their backend's.
+pub fn cpu_shares(calls: &HistData, floor: Option<&Floor>, cpu: Option<&WorkloadCpu>) -> CpuShares {
+    let Some(cpu) = cpu else {
+        return CpuShares::default();
+    };
+    let of_cpu = |ns: f64| ratio(ns, cpu.cpu_ns as f64);
+    let instrumentation_ns = floor.map(|f| {
+        let beyond_p50 = f
+            .per_call_ns
+            .map_or(0.0, |c| (c - f.p50_ns as f64).max(0.0));
+        calls.count as f64 * f.p50_ns as f64 + calls.nested as f64 * beyond_p50
+    });
+    let own = calls.self_on_cpu_ns() as f64;
+    CpuShares {
+        total: of_cpu(calls.sum_ns.saturating_sub(calls.off_ns) as f64),
+        own: of_cpu(own),
+        // Whole ns, as recorded.
+        instrumentation: instrumentation_ns.and_then(|i| of_cpu(i.trunc())),
+        net: instrumentation_ns.and_then(|i| ratio((own - i).max(0.0), cpu.untraced_ns?)),
+    }
 }
 
 /// The histogram as an HdrHistogram: each bucket's calls recorded at the bucket midpoint
@@ -225,6 +298,71 @@ pub fn losses(s: &Snapshot) -> (u64, u64) {
 mod tests {
     use super::*;
     use memcg_trace_common::bucket_index;
+
+    /// The workload's CPU shares of one probe's workload calls: on the CPU (time asleep out),
+    /// self (nested calls' time out, their sleep not twice), the instrumentation inside the self
+    /// time (p50 a call, and a nested call's cost beyond it), and the net share of the CPU less
+    /// the tracer's full cost; none of the last two without a floor, no net share where the
+    /// tracer's cost is all the CPU time, nothing without the CPU time.
+    #[test]
+    fn the_workload_cpu_shares_of_a_probe() {
+        let calls = HistData {
+            count: 100,
+            sum_ns: 1_000_000,
+            self_ns: 800_000,
+            nested: 10,
+            off_ns: 200_000,
+            nested_off_ns: 50_000,
+            ..Default::default()
+        };
+        let floor = Floor {
+            backend: crate::probes::Backend::Fentry,
+            calls: 1000,
+            p50_ns: 500,
+            p90_ns: 600,
+            min_ns: 400,
+            programs_ns: None,
+            per_call_ns: Some(1_500.0),
+        };
+        let mut snap = crate::tui::app::tests::snap(1, 100, 10_000, 0);
+        snap.probes[0].workload = Some(calls.clone());
+        let floors = std::slice::from_ref(&floor);
+        let cpu = WorkloadCpu::of(&snap, floors, Some(10_000_000));
+        // 100 workload calls at 1,500 ns each in all.
+        assert_eq!(
+            cpu,
+            Some(WorkloadCpu {
+                cpu_ns: 10_000_000,
+                untraced_ns: Some(9_850_000.0)
+            })
+        );
+        let shares = cpu_shares(&calls, Some(&floor), cpu.as_ref());
+        // Self on the CPU: 800,000 less its own sleep (200,000 - 50,000 nested).
+        let own = 650_000.0;
+        // 100 calls x 500 + 10 nested x (1,500 - 500).
+        let instrumentation = 60_000.0;
+        assert_eq!(
+            shares,
+            CpuShares {
+                total: Some(800_000.0 / 1e7),
+                own: Some(own / 1e7),
+                instrumentation: Some(instrumentation / 1e7),
+                net: Some((own - instrumentation) / 9_850_000.0),
+            }
+        );
+        let without_floor = cpu_shares(&calls, None, cpu.as_ref());
+        assert_eq!(
+            (without_floor.instrumentation, without_floor.net),
+            (None, None)
+        );
+        assert_eq!(without_floor.own, shares.own);
+        // The tracer's cost is the whole CPU time: no net share.
+        let all = WorkloadCpu::of(&snap, floors, Some(150_000)).unwrap();
+        assert_eq!(all.untraced_ns, None);
+        assert_eq!(cpu_shares(&calls, Some(&floor), Some(&all)).net, None);
+        assert_eq!(WorkloadCpu::of(&snap, floors, None), None);
+        assert_eq!(cpu_shares(&calls, Some(&floor), None), CpuShares::default());
+    }
 
     #[test]
     fn percentiles_stay_within_the_claimed_1_6_percent() {

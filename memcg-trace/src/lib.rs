@@ -9,6 +9,9 @@
 //!   -> table | export (JSON) | tui (dashboard)
 //! ```
 //!
+//! Besides the snapshot, the outputs read `model` (the floors measured, the probes not
+//! attached): plain values the tracer and the session make, in a module that imports neither.
+//!
 //! `session` is one live trace around it (signals, privileges, calibration, probe resolution,
 //! attach, the workload's memcg and process, clean-up); the commands in `cmd` are thin
 //! consumers of a session or of recordings, and `cli` only dispatches to them.
@@ -34,6 +37,7 @@ pub mod history;
 pub mod kernel;
 pub mod memcgs;
 pub mod metrics;
+pub mod model;
 pub mod plot;
 pub mod probes;
 pub mod session;

@@ -547,7 +547,7 @@ pub fn summary(doc: &Document) -> String {
             fmt_ns(f.p50_ns as f64),
             fmt_ns(f.p90_ns as f64),
             fmt_ns(f.min_ns as f64),
-            crate::tracer::checks::FLOOR_FUNCTION,
+            crate::model::FLOOR_FUNCTION,
             f.per_call_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
             f.programs_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
         );

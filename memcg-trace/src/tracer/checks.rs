@@ -22,6 +22,7 @@ use memcg_trace_common::{
 use super::{
     chain, load_and_attach, load_object, possible_cpus, shared::Shared, unload, LoadOptions, Tracer,
 };
+pub use crate::model::{Floor, FLOOR_FUNCTION};
 use crate::{figures, probes::Backend, snapshot::HistData};
 
 /// The object loaded for the self-test, with its test program.
@@ -722,38 +723,9 @@ pub fn prog_stats(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<HashMap<u32, u64
         .collect())
 }
 
-/// The instrumentation measured on this kernel for one backend: a pair of this tracer's
-/// programs around `bpf_fentry_test1` (which returns its argument plus one), called from
-/// BPF_PROG_TEST_RUN.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Floor {
-    /// The backend measured.
-    pub backend: Backend,
-    /// Calls measured.
-    pub calls: u64,
-    /// Latency the pair records around a function that does almost nothing: the part of every
-    /// sample that is the tracer's own (the rest of the entry program after its clock read,
-    /// the trampoline or kprobe hops, the start of the exit program), ns.
-    pub p50_ns: u64,
-    /// 90th percentile of the same, ns.
-    pub p90_ns: u64,
-    /// Smallest, ns.
-    pub min_ns: u64,
-    /// Run time of the entry and exit programs per call, from bpf stats enabled for this
-    /// measurement only, ns.
-    pub programs_ns: Option<f64>,
-    /// What one traced call costs in all (programs, trampoline or kprobe, clock reads): the
-    /// time a call of the function takes with the pair attached minus without, ns. A call of a
-    /// traced function that runs inside another traced call adds this to the outer sample.
-    pub per_call_ns: Option<f64>,
-}
-
 /// The kind of iterator that lists the programs, and the function the kernel names it by.
 const PROG_ITER_KIND: &str = "bpf_prog";
 pub const PROG_ITER_FUNC: &str = "bpf_iter_bpf_prog";
-
-/// The function the floor is measured on.
-pub const FLOOR_FUNCTION: &str = "bpf_fentry_test1";
 
 impl Tracer {
     /// Measures the floor of `backend` with the programs of probe slot `slot` (a spare one)

@@ -39,6 +39,7 @@ use self::{
     kprobe::KprobeEvent,
     shared::Shared,
 };
+pub use crate::model::NotAttached;
 use crate::{
     probes::{Backend, Plan, Request, Resolution},
     snapshot::{CtxStats, HistData, ProbeStats, ProgCost, Snapshot},
@@ -455,15 +456,6 @@ pub struct Attached {
 fn same_function(a: &str, b: &str) -> bool {
     let base = |t: &str| t.split('.').next().unwrap_or(t).to_string();
     base(a) == base(b)
-}
-
-/// A probe that could not be attached, and why.
-#[derive(Debug, Clone)]
-pub struct NotAttached {
-    /// Display name.
-    pub name: String,
-    /// One line per candidate or backend tried.
-    pub reasons: Vec<String>,
 }
 
 /// The switch witness (`HeldSwitches`), attached for the kprobe slots whose deferred pairs it

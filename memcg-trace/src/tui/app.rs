@@ -67,7 +67,7 @@ pub struct Header {
     /// A recording being viewed (read-only), with its file name.
     pub recording: Option<String>,
     /// The instrumentation floor per latency backend in use.
-    pub floors: Vec<crate::tracer::checks::Floor>,
+    pub floors: Vec<crate::model::Floor>,
     /// What could not be calibrated (shown as a warning).
     pub calibration: Vec<String>,
 }
@@ -739,7 +739,7 @@ pub(crate) mod tests {
         // of the 500 us and of the workload's CPU.
         let mut app = App::new(
             Header {
-                floors: vec![crate::tracer::checks::Floor {
+                floors: vec![crate::model::Floor {
                     backend: Backend::Fentry,
                     calls: 1000,
                     p50_ns: 100,

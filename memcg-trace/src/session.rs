@@ -25,9 +25,10 @@ use crate::{
     export::{DaemonCost, Phase, RunMeta, Workload},
     figures::ratio,
     kernel::{self, Symbols},
+    model::{Floor, NotAttached},
     probes::{self, AttachMode, Backend, Request},
     snapshot::Snapshot,
-    tracer::{checks::Floor, LoadOptions, NotAttached, Tracer},
+    tracer::{Features, LoadOptions, Tracer},
     units::parse_duration,
     workload::{self, Memcg},
 };
@@ -140,6 +141,20 @@ impl Default for LiveArgs {
 }
 
 impl LiveArgs {
+    /// What the programs are to do beyond timing calls, as the command line asks (the
+    /// workload told by its memcg: as the session decides, `workload_memcg`).
+    pub fn features(&self, workload_memcg: bool) -> Features {
+        Features {
+            callers: self.callers,
+            stack_depth: self.callers_depth.unwrap_or(0),
+            stack_sample: self.callers_sample,
+            by_memcg: self.by_memcg,
+            workload_memcg,
+            probe_read: self.probe_read,
+            ebpf_log: self.ebpf_log,
+        }
+    }
+
     /// The workload's command line: the command, or the named workload's.
     pub fn argv(&self) -> Result<Vec<String>> {
         match &self.workload {
@@ -304,25 +319,13 @@ pub struct AttachOptions {
     pub workload_owned: bool,
     /// The depth of that cgroup below the v2 root (0: unknown).
     pub workload_level: u32,
-    /// Diagnostics from inside the programs.
-    pub ebpf_log: bool,
     /// bpf stats on for the whole run.
     pub bpf_stats: bool,
-    /// Context and switch counts through bpf_probe_read_kernel.
-    pub probe_read: bool,
     /// Fail when something could not be calibrated.
     pub strict: bool,
-    /// Count timed calls per call site.
-    pub callers: bool,
-    /// Count calls per charged memcg.
-    pub by_memcg: bool,
-    /// Frames of the sampled short stacks (0: none).
-    pub stack_depth: u32,
-    /// One entry in this many per CPU has its stack sampled.
-    pub stack_sample: u32,
-    /// Tell the workload's calls by the memcg they charge (the caller then hands the tracer
-    /// the workload's memcg, `Tracer::set_workload_memcg`).
-    pub workload_memcg: bool,
+    /// What the programs do beyond timing calls (with `workload_memcg`, the caller then hands
+    /// the tracer the workload's memcg, `Tracer::set_workload_memcg`).
+    pub features: Features,
     /// Measure the instrumentation floor of each latency backend in use.
     pub floor: bool,
     /// Fail unless every probe named with `--probe` attaches (the default set is best
@@ -338,17 +341,11 @@ impl AttachOptions {
             workload_cgroup: 0,
             workload_owned: false,
             workload_level: 0,
-            ebpf_log: false,
             bpf_stats: false,
-            probe_read: false,
             strict: false,
             floor: false,
             all_named: false,
-            callers: false,
-            by_memcg: false,
-            workload_memcg: false,
-            stack_depth: 0,
-            stack_sample: 1,
+            features: Features::default(),
         }
     }
 }
@@ -473,7 +470,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     let interest = interest(sel);
     let syms = Symbols::load(&btf, &interest)?;
     let reqs = requests(sel, &syms)?;
-    let memcg_paths = if o.by_memcg || o.workload_memcg {
+    let memcg_paths = if o.features.by_memcg || o.features.workload_memcg {
         memcg_paths(&btf, &reqs, &syms)
     } else {
         HashMap::new()
@@ -513,14 +510,8 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             probes: reqs.len() as u32 + 1,
             preemptible: interleave,
             kernel_preemptible: preemptible,
-            ebpf_log: o.ebpf_log,
-            probe_read: o.probe_read,
             no_kprobes: !syms.kprobes,
-            callers: o.callers,
-            by_memcg: o.by_memcg,
-            workload_memcg: o.workload_memcg,
-            stack_depth: o.stack_depth,
-            stack_sample: o.stack_sample,
+            features: o.features,
         },
         interest.iter().map(String::as_str),
     )?;
@@ -559,7 +550,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
                 }
             }
             let mut n = a.notes.clone();
-            if o.callers && !a.backend.has_latency() {
+            if o.features.callers && !a.backend.has_latency() {
                 n.push(format!(
                     "--callers: no call sites with {} (a tracepoint has no caller of its own to read); use --attach fentry or kprobe",
                     a.backend
@@ -568,18 +559,18 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             if let Some(arg) = a
                 .memcg_arg
                 .as_ref()
-                .filter(|_| o.by_memcg || o.workload_memcg)
+                .filter(|_| o.features.by_memcg || o.features.workload_memcg)
             {
                 n.push(format!(
                     "the charged memcg is read from its struct {arg} argument"
                 ));
             }
-            if (o.by_memcg || o.workload_memcg) && a.memcg_arg.is_none() {
+            if (o.features.by_memcg || o.features.workload_memcg) && a.memcg_arg.is_none() {
                 let mut why = vec![];
-                if o.by_memcg {
+                if o.features.by_memcg {
                     why.push("its calls are under memcg \"unknown\"");
                 }
-                if o.workload_memcg {
+                if o.features.workload_memcg {
                     why.push("the workload's calls are those its tasks make (by their cgroup v2 id: none in a v1 memcg)");
                 }
                 let because = if a.target.contains('.') {
@@ -1101,17 +1092,11 @@ impl Session {
                 workload_cgroup: cgid,
                 workload_owned: memcg.as_ref().is_some_and(|m| m.owned()),
                 workload_level: memcg.as_ref().map_or(0, |m| m.cgroup_level),
-                ebpf_log: args.ebpf_log,
                 bpf_stats: args.bpf_stats,
-                probe_read: args.probe_read,
                 strict: args.strict,
                 floor: true,
                 all_named: true,
-                callers: args.callers,
-                by_memcg: args.by_memcg,
-                workload_memcg,
-                stack_depth: args.callers_depth.unwrap_or(0),
-                stack_sample: args.callers_sample,
+                features: args.features(workload_memcg),
             },
         )?;
         if let Some(m) = memcg.as_ref().filter(|_| workload_memcg) {

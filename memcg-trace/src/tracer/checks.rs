@@ -40,8 +40,11 @@ impl TestRig {
                 preemptible,
                 kernel_preemptible: kprobe_defers,
                 // The sequences' calls go through the per-site and per-memcg counting too.
-                callers: true,
-                by_memcg: true,
+                features: super::Features {
+                    callers: true,
+                    by_memcg: true,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
         )?;

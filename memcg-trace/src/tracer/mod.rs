@@ -146,25 +146,49 @@ pub struct LoadOptions {
     pub preemptible: bool,
     /// The kernel preempts (see `Config::kprobe_defers`).
     pub kernel_preemptible: bool,
-    /// Diagnostics from inside the programs.
-    pub ebpf_log: bool,
-    /// Read the preempt count and the task's switch counts with `bpf_probe_read_kernel`, as
-    /// before direct reads (for the bench's before/after and as a way out should a kernel
-    /// refuse them).
-    pub probe_read: bool,
     /// No kprobe program can be attached on this kernel: the tracepoint programs may count in
     /// a per-CPU map (see `Config::tp_percpu`).
     pub no_kprobes: bool,
+    /// What the programs do beyond timing calls.
+    pub features: Features,
+}
+
+/// What the programs do beyond timing calls, and how they read the kernel: chosen on the
+/// command line, carried as one value through the session and the load into the programs'
+/// read-only config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
     /// Count the timed calls per call site (`--callers`).
     pub callers: bool,
-    /// Count the calls per charged memcg (`--by-memcg`).
-    pub by_memcg: bool,
-    /// Tell the workload's calls by the memcg they charge (see `Config::workload_memcg`).
-    pub workload_memcg: bool,
     /// Frames of the sampled short stacks, the call site included (0: none; with `callers`).
     pub stack_depth: u32,
     /// One entry in this many per CPU captures its stack.
     pub stack_sample: u32,
+    /// Count the calls per charged memcg (`--by-memcg`).
+    pub by_memcg: bool,
+    /// Tell the workload's calls by the memcg they charge (see `Config::workload_memcg`).
+    pub workload_memcg: bool,
+    /// Read the preempt count and the task's switch counts with `bpf_probe_read_kernel`, as
+    /// before direct reads (for the bench's before/after and as a way out should a kernel
+    /// refuse them).
+    pub probe_read: bool,
+    /// Diagnostics from inside the programs.
+    pub ebpf_log: bool,
+}
+
+impl Default for Features {
+    /// Timing alone: no breakdown, direct reads, no diagnostics.
+    fn default() -> Self {
+        Features {
+            callers: false,
+            stack_depth: 0,
+            stack_sample: 1,
+            by_memcg: false,
+            workload_memcg: false,
+            probe_read: false,
+            ebpf_log: false,
+        }
+    }
 }
 
 /// Makes the allocator serve every large allocation (128 KiB or more) from a mapping of its
@@ -217,18 +241,19 @@ fn load_object(
         workload_owned: o.workload_owned as u32,
         workload_level: o.workload_level,
         tp_percpu: o.no_kprobes as u32,
-        callers: o.callers as u32,
-        by_memcg: o.by_memcg as u32,
-        workload_memcg: o.workload_memcg as u32,
+        callers: o.features.callers as u32,
+        by_memcg: o.features.by_memcg as u32,
+        workload_memcg: o.features.workload_memcg as u32,
         // The frames shown and two more, for the tracer's own frames left out.
-        stack_depth: if o.callers && o.stack_depth > 0 {
-            (o.stack_depth.min(memcg_trace_common::STACK_SHOWN) + 2).min(STACK_DEPTH as u32)
+        stack_depth: if o.features.callers && o.features.stack_depth > 0 {
+            (o.features.stack_depth.min(memcg_trace_common::STACK_SHOWN) + 2)
+                .min(STACK_DEPTH as u32)
         } else {
             0
         },
-        stack_sample: o.stack_sample.max(1),
+        stack_sample: o.features.stack_sample.max(1),
     };
-    let level: u8 = if o.ebpf_log { 0xff } else { 0 };
+    let level: u8 = if o.features.ebpf_log { 0xff } else { 0 };
     let cells = cpus * probes * NUM_CTX as u32;
     let mut layout = *layout;
     // A copy aligned like the original, for the ELF parser, patched below.
@@ -238,9 +263,11 @@ fn load_object(
         unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), image.len()) };
     bytes.copy_from_slice(image);
     // Source lines are only for the verifier's messages: kept with --ebpf-log.
-    let mut changed = !o.ebpf_log && patch::drop_line_info(bytes)?;
+    let mut changed = !o.features.ebpf_log && patch::drop_line_info(bytes)?;
     // Direct reads (plain loads instead of bpf_probe_read_kernel calls) unless asked not to.
-    if !o.probe_read && !needs_probe_read(crate::kernel::version(&crate::kernel::release())) {
+    if !o.features.probe_read
+        && !needs_probe_read(crate::kernel::version(&crate::kernel::release()))
+    {
         layout.direct_task = 1;
         if layout.preempt_var_id != 0 && patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
             layout.direct_preempt = 1;
@@ -267,12 +294,18 @@ fn load_object(
         .map_max_entries(names::MAP_CELLS, cells)
         .map_max_entries(
             names::MAP_WORKLOAD_CELLS,
-            cpus * probes * workload_contexts(o.workload_memcg),
+            cpus * probes * workload_contexts(o.features.workload_memcg),
         )
         .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
         .map_max_entries(names::MAP_HELD_SWITCHES, cpus)
-        .map_max_entries(names::MAP_CALLERS, if o.callers { MAX_CALLERS } else { 1 })
-        .map_max_entries(names::MAP_MEMCGS, if o.by_memcg { MAX_MEMCGS } else { 1 })
+        .map_max_entries(
+            names::MAP_CALLERS,
+            if o.features.callers { MAX_CALLERS } else { 1 },
+        )
+        .map_max_entries(
+            names::MAP_MEMCGS,
+            if o.features.by_memcg { MAX_MEMCGS } else { 1 },
+        )
         .map_max_entries(
             names::MAP_STACKS,
             if config.stack_depth > 0 {
@@ -283,7 +316,7 @@ fn load_object(
         )
         .map_max_entries(
             names::MAP_WORKLOAD_MEMCGS,
-            if o.workload_memcg {
+            if o.features.workload_memcg {
                 MAX_WORKLOAD_MEMCGS
             } else {
                 1
@@ -376,9 +409,9 @@ pub fn slot_programs(backend: Backend, slot: u32, lean: bool) -> Vec<&'static st
 pub fn lean_programs(o: &LoadOptions, loaded: &KernelLayout) -> bool {
     loaded.direct_task != 0
         && loaded.direct_cgroup != 0
-        && !o.callers
-        && !o.by_memcg
-        && !o.workload_memcg
+        && !o.features.callers
+        && !o.features.by_memcg
+        && !o.features.workload_memcg
 }
 
 /// The kernel's run count, run time and recursion misses of a program: from its
@@ -583,7 +616,7 @@ impl Tracer {
     ) -> Result<Self> {
         let (mut ebpf, loaded, loader_btf) = load_object(layout, opts)?;
         let lean = lean_programs(opts, &loaded);
-        let logger = if opts.ebpf_log {
+        let logger = if opts.features.ebpf_log {
             Some(
                 EbpfLogger::init_with_logger(&mut ebpf, StderrLog)
                     .map_err(|e| anyhow!("eBPF log: {e}"))?,
@@ -599,7 +632,7 @@ impl Tracer {
                 .ok_or_else(|| anyhow!("map {name} missing from the object"))
         };
         let shared_cells = Shared::new(names::MAP_CELLS, map(names::MAP_CELLS)?, cells)?;
-        let workload_contexts = workload_contexts(opts.workload_memcg);
+        let workload_contexts = workload_contexts(opts.features.workload_memcg);
         let workload_cells = Shared::new(
             names::MAP_WORKLOAD_CELLS,
             map(names::MAP_WORKLOAD_CELLS)?,
@@ -619,7 +652,7 @@ impl Tracer {
         // The kernel's symbols are copied now, while they can be read.
         let mut calibration = Vec::new();
         let object = Object::chosen()?;
-        let names = if opts.callers {
+        let names = if opts.features.callers {
             let (n, why) = crate::callers::Names::new();
             if let Some(why) = why {
                 calibration.push(format!("--callers: call sites shown as addresses: {why}"));
@@ -628,7 +661,7 @@ impl Tracer {
         } else {
             Default::default()
         };
-        let callers = if opts.callers {
+        let callers = if opts.features.callers {
             let m = ebpf
                 .take_map(names::MAP_CALLERS)
                 .ok_or_else(|| anyhow!("map {} missing", names::MAP_CALLERS))?;
@@ -636,7 +669,7 @@ impl Tracer {
         } else {
             None
         };
-        let memcgs = if opts.by_memcg {
+        let memcgs = if opts.features.by_memcg {
             let m = ebpf
                 .take_map(names::MAP_MEMCGS)
                 .ok_or_else(|| anyhow!("map {} missing", names::MAP_MEMCGS))?;
@@ -644,7 +677,7 @@ impl Tracer {
         } else {
             None
         };
-        let stacks = if opts.callers && opts.stack_depth > 0 {
+        let stacks = if opts.features.callers && opts.features.stack_depth > 0 {
             let m = ebpf
                 .take_map(names::MAP_STACKS)
                 .ok_or_else(|| anyhow!("map {} missing", names::MAP_STACKS))?;
@@ -652,7 +685,7 @@ impl Tracer {
         } else {
             None
         };
-        let memcg_names = if opts.by_memcg {
+        let memcg_names = if opts.features.by_memcg {
             crate::memcgs::Names::new()
         } else {
             Default::default()
@@ -687,15 +720,15 @@ impl Tracer {
             calibration,
             started: Instant::now(),
             ended: None,
-            workload: opts.workload_cgroup != 0 || opts.workload_memcg,
+            workload: opts.workload_cgroup != 0 || opts.features.workload_memcg,
             workload_contexts,
             workload_memcg: None,
             memcg_paths: HashMap::new(),
             memcgs,
             memcg_names,
             stacks,
-            stack_sample: opts.stack_sample.max(1),
-            stack_shown: opts.stack_depth.min(memcg_trace_common::STACK_SHOWN),
+            stack_sample: opts.features.stack_sample.max(1),
+            stack_shown: opts.features.stack_depth.min(memcg_trace_common::STACK_SHOWN),
             cpus,
             probes,
             misses_offset: layout.stats_misses,
@@ -716,10 +749,10 @@ impl Tracer {
             ring,
             verifier: {
                 let mut v = Verifier::new(probes as usize);
-                if opts.callers {
+                if opts.features.callers {
                     v.callers = Some(Default::default());
                 }
-                if opts.by_memcg {
+                if opts.features.by_memcg {
                     v.memcgs = Some(Default::default());
                 }
                 v
@@ -1730,16 +1763,25 @@ mod tests {
         // Any setting the lean programs fold away as off takes the general ones.
         for o in [
             LoadOptions {
-                callers: true,
-                stack_depth: 4,
+                features: Features {
+                    callers: true,
+                    stack_depth: 4,
+                    ..usual.features
+                },
                 ..usual
             },
             LoadOptions {
-                by_memcg: true,
+                features: Features {
+                    by_memcg: true,
+                    ..usual.features
+                },
                 ..usual
             },
             LoadOptions {
-                workload_memcg: true,
+                features: Features {
+                    workload_memcg: true,
+                    ..usual.features
+                },
                 ..usual
             },
         ] {

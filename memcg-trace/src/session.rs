@@ -463,156 +463,16 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     if stale > 0 && o.verbosity == Verbosity::Normal {
         eprintln!("memcg-trace: removed {stale} kprobe events of an earlier run");
     }
-    let btf = kernel::open_btf()?;
-    let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
-    phases.end("btf");
-    stop_point("symbols")?;
-    let interest = interest(sel);
-    let syms = Symbols::load(&btf, &interest)?;
-    let reqs = requests(sel, &syms)?;
-    let memcg_paths = if o.features.by_memcg || o.features.workload_memcg {
-        memcg_paths(&btf, &reqs, &syms)
-    } else {
-        HashMap::new()
-    };
-    let task_clock_excludes = kernel::task_clock_excludes(&btf);
-    phases.end("symbols");
-    stop_point("masks")?;
-    // Ours (and, on kernels that cannot mmap it, its copy in memory) is gone before the
-    // object is loaded.
-    drop(btf);
-    crate::tracer::release_freed_memory();
-    let (layout, masks) = calibrate::masks(layout);
-    // What the calibration's load freed goes back to the system first, so that the tracer's
-    // load does not stack on a heap left fragmented.
-    crate::tracer::release_freed_memory();
-    phases.end("masks");
-    stop_point("load")?;
-    let mut calibration = Vec::new();
-    if masks.source != "calibrated" {
-        calibration.push(format!("context masks: {}", masks.source));
-    }
-    let release = kernel::release();
-    let model = kernel::preemption_model(kernel::config(&release).as_ref());
-    let preemptible = kernel::preemptible(&model);
-    // Without the context split, interrupt calls share the task slots: fentry programs then
-    // interleave on a CPU as they do on a preemptible kernel (kprobe programs never do), and
-    // are loaded and ordered as there.
-    let no_split = layout.no_context != 0;
-    let interleave = preemptible || no_split;
-    let mut tracer = Tracer::load(
-        &layout,
-        &LoadOptions {
-            workload_cgroup: o.workload_cgroup,
-            workload_owned: o.workload_owned,
-            workload_level: o.workload_level,
-            // One more slot than requested: the floor is measured in it.
-            probes: reqs.len() as u32 + 1,
-            preemptible: interleave,
-            kernel_preemptible: preemptible,
-            no_kprobes: !syms.kprobes,
-            features: o.features,
-        },
-        interest.iter().map(String::as_str),
-    )?;
-    tracer.masks = Some(masks);
-    tracer.memcg_paths = memcg_paths;
-    tracer.task_clock_excludes = task_clock_excludes;
-    if let Some(what) = task_clock_excludes {
-        tracer.off_cpu.push_str(&format!(
-            "; this kernel's task clock leaves out {what}: the {what} on a CPU while a task is away from it is not in its time off the CPU, which is then a lower bound (its time on the CPU, and the shares of CPU, upper bounds)"
-        ));
-    }
-    phases.end("load");
+
+    let kernel = inspect_kernel(sel, &o.features, &mut phases)?;
+    let (mut tracer, preemption, mut calibration) = load(&kernel, &o, &mut phases)?;
     if o.bpf_stats {
         // Before the first program is attached, so that the kernel counts every run.
         tracer.stats_for_the_whole_run()?;
     }
-    let mut notes = HashMap::new();
-    for (i, req) in reqs.iter().enumerate() {
-        stop_point(&format!("attach-{i}"))?;
-        let mut res = probes::resolve(req, sel.attach.order(interleave), &syms);
-        if sel.attach == AttachMode::Auto {
-            if preemptible {
-                res.notes.push(probes::PREEMPTIBLE_NOTE.into());
-            } else if no_split {
-                res.notes.push(probes::NO_SPLIT_NOTE.into());
-            }
-        }
-        if tracer.attach(req, &res) {
-            let a = tracer.attached.last().expect("just attached");
-            if o.verbosity == Verbosity::Normal {
-                eprintln!("memcg-trace: {} -> {} via {}", a.name, a.target, a.backend);
-                for n in a.notes.iter().filter(|n| {
-                    n.starts_with(&format!("{}:", Backend::Fentry)) || n.contains(": Operation")
-                }) {
-                    eprintln!("memcg-trace:   ({n})");
-                }
-            }
-            let mut n = a.notes.clone();
-            if o.features.callers && !a.backend.has_latency() {
-                n.push(format!(
-                    "--callers: no call sites with {} (a tracepoint has no caller of its own to read); use --attach fentry or kprobe",
-                    a.backend
-                ));
-            }
-            if let Some(arg) = a
-                .memcg_arg
-                .as_ref()
-                .filter(|_| o.features.by_memcg || o.features.workload_memcg)
-            {
-                n.push(format!(
-                    "the charged memcg is read from its struct {arg} argument"
-                ));
-            }
-            if (o.features.by_memcg || o.features.workload_memcg) && a.memcg_arg.is_none() {
-                let mut why = vec![];
-                if o.features.by_memcg {
-                    why.push("its calls are under memcg \"unknown\"");
-                }
-                if o.features.workload_memcg {
-                    why.push("the workload's calls are those its tasks make (by their cgroup v2 id: none in a v1 memcg)");
-                }
-                let because = if a.target.contains('.') {
-                    format!(
-                        "{} is a compiler clone, whose arguments are not known",
-                        a.target
-                    )
-                } else {
-                    format!(
-                        "{} takes no mem_cgroup, obj_cgroup, lruvec, css or cgroup first",
-                        a.target
-                    )
-                };
-                n.push(format!(
-                    "the charged memcg is not read ({because}): {}",
-                    why.join("; ")
-                ));
-            }
-            notes.insert(a.name.clone(), n);
-        } else {
-            let f = tracer.failed.last().expect("just failed");
-            if matches!(req, Request::Func(_)) || (o.all_named && !sel.probe.is_empty()) {
-                bail!("cannot trace {}: {}", f.name, f.reasons.join("; "));
-            }
-            if o.verbosity == Verbosity::Normal {
-                eprintln!(
-                    "memcg-trace: {} not attached: {}",
-                    f.name,
-                    f.reasons.join("; ")
-                );
-            }
-        }
-    }
-    if tracer.attached.is_empty() {
-        let why: Vec<String> = tracer
-            .failed
-            .iter()
-            .map(|f| format!("{}: {}", f.name, f.reasons.join("; ")))
-            .collect();
-        bail!("no probe could be attached ({})", why.join(" | "));
-    }
-    if interleave
+
+    let notes = attach_each(&mut tracer, sel, &kernel, &preemption, &o)?;
+    if preemption.interleave
         && crate::tracer::Object::chosen()? == crate::tracer::Object::Legacy
         && tracer.attached.iter().any(|a| a.backend == Backend::Fentry)
     {
@@ -622,22 +482,15 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
     }
     calibration.append(&mut tracer.calibration);
     phases.end("attach");
-    let mut floors = Vec::new();
-    if o.floor {
-        let mut backends: Vec<Backend> = tracer.attached.iter().map(|a| a.backend).collect();
-        backends.sort();
-        backends.dedup();
-        for b in backends.into_iter().filter(|b| b.has_latency()) {
-            stop_point(&format!("floor-{b}"))?;
-            match tracer.measure_floor(b, reqs.len() as u32, FLOOR_CALLS) {
-                Ok(f) => floors.push(f),
-                Err(e) => calibration.push(format!("{b} floor: {e:#}")),
-            }
-        }
-    }
-    if o.floor {
+
+    let floors = if o.floor {
+        let floors = measure_floors(&mut tracer, kernel.requests.len(), &mut calibration)?;
         phases.end("floor");
-    }
+        floors
+    } else {
+        Vec::new()
+    };
+
     for c in &calibration {
         if o.strict {
             bail!("calibration fell short (--strict): {c}");
@@ -652,8 +505,262 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
         floors,
         calibration,
         phases: phases.done,
-        preemption_model: model,
+        preemption_model: preemption.model,
     })
+}
+
+/// What start-up reads of the kernel before loading anything: the offsets, the functions and
+/// tracepoints there are, the probes requested as this kernel can have them.
+struct KernelView {
+    layout: kernel::Layout,
+    /// Every name resolution may ask about (`interest`).
+    interest: HashSet<String>,
+    symbols: Symbols,
+    requests: Vec<Request>,
+    /// How to reach the charged memcg from each target's argument (with a memcg feature).
+    memcg_paths: HashMap<(bool, String), (String, memcg_trace_common::MemcgPath)>,
+    /// What this kernel's task clock leaves out (`kernel::task_clock_excludes`).
+    task_clock_excludes: Option<&'static str>,
+}
+
+/// Reads the kernel's BTF and symbols (phases "btf" and "symbols"); the BTF is released
+/// before returning.
+fn inspect_kernel(sel: &ProbeSel, features: &Features, phases: &mut Phases) -> Result<KernelView> {
+    let btf = kernel::open_btf()?;
+    let layout = kernel::layout(&btf).context("reading kernel layout from BTF")?;
+    phases.end("btf");
+
+    stop_point("symbols")?;
+    let interest = interest(sel);
+    let symbols = Symbols::load(&btf, &interest)?;
+    let requests = requests(sel, &symbols)?;
+    let memcg_paths = if features.by_memcg || features.workload_memcg {
+        memcg_paths(&btf, &requests, &symbols)
+    } else {
+        HashMap::new()
+    };
+    let task_clock_excludes = kernel::task_clock_excludes(&btf);
+    phases.end("symbols");
+    Ok(KernelView {
+        layout,
+        interest,
+        symbols,
+        requests,
+        memcg_paths,
+        task_clock_excludes,
+    })
+}
+
+/// How this kernel preempts, and what that means for the programs.
+struct Preemption {
+    /// The preemption model (`kernel::preemption_model`).
+    model: String,
+    /// The kernel preempts tasks in kernel code.
+    preemptible: bool,
+    /// No context split on this kernel (no per-CPU offsets).
+    no_split: bool,
+    /// fentry programs can interleave on a CPU: a preemptible kernel, or, without the context
+    /// split, interrupt calls sharing the task slots (kprobe programs never do). They are
+    /// loaded and ordered as there.
+    interleave: bool,
+}
+
+/// Calibrates the context masks (phase "masks") and loads the programs (phase "load"); says
+/// what could not be calibrated.
+fn load(
+    kernel: &KernelView,
+    o: &AttachOptions,
+    phases: &mut Phases,
+) -> Result<(Tracer, Preemption, Vec<String>)> {
+    stop_point("masks")?;
+    // The BTF (and, on kernels that cannot mmap it, its copy in memory) is gone before the
+    // object is loaded.
+    crate::tracer::release_freed_memory();
+    let (layout, masks) = calibrate::masks(kernel.layout.clone());
+    // What the calibration's load freed goes back to the system first, so that the tracer's
+    // load does not stack on a heap left fragmented.
+    crate::tracer::release_freed_memory();
+    phases.end("masks");
+
+    stop_point("load")?;
+    let mut calibration = Vec::new();
+    if masks.source != "calibrated" {
+        calibration.push(format!("context masks: {}", masks.source));
+    }
+    let release = kernel::release();
+    let model = kernel::preemption_model(kernel::config(&release).as_ref());
+    let preemptible = kernel::preemptible(&model);
+    let no_split = layout.no_context != 0;
+    let preemption = Preemption {
+        model,
+        preemptible,
+        no_split,
+        interleave: preemptible || no_split,
+    };
+    let mut tracer = Tracer::load(
+        &layout,
+        &LoadOptions {
+            workload_cgroup: o.workload_cgroup,
+            workload_owned: o.workload_owned,
+            workload_level: o.workload_level,
+            // One more slot than requested: the floor is measured in it.
+            probes: kernel.requests.len() as u32 + 1,
+            preemptible: preemption.interleave,
+            kernel_preemptible: preemptible,
+            no_kprobes: !kernel.symbols.kprobes,
+            features: o.features,
+        },
+        kernel.interest.iter().map(String::as_str),
+    )?;
+    tracer.masks = Some(masks);
+    tracer.memcg_paths = kernel.memcg_paths.clone();
+    tracer.task_clock_excludes = kernel.task_clock_excludes;
+    if let Some(what) = kernel.task_clock_excludes {
+        tracer.off_cpu.push_str(&format!(
+            "; this kernel's task clock leaves out {what}: the {what} on a CPU while a task is away from it is not in its time off the CPU, which is then a lower bound (its time on the CPU, and the shares of CPU, upper bounds)"
+        ));
+    }
+    phases.end("load");
+    Ok((tracer, preemption, calibration))
+}
+
+/// Attaches each requested probe (stop points "attach-N"), saying which backend took it;
+/// the resolution notes per probe attached. Fails where a probe named on the command line (or
+/// any `--func`) cannot be traced, or where nothing could be.
+fn attach_each(
+    tracer: &mut Tracer,
+    sel: &ProbeSel,
+    kernel: &KernelView,
+    preemption: &Preemption,
+    o: &AttachOptions,
+) -> Result<HashMap<String, Vec<String>>> {
+    let mut notes = HashMap::new();
+    for (i, req) in kernel.requests.iter().enumerate() {
+        stop_point(&format!("attach-{i}"))?;
+        let mut resolution = probes::resolve(
+            req,
+            sel.attach.order(preemption.interleave),
+            &kernel.symbols,
+        );
+        if sel.attach == AttachMode::Auto {
+            if preemption.preemptible {
+                resolution.notes.push(probes::PREEMPTIBLE_NOTE.into());
+            } else if preemption.no_split {
+                resolution.notes.push(probes::NO_SPLIT_NOTE.into());
+            }
+        }
+
+        if tracer.attach(req, &resolution) {
+            let attached = tracer.attached.last().expect("just attached");
+            if o.verbosity == Verbosity::Normal {
+                eprintln!(
+                    "memcg-trace: {} -> {} via {}",
+                    attached.name, attached.target, attached.backend
+                );
+                for note in attached.notes.iter().filter(|n| {
+                    n.starts_with(&format!("{}:", Backend::Fentry)) || n.contains(": Operation")
+                }) {
+                    eprintln!("memcg-trace:   ({note})");
+                }
+            }
+            let mut said = attached.notes.clone();
+            said.extend(feature_notes(attached, &o.features));
+            notes.insert(attached.name.clone(), said);
+            continue;
+        }
+
+        let failed = tracer.failed.last().expect("just failed");
+        if matches!(req, Request::Func(_)) || (o.all_named && !sel.probe.is_empty()) {
+            bail!(
+                "cannot trace {}: {}",
+                failed.name,
+                failed.reasons.join("; ")
+            );
+        }
+        if o.verbosity == Verbosity::Normal {
+            eprintln!(
+                "memcg-trace: {} not attached: {}",
+                failed.name,
+                failed.reasons.join("; ")
+            );
+        }
+    }
+
+    if tracer.attached.is_empty() {
+        let why: Vec<String> = tracer
+            .failed
+            .iter()
+            .map(|f| format!("{}: {}", f.name, f.reasons.join("; ")))
+            .collect();
+        bail!("no probe could be attached ({})", why.join(" | "));
+    }
+    Ok(notes)
+}
+
+/// What an attached probe's notes say of the features asked for: no call sites on a
+/// counts-only backend, and where the charged memcg is read from (or why it is not).
+fn feature_notes(attached: &crate::tracer::Attached, features: &Features) -> Vec<String> {
+    let mut notes = Vec::new();
+    if features.callers && !attached.backend.has_latency() {
+        notes.push(format!(
+            "--callers: no call sites with {} (a tracepoint has no caller of its own to read); use --attach fentry or kprobe",
+            attached.backend
+        ));
+    }
+    if !(features.by_memcg || features.workload_memcg) {
+        return notes;
+    }
+    if let Some(arg) = attached.memcg_arg.as_ref() {
+        notes.push(format!(
+            "the charged memcg is read from its struct {arg} argument"
+        ));
+        return notes;
+    }
+    let mut why = vec![];
+    if features.by_memcg {
+        why.push("its calls are under memcg \"unknown\"");
+    }
+    if features.workload_memcg {
+        why.push("the workload's calls are those its tasks make (by their cgroup v2 id: none in a v1 memcg)");
+    }
+    let because = if attached.target.contains('.') {
+        format!(
+            "{} is a compiler clone, whose arguments are not known",
+            attached.target
+        )
+    } else {
+        format!(
+            "{} takes no mem_cgroup, obj_cgroup, lruvec, css or cgroup first",
+            attached.target
+        )
+    };
+    notes.push(format!(
+        "the charged memcg is not read ({because}): {}",
+        why.join("; ")
+    ));
+    notes
+}
+
+/// Measures the instrumentation floor of each latency backend attached, in the spare probe
+/// slot after the `requested` ones (stop points "floor-BACKEND"); a floor that cannot be
+/// measured is said in `calibration`.
+fn measure_floors(
+    tracer: &mut Tracer,
+    requested: usize,
+    calibration: &mut Vec<String>,
+) -> Result<Vec<Floor>> {
+    let mut backends: Vec<Backend> = tracer.attached.iter().map(|a| a.backend).collect();
+    backends.sort();
+    backends.dedup();
+    let mut floors = Vec::new();
+    for backend in backends.into_iter().filter(|b| b.has_latency()) {
+        stop_point(&format!("floor-{backend}"))?;
+        match tracer.measure_floor(backend, requested as u32, FLOOR_CALLS) {
+            Ok(floor) => floors.push(floor),
+            Err(e) => calibration.push(format!("{backend} floor: {e:#}")),
+        }
+    }
+    Ok(floors)
 }
 
 /// How a live trace ended.

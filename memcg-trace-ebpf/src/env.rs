@@ -1,0 +1,165 @@
+//! What the pairing logic asks of the kernel, behind a trait: the real kernel (`Kernel`), or the
+//! self-test's scripted one (`Given`, in `selftest`).
+
+use crate::*;
+
+/// What the pairing reads from the running kernel, or, in the self-test, from given inputs.
+pub(crate) trait Env {
+    /// `bpf_ktime_get_ns()`.
+    fn now(&self) -> u64;
+    /// This CPU's number.
+    fn cpu(&self) -> u32;
+    /// The context the program runs in (None: unreadable).
+    fn context(&self) -> Option<u32>;
+    /// The current task (read once per run, passed to the two below).
+    fn task(&self) -> u64;
+    /// The current task's switch count (`read_switches`).
+    fn switches(&self, task: u64) -> u64;
+    /// The current task's off-CPU clock (`read_off_clock`).
+    fn clock(&self, task: u64) -> u64;
+    /// The current task's `se.nr_migrations` (see `Pending::migrations`).
+    fn migrations(&self, task: u64) -> u64;
+    /// Whether the current task belongs to the workload's cgroup.
+    fn in_workload(&self, task: u64) -> bool;
+    /// Whether counter and histogram updates must be atomic: programs that can be preempted
+    /// (fentry on preemptible kernels) may interleave with another run on the same CPU.
+    fn atomic(&self) -> bool;
+    /// The recursion misses of `probe`'s fentry program on this CPU, when known.
+    fn entry_misses(&self, probe: u32) -> Option<u64>;
+    /// Whether the task clocks of different CPUs are comparable (a migrated call's time off
+    /// the CPU is known).
+    fn cross_cpu_clock(&self) -> bool;
+    /// This CPU's nesting stack (self time); None where runs can interleave on one CPU
+    /// (fentry on preemptible kernels), which would tear it.
+    fn nest(&self) -> Option<&'static mut Nest>;
+    /// This CPU's state.
+    fn state(&self) -> St;
+    /// The self-test, whose sequences run with no program attached.
+    fn testing(&self) -> bool {
+        false
+    }
+    /// What kind of thread `task` (from `task()`) is: [`THREAD_IRQ`], [`THREAD_SOFTIRQ`] or
+    /// [`THREAD_OTHER`]; always the last where threads do no interrupt work.
+    fn thread_kind(&self, _task: u64) -> u32 {
+        THREAD_OTHER
+    }
+    /// A lean program (`names::FENTRY_LEAN`): built for the usual settings, which the loader
+    /// chose it for (no call sites, stacks or charged memcgs; plain loads of the task and its
+    /// cgroup: userspace's `lean_programs`). Its tests of those settings are constants, so the
+    /// compiler drops the code they guard and the loads of the settings.
+    fn lean(&self) -> bool {
+        false
+    }
+}
+
+/// The running kernel.
+pub(crate) struct Kernel {
+    pub(crate) st: St,
+    /// fentry/fexit programs run preemptible on preemptible kernels.
+    pub(crate) preemptible: bool,
+    /// A lean program (see `Env::lean`).
+    pub(crate) lean: bool,
+}
+
+impl Env for Kernel {
+    #[inline(always)]
+    fn now(&self) -> u64 {
+        // SAFETY: helper without preconditions.
+        unsafe { bpf_ktime_get_ns() }
+    }
+    #[inline(always)]
+    fn cpu(&self) -> u32 {
+        self.st.cpu()
+    }
+    #[inline(always)]
+    fn context(&self) -> Option<u32> {
+        read_context(self.st, self.lean)
+    }
+    #[inline(always)]
+    fn task(&self) -> u64 {
+        current_task(self.st, self.lean)
+    }
+    #[inline(always)]
+    fn switches(&self, task: u64) -> u64 {
+        read_switches(task, self.lean)
+    }
+    #[inline(always)]
+    fn clock(&self, task: u64) -> u64 {
+        read_off_clock(task, self.lean)
+    }
+    #[inline(always)]
+    fn migrations(&self, task: u64) -> u64 {
+        read_task_u64(layout(), task, layout().task_migrations, self.lean)
+    }
+    #[inline(always)]
+    fn thread_kind(&self, task: u64) -> u32 {
+        let l = layout();
+        // On a read-only field: the verifier drops the load where it is 0.
+        if l.task_comm == 0 {
+            return THREAD_OTHER;
+        }
+        thread_kind_of(read_task_u32(l, task, l.task_comm, self.lean))
+    }
+    #[inline(always)]
+    fn cross_cpu_clock(&self) -> bool {
+        layout().cross_cpu_clock != 0
+    }
+    #[inline(always)]
+    fn in_workload(&self, task: u64) -> bool {
+        let c = config();
+        let w = c.workload_cgroup;
+        if w == 0 {
+            return false;
+        }
+        let l = layout();
+        if self.lean || (l.direct_task != 0 && l.direct_cgroup != 0) {
+            let cgrp = dfl_cgrp(l, task);
+            // SAFETY: `st` is this CPU's state, written only by this CPU's programs and only
+            // through its pointer.
+            let cache = unsafe { core::ptr::addr_of_mut!((*self.st.0).workload_cgrp) };
+            if c.workload_owned != 0 && cgrp as u64 == unsafe { core::ptr::read(cache) } {
+                return true;
+            }
+            if cgrp_id(l, cgrp) != w {
+                return under_workload(c);
+            }
+            if c.workload_owned != 0 {
+                // SAFETY: as above.
+                unsafe { core::ptr::write(cache, cgrp as u64) };
+            }
+            return true;
+        }
+        cgroup_id(task) == w || under_workload(c)
+    }
+    #[inline(always)]
+    fn atomic(&self) -> bool {
+        self.preemptible && config().preemptible != 0
+    }
+    #[inline(always)]
+    fn state(&self) -> St {
+        self.st
+    }
+    #[inline(always)]
+    fn lean(&self) -> bool {
+        self.lean
+    }
+    #[inline(always)]
+    fn nest(&self) -> Option<&'static mut Nest> {
+        if self.atomic() {
+            return None;
+        }
+        // SAFETY: this CPU's state, valid for the run; only this CPU's programs, which do not
+        // interleave here, touch its stack.
+        Some(unsafe { &mut (*self.st.0).nest })
+    }
+    #[inline(always)]
+    fn entry_misses(&self, probe: u32) -> Option<u64> {
+        // SAFETY: pointer from a successful map lookup.
+        let p = unsafe { *PROG_MISSES.get_ptr(probe)? };
+        if p == 0 || self.st.pcpu_offset() == 0 {
+            return None;
+        }
+        // SAFETY: a per-CPU counter of a loaded program, read through the fault-safe helper.
+        unsafe { bpf_probe_read_kernel((p + self.st.pcpu_offset()) as *const u64) }.ok()
+    }
+}

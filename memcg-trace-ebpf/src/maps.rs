@@ -1,0 +1,96 @@
+//! The maps the programs share with userspace and among themselves.
+
+use crate::*;
+
+/// Counters and histogram by (CPU, probe, context); each CPU writes its own region, userspace
+/// maps the array and sums the regions. Sized by userspace at load.
+#[map]
+pub(crate) static CELLS: Array<Cell> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// The workload's calls by (CPU, probe[, context]) (see `workload_cell`), timed and their exits
+/// counted there instead of in CELLS (see `Cell`).
+#[map]
+pub(crate) static WORKLOAD_CELLS: Array<Cell> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Deferred pairs for userspace to confirm. Sized by userspace at load.
+#[map]
+pub(crate) static DEFERRED: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+
+/// This CPU's number and the address of its preempt count, found once and verified; its
+/// nesting sums; the calls waiting for their exit.
+#[map]
+pub(crate) static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per probe slot: WINDOW_OPEN while both programs of the slot are attached (set by userspace).
+#[map]
+pub(crate) static WINDOW: Array<u64> = Array::with_max_entries(MAX_PROBES as u32, 0);
+
+/// Timed calls per call site (`--callers`), sized by userspace: 1 entry when off.
+#[map]
+pub(crate) static CALLERS: HashMap<CallerKey, CallerStat> = HashMap::with_max_entries(1, 0);
+
+/// Calls per charged memcg (`--by-memcg`), sized by userspace: 1 entry when off.
+#[map]
+pub(crate) static MEMCGS: HashMap<MemcgKey, CallerStat> = HashMap::with_max_entries(1, 0);
+
+/// Per probe slot: how to reach the charged memcg from the first argument (set by userspace
+/// when the probe is attached).
+#[map]
+pub(crate) static MEMCG_PATH: Array<MemcgPath> = Array::with_max_entries(MAX_PROBES as u32, 0);
+
+/// Whether a memcg is the workload's (`Config::workload_memcg`; `names::MAP_WORKLOAD_MEMCGS`):
+/// `MEMCG_IN_WORKLOAD` for its subtree (userspace, each tick) and the verdicts of the climbs
+/// (`memcg_in_workload`); sized 1 when unused.
+#[map]
+pub(crate) static WORKLOAD_MEMCGS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(1, 0);
+
+/// The workload's memcg id, where a climb stops (written by userspace before any call counts).
+#[map]
+pub(crate) static WORKLOAD_ROOT: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Per CPU and probe slot: the memcg the last call's argument led to (see `charged_memcg`).
+#[map]
+pub(crate) static MEMCG_MEMO: PerCpuArray<MemcgMemo> =
+    PerCpuArray::with_max_entries(MAX_PROBES as u32, 0);
+
+/// The end of a probe's memcg path (`MemcgPath`) for one argument: a call with the same
+/// argument whose first hop reads the same, and whose kernfs node still holds the memcg's id,
+/// is taken to charge the same memcg, without the rest of the chase. What lies past the first
+/// hop does not change while that hop's object lives (a memcg's css, cgroup and kernfs node are
+/// its own for life); the first hop is what does (an object cgroup is moved to the parent memcg
+/// when its memcg goes offline). The id read again through the kernfs node catches a memcg
+/// removed and another made at the same addresses, node included (kernfs ids are never
+/// reused); not one made at the same addresses with its node elsewhere while the old node's
+/// memory still holds the old id, between two calls of the probe on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct MemcgMemo {
+    /// Odd while a run writes it: a run nested in that one (an interrupt's call of the same
+    /// probe, where the kernel does not keep a program from running nested in itself, as
+    /// fentry before 5.12) neither reads nor writes it; a read that finds it moved is dropped.
+    pub(crate) seq: u64,
+    /// The argument (0: empty).
+    pub(crate) arg: u64,
+    /// What its first hop read.
+    pub(crate) hop: u64,
+    /// The memcg found (`Charged`), and whether it is the workload's where that was asked
+    /// (a memcg's place in the tree does not change).
+    pub(crate) id: u64,
+    pub(crate) kn: u64,
+    pub(crate) verdict: u64,
+}
+
+/// Sampled short stacks (`--callers-depth`): entries per stack, sized by userspace: 1 entry
+/// when off.
+#[map]
+pub(crate) static STACKS: HashMap<StackKey, u64> = HashMap::with_max_entries(1, 0);
+
+/// One zeroed `CallerStat`: the value a new call site starts from (too large for the stack).
+#[map]
+pub(crate) static CALLER_ZERO: Array<CallerStat> = Array::with_max_entries(1, 0);
+
+/// Per probe slot: the per-CPU address of the fentry program's recursion-miss counter (its
+/// `prog->stats` plus the offset of `misses`), filled in by userspace before the program is
+/// attached; 0 when unknown.
+#[map]
+pub(crate) static PROG_MISSES: Array<u64> = Array::with_max_entries(MAX_PROBES as u32, 0);

@@ -1,0 +1,92 @@
+//! What a task call spent off the CPU: the task's switch counts and the scheduler's clock, read
+//! as plain loads where the verifier allows.
+
+use crate::*;
+
+/// `nvcsw + nivcsw` of `task` (from `current_task`): changes whenever the task leaves the CPU.
+/// Two counters, each a word the scheduler only increments: no read can make a switch up.
+#[inline(always)]
+pub(crate) fn read_switches(task: u64, lean: bool) -> u64 {
+    let l = layout();
+    if !lean && l.direct_task == 0 && l.switches_adjacent != 0 {
+        // One helper call instead of two: nivcsw follows nvcsw in every kernel so far.
+        // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
+        let [v, iv]: [u64; 2] =
+            unsafe { bpf_probe_read_kernel((task + l.task_nvcsw) as *const [u64; 2]) }
+                .unwrap_or([0, 0]);
+        return v.wrapping_add(iv);
+    }
+    read_task_u64(l, task, l.task_nvcsw, lean).wrapping_add(read_task_u64(
+        l,
+        task,
+        l.task_nivcsw,
+        lean,
+    ))
+}
+
+/// The off-CPU clock of `task` (from `current_task`): `se.exec_start - se.sum_exec_runtime`,
+/// which moves by exactly the time the task is away from the CPU (see
+/// `memcg_trace_common::off_cpu`). The scheduler updates the two together, and can do so
+/// between this program's two reads: a tick on this CPU interrupting it, or another CPU reading
+/// the task's runtime. Every update moves `exec_start`, so a pair is taken only when
+/// `exec_start` reads the same before and after `sum_exec_runtime` (a second try at most).
+/// That check cannot see one interleaving: the scheduler stores `exec_start` before
+/// `sum_exec_runtime`, so an update from another CPU (`task_sched_runtime`, under this CPU's
+/// runqueue lock) whose first store lands before our first read and whose second lands after
+/// our read of the sum gives (new `exec_start`, old sum): off by the task's runtime since its
+/// last update. Both our reads must fall in the few instructions between its two stores; the
+/// result is then either beyond the call's wall time, which `off_cpu` makes unknown, or inside
+/// it and wrong. (On arm64 the plain loads of a direct read may also be reordered.) No
+/// sequence count guards the pair in the kernel, so no reader can do better.
+#[inline(always)]
+pub(crate) fn read_off_clock(task: u64, lean: bool) -> u64 {
+    let l = layout();
+    let (xo, so) = (l.task_exec_start, l.task_sum_exec);
+    let (mut x, mut s) = if !lean && l.direct_task == 0 && l.clock_adjacent != 0 {
+        // One helper call for both: sum_exec_runtime follows exec_start in every kernel so far.
+        // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
+        let [x, s]: [u64; 2] =
+            unsafe { bpf_probe_read_kernel((task + xo) as *const [u64; 2]) }.unwrap_or([0, 0]);
+        (x, s)
+    } else {
+        let x = read_task_u64(l, task, xo, lean);
+        (x, read_task_u64(l, task, so, lean))
+    };
+    for _ in 0..2 {
+        let again = read_task_u64(l, task, xo, lean);
+        if again == x {
+            break;
+        }
+        x = again;
+        s = read_task_u64(l, task, so, lean);
+    }
+    x.wrapping_sub(s)
+}
+
+/// A u64 of `task` (from `current_task`) at offset `off`: a plain load where the layout allows
+/// (volatile, so that two reads of one field stay two reads), else the fault-safe helper.
+#[inline(always)]
+pub(crate) fn read_task_u64(l: &KernelLayout, task: u64, off: u64, lean: bool) -> u64 {
+    if lean || l.direct_task != 0 {
+        // SAFETY: the verifier's trusted task_struct pointer; it checks the load against the
+        // type.
+        return unsafe {
+            core::ptr::read_volatile((task as *const u8).add(off as usize) as *const u64)
+        };
+    }
+    // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
+    unsafe { bpf_probe_read_kernel((task + off) as *const u64) }.unwrap_or(0)
+}
+
+/// A u32 of `task` (from `current_task`) at offset `off`, as [`read_task_u64`] reads a u64.
+#[inline(always)]
+pub(crate) fn read_task_u32(l: &KernelLayout, task: u64, off: u64, lean: bool) -> u32 {
+    if lean || l.direct_task != 0 {
+        // SAFETY: as in read_task_u64.
+        return unsafe {
+            core::ptr::read_volatile((task as *const u8).add(off as usize) as *const u32)
+        };
+    }
+    // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
+    unsafe { bpf_probe_read_kernel((task + off) as *const u32) }.unwrap_or(0)
+}

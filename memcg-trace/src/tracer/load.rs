@@ -1,0 +1,364 @@
+//! Loading the object: which one for this kernel, the options and features it is loaded with,
+//! the globals and map sizes patched in, the programs attached and detached.
+
+use super::*;
+
+/// The eBPF object built by build.rs from memcg-trace-ebpf.
+pub(super) static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memcg-trace"));
+
+/// The same programs built for kernels before 5.19 (the eBPF crate's feature `legacy`).
+pub(super) static EBPF_LEGACY: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memcg-trace-legacy"));
+
+/// The environment variable that overrides the choice of object (`full` or `legacy`).
+pub const OBJECT_ENV: &str = "MEMCG_TRACE_BPF_OBJECT";
+
+/// Which build of the eBPF programs is loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Object {
+    /// Every feature: the migrated-call search (`bpf_loop`, 5.17; `bpf_map_lookup_percpu_elem`,
+    /// 5.19) and atomic claims of task slots (compare-and-swap, 5.12).
+    Full,
+    /// For kernels before 5.19: no migrated-call search (such a call's exit is counted
+    /// unmatched, its entry goes stale) and plain claims (sound only where programs cannot be
+    /// preempted).
+    Legacy,
+}
+
+impl Object {
+    /// The object for a kernel of this (major, minor) version (unknown: the full one).
+    pub fn for_kernel(version: Option<(u32, u32)>) -> Object {
+        match version {
+            Some(v) if v < (5, 19) => Object::Legacy,
+            _ => Object::Full,
+        }
+    }
+
+    /// The object for the running kernel, or the one `MEMCG_TRACE_BPF_OBJECT` names.
+    pub fn chosen() -> Result<Object> {
+        match std::env::var(OBJECT_ENV).ok().as_deref() {
+            None | Some("") | Some("auto") => Ok(Object::for_kernel(crate::kernel::version(
+                &crate::kernel::release(),
+            ))),
+            Some("full") => Ok(Object::Full),
+            Some("legacy") => Ok(Object::Legacy),
+            Some(x) => bail!("{OBJECT_ENV}={x}: expected auto, full or legacy"),
+        }
+    }
+
+    pub fn bytes(self) -> &'static [u8] {
+        match self {
+            Object::Full => EBPF_OBJECT,
+            Object::Legacy => EBPF_LEGACY,
+        }
+    }
+}
+
+/// Whether the kernel lacks `bpf_get_current_task_btf` (5.11), which the direct reads of the
+/// task need: they are then made through `bpf_probe_read_kernel`, as with `--probe-read`.
+pub fn needs_probe_read(version: Option<(u32, u32)>) -> bool {
+    version.is_some_and(|v| v < (5, 11))
+}
+
+/// Bytes of the ring buffer of deferred pairs (24 bytes and a header each).
+const DEFERRED_BYTES: u32 = 1 << 20;
+
+/// How the object is loaded.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// cgroup v2 id of the workload's cgroup (0: none).
+    pub workload_cgroup: u64,
+    /// memcg-trace created that cgroup and removes it only after detaching.
+    pub workload_owned: bool,
+    /// The depth of that cgroup below the v2 root (0: unknown).
+    pub workload_level: u32,
+    /// Probe slots to size the shared arrays for.
+    pub probes: u32,
+    /// The kernel can preempt fentry programs (and tasks holding a BPF recursion guard), or
+    /// they interleave on a CPU for another reason (no context split).
+    pub preemptible: bool,
+    /// The kernel preempts (see `Config::kprobe_defers`).
+    pub kernel_preemptible: bool,
+    /// No kprobe program can be attached on this kernel: the tracepoint programs may count in
+    /// a per-CPU map (see `Config::tp_percpu`).
+    pub no_kprobes: bool,
+    /// What the programs do beyond timing calls.
+    pub features: Features,
+}
+
+/// What the programs do beyond timing calls, and how they read the kernel: chosen on the
+/// command line, carried as one value through the session and the load into the programs'
+/// read-only config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// Count the timed calls per call site (`--callers`).
+    pub callers: bool,
+    /// Frames of the sampled short stacks, the call site included (0: none; with `callers`).
+    pub stack_depth: u32,
+    /// One entry in this many per CPU captures its stack.
+    pub stack_sample: u32,
+    /// Count the calls per charged memcg (`--by-memcg`).
+    pub by_memcg: bool,
+    /// Tell the workload's calls by the memcg they charge (see `Config::workload_memcg`).
+    pub workload_memcg: bool,
+    /// Read the preempt count and the task's switch counts with `bpf_probe_read_kernel`, as
+    /// before direct reads (for the bench's before/after and as a way out should a kernel
+    /// refuse them).
+    pub probe_read: bool,
+    /// Diagnostics from inside the programs.
+    pub ebpf_log: bool,
+}
+
+impl Default for Features {
+    /// Timing alone: no breakdown, direct reads, no diagnostics.
+    fn default() -> Self {
+        Features {
+            callers: false,
+            stack_depth: 0,
+            stack_sample: 1,
+            by_memcg: false,
+            workload_memcg: false,
+            probe_read: false,
+            ebpf_log: false,
+        }
+    }
+}
+
+/// Makes the allocator serve every large allocation (128 KiB or more) from a mapping of its
+/// own: freed, it goes back to the system at once, and a growing vector is moved by remapping
+/// rather than copied. glibc would otherwise raise that threshold after the first large free
+/// (start-up reads the kernel's BTF, megabytes, more than once) and place later large vectors
+/// on the heap, where each doubling leaves the old copy resident: the daemon's peak is set
+/// during start-up, by such vectors.
+pub fn large_allocations_mapped() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt has no preconditions; called before any thread is started.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
+/// Gives the memory the allocator holds free back to the system (glibc keeps freed heap
+/// memory for reuse, where a fragmented heap makes the next large allocation grow the process
+/// anew). Start-up reads the kernel's BTF more than once (ours, the cut-down copies of
+/// `kbtf`), megabytes each, and the daemon's peak resident memory is set there.
+pub fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// The one way the object is loaded: kernel layout and settings patched into the programs'
+/// read-only globals, the shared arrays sized for the CPUs and probes. With the log level 0
+/// the verifier removes every log statement, so diagnostics cost nothing when off.
+/// The loader is made without aya's parse of the kernel's BTF where it can be (`kbtf`); the
+/// third value says why it could not.
+pub(super) fn load_object(
+    layout: &KernelLayout,
+    o: &LoadOptions,
+) -> Result<(Ebpf, KernelLayout, Option<String>)> {
+    let image = Object::chosen()?.bytes();
+    if image.is_empty() {
+        bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
+    }
+    let cpus = possible_cpus() as u32;
+    let probes = o.probes.max(1);
+    let config = Config {
+        workload_cgroup: o.workload_cgroup,
+        probes,
+        cpus,
+        preemptible: o.preemptible as u32,
+        kprobe_defers: o.kernel_preemptible as u32,
+        workload_owned: o.workload_owned as u32,
+        workload_level: o.workload_level,
+        tp_percpu: o.no_kprobes as u32,
+        callers: o.features.callers as u32,
+        by_memcg: o.features.by_memcg as u32,
+        workload_memcg: o.features.workload_memcg as u32,
+        // The frames shown and two more, for the tracer's own frames left out.
+        stack_depth: if o.features.callers && o.features.stack_depth > 0 {
+            (o.features.stack_depth.min(memcg_trace_common::STACK_SHOWN) + 2)
+                .min(STACK_DEPTH as u32)
+        } else {
+            0
+        },
+        stack_sample: o.features.stack_sample.max(1),
+    };
+    let level: u8 = if o.features.ebpf_log { 0xff } else { 0 };
+    let cells = cpus * probes * NUM_CTX as u32;
+    let mut layout = *layout;
+    // A copy aligned like the original, for the ELF parser, patched below.
+    let mut words = vec![0u64; image.len().div_ceil(8)];
+    // SAFETY: a u64 buffer viewed as the bytes it holds.
+    let bytes: &mut [u8] =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), image.len()) };
+    bytes.copy_from_slice(image);
+    // Source lines are only for the verifier's messages: kept with --ebpf-log.
+    let mut changed = !o.features.ebpf_log && patch::drop_line_info(bytes)?;
+    // Direct reads (plain loads instead of bpf_probe_read_kernel calls) unless asked not to.
+    if !o.features.probe_read
+        && !needs_probe_read(crate::kernel::version(&crate::kernel::release()))
+    {
+        layout.direct_task = 1;
+        if layout.preempt_var_id != 0 && patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
+            layout.direct_preempt = 1;
+            changed = true;
+        } else if layout.cast_kfunc_id != 0 && patch::rdonly_cast(bytes, layout.cast_kfunc_id)? > 0
+        {
+            // The per-CPU variable cannot be named here (no data symbols in kallsyms): its
+            // address, found by the programs, is read by a cast and a plain load instead.
+            layout.direct_untrusted = 1;
+            changed = true;
+        }
+    }
+    let object = changed.then_some(words);
+    let bytes: &[u8] = match &object {
+        // SAFETY: as above; the buffer outlives the load.
+        Some(w) => unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), image.len()) },
+        None => image,
+    };
+    let (mut loader, loader_btf) = kbtf::loader(bytes);
+    loader
+        .override_global(names::GLOBAL_LAYOUT, &layout, true)
+        .override_global(names::GLOBAL_CONFIG, &config, true)
+        .override_global(aya_log::LEVEL, &level, true)
+        .map_max_entries(names::MAP_CELLS, cells)
+        .map_max_entries(
+            names::MAP_WORKLOAD_CELLS,
+            cpus * probes * workload_contexts(o.features.workload_memcg),
+        )
+        .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
+        .map_max_entries(names::MAP_HELD_SWITCHES, cpus)
+        .map_max_entries(
+            names::MAP_CALLERS,
+            if o.features.callers { MAX_CALLERS } else { 1 },
+        )
+        .map_max_entries(
+            names::MAP_MEMCGS,
+            if o.features.by_memcg { MAX_MEMCGS } else { 1 },
+        )
+        .map_max_entries(
+            names::MAP_STACKS,
+            if config.stack_depth > 0 {
+                MAX_STACKS
+            } else {
+                1
+            },
+        )
+        .map_max_entries(
+            names::MAP_WORKLOAD_MEMCGS,
+            if o.features.workload_memcg {
+                MAX_WORKLOAD_MEMCGS
+            } else {
+                1
+            },
+        )
+        .load(bytes)
+        .map(|ebpf| (ebpf, layout, loader_btf))
+        .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
+}
+
+/// Loads the program `name` (`p`) for `target` (a function or tracepoint; kprobes take theirs
+/// at attach) and attaches it there; kprobes through a tracefs kprobe event named after it.
+pub(super) fn load_and_attach(
+    p: &mut Program,
+    name: &str,
+    target: &str,
+    btf: &Btf,
+) -> Result<Option<KprobeEvent>, String> {
+    let refused = |s: String| {
+        if s.contains("Operation not permitted") || s.contains("EPERM") {
+            format!(
+                "{s} (the kernel refused it: lockdown, a sandbox or missing CAP_BPF/CAP_PERFMON)"
+            )
+        } else {
+            s
+        }
+    };
+    let r = match p {
+        Program::FEntry(p) => {
+            // Already loaded when the miss counter was looked up.
+            if p.fd().is_err() {
+                p.load(target, btf).map_err(|e| refused(chain(&e)))?;
+            }
+            p.attach().map(drop)
+        }
+        Program::FExit(p) => p.load(target, btf).and_then(|_| p.attach().map(drop)),
+        Program::BtfTracePoint(p) => p.load(target, btf).and_then(|_| p.attach().map(drop)),
+        Program::KProbe(p) => {
+            let ret = matches!(p.kind(), aya::programs::ProbeKind::Return);
+            p.load().map_err(|e| refused(chain(&e)))?;
+            let fd = p.fd().map_err(|e| chain(&e))?.as_fd().as_raw_fd();
+            return KprobeEvent::attach(target, ret, name, fd)
+                .map(Some)
+                .map_err(|e| refused(format!("{e:#}")));
+        }
+        _ => return Err("unexpected program type".into()),
+    };
+    r.map(|_| None).map_err(|e| refused(chain(&e)))
+}
+
+/// Detaches and unloads a program of any of the types used here.
+pub(super) fn unload(p: &mut Program) {
+    let _ = match p {
+        Program::FEntry(p) => p.unload(),
+        Program::FExit(p) => p.unload(),
+        Program::KProbe(p) => p.unload(),
+        Program::BtfTracePoint(p) => p.unload(),
+        Program::RawTracePoint(p) => p.unload(),
+        _ => Ok(()),
+    };
+}
+
+/// A duplicate of a loaded program's fd.
+pub(super) fn dup_fd(p: &Program) -> Option<OwnedFd> {
+    let fd = match p {
+        Program::FEntry(p) => p.fd(),
+        Program::FExit(p) => p.fd(),
+        Program::KProbe(p) => p.fd(),
+        Program::BtfTracePoint(p) => p.fd(),
+        _ => return None,
+    };
+    fd.ok()?.as_fd().try_clone_to_owned().ok()
+}
+
+/// The programs of one probe slot for a backend, entry first; `lean`: the lean fentry/fexit
+/// programs (`lean_programs`).
+pub fn slot_programs(backend: Backend, slot: u32, lean: bool) -> Vec<&'static str> {
+    let s = slot as usize;
+    match backend {
+        Backend::Fentry if lean => vec![names::FENTRY_LEAN[s], names::FEXIT_LEAN[s]],
+        Backend::Fentry => vec![names::FENTRY[s], names::FEXIT[s]],
+        Backend::Kprobe => vec![names::KPROBE[s], names::KRETPROBE[s]],
+        Backend::Tracepoint => vec![names::TP[s]],
+    }
+}
+
+/// Whether the lean fentry/fexit programs (`names::FENTRY_LEAN`) serve settings `o` on a kernel
+/// whose layout, as loaded, is `loaded`: what they were built for is what holds, no call sites
+/// (nor their stacks), no charged memcgs, and plain loads of the task and its cgroup.
+pub fn lean_programs(o: &LoadOptions, loaded: &KernelLayout) -> bool {
+    loaded.direct_task != 0
+        && loaded.direct_cgroup != 0
+        && !o.features.callers
+        && !o.features.by_memcg
+        && !o.features.workload_memcg
+}
+
+/// A log sink for the programs' diagnostics: one line each on stderr.
+pub(super) struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record) {
+        eprintln!("memcg-trace: ebpf {}: {}", record.level(), record.args());
+    }
+
+    fn flush(&self) {}
+}

@@ -1,0 +1,440 @@
+//! Reading the programs' maps once a tick into a snapshot: histograms, counters, the
+//! breakdowns by call site and memcg, the deferred pairs settled, the programs' costs.
+
+use super::*;
+
+/// The kernel's run count, run time and recursion misses of a program: from its
+/// `bpf_prog_info`, else (kernels whose info lacks them) from its fdinfo.
+pub(super) fn program_cost(name: &str, fd: &OwnedFd) -> ProgCost {
+    let (run_time_ns, run_cnt, recursion_misses) = proginfo::stats(fd.as_fd())
+        .or_else(|| fdinfo_stats(fd))
+        .unwrap_or_default();
+    ProgCost {
+        name: name.to_string(),
+        run_time_ns,
+        run_cnt,
+        recursion_misses,
+    }
+}
+
+/// `run_time_ns`, `run_cnt` and `recursion_misses` of a program from its fdinfo (what it
+/// lacks reads 0).
+pub(super) fn fdinfo_stats(fd: &OwnedFd) -> Option<(u64, u64, u64)> {
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let mut out = (0, 0, 0);
+    for line in info.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let v: u64 = v.trim().parse().unwrap_or(0);
+        match k {
+            "run_time_ns" => out.0 = v,
+            "run_cnt" => out.1 = v,
+            "recursion_misses" => out.2 = v,
+            _ => {}
+        }
+    }
+    Some(out)
+}
+
+/// A breakdown of the calls (call sites, charged memcgs) by (probe slot, context, id): what the
+/// kernel's map holds (`key` gives a key's triple), with the calls userspace confirmed added.
+pub(super) fn breakdown<K: aya::Pod>(
+    map: &aya::maps::HashMap<MapData, K, CallerStat>,
+    key: impl Fn(&K) -> (u32, u32, u64),
+    confirmed: Option<&crate::callers::Confirmed>,
+    probes: u32,
+) -> HashMap<(u32, u32, u64), crate::callers::Site> {
+    use crate::callers::Site;
+    let mut by: HashMap<(u32, u32, u64), Site> = HashMap::new();
+    for (k, v) in map.iter().flatten() {
+        let (probe, ctx, id) = key(&k);
+        let s = by
+            .entry((probe, ctx, id))
+            .or_insert_with(|| Site::new(ctx, id));
+        s.count += v.count;
+        s.sum_ns += v.sum_ns;
+        for (a, b) in s.buckets.iter_mut().zip(v.buckets.iter()) {
+            *a += b;
+        }
+    }
+    if let Some(c) = confirmed {
+        for slot in 0..probes {
+            for site in c.of(slot) {
+                by.entry((slot, site.ctx, site.addr))
+                    .or_insert_with(|| Site::new(site.ctx, site.addr))
+                    .merge(site);
+            }
+        }
+    }
+    by
+}
+
+/// A breakdown's rows by probe slot, each named by `name` of its id.
+fn by_probe(
+    by: HashMap<(u32, u32, u64), crate::callers::Site>,
+    name: impl Fn(u64) -> String,
+) -> HashMap<u32, Vec<crate::callers::Site>> {
+    let mut out: HashMap<u32, Vec<crate::callers::Site>> = HashMap::new();
+    for ((probe, _, _), mut site) in by {
+        site.name = name(site.addr);
+        out.entry(probe).or_default().push(site);
+    }
+    out
+}
+
+impl Tracer {
+    /// Every call site's calls by probe slot, the kernel's and the confirmed ones, named, the
+    /// costliest first. Read through the map syscalls, which keep kprobe programs on the
+    /// reading CPU from running meanwhile (their misses are counted): only with `--callers`,
+    /// once a tick, a few microseconds per site.
+    pub(super) fn sites(&mut self) -> HashMap<u32, Vec<crate::callers::Site>> {
+        let Some(m) = &self.callers else {
+            return HashMap::new();
+        };
+        let by = breakdown(
+            m,
+            |k| (k.probe, k.ctx, k.caller),
+            self.verifier.callers.as_ref(),
+            self.probes,
+        );
+        self.names.resolve(by.keys().map(|k| k.2));
+        let mut out = by_probe(by, |a| self.names.name(a));
+        for v in out.values_mut() {
+            v.sort_by(|a, b| b.sum_ns.cmp(&a.sum_ns).then(a.addr.cmp(&b.addr)));
+        }
+        out
+    }
+
+    /// The sampled short stacks by probe slot, named, the most sampled first: the tracer's own
+    /// frames left out (see `crate::callers::strip_tracer_frames`), `stack_shown` frames
+    /// kept, stacks that became one merged.
+    fn stack_rows(&mut self) -> HashMap<u32, Vec<crate::callers::Stack>> {
+        use crate::callers::Stack;
+        let mut by: HashMap<(u32, u32, Vec<u64>), Stack> = HashMap::new();
+        let Some(m) = &self.stacks else {
+            return HashMap::new();
+        };
+        let all: Vec<(StackKey, u64)> = m.iter().flatten().collect();
+        self.names.resolve(all.iter().flat_map(|(k, _)| k.frames));
+        for (k, count) in all {
+            let raw: Vec<(u64, String)> = k
+                .frames
+                .iter()
+                .copied()
+                .take_while(|f| *f != 0)
+                .map(|f| {
+                    let n = if f == memcg_trace_common::STACK_UNWOUND {
+                        "(not unwound)".to_string()
+                    } else {
+                        self.names.name(f)
+                    };
+                    (f, n)
+                })
+                .collect();
+            let mut kept = crate::callers::strip_tracer_frames(raw);
+            kept.truncate(self.stack_shown as usize);
+            let (frames, names): (Vec<u64>, Vec<String>) = kept.into_iter().unzip();
+            by.entry((k.probe, k.ctx, frames.clone()))
+                .or_insert_with(|| Stack {
+                    ctx: k.ctx,
+                    frames,
+                    names,
+                    count: 0,
+                })
+                .count += count;
+        }
+        let mut out: HashMap<u32, Vec<Stack>> = HashMap::new();
+        for ((probe, _, _), stack) in by {
+            out.entry(probe).or_default().push(stack);
+        }
+        for v in out.values_mut() {
+            v.sort_by(|a, b| b.count.cmp(&a.count).then(a.frames.cmp(&b.frames)));
+        }
+        out
+    }
+
+    /// Every charged memcg's calls by probe slot, the kernel's and the confirmed ones, named by
+    /// cgroup path, the costliest (counts only: the most called) first. Read through the map
+    /// syscalls, as the call sites are: only with `--by-memcg`, once a tick.
+    fn memcg_rows(&mut self) -> HashMap<u32, Vec<crate::callers::Site>> {
+        let Some(m) = &self.memcgs else {
+            return HashMap::new();
+        };
+        let by = breakdown(
+            m,
+            |k| (k.probe, k.ctx, k.memcg),
+            self.verifier.memcgs.as_ref(),
+            self.probes,
+        );
+        self.memcg_names.resolve(by.keys().map(|k| k.2));
+        let mut out = by_probe(by, |id| self.memcg_names.name(id));
+        for v in out.values_mut() {
+            v.sort_by(|a, b| {
+                (b.sum_ns, b.count)
+                    .cmp(&(a.sum_ns, a.count))
+                    .then(a.addr.cmp(&b.addr))
+                    .then(a.ctx.cmp(&b.ctx))
+            });
+        }
+        out
+    }
+
+    /// Takes in the deferred pairs and confirms those that can be.
+    fn settle_deferred(&mut self) {
+        for slot in 0..self.attached.len() {
+            self.mark(slot);
+        }
+        while let Some(item) = self.ring.next() {
+            if item.len() >= std::mem::size_of::<Deferred>() {
+                // SAFETY: the programs write whole Deferred records; read unaligned.
+                let d = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Deferred>()) };
+                self.verifier.push(d);
+            }
+        }
+        self.verifier.settle();
+    }
+
+    /// The kernel's statistics of one program of the object.
+    pub(super) fn cost(&self, prog: &str) -> ProgCost {
+        match self.prog_fds.get(prog) {
+            Some(fd) => program_cost(prog, fd),
+            None => ProgCost {
+                name: prog.to_string(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The code of one attached program of the object, as the kernel runs it.
+    pub fn code(&self, prog: &str) -> Option<proginfo::ProgCode> {
+        proginfo::code(self.prog_fds.get(prog)?.as_fd()).ok()
+    }
+
+    /// Forwards the programs' diagnostics, if they are on.
+    pub fn flush_log(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+
+    /// Time since the first probe was attached: the clock of every snapshot's `elapsed`.
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// Detaches every program, then takes the final snapshot: no run is left uncounted between
+    /// the read of the maps and the read of the run statistics, and every deferred pair is
+    /// decided.
+    pub fn finish(&mut self) -> Result<Snapshot> {
+        let elapsed = self.started.elapsed();
+        self.ended = Some(Instant::now());
+        self.detach_all();
+        self.flush_log();
+        let mut snap = self.snapshot()?;
+        snap.elapsed = elapsed;
+        snap.pending = self.pending_calls()?;
+        Ok(snap)
+    }
+
+    /// Calls still pending in the programs' slots, per probe slot (after detaching: read with
+    /// the map syscalls, no program runs any more).
+    fn pending_calls(&self) -> Result<Vec<u64>> {
+        let map = self
+            .ebpf
+            .map(names::MAP_CPU_STATE)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?;
+        let states: aya::maps::PerCpuArray<_, memcg_trace_common::CpuState> =
+            aya::maps::PerCpuArray::try_from(map)?;
+        let states = states
+            .get(&0, 0)
+            .context("reading the pending calls (CPU_STATE)")?;
+        let mut out = vec![0; self.attached.len()];
+        for (slot, n) in out.iter_mut().enumerate() {
+            for st in states.iter() {
+                *n += st.pending[slot].calls.iter().filter(|c| c.key != 0).count() as u64;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads what the programs counted, summed over CPUs, with the deferred pairs confirmed so
+    /// far.
+    pub fn snapshot(&mut self) -> Result<Snapshot> {
+        self.settle_deferred();
+        self.update_workload_memcgs();
+        let mut sites = self.sites();
+        let mut memcgs = self.memcg_rows();
+        let mut stacks = self.stack_rows();
+        let mut probes = Vec::with_capacity(self.attached.len());
+        // The tracepoint programs' per-CPU hits, read once for every probe (one syscall; no
+        // kprobe program exists to miss runs while it reads).
+        let tp_states = if self.tp_percpu && self.attached.iter().any(|a| !a.backend.has_latency())
+        {
+            let map = self
+                .ebpf
+                .map(names::MAP_CPU_STATE)
+                .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?;
+            let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(map)?;
+            Some(
+                states
+                    .get(&0, 0)
+                    .with_context(|| format!("read {}", names::MAP_CPU_STATE))?,
+            )
+        } else {
+            None
+        };
+        for a in &self.attached {
+            // The kernel's counts of the kprobe events: (kretprobe, hits, misses). Read before
+            // the programs' counters, so that a hit counted here has run (or was skipped)
+            // before they are read: hits less runs never exceeds the runs skipped (exact once
+            // the probes are detached).
+            let profiles: Vec<(bool, u64, u64)> = a
+                .programs
+                .iter()
+                .filter_map(|p| match self.kprobes.get(p) {
+                    Some(k) => k.profile().map(|(hits, missed)| (k.ret, hits, missed)),
+                    None => self.kprobes_closed.get(p).copied(),
+                })
+                .collect();
+            let mut contexts: [CtxStats; NUM_CTX] = Default::default();
+            // The programs time a workload's call, and count its exit, in its workload cell
+            // only (one record per call; its entry is counted in the context's cell); the
+            // context's figures hold both. The task context only, unless the workload is told
+            // by the memcg charged.
+            let wc = self.workload_contexts;
+            let workload_cells = |cpu: u32, ctx: u32| {
+                (a.backend.has_latency() && (ctx == CTX_TASK || wc > 1))
+                    .then(|| workload_cell(cpu, self.probes, a.slot, ctx, wc) as usize)
+            };
+            // The workload's row from the very reads that go into the contexts, so that it
+            // never holds calls they do not (the maps change while read).
+            let mut workload_read = HistData::default();
+            for (ctx, stats) in contexts.iter_mut().enumerate() {
+                for cpu in 0..self.cpus as u32 {
+                    let i = cell(cpu, self.probes, a.slot, ctx as u32) as usize;
+                    let c = self.cells.get(i);
+                    stats.hist.add_cpu(&c.hist);
+                    stats.counters.add(&c.counters);
+                    if let Some(w) = workload_cells(cpu, ctx as u32) {
+                        let c = self.workload_cells.get(w);
+                        stats.hist.add_cpu(&c.hist);
+                        stats.counters.add(&c.counters);
+                        workload_read.add_cpu(&c.hist);
+                    }
+                }
+                if let (Some(states), false) = (&tp_states, a.backend.has_latency()) {
+                    let i = (a.slot as usize * NUM_CTX + ctx) & (TP_CELLS - 1);
+                    for st in states.iter() {
+                        let [hits, workload_hits] = st.tp_hits[i];
+                        stats.counters.entries += hits;
+                        stats.counters.workload_hits += workload_hits;
+                    }
+                }
+                let out = &self.verifier.outcomes[a.slot as usize][ctx];
+                stats.hist.merge(&out.hist);
+                stats.confirmed = out.hist.count;
+                stats.rejected = out.rejected;
+                stats.unproven_nested_ns = out.unproven_nested_ns;
+                // The snapshot's off-CPU figures cover every timed call: the kernel's and the
+                // confirmed ones.
+                let c = &mut stats.counters;
+                c.off_cpu_ns += out.off_cpu_ns;
+                c.off_cpu_max_ns = c.off_cpu_max_ns.max(out.off_cpu_max_ns);
+                c.off_cpu_unknown += out.off_cpu_unknown;
+                c.self_unknown += out.self_unknown;
+                c.outermost_ns += out.outermost_ns;
+                // Where the task clock leaves out interrupt and steal time, every call that
+                // left the CPU (and whose time off it is not unknown anyway) has only a lower
+                // bound of it.
+                stats.off_cpu_at_least = if self.task_clock_excludes.is_some() {
+                    stats
+                        .counters
+                        .switched
+                        .saturating_sub(stats.counters.off_cpu_unknown)
+                } else {
+                    0
+                };
+            }
+            let workload = self.workload.then(|| {
+                let mut w = HistData::default();
+                if a.backend.has_latency() {
+                    w = workload_read.clone();
+                    w.merge(&self.verifier.workload[a.slot as usize]);
+                } else {
+                    // Counts only, kept next to the hits (in every context where the workload
+                    // is told by its memcg).
+                    w.count = contexts.iter().map(|c| c.counters.workload_hits).sum();
+                }
+                w
+            });
+            // A kprobe and a kretprobe on one function are one aggregated kprobe to the
+            // kernel: a hit it cannot handle (another kprobe running on that CPU) is a miss of
+            // both events, for one call neither program sees. The kretprobe's own misses
+            // beyond that (no free instance) are calls whose entry ran: already lost.
+            let kprobe_missed = profiles.iter().filter(|p| !p.0).map(|p| p.2).sum();
+            // Every run of an entry program counts one entry (or an entry whose context or
+            // state could not be read), every run of an exit program one exit.
+            let runs = |exit: bool| -> u64 {
+                contexts
+                    .iter()
+                    .map(|c| {
+                        let c = &c.counters;
+                        if exit {
+                            c.exits + c.no_context_exits
+                        } else {
+                            c.entries + c.no_context_entries
+                        }
+                    })
+                    .sum()
+            };
+            // Runs skipped at entry and at exit, per side; a call counted nowhere had both
+            // skipped (one skipped at one side only is an orphan exit or a stale entry, lost):
+            // at most the fewer of the two.
+            let skipped = |ret: bool| -> Option<u64> {
+                profiles
+                    .iter()
+                    .filter(|p| p.0 == ret)
+                    .map(|&(_, hits, _)| hits.saturating_sub(runs(ret)))
+                    .reduce(|a, b| a + b)
+            };
+            let kprobe_skipped = match (skipped(false), skipped(true)) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => a.or(b).unwrap_or(0),
+            };
+            probes.push(ProbeStats {
+                workload,
+                name: a.name.clone(),
+                target: a.target.clone(),
+                backend: a.backend,
+                contexts,
+                programs: a.programs.iter().map(|p| self.cost(p)).collect(),
+                kprobe_missed,
+                kprobe_skipped,
+                held_switches: self
+                    .witness
+                    .as_ref()
+                    .is_some_and(|w| w.slots.contains(&a.slot))
+                    .then(|| self.held_total()),
+                window: Some(
+                    self.ended
+                        .unwrap_or_else(Instant::now)
+                        .saturating_duration_since(a.opened),
+                ),
+                callers: sites.remove(&a.slot).unwrap_or_default(),
+                memcgs: memcgs.remove(&a.slot).unwrap_or_default(),
+                stacks: stacks.remove(&a.slot).unwrap_or_default(),
+                stack_sample: self.stack_sample,
+            });
+        }
+        Ok(Snapshot {
+            elapsed: self.started.elapsed(),
+            probes,
+            extra: self.extra.iter().map(|p| self.cost(p)).collect(),
+            waiting: self.verifier.waiting() as u64,
+            pending: Vec::new(),
+            bpf_stats: self.stats.is_some(),
+            no_context_split: self.no_context_split,
+        })
+    }
+}

@@ -53,9 +53,21 @@ for b in $BACKENDS; do
     targets=$(awk '$3 == "via" { printf "%s%s", sep, $2; sep = "," }' "/out/profile-$r.txt")
     # When a throttled CPU's sampling resumes ("CPU TIME OFFSET [SIZE]: PERF_RECORD_UNTHROTTLE:"
     # in the raw dump): the stretch before it was not watched, and the first sample after it
-    # weighs only the time since.
-    perf report -D -i "/tmp/perf-$r.data" 2>/dev/null |
-      awk '$5 == "PERF_RECORD_UNTHROTTLE:" { print $1, $2 }' | sort -k1,1n -k2,2n >"/tmp/unthrottle-$r.txt"
+    # weighs only the time since. Throttling happens on idle CPUs whose tick is stopped; the
+    # running time between a wake-up there and the next tick (at most a tick, 4 ms at 250 Hz)
+    # is then unwatched too: 0.3% of the workload's CPU time in the runs seen. The dump must
+    # hold the samples, or its throttle records could be missing unseen.
+    perf report -D -i "/tmp/perf-$r.data" 2>"/out/perf-report-$r.err" |
+      awk -v count="/tmp/dumped-$r.txt" '
+        $5 == "PERF_RECORD_UNTHROTTLE:" { print $1, $2 }
+        index($5, "PERF_RECORD_SAMPLE") == 1 { dumped++ }
+        END { print dumped + 0 >count }
+      ' | sort -k1,1n -k2,2n >"/tmp/unthrottle-$r.txt"
+    if ! grep -q '^[1-9]' "/tmp/dumped-$r.txt"; then
+      echo "guest: perf report -D gave no sample"
+      cat "/out/perf-report-$r.err"
+      exit 1
+    fi
     perf script -i "/tmp/perf-$r.data" --ns -F comm,cpu,time,ip,sym 2>"/out/perf-script-$r.err" | awk -v targets="$targets" -v unthrottle="/tmp/unthrottle-$r.txt" '
       # A frame of the instrumentation: a BPF program or trampoline (unnamed kernel text is
       # JIT code here), or the ftrace, kprobe and return-probe machinery that runs the programs
@@ -68,7 +80,8 @@ for b in $BACKENDS; do
         n = split(targets, t, ","); for (i = 1; i <= n; i++) want[t[i]] = 1
         # Per CPU, the times its sampling resumed, in order.
         while ((getline line < unthrottle) > 0) {
-          split(line, u, " "); resumed[u[1], ++resumes[u[1]]] = u[2]
+          # The time a number (busybox awk compares strings from split as strings).
+          split(line, u, " "); resumed[u[1], ++resumes[u[1]]] = u[2] + 0
         }
       }
       function done_sample() {
@@ -94,7 +107,11 @@ for b in $BACKENDS; do
       $0 !~ /^\t/ && match($0, /\[[0-9]+\] +[0-9]+\.[0-9]+:/) {
         done_sample()
         split(substr($0, RSTART, RLENGTH), h, /[] :[]+/)
-        cpu = h[2] + 0; now = h[3] * 1e9
+        # The CPU as the raw dump writes it (no leading zeros), and the time in whole ns
+        # ("SECONDS.NANOS"), exact, as there. Zero-padded digits are never taken as a number
+        # (busybox awk reads them as octal).
+        cpu = h[2]; sub(/^0+/, "", cpu); if (cpu == "") cpu = "0"
+        split(h[3], secs, "."); now = secs[1] * 1000000000 + ("1" secs[2]) - 1000000000
         w = (cpu in last) ? now - last[cpu] : 0
         # The last time sampling resumed on this CPU before this sample: the stretch from
         # the previous sample to it was not watched.
@@ -133,7 +150,7 @@ for b in $BACKENDS; do
         }
       }
     ' >"/out/perf-shares-$r.txt"
-    rm -f "/tmp/perf-$r.data" "/tmp/unthrottle-$r.txt"
+    rm -f "/tmp/perf-$r.data" "/tmp/unthrottle-$r.txt" "/tmp/dumped-$r.txt"
     if ! grep -q '^samples [1-9]' "/out/perf-shares-$r.txt"; then
       echo "guest: perf took no sample of the workload"
       cat "/out/perf-record-$r.err" "/out/perf-script-$r.err"

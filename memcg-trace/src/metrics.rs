@@ -290,7 +290,8 @@ impl Collector for Figures {
                             // Exits without their own entry: the evicted calls' too.
                             unmatched: Some(c.orphans + c.evicted_exits),
                             censored: Some(c.censored),
-                            threads: (threads && c.context == "task")
+                            // The task row (`all` without the context split).
+                            threads: (threads && crate::kernel::ctx_index(&c.context) == Some(0))
                                 .then_some((c.irq_thread, c.softirq_thread)),
                             latency: c.latency.as_ref(),
                         });
@@ -598,6 +599,19 @@ mod tests {
                 "{t}"
             );
         }
+        // Without the context split the task calls are in the row named `all`.
+        let mut all = d.clone();
+        for p in &mut all.probes {
+            p.contexts.retain(|c| c.context == "task");
+            p.contexts[0].context = "all".into();
+        }
+        let t = encode(Some(&all), Format::Text);
+        assert!(
+            t.lines().any(|l| l.starts_with(
+                "memcg_trace_irq_thread_calls_total{probe=\"charge\",context=\"all\""
+            ) && l.ends_with(" 11")),
+            "{t}"
+        );
     }
 
     #[test]

@@ -736,7 +736,10 @@ pub(crate) mod tests {
         d
     }
 
-    /// Counters' fields (a size not a multiple of 8 fails the transmutes below to compile).
+    /// Counters' fields. What makes the transmutes below sound, and each field one element, is
+    /// that Counters is the programs' plain value: `repr(C)`, u64 fields only, no padding
+    /// (memcg-trace-common, where it is `aya::Pod`); a size not a multiple of 8 fails them to
+    /// compile, and a field of another width would break the programs' layout first.
     const FIELDS: usize = std::mem::size_of::<Counters>() / 8;
 
     /// `k` with each field mapped by `f(its byte offset, its value)`: the kernel's counters

@@ -404,6 +404,35 @@ impl Snapshot {
     }
 }
 
+/// Helpers for tests over the kernel's counters, whatever fields they have.
+#[cfg(test)]
+pub(crate) mod counters_for_tests {
+    use memcg_trace_common::Counters;
+
+    /// Counters' fields. What makes the transmutes below sound, and each field one element, is
+    /// that Counters is the programs' plain value: `repr(C)`, u64 fields only, no padding
+    /// (memcg-trace-common, where it is `aya::Pod`); a size not a multiple of 8 fails them to
+    /// compile, and a field of another width would break the programs' layout first.
+    const FIELDS: usize = std::mem::size_of::<Counters>() / 8;
+
+    /// `k` with each field mapped by `f(its byte offset, its value)`: the kernel's counters
+    /// are all u64, so any counter added later is mapped too.
+    pub(crate) fn map(k: &Counters, f: impl Fn(usize, u64) -> u64) -> Counters {
+        // SAFETY: Counters is repr(C) with u64 fields only, FIELDS of them, no padding.
+        let mut fields = unsafe { std::mem::transmute::<Counters, [u64; FIELDS]>(*k) };
+        for (i, v) in fields.iter_mut().enumerate() {
+            *v = f(i * 8, *v);
+        }
+        // SAFETY: as above; every bit pattern is a valid u64.
+        unsafe { std::mem::transmute::<[u64; FIELDS], Counters>(fields) }
+    }
+
+    /// Counters with every field its own value (1, 2, 3, ... in declaration order).
+    pub(crate) fn distinct() -> Counters {
+        map(&Counters::default(), |offset, _| offset as u64 / 8 + 1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,10 +458,10 @@ mod tests {
     /// larger of the two): a counter missing from `Counters::add` fails here.
     #[test]
     fn adding_a_cpu_s_counters_adds_every_counter() {
-        let k = crate::export::tests::distinct_counters();
+        let k = counters_for_tests::distinct();
         let mut sum = k;
         sum.add(&k);
-        let doubled = crate::export::tests::map_counters(&k, |field, v| {
+        let doubled = counters_for_tests::map(&k, |field, v| {
             if field == std::mem::offset_of!(Counters, off_cpu_max_ns) {
                 v
             } else {

@@ -725,7 +725,7 @@ pub struct NotAttachedOut {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     fn dir(name: &str) -> PathBuf {
@@ -736,35 +736,12 @@ pub(crate) mod tests {
         d
     }
 
-    /// Counters' fields. What makes the transmutes below sound, and each field one element, is
-    /// that Counters is the programs' plain value: `repr(C)`, u64 fields only, no padding
-    /// (memcg-trace-common, where it is `aya::Pod`); a size not a multiple of 8 fails them to
-    /// compile, and a field of another width would break the programs' layout first.
-    const FIELDS: usize = std::mem::size_of::<Counters>() / 8;
-
-    /// `k` with each field mapped by `f(its byte offset, its value)`: the kernel's counters
-    /// are all u64, so any counter added later is mapped too.
-    pub(crate) fn map_counters(k: &Counters, f: impl Fn(usize, u64) -> u64) -> Counters {
-        // SAFETY: Counters is repr(C) with u64 fields only, FIELDS of them, no padding.
-        let mut fields = unsafe { std::mem::transmute::<Counters, [u64; FIELDS]>(*k) };
-        for (i, v) in fields.iter_mut().enumerate() {
-            *v = f(i * 8, *v);
-        }
-        // SAFETY: as above; every bit pattern is a valid u64.
-        unsafe { std::mem::transmute::<[u64; FIELDS], Counters>(fields) }
-    }
-
-    /// Counters with every field its own value (1, 2, 3, ... in declaration order).
-    pub(crate) fn distinct_counters() -> Counters {
-        map_counters(&Counters::default(), |offset, _| offset as u64 / 8 + 1)
-    }
-
     /// Every counter the kernel keeps goes into the recorded row and comes back the same,
     /// through the JSON too (but `workload_hits`, which the recording keeps as the workload
     /// row's count).
     #[test]
     fn every_counter_is_recorded_and_read_back() {
-        let k = distinct_counters();
+        let k = crate::snapshot::counters_for_tests::distinct();
         let row = with_counters(ContextOut::default(), &k);
         let json = serde_json::to_string(&row).unwrap();
         let read: ContextOut = serde_json::from_str(&json).unwrap();

@@ -202,7 +202,8 @@ pub mod names {
     /// Per-CPU state of the programs, with the calls waiting for their exit
     /// (`CpuState::pending`).
     pub const MAP_CPU_STATE: &str = "CPU_STATE";
-    /// Per probe slot: the per-CPU address of the fentry program's recursion-miss counter.
+    /// Per probe slot: the per-CPU address of the entry program's recursion-miss counter, or
+    /// [`super::MISSES_BY_WITNESS`].
     pub const MAP_PROG_MISSES: &str = "PROG_MISSES";
     /// Per probe slot: the tracing window ([`super::WINDOW_OPEN`] while both programs are on).
     pub const MAP_WINDOW: &str = "WINDOW";
@@ -380,6 +381,12 @@ pub struct Counters {
     pub switched: u64,
     /// Of the switched calls: those whose exit ran on another CPU than their entry.
     pub migrated: u64,
+    /// Of the switched calls that would be deferred (see `Deferred`): those proven in the
+    /// kernel instead, and timed there. The task never moved to another CPU during the call,
+    /// and the entry program missed no run on that CPU meanwhile (`Pending::misses`), so the
+    /// entry the exit found is its own: a skipped entry of this task could only have been
+    /// skipped on that CPU.
+    pub proven_on_cpu: u64,
     /// Exits that found no pending entry of their own (the entry was skipped, or evicted and
     /// no longer remembered).
     pub orphans: u64,
@@ -454,6 +461,7 @@ impl Counters {
         self.deferred_lost += o.deferred_lost;
         self.switched += o.switched;
         self.migrated += o.migrated;
+        self.proven_on_cpu += o.proven_on_cpu;
         self.orphans += o.orphans;
         self.evicted_exits += o.evicted_exits;
         self.outside += o.outside;
@@ -514,17 +522,25 @@ pub struct Pending {
     /// Task context: the task (its `task_struct` address).
     pub task: u64,
     /// Task context: the task's `nvcsw + nivcsw` at entry; unchanged at exit proves the task
-    /// never left the CPU in between. Interrupt contexts (fentry): the entry program's
-    /// recursion misses on this CPU at entry.
+    /// never left the CPU in between.
     pub switches: u64,
     /// Task context: the task's off-CPU clock just after `ts`, `se.exec_start -
     /// se.sum_exec_runtime`: it moves by the time the task spends off the CPU (see
     /// [`off_cpu`]); read again at exit for a call that left the CPU.
     pub clock: u64,
     /// The context at entry (`CTX_*`).
-    pub ctx: u32,
+    pub ctx: u16,
     /// `PENDING_*` flags.
-    pub flags: u32,
+    pub flags: u16,
+    /// With `PENDING_MISSES_KNOWN`: what the entry program read at entry of the runs it missed
+    /// on this CPU (`PROG_MISSES`: its recursion misses here, or the switch witness's count
+    /// here), its low 32 bits (it cannot move by 2^32 while one call is in flight). Unchanged
+    /// at the exit on this CPU, with the task never moved to another CPU (`migrations`), it
+    /// proves the exit's own entry ran: the call is timed in the kernel even where it left
+    /// the CPU (see `Counters::proven_on_cpu`). In these four bytes rather than a word of its
+    /// own: the exit program's copy of a slot and the cross-CPU search's each hold one on a
+    /// stack the older verifiers (6.1) allow no more of.
+    pub misses: u32,
     /// With `Config::callers`: the return address into the function that made the call (0
     /// when it could not be read).
     pub caller: u64,
@@ -553,13 +569,17 @@ pub struct Pending {
 }
 
 /// The call was made by a task of the workload's cgroup.
-pub const PENDING_WORKLOAD: u32 = 1;
-/// Interrupt context: `switches` holds the entry program's recursion misses on this CPU.
-pub const PENDING_MISSES_KNOWN: u32 = 2;
+pub const PENDING_WORKLOAD: u16 = 1;
+/// `Pending::misses` was read at entry.
+pub const PENDING_MISSES_KNOWN: u16 = 2;
+/// A `PROG_MISSES` entry for a kprobe whose kernel counts no kprobe program misses (before
+/// 6.7): its runs missed on a CPU are told by the switch witness's count there
+/// ([`HeldSwitches::held`]), which moves whenever one may have been (no per-CPU address is 1).
+pub const MISSES_BY_WITNESS: u64 = 1;
 /// At entry, the innermost open call on the CPU (`nest_owner`) was running and encloses this
 /// call: an interrupt call of a lower context still pending there, or a call of the task this
 /// call runs in or interrupted (see [`Nest`]).
-pub const PENDING_ENCLOSED: u32 = 4;
+pub const PENDING_ENCLOSED: u16 = 4;
 
 /// The pending calls of one probe on one CPU.
 #[repr(C)]
@@ -1058,6 +1078,8 @@ pub const fn workload_cell(cpu: u32, probes: u32, probe: u32, ctx: u32, contexts
 pub struct Cell {
     pub counters: Counters,
     pub hist: Hist,
+    /// To a whole number of cache lines (one CPU's cells share none with another's).
+    pub pad: [u64; 7],
 }
 const _: () = assert!(core::mem::size_of::<Cell>().is_multiple_of(64));
 

@@ -24,7 +24,8 @@ pub(crate) trait Env {
     /// Whether counter and histogram updates must be atomic: programs that can be preempted
     /// (fentry on preemptible kernels) may interleave with another run on the same CPU.
     fn atomic(&self) -> bool;
-    /// The recursion misses of `probe`'s fentry program on this CPU, when known.
+    /// The runs of `probe`'s entry program missed on this CPU, when known (see
+    /// `PROG_MISSES`): its recursion misses here, or the switch witness's count here.
     fn entry_misses(&self, probe: u32) -> Option<u64>;
     /// Whether the task clocks of different CPUs are comparable (a migrated call's time off
     /// the CPU is known).
@@ -156,6 +157,12 @@ impl Env for Kernel {
     fn entry_misses(&self, probe: u32) -> Option<u64> {
         // SAFETY: pointer from a successful map lookup.
         let p = unsafe { *PROG_MISSES.get_ptr(probe)? };
+        if p == MISSES_BY_WITNESS {
+            let h = crate::programs::HELD_SWITCHES.get_ptr(self.cpu())?;
+            // SAFETY: pointer from a successful map lookup; this CPU's count, which only its
+            // context switches write, and a switch does not run inside a program.
+            return Some(unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*h).held)) });
+        }
         if p == 0 || self.st.pcpu_offset() == 0 {
             return None;
         }

@@ -175,7 +175,7 @@ pub(crate) fn pair_entry<E: Env>(
         if p.key != 0 {
             cs.stale += 1;
         }
-        p.ctx = ctx;
+        p.ctx = ctx as u16;
         // fentry: the entry program's misses on this CPU now; an exit that finds them moved
         // may be pairing with a stale entry (see pair_exit).
         let (flags, misses) = match fentry.then(|| env.entry_misses(probe)).flatten() {
@@ -185,7 +185,7 @@ pub(crate) fn pair_entry<E: Env>(
         let workload =
             !env.lean() && config().workload_memcg != 0 && memcg_in_workload(probe, memcg);
         p.flags = flags | if workload { PENDING_WORKLOAD } else { 0 };
-        p.switches = misses;
+        p.misses = misses as u32;
         set_origin(p, caller, memcg.id);
         p.key = key;
         nest_enter(env, p, NEST_IRQ, ctx, || env.task());
@@ -200,11 +200,25 @@ pub(crate) fn pair_entry<E: Env>(
         _ => {}
     }
     let switches = env.switches(task);
-    let flags = if workload_call(env, probe, CTX_TASK, memcg, task) {
+    let mut flags = if workload_call(env, probe, CTX_TASK, memcg, task) {
         PENDING_WORKLOAD
     } else {
         0
     };
+    // Where a call that leaves the CPU would be deferred: the runs the entry program missed on
+    // this CPU so far, so that the exit can prove such a call itself (see `pair_exit`).
+    let deferrable = if fentry {
+        config().preemptible != 0
+    } else {
+        config().kprobe_defers != 0
+    };
+    let mut misses = 0;
+    if deferrable {
+        if let Some(m) = env.entry_misses(probe) {
+            flags |= PENDING_MISSES_KNOWN;
+            misses = m;
+        }
+    }
     // A pending call at the same frame is stale: frames are unique among calls in flight. Else
     // take a free slot, or evict the oldest call.
     let mut free = TASK_SLOTS;
@@ -254,7 +268,8 @@ pub(crate) fn pair_entry<E: Env>(
     p.task = task;
     p.switches = switches;
     p.migrations = env.migrations(task);
-    p.ctx = CTX_TASK;
+    p.misses = misses as u32;
+    p.ctx = CTX_TASK as u16;
     p.flags = flags;
     set_origin(p, caller, memcg.id);
     // Before the timestamp: a call nested from here on is inside this one's time. (A claim
@@ -633,7 +648,7 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     // SAFETY: set above with `found` (to the slot, which no other run takes before this one
     // ends, or to the copy).
     let call = unsafe { &*call };
-    let ctx = call.ctx & (NUM_CTX as u32 - 1);
+    let ctx = call.ctx as u32 & (NUM_CTX as u32 - 1);
     let Some(c) = cell_of(
         cpu,
         probe,
@@ -683,7 +698,7 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             .then(|| env.entry_misses(probe))
             .flatten()
         {
-            Some(m) if m == call.switches => {}
+            Some(m) if m as u32 == call.misses => {}
             Some(_) => {
                 add(&mut cs.ambiguous, 1, atomic);
                 return;
@@ -715,6 +730,19 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             } else {
                 config().kprobe_defers != 0
             };
+            // Proven here instead: an entry of this task skipped while the call was in flight
+            // was skipped on a CPU the task ran on. Never moved: only this one, whose count of
+            // the entry program's missed runs did not move either. (A migrated call's other
+            // CPUs are not known: deferred.)
+            if deferred
+                && !migrated
+                && call.flags & PENDING_MISSES_KNOWN != 0
+                && env.migrations(task) == call.migrations
+                && env.entry_misses(probe).map(|m| m as u32) == Some(call.misses)
+            {
+                deferred = false;
+                add(&mut cs.proven_on_cpu, 1, atomic);
+            }
             if !deferred {
                 if flags & DEFERRED_OFF_UNKNOWN != 0 {
                     add(&mut cs.off_cpu_unknown, 1, atomic);

@@ -246,7 +246,20 @@ pub fn probe_footnote(p: &crate::export::ProbeOut) -> String {
         },
         sum(|c| c.outside),
     ) + &threads_note(p)
+        + &proven_note(p)
         + &witness_note(p)
+}
+
+/// Of the calls that left the CPU on a preemptible kernel, how many the programs proved
+/// themselves (the task never moved off its CPU: `ContextOut::proven_on_cpu`) and how many went
+/// to userspace's coarser check; empty where none was proven.
+fn proven_note(p: &crate::export::ProbeOut) -> String {
+    let proven: u64 = p.contexts.iter().map(|c| c.proven_on_cpu).sum();
+    if proven == 0 {
+        return String::new();
+    }
+    let deferred: u64 = p.contexts.iter().map(|c| c.deferred).sum();
+    format!("; of the calls that left the CPU {proven} proven on their CPU by the programs, {deferred} deferred to the per-tick check")
 }
 
 /// How the calls that left the CPU were proven where the switch witness did it (kprobe before

@@ -299,6 +299,18 @@ pub fn check_invariants(doc: &Document, summary: &str) {
                 c.migrated,
                 c.switched
             );
+            // Proven by the programs: switched calls that never moved, timed in the kernel
+            // (paired), never deferred too.
+            assert!(
+                c.proven_on_cpu + c.migrated <= c.switched && c.proven_on_cpu <= c.paired,
+                "{} {}: proven on their CPU {} / migrated {} / switched {} / paired {}",
+                p.name,
+                c.context,
+                c.proven_on_cpu,
+                c.migrated,
+                c.switched,
+                c.paired
+            );
             if c.switched == 0 {
                 assert_eq!(
                     (c.off_cpu_ns, c.off_cpu_max_ns),

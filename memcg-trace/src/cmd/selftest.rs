@@ -68,7 +68,8 @@ const T_IRQ: u64 = 0x01ff_8880_0000_3000;
 const T_SOFTIRQ: u64 = 0x02ff_8880_0000_4000;
 
 use Step::{
-    Entry as E, EntryFentry as EF, ExitFentry as XF, ExitKprobe as XK, ExitKprobeClock as XKC,
+    Entry as E, EntryFentry as EF, EntryMisses as EM, ExitFentry as XF, ExitKprobe as XK,
+    ExitKprobeClock as XKC, ExitMisses as XM,
 };
 
 /// Every entry and exit run is accounted for: entries = paired + ambiguous + deferred +
@@ -705,6 +706,82 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "a task call that left the CPU without moving off it, no entry run missed there meanwhile: proven and timed in the kernel",
+            cpus: 1,
+            kernel: PREEMPT,
+            steps: vec![
+                EM(0xa0, T, 5000, 7, 1000, false, 0),
+                XM(0xa0, T, 8000, 7, 9000, false, 0),
+            ],
+            check: |o| {
+                let c = &o.counters[0];
+                expect("switched", c.switched, 1)?;
+                expect("proven on their CPU", c.proven_on_cpu, 1)?;
+                expect("off-CPU ns", c.off_cpu_ns, 3000)?;
+                deferred(o, &[])?;
+                timed(o, CTX_TASK, 1, 8000)
+            },
+        },
+        Case {
+            name: "fexit, runs interleaving: a call that left the CPU without moving, no entry run missed: proven in the kernel",
+            cpus: 1,
+            kernel: PREEMPT_INTERLEAVING,
+            steps: vec![
+                EM(0xa0, T, 5000, 7, 1000, true, 0),
+                XM(0xa0, T, 8000, 7, 9000, true, 0),
+            ],
+            check: |o| {
+                expect("proven on their CPU", o.counters[0].proven_on_cpu, 1)?;
+                deferred(o, &[])?;
+                timed(o, CTX_TASK, 1, 8000)
+            },
+        },
+        Case {
+            // The made-up pair the proof must not let through: the call at 1000 lost its exit;
+            // the task's next call at that frame lost its entry (the count moved on the CPU);
+            // that call's exit finds the stale entry.
+            name: "a stale entry, then an entry run missed on the CPU: the exit that finds it is deferred, not proven",
+            cpus: 1,
+            kernel: PREEMPT,
+            steps: vec![
+                EM(0xa0, T, 5000, 7, 1000, false, 0),
+                XM(0xa0, T, 8000, 8, 9000, false, 0),
+            ],
+            check: |o| {
+                expect("proven on their CPU", o.counters[0].proven_on_cpu, 0)?;
+                timed(o, CTX_TASK, 0, 0)?;
+                deferred(o, &[(1000, 9000, CTX_TASK, DEFERRED_SWITCHED)])
+            },
+        },
+        Case {
+            name: MOVED_AND_BACK_UNPROVEN,
+            cpus: 2,
+            kernel: PREEMPT,
+            steps: vec![
+                EM(0xa0, T, 5000, 7, 1000, false, 0),
+                Step::Ran(T, 1),
+                XM(0xa0, T, 8000, 7, 9000, false, 0),
+            ],
+            check: |o| {
+                expect("proven on their CPU", o.counters[0].proven_on_cpu, 0)?;
+                timed(o, CTX_TASK, 0, 0)?;
+                deferred(o, &[(1000, 9000, CTX_TASK, DEFERRED_SWITCHED)])
+            },
+        },
+        Case {
+            name: "a task call whose entry did not know the missed runs: deferred, whatever its exit reads",
+            cpus: 1,
+            kernel: PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                XM(0xa0, T, 8000, 0, 9000, false, 0),
+            ],
+            check: |o| {
+                expect("proven on their CPU", o.counters[0].proven_on_cpu, 0)?;
+                deferred(o, &[(1000, 9000, CTX_TASK, DEFERRED_SWITCHED)])
+            },
+        },
+        Case {
             name: "a task call that migrated: its exit finds the entry on the other CPU",
             cpus: 2,
             kernel: PREEMPT,
@@ -1109,10 +1186,13 @@ fn verify(d: &[Deferred], misses_moved: bool) -> (u64, u64, u64) {
 /// The entry and CPU of a step (None: no program runs).
 fn step_key_cpu(s: &Step) -> Option<(u64, u32, bool)> {
     match *s {
-        Step::Entry(k, .., cpu) | Step::EntryFentry(k, .., cpu) => Some((k, cpu, true)),
+        Step::Entry(k, .., cpu) | Step::EntryFentry(k, .., cpu) | Step::EntryMisses(k, .., cpu) => {
+            Some((k, cpu, true))
+        }
         Step::ExitFentry(k, .., cpu)
         | Step::ExitKprobe(k, .., cpu)
-        | Step::ExitKprobeClock(k, .., cpu) => Some((k, cpu, false)),
+        | Step::ExitKprobeClock(k, .., cpu)
+        | Step::ExitMisses(k, .., cpu) => Some((k, cpu, false)),
         Step::Ran(..) | Step::Probe(_) => None,
     }
 }
@@ -1172,7 +1252,7 @@ fn legacy_outcome(case: &str) -> Option<(&'static str, Check)> {
                 outermost(o, CTX_HARDIRQ, 100)
             },
         ),
-        LEFT_AND_CAME_BACK => (
+        LEFT_AND_CAME_BACK | MOVED_AND_BACK_UNPROVEN => (
             "cannot be told from a stale entry: ambiguous, nothing timed",
             |o| untimed(o, 0, 1, 0),
         ),
@@ -1207,6 +1287,8 @@ const RING_FULL_CALLS: u64 = (1 << 20) / RING_RECORD + 200;
 const MIGRATED_LEAVES_NOTHING_OPEN: &str =
     "a call that migrated leaves nothing open on the CPU it entered on: later calls there, interrupt or its own task's, are outermost";
 const LEFT_AND_CAME_BACK: &str = "a call that moved to another CPU and back keeps its own entry";
+const MOVED_AND_BACK_UNPROVEN: &str =
+    "a task call that moved to another CPU and back: deferred, not proven by its first CPU's count";
 const EVICTED_MIGRATED: &str =
     "an evicted call that migrated: its exit on another CPU is the evicted call's, not an orphan";
 

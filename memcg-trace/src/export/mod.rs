@@ -336,6 +336,12 @@ pub struct ContextOut {
     /// Of those, calls whose exit ran on another CPU.
     #[serde(default)]
     pub migrated: u64,
+    /// Of the switched calls that would have been deferred (a preemptible kernel), those the
+    /// programs proved themselves and timed in the kernel: the task never moved off its CPU
+    /// and the entry program missed no run there meanwhile. Absent where none (and in
+    /// recordings made before, which deferred them all).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub proven_on_cpu: u64,
     /// Time the timed calls spent off the CPU (asleep, preempted, waiting to run), ns, summed:
     /// the scheduler's own accounting of the task's time away (`se.exec_start` and
     /// `se.sum_exec_runtime`). Only task-context calls that left the CPU have any.

@@ -68,6 +68,17 @@ impl Tracer {
                             || crate::kernel::kprobe_misses_counted()
                             || witnessed,
                     );
+                    // The kprobe entry program's missed runs per CPU, so that its exits
+                    // prove the calls that left the CPU without moving off it (fentry's
+                    // were pointed at before it ran). Entries made before then are not
+                    // proven there, only deferred.
+                    if plan.backend == Backend::Kprobe && self.kprobe_defers {
+                        if crate::kernel::kprobe_misses_counted() {
+                            self.point_prog_misses(programs[0], slot);
+                        } else if witnessed {
+                            self.set_prog_misses(slot, memcg_trace_common::MISSES_BY_WITNESS);
+                        }
+                    }
                     self.attached.push(Attached {
                         slot,
                         name,
@@ -158,13 +169,15 @@ impl Tracer {
         Ok(())
     }
 
-    /// Points PROG_MISSES[slot] at the per-CPU recursion-miss counter of the loaded program
-    /// `name` (found with the `bpf_prog` iterator); leaves it 0 when that cannot be done.
+    /// Points PROG_MISSES[slot] at the per-CPU recursion-miss counter of the loaded entry
+    /// program `name` (found with the `bpf_prog` iterator); leaves it 0 when that cannot be
+    /// done.
     fn point_prog_misses(&mut self, name: &str, slot: u32) {
         let addr = (|| -> Result<u64> {
             let id = match self.ebpf.program(name) {
                 Some(Program::FEntry(p)) => p.info()?.id(),
-                _ => bail!("not an fentry program"),
+                Some(Program::KProbe(p)) => p.info()?.id(),
+                _ => bail!("not an fentry or kprobe program"),
             };
             let stats = checks::prog_stats(&mut self.ebpf, self.btf.as_ref())?
                 .remove(&id)
@@ -187,9 +200,14 @@ impl Tracer {
                 0
             }
         };
+        self.set_prog_misses(slot, addr);
+    }
+
+    /// Sets PROG_MISSES[slot] (see `memcg_trace_common::Pending::misses`).
+    fn set_prog_misses(&mut self, slot: u32, value: u64) {
         if let Some(m) = self.ebpf.map_mut(names::MAP_PROG_MISSES) {
             if let Ok(mut a) = aya::maps::Array::<_, u64>::try_from(m) {
-                let _ = a.set(slot, addr, 0);
+                let _ = a.set(slot, value, 0);
             }
         }
     }

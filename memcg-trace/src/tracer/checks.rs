@@ -299,6 +299,14 @@ pub enum Step {
     /// An exit run of the kretprobe program with an off-CPU clock of its own: (key, context,
     /// task, switch count, off-CPU clock, time, CPU).
     ExitKprobeClock(u64, u32, u64, u64, u64, u64, u32),
+    /// A task-context entry run whose program knows the runs it missed on this CPU (its
+    /// recursion misses, or the switch witness's count): (key, task, switch count, misses,
+    /// time, fentry, CPU).
+    EntryMisses(u64, u64, u64, u64, u64, bool, u32),
+    /// A task-context exit run reading the entry program's missed runs on this CPU: (key,
+    /// task, switch count, misses, time, fentry, CPU); the off-CPU clock reads the same as
+    /// the switch count.
+    ExitMisses(u64, u64, u64, u64, u64, bool, u32),
     /// No program runs: the task ran on this CPU meanwhile (task, CPU). The sequence keeps
     /// each task's migration count (`se.nr_migrations`) from the CPUs its steps run on: a step
     /// of a task on another CPU than its last one is a migration. An interrupt step that names
@@ -397,6 +405,34 @@ pub fn pairing(
             Step::ExitKprobeClock(k, c, t, sw, clock, now, cpu) => {
                 (test_op::EXIT_KPROBE, k, c, t, sw, clock, now, 0, None, cpu)
             }
+            Step::EntryMisses(k, t, sw, m, now, fentry, cpu) => (
+                test_op::ENTRY,
+                k,
+                CTX_TASK,
+                t,
+                sw,
+                sw,
+                now,
+                if fentry { 2 } else { 0 },
+                Some(m),
+                cpu,
+            ),
+            Step::ExitMisses(k, t, sw, m, now, fentry, cpu) => (
+                if fentry {
+                    test_op::EXIT_FENTRY
+                } else {
+                    test_op::EXIT_KPROBE
+                },
+                k,
+                CTX_TASK,
+                t,
+                sw,
+                sw,
+                now,
+                0,
+                Some(m),
+                cpu,
+            ),
             Step::Ran(..) | Step::Probe(_) => unreachable!("handled above"),
         };
         let flags = if task != 0 && ctx == CTX_TASK {

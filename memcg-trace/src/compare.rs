@@ -655,6 +655,43 @@ mod tests {
         );
     }
 
+    /// Two runs a side whose ranges overlap are never beyond noise, before any correction:
+    /// Welch's t is at most sqrt(2) there (the VM compare tests hold `diff` to this).
+    #[test]
+    fn two_runs_a_side_that_overlap_are_within_noise() {
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut uniform = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut tried = 0;
+        let mut lowest_p = 1.0f64;
+        while tried < 20_000 {
+            let (a, b) = (
+                [uniform(), uniform() * 3.0],
+                [uniform() * 2.0, uniform() * 0.5 + 1.0],
+            );
+            let overlap = a[0].min(a[1]) <= b[0].max(b[1]) && b[0].min(b[1]) <= a[0].max(a[1]);
+            if !overlap {
+                continue;
+            }
+            tried += 1;
+            let w = welch(&Spread::of(&a).unwrap(), &Spread::of(&b).unwrap()).unwrap();
+            assert!(w.t.abs() <= 2f64.sqrt() + 1e-9, "{a:?} {b:?}: {w:?}");
+            lowest_p = lowest_p.min(w.p);
+        }
+        assert!(lowest_p > 0.15, "lowest p {lowest_p}");
+        // Touching ranges of equal length: the bound is reached.
+        let w = welch(
+            &Spread::of(&[0.0, 1.0]).unwrap(),
+            &Spread::of(&[1.0, 2.0]).unwrap(),
+        )
+        .unwrap();
+        assert!((w.t.abs() - 2f64.sqrt()).abs() < 1e-9, "{w:?}");
+    }
+
     /// One kernel against another where the function behind a probe changed (6.1's
     /// `obj_cgroup_charge`, 7.3's `__memcg_slab_post_alloc_hook`): that probe's rows say so, in
     /// the JSON, the table and the markdown; a probe whose function stayed says nothing.

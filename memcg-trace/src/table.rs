@@ -258,7 +258,13 @@ fn proven_note(p: &crate::export::ProbeOut) -> String {
     if proven == 0 {
         return String::new();
     }
-    let deferred: u64 = p.contexts.iter().map(|c| c.deferred).sum();
+    // The task row's (interrupt pairs deferred never left the CPU).
+    let deferred: u64 = p
+        .contexts
+        .iter()
+        .filter(|c| c.switched > 0 || c.proven_on_cpu > 0)
+        .map(|c| c.deferred)
+        .sum();
     format!("; of the calls that left the CPU {proven} proven on their CPU by the programs, {deferred} deferred to the per-tick check")
 }
 

@@ -300,7 +300,19 @@ pub fn check_invariants(doc: &Document, summary: &str) {
                 c.switched
             );
             // Proven by the programs: switched calls that never moved, timed in the kernel
-            // (paired), never deferred too.
+            // (paired), never deferred too. In the task row of a kernel that defers the
+            // switched calls, each is proven or deferred (sent or lost in the ring): once.
+            if c.context == "task" && c.proven_on_cpu + c.deferred + c.deferred_lost > 0 {
+                assert_eq!(
+                    c.proven_on_cpu + c.deferred + c.deferred_lost,
+                    c.switched,
+                    "{} task: proven on their CPU {} + deferred {} + lost in the ring {} is not the calls that left the CPU",
+                    p.name,
+                    c.proven_on_cpu,
+                    c.deferred,
+                    c.deferred_lost
+                );
+            }
             assert!(
                 c.proven_on_cpu + c.migrated <= c.switched && c.proven_on_cpu <= c.paired,
                 "{} {}: proven on their CPU {} / migrated {} / switched {} / paired {}",

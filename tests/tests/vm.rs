@@ -757,7 +757,7 @@ fn check_witness(short: &str, out: &Path) {
     // The calls that left the CPU without moving off it are proven by the programs from the
     // witness's count on their CPU; the others are deferred and checked per tick.
     assert!(
-        deferred + proven >= 50 && rejected * 100 <= deferred + proven && off > 0 && proven > 0,
+        deferred + proven >= 50 && rejected * 100 <= deferred && off > 0 && proven > 0,
         "{short}: auto: {proven} task calls proven on their CPU, {deferred} deferred, {rejected} rejected, {off} ns off the CPU: at least 50 in all, some proven, at most 1% rejected and some time off the CPU expected\n{summary}"
     );
     assert!(
@@ -827,9 +827,13 @@ fn check_witness(short: &str, out: &Path) {
     // 122 rejected in one run, 62 of 167 in another, before the programs proved calls on
     // their CPU): some must be. The calls on CPU 0 that left it while the section was held
     // there are never proven by the programs: the witness's count on CPU 0 moved.
+    // Everything runs on CPU 0: a call is deferred there only if CPU 0's count moved while it
+    // ran (or its entry came before the programs were told where the count is), and such a
+    // move is in the per-tick check's window too: those calls are rejected, all but the
+    // few of the start (291 of 291 in a run).
     assert!(
-        deferred_held + proven_held >= 10 && rejected_held >= 1,
-        "{short}: beside a preempted map update: {proven_held} proven on their CPU, {deferred_held} deferred, {rejected_held} rejected: at least 10 in all and some rejected expected\n{summary}"
+        deferred_held + proven_held >= 10 && rejected_held >= 1 && rejected_held * 10 >= deferred_held * 9,
+        "{short}: beside a preempted map update: {proven_held} proven on their CPU, {deferred_held} deferred, {rejected_held} rejected: at least 10 in all, some rejected and at least 90% of the deferred expected\n{summary}"
     );
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
@@ -2174,9 +2178,10 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
         // programs where the task never moved off its CPU, the others deferred and confirmed
         // per tick in userspace: the slow calls are those, and a check that rejected them
         // would censor the tail while every count above still held. At most 1% of each run's
-        // rejected (none at all where a run has fewer than 100: reclaim had 16, hackbench
-        // 524-664, 0 rejected, when first asserted, all deferred then), some in reclaim, at
-        // least 100 over the boot, and some of them proven by the programs.
+        // deferred rejected (none at all where a run has fewer than 100: reclaim had 16,
+        // hackbench 524-664, 0 rejected, when first asserted, all deferred then; 9 and 3 of
+        // 690 and 569 deferred since the programs prove the others), some calls that left the
+        // CPU in reclaim, at least 100 over the boot, and some of them proven by the programs.
         if confirm_deferred {
             let (deferred, rejected, proven) = (
                 ctx(|c| c.deferred),
@@ -2186,7 +2191,7 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
             let left = deferred + proven;
             deferred_all += left;
             proven_all += proven;
-            if rejected * 100 > left || (w == "reclaim" && left == 0) {
+            if rejected * 100 > deferred || (w == "reclaim" && left == 0) {
                 fail(format!(
                     "{proven} calls that left the CPU proven on it, {deferred} deferred to userspace, {rejected} rejected: some, and at most 1% rejected, expected"
                 ));
@@ -2372,7 +2377,7 @@ fn diff_of(runs: &xtask::compare::KmemRuns, format: &str) -> String {
 /// whose function (or backend: `auto` decides per kernel) differs between the kernels says so
 /// on its rows, naming both, and a probe where they stayed says nothing. The verdicts the runs
 /// alone decide are checked (`verdict_from_runs`).
-fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool, exact_change: bool) {
+fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
     let (Some(ka), Some(kb)) = (one_kernel(name, a), one_kernel(name, b)) else {
         return;
     };
@@ -2485,13 +2490,15 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool, exact_c
             }
         }
     }
-    // Figures that did not move are not told changed; and, where the kernels differ in a
-    // figure that repeats exactly on each (`exact_change`; 6.1 -> 6.12: charge's calls per
-    // message 2.168 -> 2.225 in every run), a change that is not to zero is told.
+    // Some rows were decided by their runs. (A change that is not to zero, where the runs
+    // repeat exactly on each side, is among them: 6.1 -> 6.12's charge calls per message,
+    // 2.168 -> 2.225 in every run; not required, as one charge more in one run makes it
+    // Welch's to decide.)
     assert!(
-        verdicts.iter().any(|v| !v.0) && (!exact_change || verdicts.iter().any(|v| v.0)),
-        "{name}: no figure the runs call unchanged, or none they call changed: {verdicts:?}\n{table}"
+        verdicts.iter().any(|v| !v.0),
+        "{name}: no row the runs alone decide: {verdicts:?}\n{table}"
     );
+    let told: Vec<&String> = verdicts.iter().filter(|v| v.0).map(|v| &v.1).collect();
     // 6.1 and 6.12 trace the same three functions; 7.3 moved all three.
     assert_eq!(
         !changed.is_empty(),
@@ -2502,7 +2509,12 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool, exact_c
     );
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
-        format!("{name}: functions changed: {}\n{table}", changed.join("; ")).as_bytes(),
+        format!(
+            "{name}: functions changed: {}; {} rows decided by their runs, beyond noise: {told:?}\n{table}",
+            changed.join("; "),
+            verdicts.len()
+        )
+        .as_bytes(),
     );
 }
 
@@ -2510,8 +2522,8 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool, exact_c
 /// (the review's 12d: the kmem A/B only tries a change to exactly zero):
 /// - the two sides' ranges overlap: within noise. Their means are then at most half the two
 ///   ranges apart, and each side's standard error is half its range, so Welch's t is at most
-///   (ra + rb) / sqrt(ra^2 + rb^2) <= sqrt(2): p > 0.15 at any degrees of freedom, before any
-///   correction for the number of rows;
+///   (ra + rb) / sqrt(ra^2 + rb^2) <= sqrt(2): p > 0.29 at the 1 to 2 degrees of freedom of two
+///   runs a side, before any correction for the number of rows (which only raises it);
 /// - every run the same on each side and the sides differ, in calls (per second or per
 ///   operation): beyond noise, as no spread at all is (latencies read from buckets can
 ///   repeat exactly without telling anything).
@@ -2540,12 +2552,12 @@ fn verdict_from_runs(row: &serde_json::Value) -> Option<bool> {
 
 #[test]
 fn vm_compare_kernels_6_1_6_12() {
-    compare_kernels("vm_compare_kernels_6_1_6_12", "6.1", "6.12", false, true);
+    compare_kernels("vm_compare_kernels_6_1_6_12", "6.1", "6.12", false);
 }
 
 #[test]
 fn vm_compare_kernels_6_12_7_3() {
-    compare_kernels("vm_compare_kernels_6_12_7_3", "6.12", "7.3", true, false);
+    compare_kernels("vm_compare_kernels_6_12_7_3", "6.12", "7.3", true);
 }
 
 /// `--callers` with fentry and with kprobe: every timed call is under a call site or the

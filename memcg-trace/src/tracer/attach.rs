@@ -30,8 +30,11 @@ impl Tracer {
                 continue;
             }
             let programs = slot_programs(plan.backend, slot, self.lean);
-            // Before the programs run: a call never reads another target's path.
+            // Before the programs run: a call never reads another target's path, nor another
+            // program's count of missed runs (a plan that failed here may have pointed it at
+            // its own: the exits would prove calls against a count of the wrong program).
             let memcg_arg = self.set_memcg_path(slot, plan);
+            self.set_prog_misses(slot, 0);
             // A kprobe whose deferred pairs the kernel's miss counts cannot prove: the switch
             // witness runs before its programs do.
             let witnessed = plan.backend == Backend::Kprobe

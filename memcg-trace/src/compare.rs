@@ -615,19 +615,23 @@ mod tests {
         assert!(benjamini_hochberg(&[]).is_empty());
     }
 
+    /// Uniform numbers in [0, 1) from a xorshift generator seeded with `seed` (reproducible).
+    fn uniform_from(mut seed: u64) -> impl FnMut() -> f64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
     /// Many unchanged figures (3 noisy runs a side, 40 figures a comparison, 400
     /// comparisons): a comparison that calls any of them beyond noise is a false alarm. Tested
     /// one by one at 0.05 nearly every comparison would raise one (1 - 0.95^40 = 87%); adjusted,
     /// at most about 5% may.
     #[test]
     fn unchanged_figures_are_rarely_called_beyond_noise() {
-        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut uniform = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut uniform = uniform_from(0x9e37_79b9_7f4a_7c15);
         let mut normal = move || {
             let (u, v) = (uniform().max(1e-300), uniform());
             (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
@@ -659,13 +663,7 @@ mod tests {
     /// Welch's t is at most sqrt(2) there (the VM compare tests hold `diff` to this).
     #[test]
     fn two_runs_a_side_that_overlap_are_within_noise() {
-        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut uniform = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut uniform = uniform_from(0x2545_f491_4f6c_dd1d);
         let mut tried = 0;
         let mut lowest_p = 1.0f64;
         while tried < 20_000 {

@@ -1242,6 +1242,16 @@ pub struct KernelLayout {
     /// calls (`bpf_disable_instrumentation`), and while it is held no kprobe program runs on
     /// that CPU. Read by the switch witness ([`HeldSwitches`]); 0: unknown.
     pub prog_active: u64,
+    /// `offsetof(struct cgroup, level)`: the cgroup's depth (the root's is 0). With the two
+    /// below, for the legacy object's test of a task below the workload's cgroup, which its
+    /// kernels give no helper for.
+    pub cgroup_level: u64,
+    /// `offsetof(struct cgroup, ancestor_ids)` (before 6.0) or `offsetof(struct cgroup,
+    /// ancestors)`: a cgroup's ancestors by depth; 0 when BTF has neither.
+    pub cgroup_ancestors: u64,
+    /// Non-zero when `cgroup_ancestors` holds ids (`ancestor_ids[]`), 0 when it holds pointers
+    /// to the cgroups (`ancestors[]`).
+    pub ancestors_are_ids: u64,
 }
 
 /// What the switch witness counts on one CPU, on a cache line of its own (the programs of one

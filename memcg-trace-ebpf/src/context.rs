@@ -212,13 +212,64 @@ pub(crate) fn cgroup_id(task: u64) -> u64 {
 
 /// Whether the current task's cgroup lies below the workload's (a cgroup the workload made and
 /// moved into): its ancestor at the workload's depth is the workload's cgroup. One helper
-/// call, made only for tasks outside the workload's own cgroup. Not in the legacy object,
-/// whose kernels may refuse the helper to tracing programs.
+/// call, made only for tasks outside the workload's own cgroup. The legacy object's kernels
+/// (before 5.18) refuse that helper to tracing programs: there the same answer is read from
+/// the cgroup (see [`under_workload_by_reads`]).
 #[inline(always)]
 pub(crate) fn under_workload(c: &Config) -> bool {
-    if LEGACY || c.workload_level == 0 {
+    if c.workload_level == 0 {
         return false;
+    }
+    if LEGACY {
+        return under_workload_by_reads(c, layout());
     }
     // SAFETY: helper without preconditions.
     unsafe { bpf_get_current_ancestor_cgroup_id(c.workload_level as i32) == c.workload_cgroup }
+}
+
+/// [`under_workload`] by fault-safe reads: `task->cgroups->dfl_cgrp`, then, if that cgroup
+/// lies deeper than the workload's, its ancestor at the workload's depth, an id in
+/// `cgroup.ancestor_ids[]` (before 6.0) or a pointer in `cgroup.ancestors[]` whose id is read
+/// like [`cgrp_id`]. False when the layout lacks a member or a read fails. The task is the
+/// helper's plain address, whatever `current_task` gives the caller (a verifier's pointer there
+/// on the kernels the lean programs run on).
+#[inline(always)]
+fn under_workload_by_reads(c: &Config, l: &KernelLayout) -> bool {
+    if l.task_cgroups == 0 || l.cgroup_ancestors == 0 {
+        return false;
+    }
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    let read = |addr: u64| -> u64 {
+        // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
+        unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0)
+    };
+    let css_set = read(task + l.task_cgroups);
+    if css_set == 0 {
+        return false;
+    }
+    let cgrp = read(css_set + l.cset_dfl_cgrp);
+    if cgrp == 0 {
+        return false;
+    }
+    // SAFETY: as in `read`.
+    let depth = unsafe { bpf_probe_read_kernel((cgrp + l.cgroup_level) as *const i32) };
+    // The workload's own cgroup was tested before (by its id); only deeper ones are below it.
+    if !depth.is_ok_and(|d| d > c.workload_level as i32) {
+        return false;
+    }
+    let ancestor = read(cgrp + l.cgroup_ancestors + 8 * c.workload_level as u64);
+    let id = if l.ancestors_are_ids != 0 {
+        ancestor
+    } else if ancestor == 0 {
+        0
+    } else {
+        let kn = read(ancestor + l.cgroup_kn);
+        if kn == 0 {
+            0
+        } else {
+            read(kn + l.kn_id)
+        }
+    };
+    id != 0 && id == c.workload_cgroup
 }

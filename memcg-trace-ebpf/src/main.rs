@@ -138,6 +138,9 @@ static LAYOUT: KernelLayout = KernelLayout {
     task_softirq: 0,
     task_comm: 0,
     prog_active: 0,
+    cgroup_level: 0,
+    cgroup_ancestors: 0,
+    ancestors_are_ids: 0,
 };
 
 /// Settings, filled in by userspace before load.

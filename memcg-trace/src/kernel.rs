@@ -663,6 +663,13 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         ))
     })()
     .unwrap_or((0, 0, 0, 0));
+    // A cgroup's ancestors by depth: their ids before 6.0 (`ancestor_ids[]`), then pointers.
+    let ancestors = match field_path_offset(btf, "cgroup", &["ancestor_ids"]) {
+        Ok(o) => Some((o, true)),
+        Err(_) => field_path_offset(btf, "cgroup", &["ancestors"])
+            .ok()
+            .map(|o| (o, false)),
+    };
     let cast = rdonly_cast_ids(btf);
     // x86: `current` is a per-CPU pointer (`current_task`; `pcpu_hot.current_task` 6.2-6.14).
     let task_cast = (|| {
@@ -747,6 +754,9 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         } else {
             0
         },
+        cgroup_level: off("cgroup", "level"),
+        cgroup_ancestors: ancestors.map_or(0, |a| a.0),
+        ancestors_are_ids: ancestors.is_some_and(|a| a.1) as u64,
     };
     Ok(Layout {
         offsets,

@@ -68,8 +68,9 @@ fn vm_matrix(short: &str) {
     }
     // A workload that makes a cgroup below its own and moves into it (as systemd-run --scope
     // and container runtimes do): its CPU time stays in its cgroup's cpu.stat, so its calls
-    // must stay the workload's.
-    let moved = matches!(short, "6.12" | "7.3");
+    // must stay the workload's. 5.10 runs the legacy object, which reads the cgroup's
+    // `ancestor_ids[]` itself (its kernel refuses the ancestor helper to tracing programs).
+    let moved = matches!(short, "5.10" | "6.12" | "7.3");
     // The workload beside another charger: a hackbench pair (one sender, one receiver) in a
     // memcg of its own (the root cgroup's tasks charge nothing) that outlasts the recording. The workload's row must hold
     // the workload's calls only, as many as it makes alone, with the other's calls in the
@@ -81,7 +82,7 @@ fn vm_matrix(short: &str) {
              sh -c 'echo $$ >/sys/fs/cgroup/other/cgroup.procs && exec hackbench -g 1 -f 1 -l 100000000' >/dev/null 2>&1 &\n\
              sleep 1\n\
              memcg-trace record -q -p charge -o /out/beside.json -- hackbench -g 1 -l 40 >/out/beside.txt 2>&1 || { cat /out/beside.txt; exit 1; }\n\
-             echo 1 >/sys/fs/cgroup/other/cgroup.kill; wait || true\n\
+             o=/sys/fs/cgroup/other; if [ -e $o/cgroup.kill ]; then echo 1 >$o/cgroup.kill; else while [ -n \"$(cat $o/cgroup.procs)\" ]; do kill -9 $(cat $o/cgroup.procs) 2>/dev/null; sleep 0.1; done; fi; wait || true\n\
              rmdir /sys/fs/cgroup/other 2>/dev/null || true\n",
         );
         script.push_str(

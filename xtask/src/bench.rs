@@ -1512,8 +1512,12 @@ pub fn bench(
     );
     fs::write(root.join("report.md"), &md)?;
     // The full run's report is the project's page of measured figures: written here, never by
-    // hand, stamped with the commit it measured.
-    if !smoke {
+    // hand, stamped with the commit it measured. Only when this run measured every part on
+    // Debian's kernel: parts reused from older runs, or a kernel the user built, would go out
+    // under this commit's stamp.
+    if let Some(why) = page_refused(smoke, parts, own.is_some()) {
+        eprintln!("bench: docs/results.md left as it is: {why}");
+    } else {
         let page = format!(
             "# What tracing costs: measured figures\n\n[README](../README.md) · [how the bench measures](bench.md)\n\n_Written by `cargo xtask bench` at commit {} on {}; rerun it, do not edit by hand. Earlier figures are in this file's git history._\n\n{}",
             git_commit(),
@@ -1529,6 +1533,27 @@ pub fn bench(
 }
 
 /// The commit the tree is at, `+dirty` when it has changes (`unknown` without git).
+/// Why this run does not write docs/results.md (None: it does).
+fn page_refused(smoke: bool, parts: &[Part], own_kernel: bool) -> Option<String> {
+    let missing: Vec<String> = ALL_PARTS
+        .iter()
+        .filter(|p| !parts.contains(p))
+        .map(|p| format!("{p:?}").to_lowercase())
+        .collect();
+    if smoke {
+        Some("a smoke run measures nothing".into())
+    } else if own_kernel {
+        Some("the VM parts ran on a kernel image given, not Debian's".into())
+    } else if !missing.is_empty() {
+        Some(format!(
+            "parts {} were reused from earlier runs (the page is written by a run of every part)",
+            missing.join(", ")
+        ))
+    } else {
+        None
+    }
+}
+
 fn git_commit() -> String {
     let out = |args: &[&str]| {
         Command::new("git")
@@ -1562,6 +1587,18 @@ fn today() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/results.md carries one commit's stamp: only a full run of every part on Debian's
+    /// kernel writes it (a `--parts peer` run once rewrote it with host and VM figures of older
+    /// runs under the new stamp).
+    #[test]
+    fn only_a_run_of_every_part_writes_the_results_page() {
+        assert_eq!(page_refused(false, &ALL_PARTS, false), None);
+        let peer_only = page_refused(false, &[Part::Peer], false).expect("refused");
+        assert!(peer_only.contains("host, vm, loss"), "{peer_only}");
+        assert!(page_refused(true, &ALL_PARTS, false).is_some());
+        assert!(page_refused(false, &ALL_PARTS, true).is_some());
+    }
 
     /// The loss rows split a recording's upper bound into the kernel's kprobe misses and the
     /// tracer's own loss (7.3's rstat: all 803 of its lost calls were kprobe misses, which the

@@ -1,0 +1,347 @@
+//! The oracles: the kernel's own function_graph durations and counts beside memcg-trace's.
+
+use super::*;
+
+/// The kernel's own per-call durations: ftrace's function_graph on the probe's function, in
+/// the same run as memcg-trace, on two vCPUs (`xtask/guest/oracle.sh`).
+struct Fgraph {
+    calls: u64,
+    max_ns: u64,
+    /// (threshold ns, calls at or above it).
+    ge: Vec<(u64, u64)>,
+    /// Events function_graph's ring buffers lost (overrun + dropped, all CPUs).
+    lost: u64,
+    /// Calls under 10 us and their summed durations.
+    short: (u64, u64),
+}
+
+fn fgraph(path: &Path) -> Fgraph {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut f = Fgraph {
+        calls: 0,
+        max_ns: 0,
+        ge: Vec::new(),
+        lost: 0,
+        short: (0, 0),
+    };
+    for l in text.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        let num = |i: usize| w.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        match w.first().copied() {
+            Some("calls") => f.calls = num(1),
+            Some("max_ns") => f.max_ns = num(1),
+            Some("short") => f.short = (num(1), num(2)),
+            Some("ge") => f.ge.push((num(1), num(2))),
+            Some(c) if c.starts_with("cpu") => f.lost += num(w.len() - 1),
+            _ => {}
+        }
+    }
+    f
+}
+
+/// The calls of `buckets` whose duration is at or above `ns`, as a range: the buckets wholly at
+/// or above it, and those reaching above it.
+fn at_least(buckets: &[memcg_trace::export::Bucket], ns: u64) -> (u64, u64) {
+    let mut r = (0, 0);
+    for b in buckets {
+        if b.min_ns >= ns {
+            r.0 += b.count;
+        }
+        if b.max_ns > ns {
+            r.1 += b.count;
+        }
+    }
+    r
+}
+
+/// function_graph beside memcg-trace on the same function, on 2 vCPUs, both on the workload's
+/// calls (function_graph filtered to its tasks, memcg-trace's workload row): hackbench (charge)
+/// and the reclaim workload (try_charge: calls that sleep, are preempted and migrate).
+///
+/// The two windows differ by the instrumentation: with fentry function_graph's holds
+/// memcg-trace's (the BPF trampoline runs inside ftrace's hooks); with kprobe, itself an
+/// ftrace handler, memcg-trace's holds function_graph's. Which one is wider is measured (the
+/// mean duration of the calls under 10 us, each tool's), and then:
+/// - counts: memcg-trace's workload calls are the kernel's (at most its lost calls and its
+///   interrupt-context calls and 1% more, and the workload shell's first calls fewer);
+/// - no made-up slow call: at every threshold the wider window has at least as many calls above
+///   it (memcg-trace's lost calls counted in where its window is the wider), and the longest
+///   call;
+/// - no censored tail: the wider window has at most 3x the windows' ratio as many calls above
+///   100 us, 1 ms and 10 ms as the narrower, plus 3 sigma (a stall or an interrupt lands in a
+///   window about in proportion to its length, so the wider window sees more of them).
+///
+/// `charge` and `try_charge`: the functions they resolve to on this kernel with this backend.
+///
+/// With `flip` the hackbench run is made twice, the second time with function_graph hooking
+/// the function after memcg-trace (kprobe: its window then holds memcg-trace's): the calls one
+/// tool sees as slower than the other are on the side of whichever window is the wider, both
+/// ways round. A tracer that made up slow samples would have them in the narrower window too.
+fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &str, flip: bool) {
+    // kprobe on a preemptible kernel: the pairs of calls that left the CPU are confirmed in
+    // userspace (7.3 in the matrix).
+    // Before 6.7 (6.1-rt) by the switch witness.
+    let confirm_deferred = attach == "kprobe" && matches!(short, "7.3" | "6.1-rt");
+    let Some(kernel) = one_kernel(name, short) else {
+        return;
+    };
+    let modules = kernels::modules(&kernel, &["zram"]).expect("the zram module");
+    let hackbench = format!("hackbench charge {charge} fgraph-first hackbench -g 2 -l 60");
+    let late = format!("hackbench-late charge {charge} tracer-first hackbench -g 2 -l 60");
+    let reclaim = format!("reclaim try_charge {try_charge} fgraph-first reclaim");
+    let mut runs = vec![hackbench.as_str(), reclaim.as_str()];
+    if flip {
+        runs.insert(1, late.as_str());
+    }
+    // Per run: whether function_graph's window was the wider.
+    let mut wider = Vec::new();
+    // Pairs of calls that left the CPU proven by the programs or deferred to userspace over
+    // the runs, and of them proven (`confirm_deferred`).
+    let mut deferred_all = 0;
+    let mut proven_all = 0;
+    let r = boot_on(
+        &kernel,
+        format!("{short}-oracle-{attach}"),
+        xtask::oracle_script(attach, &runs),
+        modules,
+        Vec::new(),
+        2,
+        None,
+    );
+    let mut report = format!("{name} ({attach}, 2 vCPUs):\n");
+    let mut failures = Vec::new();
+    for run in runs {
+        let (w, probe_name, func) = {
+            let mut it = run.split_whitespace();
+            (it.next().unwrap(), it.next().unwrap(), it.next().unwrap())
+        };
+        let doc = load_recording(&r.out_dir.join(format!("oracle-{w}.json")));
+        let p = probe(&doc, probe_name);
+        // function_graph traced the function memcg-trace resolved the probe to.
+        assert_eq!(p.target, func, "{w}: {probe_name} resolved elsewhere");
+        let fg = fgraph(&r.out_dir.join(format!("fgraph-{w}.txt")));
+        let wl = p.workload.as_ref().expect("the workload row");
+        let latency = wl.latency.as_ref().expect("the workload's latencies");
+        let ctx = |f: fn(&memcg_trace::export::ContextOut) -> u64| -> u64 {
+            p.contexts.iter().map(f).sum()
+        };
+        let irq: u64 = p
+            .contexts
+            .iter()
+            .filter(|c| c.context != "task")
+            .map(|c| c.count)
+            .sum();
+        let _ = writeln!(
+            report,
+            "  {w}: {} ({}): function_graph {} calls (lost {}), max {} ns; memcg-trace's workload row {} calls, max {} ns (probe: {} timed, {} lost, {} interrupt-context; switched {}, migrated {}, proven on their CPU {}, deferred {}, rejected {}, ambiguous {}, censored {})",
+            p.name,
+            p.target,
+            fg.calls,
+            fg.lost,
+            fg.max_ns,
+            wl.count,
+            latency.max_ns,
+            p.count,
+            p.lost,
+            irq,
+            ctx(|c| c.switched),
+            ctx(|c| c.migrated),
+            ctx(|c| c.proven_on_cpu),
+            ctx(|c| c.deferred),
+            ctx(|c| c.rejected),
+            ctx(|c| c.ambiguous),
+            ctx(|c| c.censored),
+        );
+        // The instrumentation's difference: the mean window of the calls under 10 us, each
+        // tool's (memcg-trace's from its buckets' midpoints).
+        let (n, sum) =
+            latency
+                .buckets
+                .iter()
+                .filter(|b| b.max_ns <= 10_000)
+                .fold((0u64, 0f64), |a, b| {
+                    (
+                        a.0 + b.count,
+                        a.1 + b.count as f64 * (b.min_ns + b.max_ns) as f64 / 2.0,
+                    )
+                });
+        let mt_short = sum / n.max(1) as f64;
+        let fg_short = fg.short.1 as f64 / fg.short.0.max(1) as f64;
+        let ratio = fg_short / mt_short;
+        let fg_wider = ratio >= 1.0;
+        wider.push((w, fg_wider));
+        let _ = writeln!(
+            report,
+            "    calls under 10 us: mean {fg_short:.0} ns (function_graph) vs {mt_short:.0} ns (memcg-trace): the {} window is {:.2}x the other's",
+            if fg_wider { "kernel's" } else { "tracer's" },
+            ratio.max(1.0 / ratio)
+        );
+        let mut rows = Vec::new();
+        for &(ns, k) in &fg.ge {
+            let (lo, hi) = at_least(&latency.buckets, ns);
+            rows.push((ns, k, lo, hi));
+            let _ = writeln!(
+                report,
+                "    >= {ns:>8} ns: function_graph {k:>7}, memcg-trace {lo}..{hi}"
+            );
+        }
+        let mut fail = |what: String| failures.push(format!("{w}: {what}"));
+        if fg.lost > 0 {
+            fail(format!("function_graph lost {} events", fg.lost));
+        }
+        if fg.calls == 0 || wl.count == 0 {
+            fail("no calls".into());
+        }
+        // Counts against the kernel's. function_graph starts once the workload's shell has
+        // turned it on for itself (26-41 calls later, seen on 5.10 and 6.12); memcg-trace's
+        // lost and interrupt-context calls may be the workload's.
+        const PREAMBLE: u64 = 200;
+        let upper = wl.count + p.lost + irq;
+        if fg.calls + PREAMBLE < wl.count || fg.calls > upper + upper / 100 {
+            fail(format!(
+                "the kernel counted {} calls of the workload, memcg-trace {} (+ {} lost, + {} in interrupts)",
+                fg.calls, wl.count, p.lost, irq
+            ));
+        }
+        // Measured: 1.1-1.5 times the ratio of the means (stalls do not land uniformly: the
+        // instrumentation's paths end more translation blocks under TCG); 3x leaves twice that.
+        let allowed = 3.0 * ratio.max(1.0 / ratio);
+        for &(ns, kernel_n, lo, hi) in &rows {
+            // The wider window's count above the threshold (at its least) and the narrower's
+            // (at its most).
+            let (wide, narrow) = if fg_wider {
+                (kernel_n, hi)
+            } else {
+                (lo, kernel_n)
+            };
+            // memcg-trace's lost calls may be any of the kernel's, the slow ones too; and its
+            // row holds the workload shell's calls before function_graph's pid filter took
+            // effect, which the kernel's does not.
+            // (Measured 26-41 calls; more than 64 is not a preamble.)
+            let preamble = wl.count.saturating_sub(fg.calls).min(64);
+            let (wide_most, narrow_least) = if fg_wider {
+                (kernel_n, lo.saturating_sub(preamble))
+            } else {
+                (hi + p.lost, kernel_n)
+            };
+            if narrow_least > wide_most {
+                fail(format!(
+                    "{narrow_least} calls of {ns} ns or more in the narrower window, {wide_most} in the wider"
+                ));
+            }
+            if ns >= 100_000 {
+                let bound = allowed * narrow as f64;
+                if wide as f64 > bound + 3.0 * bound.sqrt() + 10.0 {
+                    fail(format!(
+                        "{wide} calls of {ns} ns or more in the wider window, {narrow} in the narrower: beyond {allowed:.2}x (3x the windows' ratio)"
+                    ));
+                }
+            }
+        }
+        // On a preemptible kernel kprobe's pairs of calls that left the CPU are proven by the
+        // programs where the task never moved off its CPU, the others deferred and confirmed
+        // per tick in userspace: the slow calls are those, and a check that rejected them
+        // would censor the tail while every count above still held. At most 1% of each run's
+        // deferred rejected (none at all where a run has fewer than 100: reclaim had 16,
+        // hackbench 524-664, 0 rejected, when first asserted, all deferred then; 9 and 3 of
+        // 690 and 569 deferred since the programs prove the others), some calls that left the
+        // CPU in reclaim, at least 100 over the boot, and some of them proven by the programs.
+        if confirm_deferred {
+            let (deferred, rejected, proven) = (
+                ctx(|c| c.deferred),
+                ctx(|c| c.rejected),
+                ctx(|c| c.proven_on_cpu),
+            );
+            let left = deferred + proven;
+            deferred_all += left;
+            proven_all += proven;
+            if rejected * 100 > deferred || (w == "reclaim" && left == 0) {
+                fail(format!(
+                    "{proven} calls that left the CPU proven on it, {deferred} deferred to userspace, {rejected} rejected: some, and at most 1% rejected, expected"
+                ));
+            }
+        }
+        let (wide_max, narrow_max) = if fg_wider {
+            (fg.max_ns, latency.max_ns)
+        } else {
+            (latency.max_ns, fg.max_ns)
+        };
+        // (Where memcg-trace is the wider window and lost a call, that call may be the longest.)
+        if narrow_max > wide_max && (fg_wider || p.lost == 0) {
+            fail(format!(
+                "the narrower window's longest call {narrow_max} ns, the wider's {wide_max} ns"
+            ));
+        }
+    }
+    if confirm_deferred && (deferred_all < 100 || proven_all == 0) {
+        failures.push(format!(
+            "{deferred_all} calls that left the CPU proven or deferred to userspace over the runs, {proven_all} of them proven by the programs: at least 100, and some proven, expected"
+        ));
+    }
+    if flip {
+        // kprobe's handlers are ftrace's: the hooks registered last are called first, and
+        // their window holds the other's.
+        let want = [("hackbench", false), ("hackbench-late", true)];
+        if !want.iter().all(|w| wider.contains(w)) {
+            failures.push(format!(
+                "function_graph's window the wider: {wider:?}, expected {want:?} (the tool that hooks the function second is the outer one)"
+            ));
+        }
+    }
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), report.as_bytes());
+    assert!(
+        failures.is_empty(),
+        "{}\n{report}\n--- last console lines ({}) ---\n{}",
+        failures.join("\n"),
+        r.log.display(),
+        r.tail(20)
+    );
+}
+
+#[test]
+fn vm_oracle_6_12() {
+    oracle_on(
+        "vm_oracle_6_12",
+        "6.12",
+        "fentry",
+        "obj_cgroup_charge",
+        "try_charge_memcg",
+        false,
+    );
+}
+
+#[test]
+fn vm_oracle_5_10() {
+    oracle_on(
+        "vm_oracle_5_10",
+        "5.10",
+        "kprobe",
+        "obj_cgroup_charge",
+        "try_charge",
+        false,
+    );
+}
+
+#[test]
+fn vm_oracle_6_1_rt() {
+    oracle_on(
+        "vm_oracle_6_1_rt",
+        "6.1-rt",
+        "kprobe",
+        "obj_cgroup_charge",
+        "try_charge_memcg",
+        false,
+    );
+}
+
+#[test]
+fn vm_oracle_7_3() {
+    oracle_on(
+        "vm_oracle_7_3",
+        "7.3",
+        "kprobe",
+        "__memcg_slab_post_alloc_hook",
+        "try_charge_memcg",
+        true,
+    );
+}

@@ -235,7 +235,7 @@ pub(crate) fn under_workload(c: &Config) -> bool {
 /// on the kernels the lean programs run on).
 #[inline(always)]
 fn under_workload_by_reads(c: &Config, l: &KernelLayout) -> bool {
-    if l.task_cgroups == 0 || l.cgroup_ancestors == 0 {
+    if l.task_cgroups == 0 || l.cgroup_level == 0 || l.cgroup_ancestors == 0 {
         return false;
     }
     // SAFETY: helper without preconditions.

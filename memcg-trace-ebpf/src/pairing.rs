@@ -392,10 +392,13 @@ pub(crate) const FOUND_EVICTED: u32 = 2;
 /// is confirmed by userspace.
 ///
 /// In steps, each headed "Step N" below: (1) the exit's own interrupt slot; (2) else the task's
-/// slot, unless the task migrated since and its own entry waits on another CPU; (3) the slot
-/// read in place; (4) else the other CPUs' pending and evicted calls, or the exit is counted
-/// unpaired; (5) the pair counted, and (6) for a task call that left the CPU, its time off it
-/// and whether it is proven here or deferred; (7) timed here, or handed to userspace. One
+/// slot, unless the task migrated since and its own entry waits on another CPU (the legacy
+/// object, which cannot look, counts such an exit ambiguous or an orphan and stops); (3) the
+/// slot read in place; (4) else every CPU's pending and then evicted calls (the legacy object:
+/// this CPU's evicted ones), or the exit is counted unpaired; (5) the pair counted (an fentry
+/// interrupt pair whose entry's CPU missed a run meanwhile counted ambiguous instead); (6) for
+/// a task call that left the CPU, its time off it and whether it is proven here or deferred;
+/// (7) timed here, or handed to userspace. One
 /// function, not seven: the steps share the search buffer and the slot copy on the program's
 /// small stack, and moving them into functions of their own changed the compiled programs
 /// (by -2% to +2% of their instructions, tried), which must stay the same for this change.
@@ -467,8 +470,9 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         }
     }
 
-    // Step 2. The task slot holding this task and frame. The task's switch count now, where
-    // one does (`switches_read`).
+    // Step 2. The task slot holding this task and frame (where the task migrated since that
+    // entry, the legacy object ends the run here). The task's switch count now, where one does
+    // (`switches_read`).
     let mut switches_now: u64 = 0;
     let mut switches_read = false;
     if !found {
@@ -565,8 +569,8 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         call = p;
     }
 
-    // Step 4. Not pending here: a task call that migrated (found on another CPU), or an exit
-    // whose entry was lost (counted unpaired).
+    // Step 4. Not pending here: a task call that migrated (found on another CPU), an evicted
+    // call's exit, or an exit whose entry was lost (counted unpaired).
     if !found {
         let read = if own_ctx == CTX_NOT_READ {
             env.context()
@@ -631,7 +635,8 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         }
     }
 
-    // Step 5. The pair, counted.
+    // Step 5. The pair, counted (an fentry interrupt pair whose entry's CPU missed a run
+    // meanwhile, as ambiguous).
     // SAFETY: set above with `found` (to the slot, which no other run takes before this one
     // ends, or to the copy).
     let call = unsafe { &*call };
@@ -803,9 +808,9 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     }
 }
 
-/// The other CPUs' pending calls (`evicted` 0) or evicted ones (1) searched for this task's
-/// call at `key`, skipping CPU `skip` and entries made before `after`: `FOUND_PENDING` (the
-/// call is then in the buffer's `call`), `FOUND_EVICTED`, or 0.
+/// Every CPU's pending calls (`evicted` 0) or evicted ones (1) but CPU `skip`'s (`u64::MAX`:
+/// none skipped) searched for this task's call at `key`, entries made before `after` left
+/// out: `FOUND_PENDING` (the call is then in the buffer's `call`), `FOUND_EVICTED`, or 0.
 ///
 /// # Safety
 /// `sp` is the search buffer of the running program (a local).

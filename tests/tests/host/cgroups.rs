@@ -39,7 +39,9 @@ mkdir "$base$cg/inner" && echo $$ > "$base$cg/inner/cgroup.procs" && exec sleep 
 /// either object: the full one asks the kernel (`bpf_get_current_ancestor_cgroup_id`), the
 /// legacy one, whose kernels (before 5.18) refuse that helper to tracing programs, reads the
 /// cgroup's ancestors itself (here `cgroup.ancestors[]`; 5.10's `ancestor_ids[]` in
-/// vm_matrix_5_10).
+/// vm_matrix_5_10). And it keeps only its own: the same beside another charger two levels
+/// down (`mt-other-charger/leaf`), whose ancestor at the workload's depth is read and
+/// is not the workload's cgroup.
 #[test]
 fn host_a_workload_moved_below_its_cgroup_keeps_its_calls() {
     let name = "host_a_workload_moved_below_its_cgroup_keeps_its_calls";
@@ -49,14 +51,21 @@ fn host_a_workload_moved_below_its_cgroup_keeps_its_calls() {
     let Some(hb) = hackbench_or_skip(name) else {
         return;
     };
+    let Some(v2) = fs::read_to_string("/proc/mounts").ok().and_then(|m| {
+        m.lines()
+            .find(|l| l.split_whitespace().nth(2) == Some("cgroup2"))
+            .and_then(|l| l.split_whitespace().nth(1).map(String::from))
+    }) else {
+        skip(name, "no cgroup v2 mount");
+        return;
+    };
     // The task's cgroup v2 (memcg-trace's, or on a v1 memory hierarchy its v2 companion).
     let script = format!(
-        r#"cg=$(awk -F: '$1=="0"{{print $3}}' /proc/self/cgroup); base=$(awk '$3=="cgroup2"{{print $2; exit}}' /proc/mounts)
-mkdir "$base$cg/in" && echo $$ > "$base$cg/in/cgroup.procs" && exec {hb} -g 2 -l 100"#
+        r#"cg=$(awk -F: '$1=="0"{{print $3}}' /proc/self/cgroup)
+mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 100"#
     );
-    let mut report = Vec::new();
-    for object in ["full", "legacy"] {
-        let json = scratch(name).join(format!("{object}.json"));
+    let record = |object: &str, run: &str| {
+        let json = scratch(name).join(format!("{object}-{run}.json"));
         let out = Command::new(bin())
             .env("MEMCG_TRACE_BPF_OBJECT", object)
             .args(["record", "--attach", "tracepoint", "--bpf-stats", "-o"])
@@ -67,7 +76,7 @@ mkdir "$base$cg/in" && echo $$ > "$base$cg/in/cgroup.procs" && exec {hb} -g 2 -l
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
-            "{object} object: record failed ({}):\n{stdout}\n{}",
+            "{object} object, {run}: record failed ({}):\n{stdout}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
@@ -75,20 +84,84 @@ mkdir "$base$cg/in" && echo $$ > "$base$cg/in/cgroup.procs" && exec {hb} -g 2 -l
         check_invariants(&doc, &stdout);
         let stat = probe(&doc, "stat");
         let own = stat.workload.as_ref().expect("workload figures").count;
-        let task = ctx_count(stat, "task");
+        (own, ctx_count(stat, "task"), stdout)
+    };
+    let mut report = Vec::new();
+    for object in ["full", "legacy"] {
+        let (own, task, stdout) = record(object, "alone");
         // hackbench makes nearly all task calls; a workload row that did not follow it below
         // its cgroup holds only the shell's few calls before the move.
         assert!(
             own * 2 >= task && own <= task,
             "{object} object: a workload in a cgroup below its own: workload {own} of {task} task calls\n{stdout}"
         );
+        let other = OtherCharger::start(Path::new(&v2).join("mt-other-charger"), &hb);
+        let (own_beside, task_beside, stdout) = record(object, "beside");
+        drop(other);
+        // The same hackbench makes about as many calls beside the other; a test that took any
+        // task deeper than the workload's cgroup for the workload's would add the other's
+        // thousands to its row.
+        assert!(
+            own_beside * 4 <= own * 5 && task_beside >= own_beside + 1000,
+            "{object} object: beside a charger two levels down: workload {own_beside} of {task_beside} task calls ({own} alone)\n{stdout}"
+        );
         assert_left_nothing(
             &format!("{object} object: a workload moved below its cgroup"),
             "-",
         );
         report.push(format!(
-            "{object} object: workload {own} of {task} task calls"
+            "{object} object: workload {own} of {task} task calls; beside another charger {own_beside} of {task_beside}"
         ));
     }
     summary(name, &report.join("; "));
+}
+
+/// A hackbench pair running all along in `dir/leaf` (cgroup v2), killed and its cgroups removed
+/// when dropped.
+struct OtherCharger {
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl OtherCharger {
+    fn start(dir: std::path::PathBuf, hb: &str) -> OtherCharger {
+        let leaf = dir.join("leaf");
+        fs::create_dir_all(&leaf).expect("make the other charger's cgroup");
+        let mut charger = OtherCharger { dir, child: None };
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec {hb} -g 1 -f 1 -l 100000000",
+                leaf.display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the other charger");
+        charger.child = Some(child);
+        thread::sleep(Duration::from_secs(1));
+        charger
+    }
+}
+
+impl Drop for OtherCharger {
+    fn drop(&mut self) {
+        let leaf = self.dir.join("leaf");
+        for _ in 0..100 {
+            let procs = fs::read_to_string(leaf.join("cgroup.procs")).unwrap_or_default();
+            if procs.trim().is_empty() {
+                break;
+            }
+            for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+                // SAFETY: a plain kill(2) of a process of the other charger's cgroup.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        let _ = fs::remove_dir(&leaf);
+        let _ = fs::remove_dir(&self.dir);
+    }
 }

@@ -49,18 +49,22 @@ fn vm_matrix(short: &str) {
     // `ancestor_ids[]` itself (its kernel refuses the ancestor helper to tracing programs).
     let moved = matches!(short, "5.10" | "6.12" | "7.3");
     // The workload beside another charger: a hackbench pair (one sender, one receiver) in a
-    // memcg of its own (the root cgroup's tasks charge nothing) that outlasts the recording. The workload's row must hold
-    // the workload's calls only, as many as it makes alone, with the other's calls in the
-    // system rows: a strict gap, which counting every task call as the workload's would close.
+    // memcg of its own (the root cgroup's tasks charge nothing) that outlasts the recording,
+    // two levels down (`other/leaf`: deeper than the workload's cgroup, so the test of a task
+    // below the workload's reads its ancestor and must tell it apart). The workload's row must
+    // hold the workload's calls only, as many as it makes alone, with the other's calls in the
+    // system rows: a strict gap, which counting every task call (or every deeper one) as the
+    // workload's would close. 5.10 has no cgroup.kill: the other's processes are killed one by
+    // one there.
     if moved {
         script.push_str(
             "memcg-trace record -q -p charge -o /out/alone.json -- hackbench -g 1 -l 40 >/out/alone.txt 2>&1 || { cat /out/alone.txt; exit 1; }\n\
-             echo +memory >/sys/fs/cgroup/cgroup.subtree_control; mkdir /sys/fs/cgroup/other\n\
-             sh -c 'echo $$ >/sys/fs/cgroup/other/cgroup.procs && exec hackbench -g 1 -f 1 -l 100000000' >/dev/null 2>&1 &\n\
+             echo +memory >/sys/fs/cgroup/cgroup.subtree_control; o=/sys/fs/cgroup/other; mkdir -p $o/leaf\n\
+             sh -c 'echo $$ >/sys/fs/cgroup/other/leaf/cgroup.procs && exec hackbench -g 1 -f 1 -l 100000000' >/dev/null 2>&1 &\n\
              sleep 1\n\
              memcg-trace record -q -p charge -o /out/beside.json -- hackbench -g 1 -l 40 >/out/beside.txt 2>&1 || { cat /out/beside.txt; exit 1; }\n\
-             o=/sys/fs/cgroup/other; if [ -e $o/cgroup.kill ]; then echo 1 >$o/cgroup.kill; else while [ -n \"$(cat $o/cgroup.procs)\" ]; do kill -9 $(cat $o/cgroup.procs) 2>/dev/null; sleep 0.1; done; fi; wait || true\n\
-             rmdir /sys/fs/cgroup/other 2>/dev/null || true\n",
+             if [ -e $o/cgroup.kill ]; then echo 1 >$o/cgroup.kill; else i=0; while [ $i -lt 100 ] && [ -n \"$(cat $o/leaf/cgroup.procs)\" ]; do kill -9 $(cat $o/leaf/cgroup.procs) 2>/dev/null; sleep 0.1; i=$((i+1)); done; fi; wait || true\n\
+             rmdir $o/leaf $o 2>/dev/null || true\n",
         );
         script.push_str(
             "memcg-trace record -q -p charge -o /out/moved.json -- sh -c 'cg=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup); mkdir $cg/in && echo $$ >$cg/in/cgroup.procs && exec hackbench -g 2 -l 50' >/out/moved.txt 2>&1 || { cat /out/moved.txt; exit 1; }\n",

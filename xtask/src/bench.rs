@@ -467,20 +467,24 @@ fn loss_rows(dir: &Path, rows: &mut Vec<Row>) -> Result<serde_json::Value> {
         };
         let (tracer, tracer_name) = worst(|p| p.tracer);
         let (kprobe, kprobe_name) = worst(|p| p.kprobe);
-        rows.push(Row(
-            format!("calls lost by the tracer with auto (at most), worst probe ({tracer_name})"),
-            format!("VM {k} (TCG)"),
-            format!("{:.3}%: {}", tracer * 100.0, parts(|p| p.tracer)),
-            "<= 1%".into(),
-            verdict(Some(tracer <= 0.01)),
-        ));
-        rows.push(Row(
-            format!("calls the kernel's kprobes missed with auto, worst probe ({kprobe_name})"),
-            format!("VM {k} (TCG)"),
-            format!("{:.3}%: {}", kprobe * 100.0, parts(|p| p.kprobe)),
-            "<= 5%".into(),
-            verdict(Some(kprobe <= 0.05)),
-        ));
+        rows.push(Row {
+            figure: format!(
+                "calls lost by the tracer with auto (at most), worst probe ({tracer_name})"
+            ),
+            place: format!("VM {k} (TCG)"),
+            value: format!("{:.3}%: {}", tracer * 100.0, parts(|p| p.tracer)),
+            target: "<= 1%".into(),
+            verdict: verdict(Some(tracer <= 0.01)),
+        });
+        rows.push(Row {
+            figure: format!(
+                "calls the kernel's kprobes missed with auto, worst probe ({kprobe_name})"
+            ),
+            place: format!("VM {k} (TCG)"),
+            value: format!("{:.3}%: {}", kprobe * 100.0, parts(|p| p.kprobe)),
+            target: "<= 5%".into(),
+            verdict: verdict(Some(kprobe <= 0.05)),
+        });
         json.insert(
             k.to_string(),
             serde_json::json!({
@@ -721,19 +725,19 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
     // functions).
     let cost_row = |i: usize, name: &str, what: &str| -> Row {
         let v = col(i);
-        Row(
-            format!(
+        Row {
+            figure: format!(
                 "full cost per traced call{what}, {name} (median; spread of {} rounds)",
                 v.len()
             ),
-            place.clone(),
-            match median(&v) {
+            place: place.clone(),
+            value: match median(&v) {
                 Some(m) => format!("{:.2} us; {}", m / 1e3, spread(&v)),
                 None => "-".into(),
             },
-            "report".into(),
-            "reported",
-        )
+            target: "report".into(),
+            verdict: "reported",
+        }
     };
     for (i, name) in [
         (0, "bpftrace"),
@@ -760,42 +764,44 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
     let hangs = fs::read_to_string(dir.join("peer-hangs.txt")).unwrap_or_default();
     let killed = |what: String| hangs.lines().any(|l| l == what);
     let retries = fs::read_to_string(dir.join("peer-retries.txt")).unwrap_or_default();
-    rows.push(Row(
-        "comparison boots run again after a failed one (QEMU's flag corruption, or as named)"
-            .into(),
-        place.clone(),
-        if retries.trim().is_empty() {
+    rows.push(Row {
+        figure:
+            "comparison boots run again after a failed one (QEMU's flag corruption, or as named)"
+                .into(),
+        place: place.clone(),
+        value: if retries.trim().is_empty() {
             "none".into()
         } else {
             retries.lines().collect::<Vec<_>>().join("; ")
         },
-        "report".into(),
-        "reported",
-    ));
-    rows.push(Row(
-        "bpftrace runs killed after not leaving on SIGINT (their hackbench times stand)".into(),
-        place.clone(),
-        if hangs.trim().is_empty() {
+        target: "report".into(),
+        verdict: "reported",
+    });
+    rows.push(Row {
+        figure: "bpftrace runs killed after not leaving on SIGINT (their hackbench times stand)"
+            .into(),
+        place: place.clone(),
+        value: if hangs.trim().is_empty() {
             "none".into()
         } else {
             hangs.lines().collect::<Vec<_>>().join(", ")
         },
-        "report".into(),
-        "reported",
-    ));
+        target: "report".into(),
+        verdict: "reported",
+    });
     let agree: Vec<f64> = rounds
         .iter()
         .filter(|r| r.calls[1] > 0 && !killed(format!("round {}: B", r.round)))
         .map(|r| r.calls[0] as f64 / r.calls[1] as f64)
         .collect();
     let agree_m = median(&agree);
-    rows.push(Row(
-        "calls timed per run, bpftrace / memcg-trace fentry (median)".into(),
-        place.clone(),
-        agree_m.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
-        "0.9-1.1".into(),
-        verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
-    ));
+    rows.push(Row {
+        figure: "calls timed per run, bpftrace / memcg-trace fentry (median)".into(),
+        place: place.clone(),
+        value: agree_m.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
+        target: "0.9-1.1".into(),
+        verdict: verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
+    });
     let mut ratio_json = serde_json::Map::new();
     for (i, name, target) in [(1, "fentry", true), (2, "kprobe", false)] {
         let v = ratios(i);
@@ -805,24 +811,24 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
         // The target is set for 6.12 with fentry; elsewhere the ratio is reported. A verdict
         // needs most rounds to count.
         let judged = target && kernel == "6.12" && v.len() * 2 > n_rounds && n_rounds >= 3;
-        rows.push(Row(
-            format!("full cost per call, memcg-trace {name} / bpftrace (median; range)"),
-            place.clone(),
-            match m {
+        rows.push(Row {
+            figure: format!("full cost per call, memcg-trace {name} / bpftrace (median; range)"),
+            place: place.clone(),
+            value: match m {
                 Some(m) => format!("{m:.2}x; {lo:.2}-{hi:.2}x"),
                 None => "-".into(),
             },
-            if target {
+            target: if target {
                 "<= 0.5x".into()
             } else {
                 "report".into()
             },
-            if judged {
+            verdict: if judged {
                 verdict(m.map(|m| m <= 0.5))
             } else {
                 "reported"
             },
-        ));
+        });
         ratio_json.insert(
             name.into(),
             serde_json::json!({"per_round": v, "median": m}),
@@ -837,15 +843,15 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             (b - e > 0.0 && f - e > 0.0).then(|| (f - e) / (b - e))
         })
         .collect();
-    rows.push(Row(
-        "cost above the floor per call, memcg-trace fentry / bpftrace (median)".into(),
-        place.clone(),
-        median(&above)
+    rows.push(Row {
+        figure: "cost above the floor per call, memcg-trace fentry / bpftrace (median)".into(),
+        place: place.clone(),
+        value: median(&above)
             .map(|m| format!("{m:.2}x ({} rounds)", above.len()))
             .unwrap_or("-".into()),
-        "report".into(),
-        "reported",
-    ));
+        target: "report".into(),
+        verdict: "reported",
+    });
     ratio_json.insert(
         "fentry_above_floor".into(),
         serde_json::json!({"per_round": above, "median": median(&above)}),
@@ -859,19 +865,20 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
         _ => None,
     };
     let judged = kernel == "6.12" && col(3).len() * 2 > n_rounds && n_rounds >= 3;
-    rows.push(Row(
-        "cost above the empty pair / the empty pair's cost, memcg-trace fentry (medians)".into(),
-        place.clone(),
-        over_floor
+    rows.push(Row {
+        figure: "cost above the empty pair / the empty pair's cost, memcg-trace fentry (medians)"
+            .into(),
+        place: place.clone(),
+        value: over_floor
             .map(|m| format!("{m:.2}x ({} rounds)", col(3).len()))
             .unwrap_or("-".into()),
-        "<= 1.5x".into(),
-        if judged {
+        target: "<= 1.5x".into(),
+        verdict: if judged {
             verdict(over_floor.map(|r| r <= 1.5))
         } else {
             "reported"
         },
-    ));
+    });
     ratio_json.insert(
         "fentry_above_empty_pair".into(),
         serde_json::json!({"median": over_floor}),
@@ -899,13 +906,15 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             .map(|r| r.calls[3] as f64 / r.calls[4] as f64)
             .collect();
         let agree_m = median(&agree);
-        rows.push(Row(
-            "calls timed per run on charge alone, funclatency / memcg-trace fentry (median)".into(),
-            place.clone(),
-            agree_m.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
-            "0.9-1.1".into(),
-            verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
-        ));
+        rows.push(Row {
+            figure:
+                "calls timed per run on charge alone, funclatency / memcg-trace fentry (median)"
+                    .into(),
+            place: place.clone(),
+            value: agree_m.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
+            target: "0.9-1.1".into(),
+            verdict: verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
+        });
         // Issue 38's targets: fentry at most 0.75x funclatency's cost, kprobe (what `auto`
         // runs on preemptible kernels) at most 1.0x; judged on 6.12 with most of 3 or more
         // rounds counting.
@@ -922,22 +931,16 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let judged =
                 kernel == "6.12" && v.len() * 2 > charge_rounds.len() && charge_rounds.len() >= 3;
-            rows.push(Row(
-                format!(
+            rows.push(Row { figure: format!(
                     "full cost per call on charge alone, memcg-trace {name} / funclatency (median; range)"
-                ),
-                place.clone(),
-                match m {
+                ), place: place.clone(), value: match m {
                     Some(m) => format!("{m:.2}x; {lo:.2}-{hi:.2}x"),
                     None => "-".into(),
-                },
-                format!("<= {target:.2}x"),
-                if judged {
+                }, target: format!("<= {target:.2}x"), verdict: if judged {
                     verdict(m.map(|m| m <= target))
                 } else {
                     "reported"
-                },
-            ));
+                } });
             ratio_json.insert(
                 format!("charge_{name}_vs_funclatency"),
                 serde_json::json!({"per_round": v, "median": m}),
@@ -1051,13 +1054,13 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
         );
         cal.insert(name.into(), serde_json::json!({"ns_per_call": ns}));
     }
-    rows.push(Row(
-        "programs' own time per traced call (bpf stats on, calibration run)".into(),
-        place.clone(),
-        cal_line,
-        "report".into(),
-        "reported",
-    ));
+    rows.push(Row {
+        figure: "programs' own time per traced call (bpf stats on, calibration run)".into(),
+        place: place.clone(),
+        value: cal_line,
+        target: "report".into(),
+        verdict: "reported",
+    });
     Ok(serde_json::json!({
         "probes": PEER_PROBES,
         "hackbench": hackbench_args(dir),
@@ -1120,8 +1123,14 @@ fn f(v: &serde_json::Value, ptr: &str) -> Option<f64> {
     v.pointer(ptr).and_then(|x| x.as_f64())
 }
 
-/// One line of the report: figure, where, value, target, verdict.
-struct Row(String, String, String, String, &'static str);
+/// One line of the report.
+struct Row {
+    figure: String,
+    place: String,
+    value: String,
+    target: String,
+    verdict: &'static str,
+}
 
 fn verdict(ok: Option<bool>) -> &'static str {
     match ok {
@@ -1160,24 +1169,24 @@ fn rows_for(
         } else {
             String::new()
         };
-        rows.push(Row(
-            format!("per-call cost / floor (b), {b} on {target} (median run)"),
-            place.into(),
-            format!(
+        rows.push(Row {
+            figure: format!("per-call cost / floor (b), {b} on {target} (median run)"),
+            place: place.into(),
+            value: format!(
                 "{:.2}x ({ours:.0} ns vs {floor:.0} ns{range})",
                 rc.unwrap_or(f64::NAN)
             ),
-            if host {
+            target: if host {
                 "<= 1.5x".into()
             } else {
                 "report (target is for the host)".into()
             },
-            if host {
+            verdict: if host {
                 verdict(rc.map(|r| r <= 1.5))
             } else {
                 "reported"
             },
-        ));
+        });
         for (flag, key) in [("--callers", "callers"), ("--by-memcg", "by_memcg")] {
             let Some(rv) = f(&v, &format!("/ratio_to_clock_{key}")) else {
                 continue;
@@ -1189,49 +1198,49 @@ fn rows_for(
             let of_plain = rc.map(|r| rv / r);
             let limit = if host { 1.5 } else { 1.3 };
             let judged = host || place.contains("instruction-counted");
-            rows.push(Row(
-                format!("per-call cost / floor (b) with {flag}, {b} (median run)"),
-                place.into(),
-                format!(
+            rows.push(Row {
+                figure: format!("per-call cost / floor (b) with {flag}, {b} (median run)"),
+                place: place.into(),
+                value: format!(
                     "{rv:.2}x ({ns:.0} ns; {:.2}x the cost without)",
                     of_plain.unwrap_or(f64::NAN)
                 ),
-                format!("<= {limit}x the cost without"),
-                if judged {
+                target: format!("<= {limit}x the cost without"),
+                verdict: if judged {
                     verdict(of_plain.map(|r| r <= limit))
                 } else {
                     "reported"
                 },
-            ));
+            });
         }
-        rows.push(Row(
-            format!("per-call cost / floor (a), {b}"),
-            place.into(),
-            format!("{:.2}x", re.unwrap_or(f64::NAN)),
-            "report".into(),
-            "reported",
-        ));
+        rows.push(Row {
+            figure: format!("per-call cost / floor (a), {b}"),
+            place: place.into(),
+            value: format!("{:.2}x", re.unwrap_or(f64::NAN)),
+            target: "report".into(),
+            verdict: "reported",
+        });
         let med = f(&v, "/slowdown/median_ratio");
         let min = f(&v, "/slowdown/min_ratio");
         let pct = |r: Option<f64>| {
             r.map(|r| format!("{:+.1}%", (r - 1.0) * 100.0))
                 .unwrap_or("-".into())
         };
-        rows.push(Row(
-            format!("hackbench slowdown, default probes, {b} (median; min)"),
-            place.into(),
-            format!("{}; {}", pct(med), pct(min)),
-            if host && *b == "tracepoint" {
+        rows.push(Row {
+            figure: format!("hackbench slowdown, default probes, {b} (median; min)"),
+            place: place.into(),
+            value: format!("{}; {}", pct(med), pct(min)),
+            target: if host && *b == "tracepoint" {
                 "<= 5%".into()
             } else {
                 "report".into()
             },
-            if host && *b == "tracepoint" {
+            verdict: if host && *b == "tracepoint" {
                 verdict(med.map(|m| m <= 1.05))
             } else {
                 "reported"
             },
-        ));
+        });
         // The programs as the kernel runs them: memcg-trace's pair with direct reads, with
         // bpf_probe_read_kernel reads (the way before), and the floors.
         let code = v
@@ -1261,38 +1270,40 @@ fn rows_for(
         };
         if let Some(direct) = shape(false) {
             let pr = f(&v, "/ours_probe_read/ns_per_call");
-            rows.push(Row(
-                format!("memcg-trace's {b} programs: direct reads (bpf_probe_read_kernel reads)"),
-                place.into(),
-                format!(
+            rows.push(Row {
+                figure: format!(
+                    "memcg-trace's {b} programs: direct reads (bpf_probe_read_kernel reads)"
+                ),
+                place: place.into(),
+                value: format!(
                     "{ours:.0} ns, {direct} ({} ns, {})",
                     pr.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
                     shape(true).unwrap_or_default()
                 ),
-                "report".into(),
-                "reported",
-            ));
+                target: "report".into(),
+                verdict: "reported",
+            });
         }
         json.insert(format!("bench_{b}"), v);
     }
     for tick in ["1s", "100ms"] {
         let v = read(&dir.join(format!("daemon-{tick}.json")))?;
         let share = f(&v, "/meta/tracer/cpu_share").unwrap_or(0.0);
-        rows.push(Row(
-            format!("daemon CPU at a {tick} tick"),
-            place.into(),
-            format!("{:.3}% of a core", share * 100.0),
-            if tick == "1s" {
+        rows.push(Row {
+            figure: format!("daemon CPU at a {tick} tick"),
+            place: place.into(),
+            value: format!("{:.3}% of a core", share * 100.0),
+            target: if tick == "1s" {
                 "<= 1%".into()
             } else {
                 "report".into()
             },
-            if tick == "1s" && host {
+            verdict: if tick == "1s" && host {
                 verdict(Some(share <= 0.01))
             } else {
                 "reported"
             },
-        ));
+        });
         if tick == "1s" {
             let rss = f(&v, "/meta/tracer/peak_rss_kib").unwrap_or(0.0) / 1024.0;
             if tick == "1s" && host {
@@ -1300,39 +1311,41 @@ fn rows_for(
                     let share = f(&s, "/cpu_share").unwrap_or(f64::NAN);
                     let srss = f(&s, "/peak_rss_kib").unwrap_or(f64::NAN) / 1024.0;
                     let every = f(&s, "/scrape_secs").unwrap_or(0.0);
-                    rows.push(Row(
-                        format!("serve: daemon CPU, scraped every {every:.0} s beside hackbench"),
-                        place.into(),
-                        format!(
+                    rows.push(Row {
+                        figure: format!(
+                            "serve: daemon CPU, scraped every {every:.0} s beside hackbench"
+                        ),
+                        place: place.into(),
+                        value: format!(
                             "{:.3}% of a core ({} bytes a scrape)",
                             share * 100.0,
                             f(&s, "/scrape_bytes").unwrap_or(0.0)
                         ),
-                        "<= 0.5%".into(),
-                        verdict(Some(share <= 0.005)),
-                    ));
-                    rows.push(Row(
-                        "serve: peak RSS".into(),
-                        place.into(),
-                        format!("{srss:.1} MiB"),
-                        "<= 32 MiB".into(),
-                        verdict(Some(srss <= 32.0)),
-                    ));
+                        target: "<= 0.5%".into(),
+                        verdict: verdict(Some(share <= 0.005)),
+                    });
+                    rows.push(Row {
+                        figure: "serve: peak RSS".into(),
+                        place: place.into(),
+                        value: format!("{srss:.1} MiB"),
+                        target: "<= 32 MiB".into(),
+                        verdict: verdict(Some(srss <= 32.0)),
+                    });
                 }
             }
             let up = f(&v, "/meta/tracer/startup_ns").unwrap_or(0.0) / 1e9;
             let down = f(&v, "/meta/tracer/detach_ns").unwrap_or(0.0) / 1e9;
-            rows.push(Row(
-                "daemon peak RSS".into(),
-                place.into(),
-                format!("{rss:.1} MiB"),
-                "<= 32 MiB".into(),
-                if host {
+            rows.push(Row {
+                figure: "daemon peak RSS".into(),
+                place: place.into(),
+                value: format!("{rss:.1} MiB"),
+                target: "<= 32 MiB".into(),
+                verdict: if host {
                     verdict(Some(rss <= 32.0))
                 } else {
                     "reported"
                 },
-            ));
+            });
             let phases: Vec<String> = v
                 .pointer("/meta/tracer/startup_phases")
                 .and_then(|p| p.as_array())
@@ -1346,35 +1359,35 @@ fn rows_for(
                     ))
                 })
                 .collect();
-            rows.push(Row(
-                "start-up phases".into(),
-                place.into(),
-                phases.join(", "),
-                "report".into(),
-                "reported",
-            ));
-            rows.push(Row(
-                "start-up to all probes attached".into(),
-                place.into(),
-                format!("{up:.3} s"),
-                "<= 1 s".into(),
-                if host {
+            rows.push(Row {
+                figure: "start-up phases".into(),
+                place: place.into(),
+                value: phases.join(", "),
+                target: "report".into(),
+                verdict: "reported",
+            });
+            rows.push(Row {
+                figure: "start-up to all probes attached".into(),
+                place: place.into(),
+                value: format!("{up:.3} s"),
+                target: "<= 1 s".into(),
+                verdict: if host {
                     verdict(Some(up <= 1.0))
                 } else {
                     "reported"
                 },
-            ));
-            rows.push(Row(
-                "detach on exit".into(),
-                place.into(),
-                format!("{down:.3} s"),
-                "<= 0.2 s".into(),
-                if host {
+            });
+            rows.push(Row {
+                figure: "detach on exit".into(),
+                place: place.into(),
+                value: format!("{down:.3} s"),
+                target: "<= 0.2 s".into(),
+                verdict: if host {
                     verdict(Some(down <= 0.2))
                 } else {
                     "reported"
                 },
-            ));
+            });
         }
         json.insert(format!("daemon_{tick}"), v);
     }
@@ -1466,8 +1479,8 @@ pub fn bench(
     let smoke = size.dir == SMOKE.dir;
     if smoke {
         for r in &mut rows {
-            if r.4 == "met" || r.4 == "MISSED" {
-                r.4 = "smoke: no verdict";
+            if r.verdict == "met" || r.verdict == "MISSED" {
+                r.verdict = "smoke: no verdict";
             }
         }
     }
@@ -1476,7 +1489,7 @@ pub fn bench(
         "vm": { "kernel": kernel, "results": vm },
         "peer": peer,
         "loss": loss,
-        "rows": rows.iter().map(|r| serde_json::json!({"figure": r.0, "where": r.1, "value": r.2, "target": r.3, "verdict": r.4})).collect::<Vec<_>>(),
+        "rows": rows.iter().map(|r| serde_json::json!({"figure": r.figure, "where": r.place, "value": r.value, "target": r.target, "verdict": r.verdict})).collect::<Vec<_>>(),
     });
     fs::write(
         root.join("report.json"),
@@ -1494,11 +1507,15 @@ pub fn bench(
     md.push_str(&format!("Host: this machine's kernel (tracepoint backend). VM: {vm_kernel} under single-threaded TCG, where absolute costs are inflated 10-100x; read the ratios.\n\n| figure | where | value | target | verdict |\n|---|---|---|---|---|\n"));
     let mut summary = String::new();
     for r in &rows {
-        let _ = writeln!(md, "| {} | {} | {} | {} | {} |", r.0, r.1, r.2, r.3, r.4);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            r.figure, r.place, r.value, r.target, r.verdict
+        );
         let _ = writeln!(
             summary,
             "{:<60} {:<16} {:<28} {:<10} {}",
-            r.0, r.1, r.2, r.3, r.4
+            r.figure, r.place, r.value, r.target, r.verdict
         );
     }
     let _ = write!(
@@ -1532,7 +1549,6 @@ pub fn bench(
     Ok(root.join("report.md"))
 }
 
-/// The commit the tree is at, `+dirty` when it has changes (`unknown` without git).
 /// Why this run does not write docs/results.md (None: it does).
 fn page_refused(smoke: bool, parts: &[Part], own_kernel: bool) -> Option<String> {
     let missing: Vec<String> = ALL_PARTS
@@ -1546,7 +1562,7 @@ fn page_refused(smoke: bool, parts: &[Part], own_kernel: bool) -> Option<String>
         Some("the VM parts ran on a kernel image given, not Debian's".into())
     } else if !missing.is_empty() {
         Some(format!(
-            "parts {} were reused from earlier runs (the page is written by a run of every part)",
+            "parts {} were not run now (the page is written by a run of every part)",
             missing.join(", ")
         ))
     } else {
@@ -1554,6 +1570,7 @@ fn page_refused(smoke: bool, parts: &[Part], own_kernel: bool) -> Option<String>
     }
 }
 
+/// The commit the tree is at, `+dirty` when it has changes (`unknown` without git).
 fn git_commit() -> String {
     let out = |args: &[&str]| {
         Command::new("git")
@@ -1629,15 +1646,15 @@ mod tests {
         got.expect("rows");
         assert_eq!(rows.len(), 2);
         assert!(
-            rows[0].0.contains("tracer") && rows[0].0.contains("(stat)"),
+            rows[0].figure.contains("tracer") && rows[0].figure.contains("(stat)"),
             "{:?}",
-            rows[0].0
+            rows[0].figure
         );
-        assert!(rows[0].2.starts_with("1.000%"), "{}", rows[0].2);
-        assert_eq!(rows[0].4, "met");
-        assert!(rows[1].0.contains("kprobes missed") && rows[1].0.contains("(rstat)"));
-        assert!(rows[1].2.starts_with("1.241%"), "{}", rows[1].2);
-        assert_eq!(rows[1].4, "met");
+        assert!(rows[0].value.starts_with("1.000%"), "{}", rows[0].value);
+        assert_eq!(rows[0].verdict, "met");
+        assert!(rows[1].figure.contains("kprobes missed") && rows[1].figure.contains("(rstat)"));
+        assert!(rows[1].value.starts_with("1.241%"), "{}", rows[1].value);
+        assert_eq!(rows[1].verdict, "met");
     }
 
     #[test]

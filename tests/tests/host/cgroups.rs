@@ -64,24 +64,10 @@ fn host_a_workload_moved_below_its_cgroup_keeps_its_calls() {
         r#"cg=$(awk -F: '$1=="0"{{print $3}}' /proc/self/cgroup)
 mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 100"#
     );
+    let dir = scratch(name);
     let record = |object: &str, run: &str| {
-        let json = scratch(name).join(format!("{object}-{run}.json"));
-        let out = Command::new(bin())
-            .env("MEMCG_TRACE_BPF_OBJECT", object)
-            .args(["record", "--attach", "tracepoint", "--bpf-stats", "-o"])
-            .arg(&json)
-            .args(["--", "sh", "-c", &script])
-            .output()
-            .expect("run memcg-trace");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{object} object, {run}: record failed ({}):\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let doc = load_recording(&json);
-        check_invariants(&doc, &stdout);
+        let json = dir.join(format!("{object}-{run}.json"));
+        let (doc, stdout) = record_tracepoint_to(&json, Some(object), &["sh", "-c", &script]);
         let stat = probe(&doc, "stat");
         let own = stat.workload.as_ref().expect("workload figures").count;
         (own, ctx_count(stat, "task"), stdout)

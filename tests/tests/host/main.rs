@@ -41,27 +41,37 @@ fn host_ready(name: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
 /// `record --attach tracepoint -- CMD` into a scratch JSON; checks it succeeded, validates the
 /// recording and its invariants, and returns it with the printed summary.
 fn record_tracepoint(name: &str, cmd: &[&str]) -> (memcg_trace::export::Document, String) {
-    let json = scratch(name).join("tp.json");
-    let mut args = vec![
-        "record",
-        "--attach",
-        "tracepoint",
-        // The kernel's run counts, for the invariants' cross-check of the hits.
-        "--bpf-stats",
-        "-o",
-        json.to_str().unwrap(),
-        "--",
-    ];
-    args.extend_from_slice(cmd);
-    let out = run(&args);
+    record_tracepoint_to(&scratch(name).join("tp.json"), None, cmd)
+}
+
+/// [`record_tracepoint`] into `json`, with the eBPF object `object` where given
+/// (`MEMCG_TRACE_BPF_OBJECT`: full or legacy).
+fn record_tracepoint_to(
+    json: &Path,
+    object: Option<&str>,
+    cmd: &[&str],
+) -> (memcg_trace::export::Document, String) {
+    let mut record = Command::new(bin());
+    if let Some(object) = object {
+        record.env("MEMCG_TRACE_BPF_OBJECT", object);
+    }
+    // The kernel's run counts (--bpf-stats), for the invariants' cross-check of the hits.
+    let out = record
+        .args(["record", "--attach", "tracepoint", "--bpf-stats", "-o"])
+        .arg(json)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .expect("run memcg-trace");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "record failed ({}):\n{stdout}\n{}",
+        "record ({}) failed ({}):\n{stdout}\n{}",
+        object.unwrap_or("auto object"),
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    let doc = load_recording(&json);
+    let doc = load_recording(json);
     check_invariants(&doc, &stdout);
     (doc, stdout)
 }

@@ -181,6 +181,8 @@ pub mod names {
     ];
     /// The BPF_PROG_TEST_RUN entry of `memcg-trace selftest` (see [`super::test_op`]).
     pub const SELFTEST: &str = "selftest";
+    /// The test-run entry that reads the caller's cgroup level (a cgroup namespace hides it).
+    pub const OWN_CGROUP_LEVEL: &str = "own_cgroup_level";
     /// BPF iterator over the kernel's programs: (id, address of the per-CPU stats) of each.
     pub const PROG_ITER: &str = "prog_stats";
     /// The switch witness (tp_btf on `sched_switch`): counts, per CPU, the context switches
@@ -257,7 +259,7 @@ pub mod names {
             .chain(FLOOR_EMPTY_TP)
             .chain(FLOOR_CLOCK_TP)
             .chain(CTX_CHECK)
-            .chain([SELFTEST, PROG_ITER, HELD_SWITCH])
+            .chain([SELFTEST, OWN_CGROUP_LEVEL, PROG_ITER, HELD_SWITCH])
     }
 }
 

@@ -38,7 +38,7 @@ use aya_ebpf::{
         bpf_get_stack, bpf_ktime_get_ns, bpf_loop, bpf_map_lookup_percpu_elem,
         bpf_probe_read_kernel, bpf_seq_write, bpf_this_cpu_ptr,
     },
-    macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, raw_tracepoint},
+    macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{
         BtfTracePointContext, FEntryContext, FExitContext, ProbeContext, RawTracePointContext,

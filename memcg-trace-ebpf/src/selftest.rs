@@ -73,11 +73,22 @@ impl Env for Given {
     }
 }
 
+// The test-run entries answer by their return value, which BPF_PROG_TEST_RUN hands back.
+// aya's `#[raw_tracepoint]` makes every program return 0, whatever the function returns: they
+// are declared by hand instead, as raw tracepoint programs (section `raw_tp`) that return it.
+
 /// Test entry for BPF_PROG_TEST_RUN (`memcg_trace_common::test_op`): runs the real pairing and
 /// bucketing code on inputs passed in the raw-tracepoint arguments, or reports the context the
-/// program runs in (the caller runs in task context).
-#[raw_tracepoint]
-pub fn selftest(ctx: RawTracePointContext) -> i32 {
+/// program runs in (the caller runs in task context). Returns 0, the context, or -1 for inputs
+/// it refuses.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "raw_tp")]
+pub fn selftest(ctx: *mut c_void) -> u32 {
+    run_selftest(RawTracePointContext::new(ctx)) as u32
+}
+
+#[inline(always)]
+fn run_selftest(ctx: RawTracePointContext) -> i32 {
     // SAFETY: the test-run context is an array of 12 u64 arguments supplied by userspace.
     let a = |i: usize| unsafe { *(ctx.as_ptr() as *const u64).add(i) };
     let Some(st) = cpu_state(&ctx) else {
@@ -128,4 +139,39 @@ pub fn selftest(ctx: RawTracePointContext) -> i32 {
         _ => return -1,
     }
     0
+}
+
+/// Test-run entry that answers the one question userspace cannot: the depth (`cgroup->level`)
+/// of the caller's cgroup v2 in the whole hierarchy, which a cgroup namespace or a mounted
+/// subtree hides from paths. Returns that level plus one, 0 where the layout lacks a member or
+/// a read fails. Fault-safe reads from `bpf_get_current_task()`, as on every kernel.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "raw_tp")]
+pub fn own_cgroup_level(_ctx: *mut c_void) -> u32 {
+    cgroup_level_of_current() as u32
+}
+
+#[inline(always)]
+fn cgroup_level_of_current() -> i32 {
+    let l = layout();
+    if l.task_cgroups == 0 || l.cset_dfl_cgrp == 0 || l.cgroup_level == 0 {
+        return 0;
+    }
+    // SAFETY: helper without preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    // SAFETY: reads of kernel memory through bpf_probe_read_kernel.
+    let css_set = unsafe { bpf_probe_read_kernel((task + l.task_cgroups) as *const u64) };
+    let Some(css_set) = css_set.ok().filter(|&p| p != 0) else {
+        return 0;
+    };
+    // SAFETY: as above.
+    let cgrp = unsafe { bpf_probe_read_kernel((css_set + l.cset_dfl_cgrp) as *const u64) };
+    let Some(cgrp) = cgrp.ok().filter(|&p| p != 0) else {
+        return 0;
+    };
+    // SAFETY: as above.
+    match unsafe { bpf_probe_read_kernel((cgrp + l.cgroup_level) as *const i32) } {
+        Ok(level) if level >= 0 => level + 1,
+        _ => 0,
+    }
 }

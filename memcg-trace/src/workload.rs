@@ -66,6 +66,99 @@ pub fn cgroup_level(dir: &Path) -> u32 {
     level
 }
 
+/// The kernel's depth of a cgroup v2 (`cgroup->level`), which the eBPF programs compare at,
+/// as far as paths tell it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CgroupLevel {
+    /// Not known: a workload that moves below its cgroup is not followed.
+    #[default]
+    Unknown,
+    /// Told by paths: in the initial cgroup namespace, the depth below the mount plus that of
+    /// the mount's root.
+    Exact(u32),
+    /// Inside a cgroup namespace, paths start at the namespace's root, whose depth only the
+    /// kernel knows: the level is that of this process's own cgroup plus this (negative where
+    /// this process sits deeper than the cgroup).
+    FromOwn(i64),
+}
+
+impl CgroupLevel {
+    /// The level, given that of this process's own cgroup v2 (asked only for `FromOwn`);
+    /// 0 where unknown (the root's level, which a workload's cgroup never has).
+    pub fn resolve(self, own: impl FnOnce() -> Result<u32>) -> Result<u32> {
+        match self {
+            CgroupLevel::Unknown => Ok(0),
+            CgroupLevel::Exact(l) => Ok(l),
+            CgroupLevel::FromOwn(d) => {
+                let own = own()?;
+                u32::try_from(own as i64 + d)
+                    .ok()
+                    .filter(|&l| l > 0)
+                    .ok_or_else(|| {
+                        anyhow!("this process's cgroup is at level {own}, the workload's {d:+} from it: not a cgroup below the root")
+                    })
+            }
+        }
+    }
+}
+
+/// `/proc/self/ns/cgroup` of the initial cgroup namespace (its inode number,
+/// `PROC_CGROUP_INIT_INO`, is fixed in the kernel).
+const INIT_CGROUP_NS: &str = "cgroup:[4026531835]";
+
+/// Levels a cgroup path goes down (`..` goes up one).
+fn path_depth(path: &str) -> i64 {
+    path.split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .map(|c| if c == ".." { -1 } else { 1 })
+        .sum()
+}
+
+/// [`CgroupLevel`] of cgroup v2 directory `dir`: its depth below its mount, plus the depth of
+/// the mount's root (a mounted subtree's), plus, in a cgroup namespace, that of the
+/// namespace's root, found from this process's own cgroup.
+pub fn kernel_level(dir: &Path) -> CgroupLevel {
+    let visible = cgroup_level(dir);
+    if visible == 0 {
+        return CgroupLevel::Unknown;
+    }
+    let Some(root) = cgroup2_mount_root(dir) else {
+        return CgroupLevel::Unknown;
+    };
+    let below_ns_root = visible as i64 + path_depth(&root);
+    let ns = fs::read_link("/proc/self/ns/cgroup").ok();
+    // Kernels without cgroup namespaces (before 4.6) have no such link.
+    if ns.is_none_or(|n| n == Path::new(INIT_CGROUP_NS)) {
+        return u32::try_from(below_ns_root).map_or(CgroupLevel::Unknown, CgroupLevel::Exact);
+    }
+    let own = fs::read_to_string("/proc/self/cgroup").ok().and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("0::").map(|p| path_depth(p.trim())))
+    });
+    own.map_or(CgroupLevel::Unknown, |own| {
+        CgroupLevel::FromOwn(below_ns_root - own)
+    })
+}
+
+/// The root (the fourth field of `/proc/self/mountinfo`: the path, in this cgroup namespace,
+/// of the cgroup at the mount point) of the cgroup v2 mount that holds `dir`.
+fn cgroup2_mount_root(dir: &Path) -> Option<String> {
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .filter_map(|line| {
+            let (pre, post) = line.split_once(" - ")?;
+            if post.split_whitespace().next() != Some("cgroup2") {
+                return None;
+            }
+            let mut f = pre.split_whitespace().skip(3);
+            let (root, mount) = (f.next()?, f.next()?);
+            dir.starts_with(mount)
+                .then(|| (mount.len(), root.to_string()))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, root)| root)
+}
+
 /// Finds the hierarchy to use from /proc/self/mountinfo: v2 when its root offers the memory
 /// controller, else the v1 memory hierarchy.
 pub fn find_hierarchy() -> Result<Hierarchy> {
@@ -106,8 +199,8 @@ pub struct Memcg {
     /// The cgroup v2 id that identifies the workload's tasks in the eBPF programs (0: none).
     /// On a v1 memcg it is that of a companion v2 cgroup the workload also joins.
     pub cgroup_id: u64,
-    /// The depth of that v2 cgroup below the v2 root (0: unknown).
-    pub cgroup_level: u32,
+    /// The depth of that v2 cgroup in the kernel's v2 hierarchy.
+    pub cgroup_level: CgroupLevel,
     /// The companion v2 cgroup on v1 systems.
     companion: Option<PathBuf>,
     /// Whether we created it (and so remove it).
@@ -314,7 +407,7 @@ impl Memcg {
         let mut m = Memcg {
             path,
             cgroup_id: 0,
-            cgroup_level: 0,
+            cgroup_level: CgroupLevel::Unknown,
             companion: None,
             owned: true,
             v2: h.v2,
@@ -324,7 +417,7 @@ impl Memcg {
         m._locks.push(lock?);
         if h.v2 {
             m.cgroup_id = cgroup_id(&m.path).unwrap_or(0);
-            m.cgroup_level = cgroup_level(&m.path);
+            m.cgroup_level = kernel_level(&m.path);
         } else if let Some(root) = v2root {
             // v1 memcg: the eBPF side identifies tasks by their v2 cgroup, so the workload also
             // joins a controller-less v2 cgroup of the same name.
@@ -334,7 +427,7 @@ impl Memcg {
                 if let Ok(l) = DirLock::take(&c, libc::LOCK_EX | libc::LOCK_NB) {
                     m._locks.push(l);
                     m.cgroup_id = cgroup_id(&c).unwrap_or(0);
-                    m.cgroup_level = cgroup_level(&c);
+                    m.cgroup_level = kernel_level(&c);
                 }
             }
         }
@@ -367,7 +460,11 @@ impl Memcg {
         Ok(Memcg {
             path: path.to_path_buf(),
             cgroup_id,
-            cgroup_level: if v2 { cgroup_level(path) } else { 0 },
+            cgroup_level: if v2 {
+                kernel_level(path)
+            } else {
+                CgroupLevel::Unknown
+            },
             companion: None,
             owned: false,
             v2,
@@ -851,6 +948,32 @@ pub fn timed_run(cmd: &[String]) -> Result<f64> {
 mod tests {
     use super::operations;
     use super::ours;
+    use super::{path_depth, CgroupLevel};
+
+    #[test]
+    fn a_cgroup_path_counts_its_levels_and_dot_dot_goes_up() {
+        assert_eq!(path_depth("/"), 0);
+        assert_eq!(path_depth("/daemon"), 1);
+        assert_eq!(path_depth("/a/b/c/"), 3);
+        // A cgroup outside this namespace's root, as /proc/<pid>/cgroup shows it.
+        assert_eq!(path_depth("/../../init.scope"), -1);
+    }
+
+    #[test]
+    fn a_level_from_this_process_s_own_is_asked_of_the_kernel_only_then() {
+        let never = || -> anyhow::Result<u32> { panic!("asked the kernel") };
+        assert_eq!(CgroupLevel::Exact(3).resolve(never).unwrap(), 3);
+        assert_eq!(CgroupLevel::Unknown.resolve(never).unwrap(), 0);
+        // In a namespace whose root is at level 1, this process in its `daemon` leaf (level 2,
+        // seen at depth 1) and the workload's cgroup seen at depth 1: level 2.
+        assert_eq!(CgroupLevel::FromOwn(0).resolve(|| Ok(2)).unwrap(), 2);
+        assert_eq!(CgroupLevel::FromOwn(-1).resolve(|| Ok(3)).unwrap(), 2);
+        // Never the root's level, nor below it.
+        assert!(CgroupLevel::FromOwn(-2).resolve(|| Ok(2)).is_err());
+        assert!(CgroupLevel::FromOwn(1)
+            .resolve(|| Err(anyhow::anyhow!("refused")))
+            .is_err());
+    }
 
     #[test]
     fn a_built_in_workload_is_its_own_command_and_reports_its_operations() {

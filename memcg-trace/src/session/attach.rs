@@ -55,8 +55,8 @@ pub struct AttachOptions {
     pub workload_cgroup: u64,
     /// memcg-trace created that cgroup and removes it only after detaching.
     pub workload_owned: bool,
-    /// The depth of that cgroup below the v2 root (0: unknown).
-    pub workload_level: u32,
+    /// The depth of that cgroup in the kernel's v2 hierarchy.
+    pub workload_level: crate::workload::CgroupLevel,
     /// bpf stats on for the whole run.
     pub bpf_stats: bool,
     /// Fail when something could not be calibrated.
@@ -78,7 +78,7 @@ impl AttachOptions {
             verbosity: Verbosity::Quiet,
             workload_cgroup: 0,
             workload_owned: false,
-            workload_level: 0,
+            workload_level: Default::default(),
             bpf_stats: false,
             strict: false,
             floor: false,
@@ -335,12 +335,22 @@ fn load(
         no_split,
         interleave: preemptible || no_split,
     };
+    // Only the kernel knows the level of a cgroup namespace's root.
+    let workload_level = o
+        .workload_level
+        .resolve(|| crate::tracer::own_cgroup_level(&layout))
+        .unwrap_or_else(|e| {
+            calibration.push(format!(
+                "a workload that moves below its cgroup is not followed: {e:#}"
+            ));
+            0
+        });
     let mut tracer = Tracer::load(
         &layout,
         &LoadOptions {
             workload_cgroup: o.workload_cgroup,
             workload_owned: o.workload_owned,
-            workload_level: o.workload_level,
+            workload_level,
             // One more slot than requested: the floor is measured in it.
             probes: kernel.requests.len() as u32 + 1,
             preemptible: preemption.interleave,

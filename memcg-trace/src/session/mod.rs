@@ -370,7 +370,9 @@ impl Session {
                 verbosity: opts.verbosity,
                 workload_cgroup: cgid,
                 workload_owned: memcg.as_ref().is_some_and(|m| m.owned()),
-                workload_level: memcg.as_ref().map_or(0, |m| m.cgroup_level),
+                workload_level: memcg
+                    .as_ref()
+                    .map_or(Default::default(), |m| m.cgroup_level),
                 bpf_stats: args.bpf_stats,
                 strict: args.strict,
                 floor: true,

@@ -261,6 +261,47 @@ pub(super) fn load_object(
         .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
 }
 
+/// The level (`cgroup->level`) of this process's cgroup v2, as the kernel has it: the object
+/// loaded once more, its maps at their smallest, for its test-run entry that reads it. Asked
+/// only inside a cgroup namespace, where paths do not tell it.
+pub fn own_cgroup_level(layout: &KernelLayout) -> Result<u32> {
+    use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun as _};
+    let image = Object::chosen()?.bytes();
+    if image.is_empty() {
+        bail!("this binary carries no eBPF programs");
+    }
+    let (mut loader, _) = kbtf::loader(image);
+    let mut ebpf = loader
+        .override_global(names::GLOBAL_LAYOUT, layout, true)
+        .override_global(names::GLOBAL_CONFIG, &Config::default(), true)
+        .override_global(aya_log::LEVEL, &0u8, true)
+        // The smallest ring buffer: one page.
+        .map_max_entries(names::MAP_DEFERRED, 4096)
+        .load(image)
+        .map_err(|e| {
+            anyhow!(
+                "loading the eBPF object to read the cgroup level: {}",
+                chain(&e)
+            )
+        })?;
+    let prog: &mut RawTracePoint = ebpf
+        .program_mut(names::OWN_CGROUP_LEVEL)
+        .context("the cgroup level program")?
+        .try_into()?;
+    prog.load()
+        .map_err(|e| anyhow!("loading the cgroup level program: {}", chain(&e)))?;
+    let r = prog.test_run(RawTracePointRunOptions::new()).map_err(|e| {
+        anyhow!(
+            "BPF_PROG_TEST_RUN of the cgroup level program: {}",
+            chain(&e)
+        )
+    })?;
+    match r.return_value {
+        0 => bail!("the kernel's layout of the task's cgroup is not known"),
+        n => Ok(n - 1),
+    }
+}
+
 /// Loads the program `name` (`p`) for `target` (a function or tracepoint; kprobes take theirs
 /// at attach) and attaches it there; kprobes through a tracefs kprobe event named after it.
 pub(super) fn load_and_attach(

@@ -102,6 +102,152 @@ mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 1
     summary(name, &report.join("; "));
 }
 
+/// The same inside a cgroup namespace (as in a container: Docker's default on cgroup v2), where
+/// the cgroup v2 mount starts at the namespace's root, one level below the real root here:
+/// paths undercount the workload cgroup's depth, which the eBPF programs compare at, and only
+/// the kernel knows it (memcg-trace asks it through a test-run program). Both objects.
+#[test]
+fn host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls() {
+    let name = "host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    let Some(hb) = hackbench_or_skip(name) else {
+        return;
+    };
+    let Some(v2) = fs::read_to_string("/proc/mounts").ok().and_then(|m| {
+        m.lines()
+            .find(|l| l.split_whitespace().nth(2) == Some("cgroup2"))
+            .and_then(|l| l.split_whitespace().nth(1).map(String::from))
+    }) else {
+        skip(name, "no cgroup v2 mount");
+        return;
+    };
+    let dir = scratch(name);
+    let ns = NamespaceRoot::make(Path::new(&v2).join("mt-cgns-test"));
+    // Joins the namespace's root cgroup, unshares the cgroup and mount namespaces, mounts
+    // cgroup v2 afresh (its root is the namespace's), moves into a leaf (a cgroup with
+    // processes cannot offer the memory controller to its children) and runs the rest.
+    let wrapper = dir.join("in-cgroup-namespace.sh");
+    fs::write(
+        &wrapper,
+        r#"set -e
+v2=$1; shift
+echo $$ > "$v2/mt-cgns-test/cgroup.procs"
+exec unshare --cgroup --mount sh -c '
+set -e
+v2=$1; shift
+umount "$v2" 2>/dev/null || true
+mount -t cgroup2 cgroup2 "$v2"
+mkdir -p "$v2/daemon"
+echo $$ > "$v2/daemon/cgroup.procs"
+exec "$@"' sh "$v2" "$@"
+"#,
+    )
+    .expect("write the wrapper");
+    let wrapper = wrapper.display().to_string();
+    let tried = Command::new("sh")
+        .args([&wrapper, &v2, "sh", "-c", "cat /proc/self/cgroup"])
+        .output();
+    match tried {
+        Ok(o)
+            if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("0::/daemon") => {}
+        Ok(o) => {
+            skip(
+                name,
+                &format!(
+                    "cannot run in a cgroup namespace with cgroup v2 mounted afresh: {}{}",
+                    String::from_utf8_lossy(&o.stdout).trim(),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ),
+            );
+            return;
+        }
+        Err(e) => {
+            skip(name, &format!("cannot run sh: {e}"));
+            return;
+        }
+    }
+    // Inside, /proc/self/cgroup and the mount both start at the namespace's root.
+    let script = format!(
+        r#"cg=$(awk -F: '$1=="0"{{print $3}}' /proc/self/cgroup)
+mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 100"#
+    );
+    let mut report = Vec::new();
+    for object in ["full", "legacy"] {
+        let json = dir.join(format!("{object}.json"));
+        let (doc, stdout) = record_tracepoint_in(
+            &["sh", &wrapper, &v2],
+            &json,
+            Some(object),
+            &["sh", "-c", &script],
+        );
+        let stat = probe(&doc, "stat");
+        let own = stat.workload.as_ref().expect("workload figures").count;
+        let task = ctx_count(stat, "task");
+        // Without the kernel's level the row keeps only the shell's few calls before the move.
+        assert!(
+            own * 2 >= task && own <= task,
+            "{object} object in a cgroup namespace: workload {own} of {task} task calls\n{stdout}"
+        );
+        assert!(
+            !stdout.contains("moves below its cgroup is not followed"),
+            "{object} object: {stdout}"
+        );
+        assert!(
+            ns.ours_left().is_empty(),
+            "{object} object: cgroups left in the namespace: {:?}",
+            ns.ours_left()
+        );
+        report.push(format!(
+            "{object} object: workload {own} of {task} task calls"
+        ));
+    }
+    assert_left_nothing(
+        "a workload moved below its cgroup in a cgroup namespace",
+        "-",
+    );
+    summary(name, &report.join("; "));
+}
+
+/// A cgroup v2 that serves as a cgroup namespace's root; removed (with its `daemon` leaf) when
+/// dropped.
+struct NamespaceRoot {
+    dir: std::path::PathBuf,
+}
+
+impl NamespaceRoot {
+    fn make(dir: std::path::PathBuf) -> NamespaceRoot {
+        let _ = fs::create_dir(&dir);
+        NamespaceRoot { dir }
+    }
+
+    /// memcg-trace's cgroups left in it.
+    fn ours_left(&self) -> Vec<String> {
+        fs::read_dir(&self.dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str().map(String::from))
+                    .filter(|n| n.starts_with("memcg-trace."))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for NamespaceRoot {
+    fn drop(&mut self) {
+        // The processes that were in them are gone with memcg-trace.
+        for _ in 0..50 {
+            let _ = fs::remove_dir(self.dir.join("daemon"));
+            if fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
 /// A hackbench pair running all along in `dir/leaf` (cgroup v2), killed and its cgroups removed
 /// when dropped.
 struct OtherCharger {

@@ -51,7 +51,25 @@ fn record_tracepoint_to(
     object: Option<&str>,
     cmd: &[&str],
 ) -> (memcg_trace::export::Document, String) {
-    let mut record = Command::new(bin());
+    record_tracepoint_in(&[], json, object, cmd)
+}
+
+/// [`record_tracepoint_to`] with memcg-trace started by `wrapper` (a command that ends by
+/// running its arguments: memcg-trace's command line).
+fn record_tracepoint_in(
+    wrapper: &[&str],
+    json: &Path,
+    object: Option<&str>,
+    cmd: &[&str],
+) -> (memcg_trace::export::Document, String) {
+    let mut record = match wrapper.split_first() {
+        None => Command::new(bin()),
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin());
+            c
+        }
+    };
     if let Some(object) = object {
         record.env("MEMCG_TRACE_BPF_OBJECT", object);
     }

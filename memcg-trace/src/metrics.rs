@@ -231,326 +231,366 @@ struct Row<'a> {
 }
 
 impl Collector for Figures {
+    /// The families in steps: whether figures are served, the build, each probe's rows, the
+    /// breakdowns' series, the per-probe families, the daemon's cost.
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        {
-            let up = e.encode_descriptor(
-                "up",
-                "Whether figures are served: the probes are attached (during start-up and shutdown, not)",
-                None,
-                MetricType::Gauge,
-            )?;
-            ConstGauge::new(self.0.is_some() as i64).encode(up)?;
-        }
+        encode_up(&mut e, self.0.is_some())?;
         let Some(d) = &self.0 else {
             return Ok(());
         };
-        let masks = d
-            .meta
-            .context_masks
-            .as_ref()
-            .map(|m| m.source.clone())
-            .unwrap_or_else(|| "none".into());
-        {
-            let mut m = e.encode_descriptor(
-                "build",
-                "The kernel, its preemption model, memcg-trace's version and where the context masks came from",
-                None,
-                MetricType::Info,
-            )?;
-            m.encode_info(&[
-                ("kernel_release", d.meta.kernel_release.as_str()),
-                ("preemption_model", d.meta.preemption_model.as_str()),
-                ("version", d.meta.tool_version.as_str()),
-                ("context_masks", masks.as_str()),
-            ])?;
-        }
-        // The rows: the probe's contexts, or (`workload`) its workload row, whose calls are
-        // some of the contexts' calls: in families of their own, so that a sum over the
-        // contexts' series counts every call once.
+        encode_build(&mut e, d)?;
         let backends: Vec<String> = d.probes.iter().map(|p| p.backend.to_string()).collect();
-        let threads = d.meta.context_masks.as_ref().is_some_and(|m| m.threads);
-        let rows = |workload: bool| -> Vec<Row> {
-            d.probes
-                .iter()
-                .zip(&backends)
-                .flat_map(|(p, b)| {
-                    let ctx = p
-                        .contexts
-                        .iter()
-                        .filter(move |_| !workload)
-                        .map(move |c| Row {
-                            labels: vec![
-                                ("probe", p.name.as_str()),
-                                ("context", c.context.as_str()),
-                                ("symbol", p.target.as_str()),
-                                ("backend", b.as_str()),
-                            ],
-                            calls: c.count,
-                            lost: Some(c.lost),
-                            // Exits without their own entry: the evicted calls' too.
-                            unmatched: Some(c.orphans + c.evicted_exits),
-                            censored: Some(c.censored),
-                            // The task row (`all` without the context split).
-                            threads: (threads && crate::kernel::ctx_index(&c.context) == Some(0))
-                                .then_some((c.irq_thread, c.softirq_thread)),
-                            latency: c.latency.as_ref(),
-                        });
-                    let w = p
-                        .workload
-                        .iter()
-                        .filter(move |_| workload)
-                        .map(move |w| Row {
-                            labels: vec![
-                                ("probe", p.name.as_str()),
-                                ("symbol", p.target.as_str()),
-                                ("backend", b.as_str()),
-                            ],
-                            calls: w.count,
-                            lost: None,
-                            unmatched: None,
-                            censored: None,
-                            threads: None,
-                            latency: w.latency.as_ref(),
-                        });
-                    ctx.chain(w)
-                })
-                .collect()
-        };
-        let counter = |e: &mut DescriptorEncoder,
-                       name: &str,
-                       help: &str,
-                       f: &dyn Fn(&Row) -> Option<u64>|
-         -> Result<(), std::fmt::Error> {
-            let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for r in rows(name.starts_with("workload_")) {
-                if let Some(v) = f(&r) {
-                    ConstCounter::new(v).encode(m.encode_family(&r.labels)?)?;
-                }
-            }
-            Ok(())
-        };
-        counter(
-            &mut e,
-            "calls",
-            "Calls of the traced function per context (tracepoints: hits), since serve started",
-            &|r| Some(r.calls),
+        encode_rows(&mut e, d, &backends)?;
+        encode_breakdowns(&mut e, d, &self.1, &backends)?;
+        encode_probe_families(&mut e, d, &backends)?;
+        encode_daemon(&mut e, d)
+    }
+}
+
+type Encoded = Result<(), std::fmt::Error>;
+
+/// `up`: whether the probes are attached.
+fn encode_up(e: &mut DescriptorEncoder, served: bool) -> Encoded {
+    {
+        let up = e.encode_descriptor(
+            "up",
+            "Whether figures are served: the probes are attached (during start-up and shutdown, not)",
+            None,
+            MetricType::Gauge,
         )?;
-        counter(
-            &mut e,
-            "workload_calls",
-            "Calls of the workload (its tasks' task-context calls; with --by-memcg, the calls in every context charging its memcg): some of calls_total's, since serve started",
-            &|r| Some(r.calls),
+        ConstGauge::new(served as i64).encode(up)?;
+    }
+    Ok(())
+}
+
+/// `build`: the kernel, its preemption model, the version, the context masks' source.
+fn encode_build(e: &mut DescriptorEncoder, d: &Document) -> Encoded {
+    let masks = d
+        .meta
+        .context_masks
+        .as_ref()
+        .map(|m| m.source.clone())
+        .unwrap_or_else(|| "none".into());
+    {
+        let mut m = e.encode_descriptor(
+            "build",
+            "The kernel, its preemption model, memcg-trace's version and where the context masks came from",
+            None,
+            MetricType::Info,
         )?;
-        counter(
-            &mut e,
-            "lost",
-            "Calls lost in any way the tracer counts",
-            &|r| r.lost,
-        )?;
-        counter(
-            &mut e,
-            "censored",
-            "Calls that left the CPU and are not timed (of the lost): the latency histogram's tail misses them",
-            &|r| r.censored,
-        )?;
-        counter(
-            &mut e,
-            "unmatched",
-            "Exits that found no entry of their own",
-            &|r| r.unmatched,
-        )?;
-        if threads {
-            counter(
-                &mut e,
-                "irq_thread_calls",
-                "Task-context calls made by threaded interrupt handlers (irq/*): some of calls_total's task calls (PREEMPT_RT, threadirqs)",
-                &|r| r.threads.map(|t| t.0),
-            )?;
-            counter(
-                &mut e,
-                "softirq_thread_calls",
-                "Task-context calls made by softirq threads (ksoftirqd/N, ktimers/N) outside a softirq handler: some of calls_total's task calls (PREEMPT_RT, threadirqs)",
-                &|r| r.threads.map(|t| t.1),
-            )?;
-        }
-        for (name, help, workload) in [
-            (
-                "latency",
-                "Latency of the calls timed, entry to exit (wall clock), per context",
-                false,
-            ),
-            (
-                "workload_latency",
-                "Latency of the workload's calls timed, entry to exit (wall clock)",
-                true,
-            ),
-        ] {
-            let mut m =
-                e.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?;
-            for r in rows(workload) {
-                if let Some(l) = r.latency {
-                    let b = buckets(l);
-                    let count = b.iter().map(|x| x.1).sum();
-                    m.encode_family(&r.labels)?.encode_histogram::<NoLabelSet>(
-                        l.sum_ns as f64 / 1e9,
-                        count,
-                        &b,
-                        None,
-                    )?;
-                }
-            }
-        }
-        // Call sites (`--callers`) and charged memcgs (`--by-memcg`): the rows `Listed` made
-        // series (a bounded label set: the JSON has every row), and per probe and context the
-        // calls of the rows that are not.
-        for (family, label, flag, what) in BREAKDOWNS {
-            if d.probes.iter().all(|p| breakdown(p, family).is_empty()) {
-                continue;
-            }
-            for (suffix, help, unit, timed) in [
-                ("calls", format!("Calls per {what} ({flag}; a row becomes a series while among the top {CALLER_SERIES} of its probe and context, by time (counts only: by calls), and stays one for the run; at most {LISTED_MAX} series each, after which no row joins)"), None, false),
-                ("latency", format!("Summed latency of the timed calls per {what} ({flag}; the same rows)"), Some(&Unit::Seconds), true),
-            ] {
-                let name = format!("{family}_{suffix}");
-                let mut m = e.encode_descriptor(&name, &help, unit, MetricType::Counter)?;
-                for (p, b) in d.probes.iter().zip(&backends) {
-                    if timed && p.backend.to_string() == "tracepoint" {
-                        continue;
-                    }
-                    for ((context, value), &(calls, sum_ns)) in self.1.series(family, &p.name) {
-                        let labels = [
+        m.encode_info(&[
+            ("kernel_release", d.meta.kernel_release.as_str()),
+            ("preemption_model", d.meta.preemption_model.as_str()),
+            ("version", d.meta.tool_version.as_str()),
+            ("context_masks", masks.as_str()),
+        ])?;
+    }
+    Ok(())
+}
+
+/// Each probe's rows by context, and its workload row: counters and latency histograms.
+fn encode_rows(e: &mut DescriptorEncoder, d: &Document, backends: &[String]) -> Encoded {
+    // The rows: the probe's contexts, or (`workload`) its workload row, whose calls are
+    // some of the contexts' calls: in families of their own, so that a sum over the
+    // contexts' series counts every call once.
+    let threads = d.meta.context_masks.as_ref().is_some_and(|m| m.threads);
+    let rows = |workload: bool| -> Vec<Row> {
+        d.probes
+            .iter()
+            .zip(backends)
+            .flat_map(|(p, b)| {
+                let ctx = p
+                    .contexts
+                    .iter()
+                    .filter(move |_| !workload)
+                    .map(move |c| Row {
+                        labels: vec![
                             ("probe", p.name.as_str()),
-                            ("context", context),
-                            (label, value),
+                            ("context", c.context.as_str()),
+                            ("symbol", p.target.as_str()),
                             ("backend", b.as_str()),
-                        ];
-                        let v = if timed { sum_ns as f64 / 1e9 } else { calls as f64 };
-                        ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
-                    }
-                }
-            }
-            // A gauge: a row that becomes a series takes its calls out of it.
-            let (name, help) = (
-                format!("{family}_unlisted_calls"),
-                format!("Calls of the {what}s that are no series of {family}_calls_total, and those that found no room in the kernel's map ({flag}): with them, the series of a probe and context sum to its calls"),
-            );
-            let mut m = e.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
-            for (p, b) in d.probes.iter().zip(&backends) {
-                for c in crate::export::CTX_ORDER {
-                    // The calls that found no room in the kernel's map (its `other` row) too.
-                    let other = p
-                        .contexts
-                        .iter()
-                        .filter(|x| x.context == c)
-                        .map(|x| match family {
-                            "caller" => x.callers_other,
-                            _ => x.memcgs_other,
-                        })
-                        .sum::<u64>();
-                    let rows = merged(&breakdown(p, family), c).unwrap_or_default();
-                    if rows.is_empty() && other == 0 {
-                        continue;
-                    }
-                    let unlisted: u64 = other
-                        + rows
-                            .iter()
-                            .filter(|r| !self.1.has(family, &p.name, c, r.0))
-                            .map(|r| r.1)
-                            .sum::<u64>();
-                    let labels = [
-                        ("probe", p.name.as_str()),
-                        ("context", c),
-                        ("backend", b.as_str()),
-                    ];
-                    ConstGauge::new(unlisted as i64).encode(m.encode_family(&labels)?)?;
-                }
-            }
-        }
-        // The per-probe families' labels, once.
-        let probe_labels: Vec<[(&str, &str); 3]> = d
-            .probes
-            .iter()
-            .zip(&backends)
-            .map(|(p, b)| {
-                [
-                    ("probe", p.name.as_str()),
-                    ("symbol", p.target.as_str()),
-                    ("backend", b.as_str()),
-                ]
+                        ],
+                        calls: c.count,
+                        lost: Some(c.lost),
+                        // Exits without their own entry: the evicted calls' too.
+                        unmatched: Some(c.orphans + c.evicted_exits),
+                        censored: Some(c.censored),
+                        // The task row (`all` without the context split).
+                        threads: (threads && crate::kernel::ctx_index(&c.context) == Some(0))
+                            .then_some((c.irq_thread, c.softirq_thread)),
+                        latency: c.latency.as_ref(),
+                    });
+                let w = p
+                    .workload
+                    .iter()
+                    .filter(move |_| workload)
+                    .map(move |w| Row {
+                        labels: vec![
+                            ("probe", p.name.as_str()),
+                            ("symbol", p.target.as_str()),
+                            ("backend", b.as_str()),
+                        ],
+                        calls: w.count,
+                        lost: None,
+                        unmatched: None,
+                        censored: None,
+                        threads: None,
+                        latency: w.latency.as_ref(),
+                    });
+                ctx.chain(w)
             })
-            .collect();
-        {
-            let mut m = e.encode_descriptor(
-                "recursion_misses",
-                "Runs of the probe's programs the kernel skipped (recursion guard)",
-                None,
-                MetricType::Counter,
-            )?;
-            for (p, labels) in d.probes.iter().zip(&probe_labels) {
-                ConstCounter::new(p.recursion_misses).encode(m.encode_family(labels)?)?;
+            .collect()
+    };
+    let counter = |e: &mut DescriptorEncoder,
+                   name: &str,
+                   help: &str,
+                   f: &dyn Fn(&Row) -> Option<u64>|
+     -> Result<(), std::fmt::Error> {
+        let mut m = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for r in rows(name.starts_with("workload_")) {
+            if let Some(v) = f(&r) {
+                ConstCounter::new(v).encode(m.encode_family(&r.labels)?)?;
             }
-        }
-        {
-            // A gauge: live, the kernel's hits are read before the programs' runs, and the
-            // figure can fall back as the runs catch up.
-            let mut m = e.encode_descriptor(
-                "kprobe_skipped_calls",
-                "Calls of the probe whose kprobe programs the kernel ran at neither end, at most (bpf_prog_active held: counted by the kernel only from 6.7), kprobe backend",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (p, labels) in d.probes.iter().zip(&probe_labels) {
-                ConstGauge::new(p.kprobe_skipped as i64).encode(m.encode_family(labels)?)?;
-            }
-        }
-        {
-            // Beside the counts, never folded into them: how many calls the figures may lack.
-            let mut m = e.encode_descriptor(
-                "calls_lost_at_most",
-                "Every way a call of the probe can have gone untimed, added up (an upper bound; at the end of a run the calls still pending too)",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (p, labels) in d.probes.iter().zip(&probe_labels) {
-                ConstGauge::new(p.lost_upper as i64).encode(m.encode_family(labels)?)?;
-            }
-        }
-        let t = &d.meta.tracer;
-        {
-            let m = e.encode_descriptor(
-                "daemon_cpu",
-                "CPU time of the memcg-trace daemon since it started tracing",
-                Some(&Unit::Seconds),
-                MetricType::Counter,
-            )?;
-            ConstCounter::new(t.cpu_ns as f64 / 1e9).encode(m)?;
-        }
-        {
-            let m = e.encode_descriptor(
-                "daemon_peak_rss",
-                "Peak resident memory of the memcg-trace daemon",
-                Some(&Unit::Bytes),
-                MetricType::Gauge,
-            )?;
-            ConstGauge::new(t.peak_rss_kib as i64 * 1024).encode(m)?;
-        }
-        if let Some(f) = d
-            .meta
-            .floors
-            .iter()
-            .filter_map(|f| f.per_call_ns)
-            .reduce(f64::max)
-        {
-            let m = e.encode_descriptor(
-                "tracer_cost_per_call",
-                "What one traced call costs in all (programs, trampoline or kprobe), measured at start-up",
-                Some(&Unit::Seconds),
-                MetricType::Gauge,
-            )?;
-            ConstGauge::new(f / 1e9).encode(m)?;
         }
         Ok(())
+    };
+    counter(
+        e,
+        "calls",
+        "Calls of the traced function per context (tracepoints: hits), since serve started",
+        &|r| Some(r.calls),
+    )?;
+    counter(
+        e,
+        "workload_calls",
+        "Calls of the workload (its tasks' task-context calls; with --by-memcg, the calls in every context charging its memcg): some of calls_total's, since serve started",
+        &|r| Some(r.calls),
+    )?;
+    counter(e, "lost", "Calls lost in any way the tracer counts", &|r| {
+        r.lost
+    })?;
+    counter(
+        e,
+        "censored",
+        "Calls that left the CPU and are not timed (of the lost): the latency histogram's tail misses them",
+        &|r| r.censored,
+    )?;
+    counter(
+        e,
+        "unmatched",
+        "Exits that found no entry of their own",
+        &|r| r.unmatched,
+    )?;
+    if threads {
+        counter(
+            e,
+            "irq_thread_calls",
+            "Task-context calls made by threaded interrupt handlers (irq/*): some of calls_total's task calls (PREEMPT_RT, threadirqs)",
+            &|r| r.threads.map(|t| t.0),
+        )?;
+        counter(
+            e,
+            "softirq_thread_calls",
+            "Task-context calls made by softirq threads (ksoftirqd/N, ktimers/N) outside a softirq handler: some of calls_total's task calls (PREEMPT_RT, threadirqs)",
+            &|r| r.threads.map(|t| t.1),
+        )?;
     }
+    for (name, help, workload) in [
+        (
+            "latency",
+            "Latency of the calls timed, entry to exit (wall clock), per context",
+            false,
+        ),
+        (
+            "workload_latency",
+            "Latency of the workload's calls timed, entry to exit (wall clock)",
+            true,
+        ),
+    ] {
+        let mut m = e.encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?;
+        for r in rows(workload) {
+            if let Some(l) = r.latency {
+                let b = buckets(l);
+                let count = b.iter().map(|x| x.1).sum();
+                m.encode_family(&r.labels)?.encode_histogram::<NoLabelSet>(
+                    l.sum_ns as f64 / 1e9,
+                    count,
+                    &b,
+                    None,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Call sites (`--callers`) and charged memcgs (`--by-memcg`): the rows `listed` made series.
+fn encode_breakdowns(
+    e: &mut DescriptorEncoder,
+    d: &Document,
+    listed: &Listed,
+    backends: &[String],
+) -> Encoded {
+    // Call sites (`--callers`) and charged memcgs (`--by-memcg`): the rows `Listed` made
+    // series (a bounded label set: the JSON has every row), and per probe and context the
+    // calls of the rows that are not.
+    for (family, label, flag, what) in BREAKDOWNS {
+        if d.probes.iter().all(|p| breakdown(p, family).is_empty()) {
+            continue;
+        }
+        for (suffix, help, unit, timed) in [
+            ("calls", format!("Calls per {what} ({flag}; a row becomes a series while among the top {CALLER_SERIES} of its probe and context, by time (counts only: by calls), and stays one for the run; at most {LISTED_MAX} series each, after which no row joins)"), None, false),
+            ("latency", format!("Summed latency of the timed calls per {what} ({flag}; the same rows)"), Some(&Unit::Seconds), true),
+        ] {
+            let name = format!("{family}_{suffix}");
+            let mut m = e.encode_descriptor(&name, &help, unit, MetricType::Counter)?;
+            for (p, b) in d.probes.iter().zip(backends) {
+                if timed && p.backend.to_string() == "tracepoint" {
+                    continue;
+                }
+                for ((context, value), &(calls, sum_ns)) in listed.series(family, &p.name) {
+                    let labels = [
+                        ("probe", p.name.as_str()),
+                        ("context", context),
+                        (label, value),
+                        ("backend", b.as_str()),
+                    ];
+                    let v = if timed { sum_ns as f64 / 1e9 } else { calls as f64 };
+                    ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+                }
+            }
+        }
+        // A gauge: a row that becomes a series takes its calls out of it.
+        let (name, help) = (
+            format!("{family}_unlisted_calls"),
+            format!("Calls of the {what}s that are no series of {family}_calls_total, and those that found no room in the kernel's map ({flag}): with them, the series of a probe and context sum to its calls"),
+        );
+        let mut m = e.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
+        for (p, b) in d.probes.iter().zip(backends) {
+            for c in crate::export::CTX_ORDER {
+                // The calls that found no room in the kernel's map (its `other` row) too.
+                let other = p
+                    .contexts
+                    .iter()
+                    .filter(|x| x.context == c)
+                    .map(|x| match family {
+                        "caller" => x.callers_other,
+                        _ => x.memcgs_other,
+                    })
+                    .sum::<u64>();
+                let rows = merged(&breakdown(p, family), c).unwrap_or_default();
+                if rows.is_empty() && other == 0 {
+                    continue;
+                }
+                let unlisted: u64 = other
+                    + rows
+                        .iter()
+                        .filter(|r| !listed.has(family, &p.name, c, r.0))
+                        .map(|r| r.1)
+                        .sum::<u64>();
+                let labels = [
+                    ("probe", p.name.as_str()),
+                    ("context", c),
+                    ("backend", b.as_str()),
+                ];
+                ConstGauge::new(unlisted as i64).encode(m.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The per-probe families: recursion misses, kprobe runs skipped, calls lost at most.
+fn encode_probe_families(e: &mut DescriptorEncoder, d: &Document, backends: &[String]) -> Encoded {
+    // The per-probe families' labels, once.
+    let probe_labels: Vec<[(&str, &str); 3]> = d
+        .probes
+        .iter()
+        .zip(backends)
+        .map(|(p, b)| {
+            [
+                ("probe", p.name.as_str()),
+                ("symbol", p.target.as_str()),
+                ("backend", b.as_str()),
+            ]
+        })
+        .collect();
+    {
+        let mut m = e.encode_descriptor(
+            "recursion_misses",
+            "Runs of the probe's programs the kernel skipped (recursion guard)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (p, labels) in d.probes.iter().zip(&probe_labels) {
+            ConstCounter::new(p.recursion_misses).encode(m.encode_family(labels)?)?;
+        }
+    }
+    {
+        // A gauge: live, the kernel's hits are read before the programs' runs, and the
+        // figure can fall back as the runs catch up.
+        let mut m = e.encode_descriptor(
+            "kprobe_skipped_calls",
+            "Calls of the probe whose kprobe programs the kernel ran at neither end, at most (bpf_prog_active held: counted by the kernel only from 6.7), kprobe backend",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (p, labels) in d.probes.iter().zip(&probe_labels) {
+            ConstGauge::new(p.kprobe_skipped as i64).encode(m.encode_family(labels)?)?;
+        }
+    }
+    {
+        // Beside the counts, never folded into them: how many calls the figures may lack.
+        let mut m = e.encode_descriptor(
+            "calls_lost_at_most",
+            "Every way a call of the probe can have gone untimed, added up (an upper bound; at the end of a run the calls still pending too)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (p, labels) in d.probes.iter().zip(&probe_labels) {
+            ConstGauge::new(p.lost_upper as i64).encode(m.encode_family(labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// The daemon's CPU time and peak memory, and what a traced call costs.
+fn encode_daemon(e: &mut DescriptorEncoder, d: &Document) -> Encoded {
+    let t = &d.meta.tracer;
+    {
+        let m = e.encode_descriptor(
+            "daemon_cpu",
+            "CPU time of the memcg-trace daemon since it started tracing",
+            Some(&Unit::Seconds),
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(t.cpu_ns as f64 / 1e9).encode(m)?;
+    }
+    {
+        let m = e.encode_descriptor(
+            "daemon_peak_rss",
+            "Peak resident memory of the memcg-trace daemon",
+            Some(&Unit::Bytes),
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(t.peak_rss_kib as i64 * 1024).encode(m)?;
+    }
+    if let Some(f) = d
+        .meta
+        .floors
+        .iter()
+        .filter_map(|f| f.per_call_ns)
+        .reduce(f64::max)
+    {
+        let m = e.encode_descriptor(
+            "tracer_cost_per_call",
+            "What one traced call costs in all (programs, trampoline or kprobe), measured at start-up",
+            Some(&Unit::Seconds),
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(f / 1e9).encode(m)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -638,8 +638,35 @@ impl Round {
     }
 }
 
-/// The comparison's figures from its output directory.
+/// The comparison's figures from its output directory: in steps, each a group of rows.
 fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json::Value> {
+    let rounds = peer_rounds(dir)?;
+    // Runs before the clock was recorded were host-clocked TCG.
+    let clock = fs::read_to_string(dir.join("clock.txt")).unwrap_or_else(|_| "TCG".into());
+    let peer = Peer {
+        dir,
+        kernel,
+        place: format!("VM {kernel} ({})", clock.trim()),
+        rounds: &rounds,
+    };
+    let mut ratio_json = serde_json::Map::new();
+    peer.cost_rows(rows);
+    peer.bpftrace_rows(rows, &mut ratio_json);
+    peer.floor_rows(rows, &mut ratio_json);
+    peer.funclatency_rows(rows, &mut ratio_json);
+    let cal = peer.calibration_row(rows)?;
+    Ok(serde_json::json!({
+        "probes": PEER_PROBES,
+        "hackbench": hackbench_args(dir),
+        "bpftrace_script": fs::read_to_string(dir.join("peer.bt")).unwrap_or_default(),
+        "rounds": rounds.iter().map(Round::json).collect::<Vec<_>>(),
+        "ratios": ratio_json,
+        "calibration": cal,
+    }))
+}
+
+/// The rounds of the comparison, read from its output directory.
+fn peer_rounds(dir: &Path) -> Result<Vec<Round>> {
     let time = |r: usize, v: &str| -> Result<Option<f64>> {
         let p = dir.join(format!("peer-{r}-{v}.txt"));
         Ok(hackbench_time(
@@ -708,29 +735,46 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             ],
         });
     }
-    // Runs before the clock was recorded were host-clocked TCG.
-    let clock = fs::read_to_string(dir.join("clock.txt")).unwrap_or_else(|_| "TCG".into());
-    let place = format!("VM {kernel} ({})", clock.trim());
-    let col = |i: usize| -> Vec<f64> { rounds.iter().filter_map(|r| r.per_call_ns[i]).collect() };
-    let spread = |v: &[f64]| -> String {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if v.is_empty() {
-            "-".into()
-        } else {
-            format!("{:.2}-{:.2} us", lo / 1e3, hi / 1e3)
-        }
-    };
-    // A row per variant: its full cost per traced call over the rounds (`what`: on which
-    // functions).
-    let cost_row = |i: usize, name: &str, what: &str| -> Row {
-        let v = col(i);
+    Ok(rounds)
+}
+
+/// The comparison's rounds and where they ran, for the steps of [`peer_rows`].
+struct Peer<'a> {
+    dir: &'a Path,
+    kernel: &'a str,
+    /// The report's place column: the VM's kernel and clock.
+    place: String,
+    rounds: &'a [Round],
+}
+
+impl Peer<'_> {
+    /// Full cost per call of variant `i` over the rounds.
+    fn col(&self, i: usize) -> Vec<f64> {
+        self.rounds
+            .iter()
+            .filter_map(|r| r.per_call_ns[i])
+            .collect()
+    }
+
+    /// A row per variant: its full cost per traced call over the rounds (`what`: on which
+    /// functions).
+    fn cost_row(&self, i: usize, name: &str, what: &str) -> Row {
+        let spread = |v: &[f64]| -> String {
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if v.is_empty() {
+                "-".into()
+            } else {
+                format!("{:.2}-{:.2} us", lo / 1e3, hi / 1e3)
+            }
+        };
+        let v = self.col(i);
         Row {
             figure: format!(
                 "full cost per traced call{what}, {name} (median; spread of {} rounds)",
                 v.len()
             ),
-            place: place.clone(),
+            place: self.place.clone(),
             value: match median(&v) {
                 Some(m) => format!("{:.2} us; {}", m / 1e3, spread(&v)),
                 None => "-".into(),
@@ -738,337 +782,380 @@ fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json
             target: "report".into(),
             verdict: "reported",
         }
-    };
-    for (i, name) in [
-        (0, "bpftrace"),
-        (1, "memcg-trace fentry"),
-        (2, "memcg-trace kprobe"),
-        (3, "empty fentry/fexit programs (the floor)"),
-    ] {
-        rows.push(cost_row(i, name, ""));
     }
-    let ratios = |i: usize| -> Vec<f64> {
+
+    /// Step 1: each tool's full cost per call on the probes' functions.
+    fn cost_rows(&self, rows: &mut Vec<Row>) {
+        for (i, name) in [
+            (0, "bpftrace"),
+            (1, "memcg-trace fentry"),
+            (2, "memcg-trace kprobe"),
+            (3, "empty fentry/fexit programs (the floor)"),
+        ] {
+            rows.push(self.cost_row(i, name, ""));
+        }
+    }
+
+    /// Variant `i`'s cost per call over bpftrace's, per round.
+    fn bpftrace_ratios(&self, i: usize) -> Vec<f64> {
         // A round where a traced run was not slower than the untraced one says nothing (a
         // workload too small for the noise of emulation).
-        rounds
+        self.rounds
             .iter()
             .filter_map(|r| {
                 let (a, b) = (r.per_call_ns[i]?, r.per_call_ns[0]?);
                 (a > 0.0 && b > 0.0).then(|| a / b)
             })
             .collect()
-    };
-    // Both tools trace the same functions on the same workload: their call counts must agree,
-    // or the rounds compare different work (bpftrace misses what its programs skip).
-    // A bpftrace killed after it would not leave printed no histogram (see peer.sh).
-    let hangs = fs::read_to_string(dir.join("peer-hangs.txt")).unwrap_or_default();
-    let killed = |what: String| hangs.lines().any(|l| l == what);
-    let retries = fs::read_to_string(dir.join("peer-retries.txt")).unwrap_or_default();
-    rows.push(Row {
-        figure:
-            "comparison boots run again after a failed one (QEMU's flag corruption, or as named)"
-                .into(),
-        place: place.clone(),
-        value: if retries.trim().is_empty() {
-            "none".into()
-        } else {
-            retries.lines().collect::<Vec<_>>().join("; ")
-        },
-        target: "report".into(),
-        verdict: "reported",
-    });
-    rows.push(Row {
-        figure: "bpftrace runs killed after not leaving on SIGINT (their hackbench times stand)"
-            .into(),
-        place: place.clone(),
-        value: if hangs.trim().is_empty() {
-            "none".into()
-        } else {
-            hangs.lines().collect::<Vec<_>>().join(", ")
-        },
-        target: "report".into(),
-        verdict: "reported",
-    });
-    let agree: Vec<f64> = rounds
-        .iter()
-        .filter(|r| r.calls[1] > 0 && !killed(format!("round {}: B", r.round)))
-        .map(|r| r.calls[0] as f64 / r.calls[1] as f64)
-        .collect();
-    let agree_m = median(&agree);
-    rows.push(Row {
-        figure: "calls timed per run, bpftrace / memcg-trace fentry (median)".into(),
-        place: place.clone(),
-        value: agree_m.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
-        target: "0.9-1.1".into(),
-        verdict: verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
-    });
-    let mut ratio_json = serde_json::Map::new();
-    for (i, name, target) in [(1, "fentry", true), (2, "kprobe", false)] {
-        let v = ratios(i);
-        let m = median(&v);
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        // The target is set for 6.12 with fentry; elsewhere the ratio is reported. A verdict
-        // needs most rounds to count.
-        let judged = target && kernel == "6.12" && v.len() * 2 > n_rounds && n_rounds >= 3;
+    }
+
+    /// Step 2: the runs again and killed, the call counts' agreement, and memcg-trace's cost
+    /// against bpftrace's.
+    fn bpftrace_rows(
+        &self,
+        rows: &mut Vec<Row>,
+        ratio_json: &mut serde_json::Map<String, serde_json::Value>,
+    ) {
+        // Both tools trace the same functions on the same workload: their call counts must agree,
+        // or the rounds compare different work (bpftrace misses what its programs skip).
+        // A bpftrace killed after it would not leave printed no histogram (see peer.sh).
+        let hangs = fs::read_to_string(self.dir.join("peer-hangs.txt")).unwrap_or_default();
+        let killed = |what: String| hangs.lines().any(|l| l == what);
+        let retries = fs::read_to_string(self.dir.join("peer-retries.txt")).unwrap_or_default();
         rows.push(Row {
-            figure: format!("full cost per call, memcg-trace {name} / bpftrace (median; range)"),
-            place: place.clone(),
-            value: match m {
-                Some(m) => format!("{m:.2}x; {lo:.2}-{hi:.2}x"),
-                None => "-".into(),
-            },
-            target: if target {
-                "<= 0.5x".into()
+            figure:
+                "comparison boots run again after a failed one (QEMU's flag corruption, or as named)"
+                    .into(),
+            place: self.place.clone(),
+            value: if retries.trim().is_empty() {
+                "none".into()
             } else {
-                "report".into()
+                retries.lines().collect::<Vec<_>>().join("; ")
             },
+            target: "report".into(),
+            verdict: "reported",
+        });
+        rows.push(Row {
+            figure:
+                "bpftrace runs killed after not leaving on SIGINT (their hackbench times stand)"
+                    .into(),
+            place: self.place.clone(),
+            value: if hangs.trim().is_empty() {
+                "none".into()
+            } else {
+                hangs.lines().collect::<Vec<_>>().join(", ")
+            },
+            target: "report".into(),
+            verdict: "reported",
+        });
+        let agree: Vec<f64> = self
+            .rounds
+            .iter()
+            .filter(|r| r.calls[1] > 0 && !killed(format!("round {}: B", r.round)))
+            .map(|r| r.calls[0] as f64 / r.calls[1] as f64)
+            .collect();
+        let agree_m = median(&agree);
+        rows.push(Row {
+            figure: "calls timed per run, bpftrace / memcg-trace fentry (median)".into(),
+            place: self.place.clone(),
+            value: agree_m.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
+            target: "0.9-1.1".into(),
+            verdict: verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
+        });
+        for (i, name, target) in [(1, "fentry", true), (2, "kprobe", false)] {
+            let v = self.bpftrace_ratios(i);
+            let m = median(&v);
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            // The target is set for 6.12 with fentry; elsewhere the ratio is reported. A verdict
+            // needs most rounds to count.
+            let judged = target
+                && self.kernel == "6.12"
+                && v.len() * 2 > self.rounds.len()
+                && self.rounds.len() >= 3;
+            rows.push(Row {
+                figure: format!(
+                    "full cost per call, memcg-trace {name} / bpftrace (median; range)"
+                ),
+                place: self.place.clone(),
+                value: match m {
+                    Some(m) => format!("{m:.2}x; {lo:.2}-{hi:.2}x"),
+                    None => "-".into(),
+                },
+                target: if target {
+                    "<= 0.5x".into()
+                } else {
+                    "report".into()
+                },
+                verdict: if judged {
+                    verdict(m.map(|m| m <= 0.5))
+                } else {
+                    "reported"
+                },
+            });
+            ratio_json.insert(
+                name.into(),
+                serde_json::json!({"per_round": v, "median": m}),
+            );
+        }
+    }
+
+    /// Step 3: what memcg-trace's programs add above the floors.
+    fn floor_rows(
+        &self,
+        rows: &mut Vec<Row>,
+        ratio_json: &mut serde_json::Map<String, serde_json::Value>,
+    ) {
+        // Above the floor every fentry/fexit tracer pays (the trampoline and the program calls):
+        // what the programs themselves add.
+        let above: Vec<f64> = self
+            .rounds
+            .iter()
+            .filter_map(|r| {
+                let (b, f, e) = (r.per_call_ns[0]?, r.per_call_ns[1]?, r.per_call_ns[3]?);
+                (b - e > 0.0 && f - e > 0.0).then(|| (f - e) / (b - e))
+            })
+            .collect();
+        rows.push(Row {
+            figure: "cost above the floor per call, memcg-trace fentry / bpftrace (median)".into(),
+            place: self.place.clone(),
+            value: median(&above)
+                .map(|m| format!("{m:.2}x ({} rounds)", above.len()))
+                .unwrap_or("-".into()),
+            target: "report".into(),
+            verdict: "reported",
+        });
+        ratio_json.insert(
+            "fentry_above_floor".into(),
+            serde_json::json!({"per_round": above, "median": median(&above)}),
+        );
+        // What memcg-trace's fentry programs add above the empty pair, against that pair's own
+        // cost (the trampoline and two program calls): from the medians of the rounds, since one
+        // round's floor is a small difference of two run times (one round read 0.01 us).
+        let (fentry, empty) = (median(&self.col(1)), median(&self.col(3)));
+        let over_floor = match (fentry, empty) {
+            (Some(f), Some(e)) if e > 0.0 => Some((f - e) / e),
+            _ => None,
+        };
+        let judged = self.kernel == "6.12"
+            && self.col(3).len() * 2 > self.rounds.len()
+            && self.rounds.len() >= 3;
+        rows.push(Row {
+            figure:
+                "cost above the empty pair / the empty pair's cost, memcg-trace fentry (medians)"
+                    .into(),
+            place: self.place.clone(),
+            value: over_floor
+                .map(|m| format!("{m:.2}x ({} rounds)", self.col(3).len()))
+                .unwrap_or("-".into()),
+            target: "<= 1.5x".into(),
             verdict: if judged {
-                verdict(m.map(|m| m <= 0.5))
+                verdict(over_floor.map(|r| r <= 1.5))
             } else {
                 "reported"
             },
         });
         ratio_json.insert(
-            name.into(),
-            serde_json::json!({"per_round": v, "median": m}),
+            "fentry_above_empty_pair".into(),
+            serde_json::json!({"median": over_floor}),
         );
     }
-    // Above the floor every fentry/fexit tracer pays (the trampoline and the program calls):
-    // what the programs themselves add.
-    let above: Vec<f64> = rounds
-        .iter()
-        .filter_map(|r| {
-            let (b, f, e) = (r.per_call_ns[0]?, r.per_call_ns[1]?, r.per_call_ns[3]?);
-            (b - e > 0.0 && f - e > 0.0).then(|| (f - e) / (b - e))
-        })
-        .collect();
-    rows.push(Row {
-        figure: "cost above the floor per call, memcg-trace fentry / bpftrace (median)".into(),
-        place: place.clone(),
-        value: median(&above)
-            .map(|m| format!("{m:.2}x ({} rounds)", above.len()))
-            .unwrap_or("-".into()),
-        target: "report".into(),
-        verdict: "reported",
-    });
-    ratio_json.insert(
-        "fentry_above_floor".into(),
-        serde_json::json!({"per_round": above, "median": median(&above)}),
-    );
-    // What memcg-trace's fentry programs add above the empty pair, against that pair's own
-    // cost (the trampoline and two program calls): from the medians of the rounds, since one
-    // round's floor is a small difference of two run times (one round read 0.01 us).
-    let (fentry, empty) = (median(&col(1)), median(&col(3)));
-    let over_floor = match (fentry, empty) {
-        (Some(f), Some(e)) if e > 0.0 => Some((f - e) / e),
-        _ => None,
-    };
-    let judged = kernel == "6.12" && col(3).len() * 2 > n_rounds && n_rounds >= 3;
-    rows.push(Row {
-        figure: "cost above the empty pair / the empty pair's cost, memcg-trace fentry (medians)"
-            .into(),
-        place: place.clone(),
-        value: over_floor
-            .map(|m| format!("{m:.2}x ({} rounds)", col(3).len()))
-            .unwrap_or("-".into()),
-        target: "<= 1.5x".into(),
-        verdict: if judged {
-            verdict(over_floor.map(|r| r <= 1.5))
-        } else {
-            "reported"
-        },
-    });
-    ratio_json.insert(
-        "fentry_above_empty_pair".into(),
-        serde_json::json!({"median": over_floor}),
-    );
-    // The leanest C peer, on charge's function alone: libbpf-tools' funclatency (0.26: a
-    // kprobe and a kretprobe, even where fentry works; a hash map keyed by thread id, one log2
-    // histogram; no context split, no pairing beyond the thread id) against memcg-trace with `-p charge`, which pairs
-    // exactly, splits by context and keeps the workload's rows besides.
-    let charge_rounds: Vec<&Round> = rounds
-        .iter()
-        .filter(|r| r.per_call_ns[4].is_some())
-        .collect();
-    if !charge_rounds.is_empty() {
-        let func = fs::read_to_string(dir.join("charge-func.txt")).unwrap_or_default();
-        for (i, name) in [
-            (4, "funclatency"),
-            (5, "memcg-trace fentry"),
-            (6, "memcg-trace kprobe"),
-        ] {
-            rows.push(cost_row(i, name, &format!(" on {} alone", func.trim())));
-        }
-        let agree: Vec<f64> = charge_rounds
+
+    /// Step 4: on charge's function alone, against funclatency.
+    fn funclatency_rows(
+        &self,
+        rows: &mut Vec<Row>,
+        ratio_json: &mut serde_json::Map<String, serde_json::Value>,
+    ) {
+        // The leanest C peer, on charge's function alone: libbpf-tools' funclatency (0.26: a
+        // kprobe and a kretprobe, even where fentry works; a hash map keyed by thread id, one log2
+        // histogram; no context split, no pairing beyond the thread id) against memcg-trace with `-p charge`, which pairs
+        // exactly, splits by context and keeps the workload's rows besides.
+        let charge_rounds: Vec<&Round> = self
+            .rounds
             .iter()
-            .filter(|r| r.calls[4] > 0)
-            .map(|r| r.calls[3] as f64 / r.calls[4] as f64)
+            .filter(|r| r.per_call_ns[4].is_some())
             .collect();
-        let agree_m = median(&agree);
-        rows.push(Row {
-            figure:
-                "calls timed per run on charge alone, funclatency / memcg-trace fentry (median)"
-                    .into(),
-            place: place.clone(),
-            value: agree_m.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
-            target: "0.9-1.1".into(),
-            verdict: verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
-        });
-        // Issue 38's targets: fentry at most 0.75x funclatency's cost, kprobe (what `auto`
-        // runs on preemptible kernels) at most 1.0x; judged on 6.12 with most of 3 or more
-        // rounds counting.
-        for (i, name, target) in [(5, "fentry", 0.75), (6, "kprobe", 1.0)] {
-            let v: Vec<f64> = charge_rounds
+        if !charge_rounds.is_empty() {
+            let func = fs::read_to_string(self.dir.join("charge-func.txt")).unwrap_or_default();
+            for (i, name) in [
+                (4, "funclatency"),
+                (5, "memcg-trace fentry"),
+                (6, "memcg-trace kprobe"),
+            ] {
+                rows.push(self.cost_row(i, name, &format!(" on {} alone", func.trim())));
+            }
+            let agree: Vec<f64> = charge_rounds
                 .iter()
-                .filter_map(|r| {
-                    let (a, b) = (r.per_call_ns[i]?, r.per_call_ns[4]?);
-                    (a > 0.0 && b > 0.0).then(|| a / b)
+                .filter(|r| r.calls[4] > 0)
+                .map(|r| r.calls[3] as f64 / r.calls[4] as f64)
+                .collect();
+            let agree_m = median(&agree);
+            rows.push(Row {
+                figure:
+                    "calls timed per run on charge alone, funclatency / memcg-trace fentry (median)"
+                        .into(),
+                place: self.place.clone(),
+                value: agree_m.map(|m| format!("{m:.3}")).unwrap_or("-".into()),
+                target: "0.9-1.1".into(),
+                verdict: verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
+            });
+            // Issue 38's targets: fentry at most 0.75x funclatency's cost, kprobe (what `auto`
+            // runs on preemptible kernels) at most 1.0x; judged on 6.12 with most of 3 or more
+            // rounds counting.
+            for (i, name, target) in [(5, "fentry", 0.75), (6, "kprobe", 1.0)] {
+                let v: Vec<f64> = charge_rounds
+                    .iter()
+                    .filter_map(|r| {
+                        let (a, b) = (r.per_call_ns[i]?, r.per_call_ns[4]?);
+                        (a > 0.0 && b > 0.0).then(|| a / b)
+                    })
+                    .collect();
+                let m = median(&v);
+                let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let judged = self.kernel == "6.12"
+                    && v.len() * 2 > charge_rounds.len()
+                    && charge_rounds.len() >= 3;
+                rows.push(Row { figure: format!(
+                        "full cost per call on charge alone, memcg-trace {name} / funclatency (median; range)"
+                    ), place: self.place.clone(), value: match m {
+                        Some(m) => format!("{m:.2}x; {lo:.2}-{hi:.2}x"),
+                        None => "-".into(),
+                    }, target: format!("<= {target:.2}x"), verdict: if judged {
+                        verdict(m.map(|m| m <= target))
+                    } else {
+                        "reported"
+                    } });
+                ratio_json.insert(
+                    format!("charge_{name}_vs_funclatency"),
+                    serde_json::json!({"per_round": v, "median": m}),
+                );
+            }
+        }
+    }
+
+    /// Step 5: the programs' own time per call, bpf stats on; the calibration's figures.
+    fn calibration_row(
+        &self,
+        rows: &mut Vec<Row>,
+    ) -> Result<serde_json::Map<String, serde_json::Value>> {
+        // Calibration: the programs' own time per traced call, bpf stats on for every tool.
+        let mut cal = serde_json::Map::new();
+        let b = read(&self.dir.join("cal-B.json"))?;
+        let progs = b.as_array().cloned().unwrap_or_default();
+        let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
+        let b_calls = sum("run_cnt") / 2;
+        let b_ns = ratio_opt(sum("run_time_ns") as f64, b_calls as f64);
+        let b_helpers: u64 = progs
+            .iter()
+            .filter_map(|p| p.get("helper_calls")?.as_u64())
+            .sum();
+        let b_insns: u64 = progs
+            .iter()
+            .filter_map(|p| p.get("xlated_insns")?.as_u64())
+            .sum();
+        cal.insert(
+            "bpftrace".into(),
+            serde_json::json!({"programs": progs, "ns_per_call": b_ns}),
+        );
+        let mut cal_line = format!(
+            "bpftrace {} ns ({} programs, {} insns, {} helper call sites)",
+            b_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+            progs.len(),
+            b_insns,
+            b_helpers
+        );
+        // funclatency's programs (`dummy_*`), listed while it was attached (absent from older
+        // runs): its entry and exit programs run once a call each.
+        let mut l_ns = None;
+        if let Ok(l) = read(&self.dir.join("cal-L.json")) {
+            let progs: Vec<serde_json::Value> = l
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| {
+                    p.get("name")
+                        .and_then(|x| x.as_str())
+                        .is_some_and(|n| n.starts_with("dummy_"))
                 })
                 .collect();
-            let m = median(&v);
-            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let judged =
-                kernel == "6.12" && v.len() * 2 > charge_rounds.len() && charge_rounds.len() >= 3;
-            rows.push(Row { figure: format!(
-                    "full cost per call on charge alone, memcg-trace {name} / funclatency (median; range)"
-                ), place: place.clone(), value: match m {
-                    Some(m) => format!("{m:.2}x; {lo:.2}-{hi:.2}x"),
-                    None => "-".into(),
-                }, target: format!("<= {target:.2}x"), verdict: if judged {
-                    verdict(m.map(|m| m <= target))
-                } else {
-                    "reported"
-                } });
-            ratio_json.insert(
-                format!("charge_{name}_vs_funclatency"),
-                serde_json::json!({"per_round": v, "median": m}),
+            let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
+            l_ns = ratio_opt(sum("run_time_ns") as f64, (sum("run_cnt") / 2) as f64);
+            let names: Vec<&str> = progs
+                .iter()
+                .filter_map(|p| p.get("name")?.as_str())
+                .collect();
+            let _ = write!(
+                cal_line,
+                "; on charge alone: funclatency {} ns ({}: {} insns)",
+                l_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+                names.join(" + "),
+                sum("xlated_insns"),
+            );
+            cal.insert(
+                "funclatency".into(),
+                serde_json::json!({"programs": progs, "ns_per_call": l_ns}),
             );
         }
-    }
-    // Calibration: the programs' own time per traced call, bpf stats on for every tool.
-    let mut cal = serde_json::Map::new();
-    let b = read(&dir.join("cal-B.json"))?;
-    let progs = b.as_array().cloned().unwrap_or_default();
-    let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
-    let b_calls = sum("run_cnt") / 2;
-    let b_ns = ratio_opt(sum("run_time_ns") as f64, b_calls as f64);
-    let b_helpers: u64 = progs
-        .iter()
-        .filter_map(|p| p.get("helper_calls")?.as_u64())
-        .sum();
-    let b_insns: u64 = progs
-        .iter()
-        .filter_map(|p| p.get("xlated_insns")?.as_u64())
-        .sum();
-    cal.insert(
-        "bpftrace".into(),
-        serde_json::json!({"programs": progs, "ns_per_call": b_ns}),
-    );
-    let mut cal_line = format!(
-        "bpftrace {} ns ({} programs, {} insns, {} helper call sites)",
-        b_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
-        progs.len(),
-        b_insns,
-        b_helpers
-    );
-    // funclatency's programs (`dummy_*`), listed while it was attached (absent from older
-    // runs): its entry and exit programs run once a call each.
-    let mut l_ns = None;
-    if let Ok(l) = read(&dir.join("cal-L.json")) {
-        let progs: Vec<serde_json::Value> = l
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|p| {
-                p.get("name")
-                    .and_then(|x| x.as_str())
-                    .is_some_and(|n| n.starts_with("dummy_"))
-            })
-            .collect();
-        let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
-        l_ns = ratio_opt(sum("run_time_ns") as f64, (sum("run_cnt") / 2) as f64);
-        let names: Vec<&str> = progs
-            .iter()
-            .filter_map(|p| p.get("name")?.as_str())
-            .collect();
-        let _ = write!(
-            cal_line,
-            "; on charge alone: funclatency {} ns ({}: {} insns)",
-            l_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
-            names.join(" + "),
-            sum("xlated_insns"),
-        );
-        cal.insert(
-            "funclatency".into(),
-            serde_json::json!({"programs": progs, "ns_per_call": l_ns}),
-        );
-    }
-    for v in ["F", "K", "C", "Q"] {
-        let Ok(doc) = read(&dir.join(format!("cal-{v}.json"))) else {
-            if matches!(v, "C" | "Q") {
-                continue;
-            }
-            bail!("the calibration run cal-{v}.json is missing");
-        };
-        let (mut t, mut n) = (0u64, 0u64);
-        for p in doc
-            .pointer("/probes")
-            .and_then(|p| p.as_array())
-            .into_iter()
-            .flatten()
-        {
-            for prog in p
-                .get("programs")
-                .and_then(|x| x.as_array())
+        for v in ["F", "K", "C", "Q"] {
+            let Ok(doc) = read(&self.dir.join(format!("cal-{v}.json"))) else {
+                if matches!(v, "C" | "Q") {
+                    continue;
+                }
+                bail!("the calibration run cal-{v}.json is missing");
+            };
+            let (mut t, mut n) = (0u64, 0u64);
+            for p in doc
+                .pointer("/probes")
+                .and_then(|p| p.as_array())
                 .into_iter()
                 .flatten()
             {
-                t += prog
-                    .get("run_time_ns")
-                    .and_then(|x| x.as_u64())
-                    .unwrap_or(0);
-                n += prog.get("run_cnt").and_then(|x| x.as_u64()).unwrap_or(0);
+                for prog in p
+                    .get("programs")
+                    .and_then(|x| x.as_array())
+                    .into_iter()
+                    .flatten()
+                {
+                    t += prog
+                        .get("run_time_ns")
+                        .and_then(|x| x.as_u64())
+                        .unwrap_or(0);
+                    n += prog.get("run_cnt").and_then(|x| x.as_u64()).unwrap_or(0);
+                }
             }
+            let ns = ratio_opt(t as f64, (n / 2) as f64);
+            let name = match v {
+                "F" => "fentry",
+                "K" => "kprobe",
+                "C" => "fentry on charge alone",
+                _ => "kprobe on charge alone",
+            };
+            // Against the peer that traced the same functions: bpftrace, or funclatency on charge.
+            let (peer, peer_ns) = if matches!(v, "C" | "Q") {
+                ("funclatency", l_ns)
+            } else {
+                ("bpftrace", b_ns)
+            };
+            let _ = write!(
+                cal_line,
+                "; memcg-trace {name} {} ns ({:.2}x {peer}'s)",
+                ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+                ns.zip(peer_ns).map(|(a, b)| a / b).unwrap_or(f64::NAN)
+            );
+            cal.insert(name.into(), serde_json::json!({"ns_per_call": ns}));
         }
-        let ns = ratio_opt(t as f64, (n / 2) as f64);
-        let name = match v {
-            "F" => "fentry",
-            "K" => "kprobe",
-            "C" => "fentry on charge alone",
-            _ => "kprobe on charge alone",
-        };
-        // Against the peer that traced the same functions: bpftrace, or funclatency on charge.
-        let (peer, peer_ns) = if matches!(v, "C" | "Q") {
-            ("funclatency", l_ns)
-        } else {
-            ("bpftrace", b_ns)
-        };
-        let _ = write!(
-            cal_line,
-            "; memcg-trace {name} {} ns ({:.2}x {peer}'s)",
-            ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
-            ns.zip(peer_ns).map(|(a, b)| a / b).unwrap_or(f64::NAN)
-        );
-        cal.insert(name.into(), serde_json::json!({"ns_per_call": ns}));
+        rows.push(Row {
+            figure: "programs' own time per traced call (bpf stats on, calibration run)".into(),
+            place: self.place.clone(),
+            value: cal_line,
+            target: "report".into(),
+            verdict: "reported",
+        });
+        Ok(cal)
     }
-    rows.push(Row {
-        figure: "programs' own time per traced call (bpf stats on, calibration run)".into(),
-        place: place.clone(),
-        value: cal_line,
-        target: "report".into(),
-        verdict: "reported",
-    });
-    Ok(serde_json::json!({
-        "probes": PEER_PROBES,
-        "hackbench": hackbench_args(dir),
-        "bpftrace_script": fs::read_to_string(dir.join("peer.bt")).unwrap_or_default(),
-        "rounds": rounds.iter().map(Round::json).collect::<Vec<_>>(),
-        "ratios": ratio_json,
-        "calibration": cal,
-    }))
 }
 
 /// The hackbench arguments the comparison's guest ran with.

@@ -1227,6 +1227,8 @@ fn verdict(ok: Option<bool>) -> &'static str {
     }
 }
 
+/// The report's rows of one place's run (`host`: this machine, where the targets are set):
+/// each latency backend's costs, then the daemon's at each tick.
 fn rows_for(
     dir: &Path,
     place: &str,
@@ -1237,248 +1239,267 @@ fn rows_for(
     let mut json = serde_json::Map::new();
     for b in backends {
         let v = read(&dir.join(format!("bench-{b}.json")))?;
-        let rc = f(&v, "/ratio_to_clock");
-        let re = f(&v, "/ratio_to_empty");
-        let ours = f(&v, "/ours/ns_per_call").unwrap_or(0.0);
-        let floor = f(&v, "/floor_clock/ns_per_call").unwrap_or(0.0);
-        let target = v.pointer("/target").and_then(|t| t.as_str()).unwrap_or("?");
-        let runs: Vec<f64> = v
-            .pointer("/ratio_runs")
-            .and_then(|r| r.as_array())
-            .into_iter()
-            .flatten()
-            .filter_map(|x| x.as_f64())
-            .collect();
-        let range = if runs.len() > 1 {
-            let lo = runs.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = runs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            format!("; {lo:.2}-{hi:.2}x over {} runs", runs.len())
-        } else {
-            String::new()
-        };
-        rows.push(Row {
-            figure: format!("per-call cost / floor (b), {b} on {target} (median run)"),
-            place: place.into(),
-            value: format!(
-                "{:.2}x ({ours:.0} ns vs {floor:.0} ns{range})",
-                rc.unwrap_or(f64::NAN)
-            ),
-            target: if host {
-                "<= 1.5x".into()
-            } else {
-                "report (target is for the host)".into()
-            },
-            verdict: if host {
-                verdict(rc.map(|r| r <= 1.5))
-            } else {
-                "reported"
-            },
-        });
-        for (flag, key) in [("--callers", "callers"), ("--by-memcg", "by_memcg")] {
-            let Some(rv) = f(&v, &format!("/ratio_to_clock_{key}")) else {
-                continue;
-            };
-            let ns = f(&v, &format!("/ours_{key}/ns_per_call")).unwrap_or(f64::NAN);
-            // The opt-in mode's cost against the plain run's: at most 1.3x (1.5x for the
-            // host's tracepoint, whose plain program is the smallest), judged where the clock
-            // holds still (the host, or an instruction-counted guest).
-            let of_plain = rc.map(|r| rv / r);
-            let limit = if host { 1.5 } else { 1.3 };
-            let judged = host || place.contains("instruction-counted");
-            rows.push(Row {
-                figure: format!("per-call cost / floor (b) with {flag}, {b} (median run)"),
-                place: place.into(),
-                value: format!(
-                    "{rv:.2}x ({ns:.0} ns; {:.2}x the cost without)",
-                    of_plain.unwrap_or(f64::NAN)
-                ),
-                target: format!("<= {limit}x the cost without"),
-                verdict: if judged {
-                    verdict(of_plain.map(|r| r <= limit))
-                } else {
-                    "reported"
-                },
-            });
-        }
-        rows.push(Row {
-            figure: format!("per-call cost / floor (a), {b}"),
-            place: place.into(),
-            value: format!("{:.2}x", re.unwrap_or(f64::NAN)),
-            target: "report".into(),
-            verdict: "reported",
-        });
-        let med = f(&v, "/slowdown/median_ratio");
-        let min = f(&v, "/slowdown/min_ratio");
-        let pct = |r: Option<f64>| {
-            r.map(|r| format!("{:+.1}%", (r - 1.0) * 100.0))
-                .unwrap_or("-".into())
-        };
-        rows.push(Row {
-            figure: format!("hackbench slowdown, default probes, {b} (median; min)"),
-            place: place.into(),
-            value: format!("{}; {}", pct(med), pct(min)),
-            target: if host && *b == "tracepoint" {
-                "<= 5%".into()
-            } else {
-                "report".into()
-            },
-            verdict: if host && *b == "tracepoint" {
-                verdict(med.map(|m| m <= 1.05))
-            } else {
-                "reported"
-            },
-        });
-        // The programs as the kernel runs them: memcg-trace's pair with direct reads, with
-        // bpf_probe_read_kernel reads (the way before), and the floors.
-        let code = v
-            .pointer("/code")
-            .and_then(|c| c.as_array())
-            .cloned()
-            .unwrap_or_default();
-        // `probe_read`: the second run's programs, named "<name> (probe-read)".
-        let shape = |probe_read: bool| -> Option<String> {
-            let progs: Vec<&serde_json::Value> = code
-                .iter()
-                .filter(|c| {
-                    let name = c.get("program").and_then(|p| p.as_str()).unwrap_or("");
-                    !name.starts_with("floor_") && name.ends_with(" (probe-read)") == probe_read
-                })
-                .collect();
-            if progs.is_empty() {
-                return None;
-            }
-            let sum = |k: &str| -> u64 { progs.iter().filter_map(|c| c.get(k)?.as_u64()).sum() };
-            Some(format!(
-                "{} insns, {} B jited, {} helper call sites",
-                sum("xlated_insns"),
-                sum("jited_bytes"),
-                sum("helper_calls")
-            ))
-        };
-        if let Some(direct) = shape(false) {
-            let pr = f(&v, "/ours_probe_read/ns_per_call");
-            rows.push(Row {
-                figure: format!(
-                    "memcg-trace's {b} programs: direct reads (bpf_probe_read_kernel reads)"
-                ),
-                place: place.into(),
-                value: format!(
-                    "{ours:.0} ns, {direct} ({} ns, {})",
-                    pr.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
-                    shape(true).unwrap_or_default()
-                ),
-                target: "report".into(),
-                verdict: "reported",
-            });
-        }
+        backend_rows(&v, b, place, host, rows);
         json.insert(format!("bench_{b}"), v);
     }
     for tick in ["1s", "100ms"] {
         let v = read(&dir.join(format!("daemon-{tick}.json")))?;
-        let share = f(&v, "/meta/tracer/cpu_share").unwrap_or(0.0);
+        daemon_rows(&v, tick, dir, place, host, rows);
+        json.insert(format!("daemon_{tick}"), v);
+    }
+    Ok(serde_json::Value::Object(json))
+}
+
+/// Backend `b`'s rows from its bench run `v`: the cost per call against the floors, with each
+/// opt-in mode, the workload's slowdown, and the programs as the kernel runs them.
+fn backend_rows(v: &serde_json::Value, b: &str, place: &str, host: bool, rows: &mut Vec<Row>) {
+    let rc = f(v, "/ratio_to_clock");
+    let re = f(v, "/ratio_to_empty");
+    let ours = f(v, "/ours/ns_per_call").unwrap_or(0.0);
+    let floor = f(v, "/floor_clock/ns_per_call").unwrap_or(0.0);
+    let target = v.pointer("/target").and_then(|t| t.as_str()).unwrap_or("?");
+    let runs: Vec<f64> = v
+        .pointer("/ratio_runs")
+        .and_then(|r| r.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_f64())
+        .collect();
+    let range = if runs.len() > 1 {
+        let lo = runs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = runs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("; {lo:.2}-{hi:.2}x over {} runs", runs.len())
+    } else {
+        String::new()
+    };
+    rows.push(Row {
+        figure: format!("per-call cost / floor (b), {b} on {target} (median run)"),
+        place: place.into(),
+        value: format!(
+            "{:.2}x ({ours:.0} ns vs {floor:.0} ns{range})",
+            rc.unwrap_or(f64::NAN)
+        ),
+        target: if host {
+            "<= 1.5x".into()
+        } else {
+            "report (target is for the host)".into()
+        },
+        verdict: if host {
+            verdict(rc.map(|r| r <= 1.5))
+        } else {
+            "reported"
+        },
+    });
+    for (flag, key) in [("--callers", "callers"), ("--by-memcg", "by_memcg")] {
+        let Some(rv) = f(v, &format!("/ratio_to_clock_{key}")) else {
+            continue;
+        };
+        let ns = f(v, &format!("/ours_{key}/ns_per_call")).unwrap_or(f64::NAN);
+        // The opt-in mode's cost against the plain run's: at most 1.3x (1.5x for the
+        // host's tracepoint, whose plain program is the smallest), judged where the clock
+        // holds still (the host, or an instruction-counted guest).
+        let of_plain = rc.map(|r| rv / r);
+        let limit = if host { 1.5 } else { 1.3 };
+        let judged = host || place.contains("instruction-counted");
         rows.push(Row {
-            figure: format!("daemon CPU at a {tick} tick"),
+            figure: format!("per-call cost / floor (b) with {flag}, {b} (median run)"),
             place: place.into(),
-            value: format!("{:.3}% of a core", share * 100.0),
-            target: if tick == "1s" {
-                "<= 1%".into()
-            } else {
-                "report".into()
-            },
-            verdict: if tick == "1s" && host {
-                verdict(Some(share <= 0.01))
+            value: format!(
+                "{rv:.2}x ({ns:.0} ns; {:.2}x the cost without)",
+                of_plain.unwrap_or(f64::NAN)
+            ),
+            target: format!("<= {limit}x the cost without"),
+            verdict: if judged {
+                verdict(of_plain.map(|r| r <= limit))
             } else {
                 "reported"
             },
         });
-        if tick == "1s" {
-            let rss = f(&v, "/meta/tracer/peak_rss_kib").unwrap_or(0.0) / 1024.0;
-            if tick == "1s" && host {
-                if let Ok(s) = read(&dir.join("serve.json")) {
-                    let share = f(&s, "/cpu_share").unwrap_or(f64::NAN);
-                    let srss = f(&s, "/peak_rss_kib").unwrap_or(f64::NAN) / 1024.0;
-                    let every = f(&s, "/scrape_secs").unwrap_or(0.0);
-                    rows.push(Row {
-                        figure: format!(
-                            "serve: daemon CPU, scraped every {every:.0} s beside hackbench"
-                        ),
-                        place: place.into(),
-                        value: format!(
-                            "{:.3}% of a core ({} bytes a scrape)",
-                            share * 100.0,
-                            f(&s, "/scrape_bytes").unwrap_or(0.0)
-                        ),
-                        target: "<= 0.5%".into(),
-                        verdict: verdict(Some(share <= 0.005)),
-                    });
-                    rows.push(Row {
-                        figure: "serve: peak RSS".into(),
-                        place: place.into(),
-                        value: format!("{srss:.1} MiB"),
-                        target: "<= 32 MiB".into(),
-                        verdict: verdict(Some(srss <= 32.0)),
-                    });
-                }
-            }
-            let up = f(&v, "/meta/tracer/startup_ns").unwrap_or(0.0) / 1e9;
-            let down = f(&v, "/meta/tracer/detach_ns").unwrap_or(0.0) / 1e9;
-            rows.push(Row {
-                figure: "daemon peak RSS".into(),
-                place: place.into(),
-                value: format!("{rss:.1} MiB"),
-                target: "<= 32 MiB".into(),
-                verdict: if host {
-                    verdict(Some(rss <= 32.0))
-                } else {
-                    "reported"
-                },
-            });
-            let phases: Vec<String> = v
-                .pointer("/meta/tracer/startup_phases")
-                .and_then(|p| p.as_array())
-                .into_iter()
-                .flatten()
-                .filter_map(|p| {
-                    Some(format!(
-                        "{} {:.0} ms",
-                        p.get("name")?.as_str()?,
-                        p.get("ns")?.as_f64()? / 1e6
-                    ))
-                })
-                .collect();
-            rows.push(Row {
-                figure: "start-up phases".into(),
-                place: place.into(),
-                value: phases.join(", "),
-                target: "report".into(),
-                verdict: "reported",
-            });
-            rows.push(Row {
-                figure: "start-up to all probes attached".into(),
-                place: place.into(),
-                value: format!("{up:.3} s"),
-                target: "<= 1 s".into(),
-                verdict: if host {
-                    verdict(Some(up <= 1.0))
-                } else {
-                    "reported"
-                },
-            });
-            rows.push(Row {
-                figure: "detach on exit".into(),
-                place: place.into(),
-                value: format!("{down:.3} s"),
-                target: "<= 0.2 s".into(),
-                verdict: if host {
-                    verdict(Some(down <= 0.2))
-                } else {
-                    "reported"
-                },
-            });
-        }
-        json.insert(format!("daemon_{tick}"), v);
     }
-    Ok(serde_json::Value::Object(json))
+    rows.push(Row {
+        figure: format!("per-call cost / floor (a), {b}"),
+        place: place.into(),
+        value: format!("{:.2}x", re.unwrap_or(f64::NAN)),
+        target: "report".into(),
+        verdict: "reported",
+    });
+    let med = f(v, "/slowdown/median_ratio");
+    let min = f(v, "/slowdown/min_ratio");
+    let pct = |r: Option<f64>| {
+        r.map(|r| format!("{:+.1}%", (r - 1.0) * 100.0))
+            .unwrap_or("-".into())
+    };
+    rows.push(Row {
+        figure: format!("hackbench slowdown, default probes, {b} (median; min)"),
+        place: place.into(),
+        value: format!("{}; {}", pct(med), pct(min)),
+        target: if host && b == "tracepoint" {
+            "<= 5%".into()
+        } else {
+            "report".into()
+        },
+        verdict: if host && b == "tracepoint" {
+            verdict(med.map(|m| m <= 1.05))
+        } else {
+            "reported"
+        },
+    });
+    // The programs as the kernel runs them: memcg-trace's pair with direct reads, with
+    // bpf_probe_read_kernel reads (the way before), and the floors.
+    let code = v
+        .pointer("/code")
+        .and_then(|c| c.as_array())
+        .cloned()
+        .unwrap_or_default();
+    // `probe_read`: the second run's programs, named "<name> (probe-read)".
+    let shape = |probe_read: bool| -> Option<String> {
+        let progs: Vec<&serde_json::Value> = code
+            .iter()
+            .filter(|c| {
+                let name = c.get("program").and_then(|p| p.as_str()).unwrap_or("");
+                !name.starts_with("floor_") && name.ends_with(" (probe-read)") == probe_read
+            })
+            .collect();
+        if progs.is_empty() {
+            return None;
+        }
+        let sum = |k: &str| -> u64 { progs.iter().filter_map(|c| c.get(k)?.as_u64()).sum() };
+        Some(format!(
+            "{} insns, {} B jited, {} helper call sites",
+            sum("xlated_insns"),
+            sum("jited_bytes"),
+            sum("helper_calls")
+        ))
+    };
+    if let Some(direct) = shape(false) {
+        let pr = f(v, "/ours_probe_read/ns_per_call");
+        rows.push(Row {
+            figure: format!(
+                "memcg-trace's {b} programs: direct reads (bpf_probe_read_kernel reads)"
+            ),
+            place: place.into(),
+            value: format!(
+                "{ours:.0} ns, {direct} ({} ns, {})",
+                pr.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+                shape(true).unwrap_or_default()
+            ),
+            target: "report".into(),
+            verdict: "reported",
+        });
+    }
+}
+
+/// The daemon's rows from its run `v` at a `tick`: its CPU; at 1 s also its memory, start-up
+/// and detach, and (on the host) `serve`'s cost, read from `dir`.
+fn daemon_rows(
+    v: &serde_json::Value,
+    tick: &str,
+    dir: &Path,
+    place: &str,
+    host: bool,
+    rows: &mut Vec<Row>,
+) {
+    let share = f(v, "/meta/tracer/cpu_share").unwrap_or(0.0);
+    rows.push(Row {
+        figure: format!("daemon CPU at a {tick} tick"),
+        place: place.into(),
+        value: format!("{:.3}% of a core", share * 100.0),
+        target: if tick == "1s" {
+            "<= 1%".into()
+        } else {
+            "report".into()
+        },
+        verdict: if tick == "1s" && host {
+            verdict(Some(share <= 0.01))
+        } else {
+            "reported"
+        },
+    });
+    if tick == "1s" {
+        let rss = f(v, "/meta/tracer/peak_rss_kib").unwrap_or(0.0) / 1024.0;
+        if tick == "1s" && host {
+            if let Ok(s) = read(&dir.join("serve.json")) {
+                let share = f(&s, "/cpu_share").unwrap_or(f64::NAN);
+                let srss = f(&s, "/peak_rss_kib").unwrap_or(f64::NAN) / 1024.0;
+                let every = f(&s, "/scrape_secs").unwrap_or(0.0);
+                rows.push(Row {
+                    figure: format!(
+                        "serve: daemon CPU, scraped every {every:.0} s beside hackbench"
+                    ),
+                    place: place.into(),
+                    value: format!(
+                        "{:.3}% of a core ({} bytes a scrape)",
+                        share * 100.0,
+                        f(&s, "/scrape_bytes").unwrap_or(0.0)
+                    ),
+                    target: "<= 0.5%".into(),
+                    verdict: verdict(Some(share <= 0.005)),
+                });
+                rows.push(Row {
+                    figure: "serve: peak RSS".into(),
+                    place: place.into(),
+                    value: format!("{srss:.1} MiB"),
+                    target: "<= 32 MiB".into(),
+                    verdict: verdict(Some(srss <= 32.0)),
+                });
+            }
+        }
+        let up = f(v, "/meta/tracer/startup_ns").unwrap_or(0.0) / 1e9;
+        let down = f(v, "/meta/tracer/detach_ns").unwrap_or(0.0) / 1e9;
+        rows.push(Row {
+            figure: "daemon peak RSS".into(),
+            place: place.into(),
+            value: format!("{rss:.1} MiB"),
+            target: "<= 32 MiB".into(),
+            verdict: if host {
+                verdict(Some(rss <= 32.0))
+            } else {
+                "reported"
+            },
+        });
+        let phases: Vec<String> = v
+            .pointer("/meta/tracer/startup_phases")
+            .and_then(|p| p.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|p| {
+                Some(format!(
+                    "{} {:.0} ms",
+                    p.get("name")?.as_str()?,
+                    p.get("ns")?.as_f64()? / 1e6
+                ))
+            })
+            .collect();
+        rows.push(Row {
+            figure: "start-up phases".into(),
+            place: place.into(),
+            value: phases.join(", "),
+            target: "report".into(),
+            verdict: "reported",
+        });
+        rows.push(Row {
+            figure: "start-up to all probes attached".into(),
+            place: place.into(),
+            value: format!("{up:.3} s"),
+            target: "<= 1 s".into(),
+            verdict: if host {
+                verdict(Some(up <= 1.0))
+            } else {
+                "reported"
+            },
+        });
+        rows.push(Row {
+            figure: "detach on exit".into(),
+            place: place.into(),
+            value: format!("{down:.3} s"),
+            target: "<= 0.2 s".into(),
+            verdict: if host {
+                verdict(Some(down <= 0.2))
+            } else {
+                "reported"
+            },
+        });
+    }
 }
 
 /// Runs the bench on the host and in a VM on `kernel` (Debian's, by name; or `own`, a kernel

@@ -276,7 +276,6 @@ pub(crate) fn probes_out(
             let secs = p.window.unwrap_or(snap.elapsed);
             let backend_floor = floor_of(p.backend);
             let floor = backend_floor.map(|f| f.p50_ns);
-            let timed = p.backend.has_latency();
             let pending = snap.pending.get(slot).copied().unwrap_or(0);
             ProbeOut {
                 name: p.name.clone(),
@@ -295,143 +294,186 @@ pub(crate) fn probes_out(
                 pending_at_end: pending,
                 notes: notes.get(&p.name).cloned().unwrap_or_default(),
                 workload: p.workload.as_ref().map(|w| {
-                    let shares = if timed {
-                        figures::cpu_shares(w, backend_floor, workload_cpu.as_ref())
-                    } else {
-                        figures::CpuShares::default()
-                    };
-                    WorkloadOut {
-                        // Upper bounds where some call's time off the CPU is unknown (counted as
-                        // CPU), and where the rows hold interrupt calls charging the workload's
-                        // memcg (`--by-memcg`): their CPU time is not in its cgroup's.
-                        shares_at_most: timed
-                            && (p.contexts.first().is_some_and(CtxStats::on_cpu_unknown)
-                                || (workload_by_memcg && (1..NUM_CTX).any(|i| p.ctx_calls(i) > 0))),
-                        count: w.count,
-                        rate_per_s: rate(w.count, secs),
-                        share_of_task_calls: ratio(
-                            w.count as f64,
-                            if workload_by_memcg {
-                                p.calls()
-                            } else {
-                                p.ctx_calls(0)
-                            } as f64,
-                        ),
-                        // Its calls are task calls (with --by-memcg, mostly): their off-CPU time is
-                        // unknown where any task call's is.
-                        latency: timed.then(|| {
-                            let unknown = p.contexts.first().is_some_and(CtxStats::on_cpu_unknown);
-                            latency_out(w, secs, floor, unknown)
-                        }),
-                        share_of_workload_cpu: shares.total,
-                        self_share_of_workload_cpu: shares.own,
-                        floor_share_of_workload_cpu: shares.instrumentation,
-                        net_self_share_of_workload_cpu: shares.net,
-                    }
+                    workload_out(
+                        p,
+                        w,
+                        secs,
+                        backend_floor,
+                        workload_cpu.as_ref(),
+                        workload_by_memcg,
+                    )
                 }),
                 programs: p.programs.iter().map(program_out).collect(),
-                contexts: p
-                    .contexts
+                contexts: contexts_out(snap, p, secs, floor),
+                callers: callers_out(snap, p),
+                stacks: stacks_out(snap, p),
+                stack_sample: (!p.stacks.is_empty()).then_some(p.stack_sample),
+                memcgs: memcgs_out(snap, p),
+            }
+        })
+        .collect()
+}
+
+/// A probe's workload row `w` over `secs`, with its shares of the workload's CPU.
+fn workload_out(
+    p: &ProbeStats,
+    w: &HistData,
+    secs: Duration,
+    backend_floor: Option<&Floor>,
+    workload_cpu: Option<&figures::WorkloadCpu>,
+    workload_by_memcg: bool,
+) -> WorkloadOut {
+    let timed = p.backend.has_latency();
+    let floor = backend_floor.map(|f| f.p50_ns);
+    let shares = if timed {
+        figures::cpu_shares(w, backend_floor, workload_cpu)
+    } else {
+        figures::CpuShares::default()
+    };
+    WorkloadOut {
+        // Upper bounds where some call's time off the CPU is unknown (counted as
+        // CPU), and where the rows hold interrupt calls charging the workload's
+        // memcg (`--by-memcg`): their CPU time is not in its cgroup's.
+        shares_at_most: timed
+            && (p.contexts.first().is_some_and(CtxStats::on_cpu_unknown)
+                || (workload_by_memcg && (1..NUM_CTX).any(|i| p.ctx_calls(i) > 0))),
+        count: w.count,
+        rate_per_s: rate(w.count, secs),
+        share_of_task_calls: ratio(
+            w.count as f64,
+            if workload_by_memcg {
+                p.calls()
+            } else {
+                p.ctx_calls(0)
+            } as f64,
+        ),
+        // Its calls are task calls (with --by-memcg, mostly): their off-CPU time is
+        // unknown where any task call's is.
+        latency: timed.then(|| {
+            let unknown = p.contexts.first().is_some_and(CtxStats::on_cpu_unknown);
+            latency_out(w, secs, floor, unknown)
+        }),
+        share_of_workload_cpu: shares.total,
+        self_share_of_workload_cpu: shares.own,
+        floor_share_of_workload_cpu: shares.instrumentation,
+        net_self_share_of_workload_cpu: shares.net,
+    }
+}
+
+/// A probe's rows by context (only `all` without the context split), over `secs`.
+fn contexts_out(
+    snap: &Snapshot,
+    p: &ProbeStats,
+    secs: Duration,
+    floor: Option<u64>,
+) -> Vec<ContextOut> {
+    let timed = p.backend.has_latency();
+    p.contexts
+        .iter()
+        .enumerate()
+        // Without the context split every call is in context 0 (`all`): no
+        // interrupt rows, which would claim none were seen.
+        .filter(|(i, _)| *i == 0 || !snap.no_context_split)
+        .map(|(i, c)| {
+            let k = &c.counters;
+            let row = ContextOut {
+                context: snap.ctx_name(i).to_string(),
+                count: p.ctx_calls(i),
+                rate_per_s: rate(p.ctx_calls(i), secs),
+                confirmed: c.confirmed,
+                rejected: c.rejected,
+                unproven_nested_ns: c.unproven_nested_ns,
+                off_cpu_at_least: c.off_cpu_at_least,
+                // Unknown where any call's time off the CPU is, or only bounded.
+                on_cpu_ns: (timed && !c.on_cpu_unknown())
+                    .then(|| c.hist.sum_ns.saturating_sub(k.off_cpu_ns)),
+                lost: c.lost(),
+                censored: c.censored(i),
+                latency: timed.then(|| latency_out(&c.hist, secs, floor, c.on_cpu_unknown())),
+                ..Default::default()
+            };
+            with_counters(row, k)
+        })
+        .collect()
+}
+
+/// A probe's calls by call site (`--callers`).
+fn callers_out(snap: &Snapshot, p: &ProbeStats) -> Vec<CallerOut> {
+    p.callers
+        .iter()
+        .map(|s| {
+            let c = &p.contexts[(s.ctx as usize) % NUM_CTX];
+            CallerOut {
+                context: snap.ctx_name(s.ctx as usize).to_string(),
+                site: s.name.clone(),
+                address: format!("{:#x}", s.addr),
+                calls: s.count,
+                share_of_calls: ratio(s.count as f64, c.hist.count as f64),
+                sum_ns: s.sum_ns,
+                share_of_time: ratio(s.sum_ns as f64, c.hist.sum_ns as f64),
+                p50_ns: s.quantile(0.5),
+                p99_ns: s.quantile(0.99),
+                buckets: s
+                    .buckets
                     .iter()
                     .enumerate()
-                    // Without the context split every call is in context 0 (`all`): no
-                    // interrupt rows, which would claim none were seen.
-                    .filter(|(i, _)| *i == 0 || !snap.no_context_split)
-                    .map(|(i, c)| {
-                        let k = &c.counters;
-                        let row = ContextOut {
-                            context: snap.ctx_name(i).to_string(),
-                            count: p.ctx_calls(i),
-                            rate_per_s: rate(p.ctx_calls(i), secs),
-                            confirmed: c.confirmed,
-                            rejected: c.rejected,
-                            unproven_nested_ns: c.unproven_nested_ns,
-                            off_cpu_at_least: c.off_cpu_at_least,
-                            // Unknown where any call's time off the CPU is, or only bounded.
-                            on_cpu_ns: (timed && !c.on_cpu_unknown())
-                                .then(|| c.hist.sum_ns.saturating_sub(k.off_cpu_ns)),
-                            lost: c.lost(),
-                            censored: c.censored(i),
-                            latency: timed
-                                .then(|| latency_out(&c.hist, secs, floor, c.on_cpu_unknown())),
-                            ..Default::default()
-                        };
-                        with_counters(row, k)
-                    })
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(i, n)| [i as u64, *n])
                     .collect(),
-                callers: p
-                    .callers
+            }
+        })
+        .collect()
+}
+
+/// A probe's sampled stacks, each with its share of its context's samples.
+fn stacks_out(snap: &Snapshot, p: &ProbeStats) -> Vec<StackOut> {
+    p.stacks
+        .iter()
+        .map(|s| {
+            let ctx = (s.ctx as usize) % NUM_CTX;
+            let all: u64 = p
+                .stacks
+                .iter()
+                .filter(|o| o.ctx == s.ctx)
+                .map(|o| o.count)
+                .sum();
+            StackOut {
+                context: snap.ctx_name(ctx).to_string(),
+                frames: s.names.clone(),
+                addresses: s.frames.iter().map(|f| format!("{f:#x}")).collect(),
+                sampled: s.count,
+                share: ratio(s.count as f64, all as f64),
+            }
+        })
+        .collect()
+}
+
+/// A probe's calls by the memcg they charge (`--by-memcg`).
+fn memcgs_out(snap: &Snapshot, p: &ProbeStats) -> Vec<MemcgOut> {
+    let timed = p.backend.has_latency();
+    p.memcgs
+        .iter()
+        .map(|s| {
+            let ctx = (s.ctx as usize) % NUM_CTX;
+            let c = &p.contexts[ctx];
+            MemcgOut {
+                context: snap.ctx_name(ctx).to_string(),
+                cgroup: s.name.clone(),
+                id: s.addr,
+                calls: s.count,
+                share_of_calls: ratio(s.count as f64, p.ctx_calls(ctx) as f64),
+                sum_ns: s.sum_ns,
+                share_of_time: timed
+                    .then(|| ratio(s.sum_ns as f64, c.hist.sum_ns as f64))
+                    .flatten(),
+                p50_ns: timed.then(|| s.quantile(0.5)).flatten(),
+                p99_ns: timed.then(|| s.quantile(0.99)).flatten(),
+                buckets: s
+                    .buckets
                     .iter()
-                    .map(|s| {
-                        let c = &p.contexts[(s.ctx as usize) % NUM_CTX];
-                        CallerOut {
-                            context: snap.ctx_name(s.ctx as usize).to_string(),
-                            site: s.name.clone(),
-                            address: format!("{:#x}", s.addr),
-                            calls: s.count,
-                            share_of_calls: ratio(s.count as f64, c.hist.count as f64),
-                            sum_ns: s.sum_ns,
-                            share_of_time: ratio(s.sum_ns as f64, c.hist.sum_ns as f64),
-                            p50_ns: s.quantile(0.5),
-                            p99_ns: s.quantile(0.99),
-                            buckets: s
-                                .buckets
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, n)| **n > 0)
-                                .map(|(i, n)| [i as u64, *n])
-                                .collect(),
-                        }
-                    })
-                    .collect(),
-                stacks: p
-                    .stacks
-                    .iter()
-                    .map(|s| {
-                        let ctx = (s.ctx as usize) % NUM_CTX;
-                        let all: u64 = p
-                            .stacks
-                            .iter()
-                            .filter(|o| o.ctx == s.ctx)
-                            .map(|o| o.count)
-                            .sum();
-                        StackOut {
-                            context: snap.ctx_name(ctx).to_string(),
-                            frames: s.names.clone(),
-                            addresses: s.frames.iter().map(|f| format!("{f:#x}")).collect(),
-                            sampled: s.count,
-                            share: ratio(s.count as f64, all as f64),
-                        }
-                    })
-                    .collect(),
-                stack_sample: (!p.stacks.is_empty()).then_some(p.stack_sample),
-                memcgs: p
-                    .memcgs
-                    .iter()
-                    .map(|s| {
-                        let ctx = (s.ctx as usize) % NUM_CTX;
-                        let c = &p.contexts[ctx];
-                        MemcgOut {
-                            context: snap.ctx_name(ctx).to_string(),
-                            cgroup: s.name.clone(),
-                            id: s.addr,
-                            calls: s.count,
-                            share_of_calls: ratio(s.count as f64, p.ctx_calls(ctx) as f64),
-                            sum_ns: s.sum_ns,
-                            share_of_time: timed
-                                .then(|| ratio(s.sum_ns as f64, c.hist.sum_ns as f64))
-                                .flatten(),
-                            p50_ns: timed.then(|| s.quantile(0.5)).flatten(),
-                            p99_ns: timed.then(|| s.quantile(0.99)).flatten(),
-                            buckets: s
-                                .buckets
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, n)| **n > 0)
-                                .map(|(i, n)| [i as u64, *n])
-                                .collect(),
-                        }
-                    })
+                    .enumerate()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(i, n)| [i as u64, *n])
                     .collect(),
             }
         })

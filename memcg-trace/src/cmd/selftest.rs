@@ -67,10 +67,102 @@ const T2: u64 = 0xffff_8880_0000_2000;
 const T_IRQ: u64 = 0x01ff_8880_0000_3000;
 const T_SOFTIRQ: u64 = 0x02ff_8880_0000_4000;
 
-use Step::{
-    Entry as E, EntryFentry as EF, EntryMisses as EM, ExitFentry as XF, ExitKprobe as XK,
-    ExitKprobeClock as XKC, ExitMisses as XM,
-};
+// The sequences' notation: a short constructor per kind of step, its arguments in the order
+// of the variant's fields (`Step`), so that a sequence reads as a table of runs.
+
+/// [`Step::Entry`].
+#[allow(non_snake_case)]
+fn E(key: u64, ctx: u32, task: u64, switches: u64, now: u64, workload: bool, cpu: u32) -> Step {
+    Step::Entry {
+        key,
+        ctx,
+        task,
+        switches,
+        now,
+        workload,
+        cpu,
+    }
+}
+
+/// [`Step::EntryFentry`].
+#[allow(non_snake_case)]
+fn EF(key: u64, ctx: u32, misses: u64, now: u64, cpu: u32) -> Step {
+    Step::EntryFentry {
+        key,
+        ctx,
+        misses,
+        now,
+        cpu,
+    }
+}
+
+/// [`Step::EntryMisses`].
+#[allow(non_snake_case)]
+fn EM(key: u64, task: u64, switches: u64, misses: u64, now: u64, fentry: bool, cpu: u32) -> Step {
+    Step::EntryMisses {
+        key,
+        task,
+        switches,
+        misses,
+        now,
+        fentry,
+        cpu,
+    }
+}
+
+/// [`Step::ExitFentry`].
+#[allow(non_snake_case)]
+fn XF(key: u64, ctx: u32, task: u64, misses: Option<u64>, now: u64, cpu: u32) -> Step {
+    Step::ExitFentry {
+        key,
+        ctx,
+        task,
+        misses,
+        now,
+        cpu,
+    }
+}
+
+/// [`Step::ExitKprobe`].
+#[allow(non_snake_case)]
+fn XK(key: u64, ctx: u32, task: u64, switches: u64, now: u64, cpu: u32) -> Step {
+    Step::ExitKprobe {
+        key,
+        ctx,
+        task,
+        switches,
+        now,
+        cpu,
+    }
+}
+
+/// [`Step::ExitKprobeClock`].
+#[allow(non_snake_case)]
+fn XKC(key: u64, ctx: u32, task: u64, switches: u64, clock: u64, now: u64, cpu: u32) -> Step {
+    Step::ExitKprobeClock {
+        key,
+        ctx,
+        task,
+        switches,
+        clock,
+        now,
+        cpu,
+    }
+}
+
+/// [`Step::ExitMisses`].
+#[allow(non_snake_case)]
+fn XM(key: u64, task: u64, switches: u64, misses: u64, now: u64, fentry: bool, cpu: u32) -> Step {
+    Step::ExitMisses {
+        key,
+        task,
+        switches,
+        misses,
+        now,
+        fentry,
+        cpu,
+    }
+}
 
 /// Every entry and exit run is accounted for: entries = paired + ambiguous + deferred +
 /// deferred_lost + stale + evicted + pending, exits = paired + ambiguous + deferred +
@@ -621,7 +713,7 @@ fn cases() -> Vec<Case> {
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 0),
                 XK(0xa0, task, T, 6, 2000, 1),
-                Step::Ran(T2, 0),
+                Step::Ran { task: T2, cpu: 0 },
                 E(0xb0, hard, 0, 0, 3000, false, 0),
                 XK(0xb0, hard, 0, 0, 3100, 0),
                 E(0xa0, task, T, 6, 4000, false, 0),
@@ -660,10 +752,10 @@ fn cases() -> Vec<Case> {
             kernel: NO_PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 0),
-                Step::Ran(T2, 0),
+                Step::Ran { task: T2, cpu: 0 },
                 E(0xb0, hard, 0, 0, 2000, false, 0),
                 XK(0xb0, hard, 0, 0, 2100, 0),
-                Step::Ran(T, 0),
+                Step::Ran { task: T, cpu: 0 },
                 XK(0xa0, task, T, 6, 5000, 0),
             ],
             check: |o| {
@@ -759,7 +851,7 @@ fn cases() -> Vec<Case> {
             kernel: PREEMPT,
             steps: vec![
                 EM(0xa0, T, 5000, 7, 1000, false, 0),
-                Step::Ran(T, 1),
+                Step::Ran { task: T, cpu: 1 },
                 XM(0xa0, T, 8000, 7, 9000, false, 0),
             ],
             check: |o| {
@@ -1068,7 +1160,7 @@ fn cases() -> Vec<Case> {
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 1),
                 E(0xa0, task, T, 6, 3000, false, 0),
-                Step::Ran(T, 1),
+                Step::Ran { task: T, cpu: 1 },
                 XK(0xa0, task, T, 8, 9000, 0),
             ],
             check: |o| {
@@ -1100,7 +1192,7 @@ fn cases() -> Vec<Case> {
             kernel: NO_PREEMPT,
             steps: vec![
                 E(0xa0, task, T, 5, 1000, false, 0),
-                Step::Ran(T, 1),
+                Step::Ran { task: T, cpu: 1 },
                 XK(0xa0, task, T, 7, 5000, 0),
             ],
             check: |o| {
@@ -1186,14 +1278,14 @@ fn verify(d: &[Deferred], misses_moved: bool) -> (u64, u64, u64) {
 /// The entry and CPU of a step (None: no program runs).
 fn step_key_cpu(s: &Step) -> Option<(u64, u32, bool)> {
     match *s {
-        Step::Entry(k, .., cpu) | Step::EntryFentry(k, .., cpu) | Step::EntryMisses(k, .., cpu) => {
-            Some((k, cpu, true))
-        }
-        Step::ExitFentry(k, .., cpu)
-        | Step::ExitKprobe(k, .., cpu)
-        | Step::ExitKprobeClock(k, .., cpu)
-        | Step::ExitMisses(k, .., cpu) => Some((k, cpu, false)),
-        Step::Ran(..) | Step::Probe(_) => None,
+        Step::Entry { key, cpu, .. }
+        | Step::EntryFentry { key, cpu, .. }
+        | Step::EntryMisses { key, cpu, .. } => Some((key, cpu, true)),
+        Step::ExitFentry { key, cpu, .. }
+        | Step::ExitKprobe { key, cpu, .. }
+        | Step::ExitKprobeClock { key, cpu, .. }
+        | Step::ExitMisses { key, cpu, .. } => Some((key, cpu, false)),
+        Step::Ran { .. } | Step::Probe(_) => None,
     }
 }
 

@@ -285,33 +285,82 @@ pub fn syscall_context(rigs: &mut Rigs, layout: &KernelLayout) -> Result<Option<
 #[derive(Clone, Copy, Debug)]
 pub enum Step {
     /// An entry run as the kprobe program makes it (and the fentry program where its miss
-    /// counter is unknown): (key, context, task, off-CPU clock, time, workload, CPU).
-    Entry(u64, u32, u64, u64, u64, bool, u32),
+    /// counter is unknown); the task's off-CPU clock reads the same as its switch count.
+    Entry {
+        key: u64,
+        ctx: u32,
+        task: u64,
+        switches: u64,
+        now: u64,
+        workload: bool,
+        cpu: u32,
+    },
     /// An interrupt-context entry run of the fentry program, its recursion misses on this CPU
-    /// known: (key, context, misses, time, CPU).
-    EntryFentry(u64, u32, u64, u64, u32),
-    /// An exit run of the fexit program: (key, context, task, the entry program's misses on
-    /// this CPU if known, time, CPU); task calls keep their off-CPU clock of 5.
-    ExitFentry(u64, u32, u64, Option<u64>, u64, u32),
-    /// An exit run of the kretprobe program: (key, context, task, switch count, time, CPU); the
-    /// off-CPU clock reads the same as the switch count (entries too).
-    ExitKprobe(u64, u32, u64, u64, u64, u32),
-    /// An exit run of the kretprobe program with an off-CPU clock of its own: (key, context,
-    /// task, switch count, off-CPU clock, time, CPU).
-    ExitKprobeClock(u64, u32, u64, u64, u64, u64, u32),
+    /// known.
+    EntryFentry {
+        key: u64,
+        ctx: u32,
+        misses: u64,
+        now: u64,
+        cpu: u32,
+    },
+    /// An exit run of the fexit program, with the entry program's misses on this CPU if
+    /// known; task calls keep their off-CPU clock of 5.
+    ExitFentry {
+        key: u64,
+        ctx: u32,
+        task: u64,
+        misses: Option<u64>,
+        now: u64,
+        cpu: u32,
+    },
+    /// An exit run of the kretprobe program; the off-CPU clock reads the same as the switch
+    /// count (entries too).
+    ExitKprobe {
+        key: u64,
+        ctx: u32,
+        task: u64,
+        switches: u64,
+        now: u64,
+        cpu: u32,
+    },
+    /// An exit run of the kretprobe program with an off-CPU clock of its own.
+    ExitKprobeClock {
+        key: u64,
+        ctx: u32,
+        task: u64,
+        switches: u64,
+        clock: u64,
+        now: u64,
+        cpu: u32,
+    },
     /// A task-context entry run whose program knows the runs it missed on this CPU (its
-    /// recursion misses, or the switch witness's count): (key, task, switch count, misses,
-    /// time, fentry, CPU).
-    EntryMisses(u64, u64, u64, u64, u64, bool, u32),
-    /// A task-context exit run reading the entry program's missed runs on this CPU: (key,
-    /// task, switch count, misses, time, fentry, CPU); the off-CPU clock reads the same as
-    /// the switch count.
-    ExitMisses(u64, u64, u64, u64, u64, bool, u32),
-    /// No program runs: the task ran on this CPU meanwhile (task, CPU). The sequence keeps
-    /// each task's migration count (`se.nr_migrations`) from the CPUs its steps run on: a step
-    /// of a task on another CPU than its last one is a migration. An interrupt step that names
-    /// no task (0) interrupts the task that ran last on its CPU (its last task step or `Ran`).
-    Ran(u64, u32),
+    /// recursion misses, or the switch witness's count).
+    EntryMisses {
+        key: u64,
+        task: u64,
+        switches: u64,
+        misses: u64,
+        now: u64,
+        fentry: bool,
+        cpu: u32,
+    },
+    /// A task-context exit run reading the entry program's missed runs on this CPU; the
+    /// off-CPU clock reads the same as the switch count.
+    ExitMisses {
+        key: u64,
+        task: u64,
+        switches: u64,
+        misses: u64,
+        now: u64,
+        fentry: bool,
+        cpu: u32,
+    },
+    /// No program runs: `task` ran on `cpu` meanwhile. The sequence keeps each task's
+    /// migration count (`se.nr_migrations`) from the CPUs its steps run on: a step of a task
+    /// on another CPU than its last one is a migration. An interrupt step that names no task
+    /// (0) interrupts the task that ran last on its CPU (its last task step or `Ran`).
+    Ran { task: u64, cpu: u32 },
     /// The steps after it are calls of this probe slot (the sequence starts with slot 0).
     Probe(u32),
 }
@@ -378,7 +427,7 @@ pub fn pairing(
     // steps that name no task interrupt.
     let mut running: std::collections::HashMap<u32, u64> = Default::default();
     for s in steps {
-        if let Step::Ran(task, cpu) = *s {
+        if let Step::Ran { task, cpu } = *s {
             migrations(task, cpu);
             running.insert(cpu, task);
             continue;
@@ -390,50 +439,136 @@ pub fn pairing(
         // (op, key, ctx, task, switches, now, flags, misses, cpu): flags bit 0 workload, bit 1
         // fentry entry, bit 2 runs interleave, bits 8 and up the task's migrations.
         let (op, key, ctx, task, sw, clock, now, flags, misses, cpu) = match *s {
-            Step::Entry(k, c, t, sw, now, wl, cpu) => {
-                (test_op::ENTRY, k, c, t, sw, sw, now, wl as u64, None, cpu)
-            }
-            Step::EntryFentry(k, c, m, now, cpu) => {
-                (test_op::ENTRY, k, c, 0, 0, 0, now, 2, Some(m), cpu)
-            }
-            Step::ExitFentry(k, c, t, m, now, cpu) => {
-                (test_op::EXIT_FENTRY, k, c, t, 5, 5, now, 0, m, cpu)
-            }
-            Step::ExitKprobe(k, c, t, sw, now, cpu) => {
-                (test_op::EXIT_KPROBE, k, c, t, sw, sw, now, 0, None, cpu)
-            }
-            Step::ExitKprobeClock(k, c, t, sw, clock, now, cpu) => {
-                (test_op::EXIT_KPROBE, k, c, t, sw, clock, now, 0, None, cpu)
-            }
-            Step::EntryMisses(k, t, sw, m, now, fentry, cpu) => (
-                test_op::ENTRY,
-                k,
-                CTX_TASK,
-                t,
-                sw,
-                sw,
+            Step::Entry {
+                key,
+                ctx,
+                task,
+                switches,
                 now,
-                if fentry { 2 } else { 0 },
-                Some(m),
+                workload,
+                cpu,
+            } => (
+                test_op::ENTRY,
+                key,
+                ctx,
+                task,
+                switches,
+                switches,
+                now,
+                workload as u64,
+                None,
                 cpu,
             ),
-            Step::ExitMisses(k, t, sw, m, now, fentry, cpu) => (
+            Step::EntryFentry {
+                key,
+                ctx,
+                misses,
+                now,
+                cpu,
+            } => (test_op::ENTRY, key, ctx, 0, 0, 0, now, 2, Some(misses), cpu),
+            Step::ExitFentry {
+                key,
+                ctx,
+                task,
+                misses,
+                now,
+                cpu,
+            } => (
+                test_op::EXIT_FENTRY,
+                key,
+                ctx,
+                task,
+                5,
+                5,
+                now,
+                0,
+                misses,
+                cpu,
+            ),
+            Step::ExitKprobe {
+                key,
+                ctx,
+                task,
+                switches,
+                now,
+                cpu,
+            } => (
+                test_op::EXIT_KPROBE,
+                key,
+                ctx,
+                task,
+                switches,
+                switches,
+                now,
+                0,
+                None,
+                cpu,
+            ),
+            Step::ExitKprobeClock {
+                key,
+                ctx,
+                task,
+                switches,
+                clock,
+                now,
+                cpu,
+            } => (
+                test_op::EXIT_KPROBE,
+                key,
+                ctx,
+                task,
+                switches,
+                clock,
+                now,
+                0,
+                None,
+                cpu,
+            ),
+            Step::EntryMisses {
+                key,
+                task,
+                switches,
+                misses,
+                now,
+                fentry,
+                cpu,
+            } => (
+                test_op::ENTRY,
+                key,
+                CTX_TASK,
+                task,
+                switches,
+                switches,
+                now,
+                if fentry { 2 } else { 0 },
+                Some(misses),
+                cpu,
+            ),
+            Step::ExitMisses {
+                key,
+                task,
+                switches,
+                misses,
+                now,
+                fentry,
+                cpu,
+            } => (
                 if fentry {
                     test_op::EXIT_FENTRY
                 } else {
                     test_op::EXIT_KPROBE
                 },
-                k,
+                key,
                 CTX_TASK,
-                t,
-                sw,
-                sw,
+                task,
+                switches,
+                switches,
                 now,
                 0,
-                Some(m),
+                Some(misses),
                 cpu,
             ),
-            Step::Ran(..) | Step::Probe(_) => unreachable!("handled above"),
+            Step::Ran { .. } | Step::Probe(_) => unreachable!("handled above"),
         };
         let flags = if task != 0 && ctx == CTX_TASK {
             running.insert(cpu, task);

@@ -560,27 +560,23 @@ fn named_struct_id(btf: &Btf, name: &str) -> Option<u32> {
         .find(|id| matches!(btf.resolve_type_by_id(*id), Ok(Type::Struct(_))))
 }
 
-/// What `layout` found in the kernel: the offsets the programs are loaded with, and where
-/// there is no context split, why.
-#[derive(Clone, Debug)]
-pub struct Layout {
-    pub offsets: KernelLayout,
-    /// Why calls cannot be told apart by context here (no per-CPU offsets), or None.
-    pub no_context_split: Option<String>,
+/// Where the programs read the preempt count: a per-CPU variable (`var`, its `member` at
+/// `offset` from the per-CPU base), or on arm64 the running task's (`offset` into it).
+struct PreemptAt {
+    var: &'static str,
+    member: u64,
+    offset: u64,
 }
 
-/// The offsets the eBPF programs need to read preempt_count and the task's off-CPU clock.
-pub fn layout(btf: &Btf) -> Result<Layout> {
-    // Without per-CPU offsets there is no preempt count to read: degrade to latency without
-    // the context split (said in the header, the table and the JSON), never refuse to trace.
-    let (percpu, percpu_from_kallsyms, no_context_split) = match percpu_vars(btf) {
-        Ok((p, k)) => (p, k, None),
-        Err(e) => (HashMap::new(), false, Some(e.to_string())),
-    };
-    let no_context = no_context_split.is_some();
+/// [`PreemptAt`] for this kernel; nothing to read without the context split.
+fn preempt_at(
+    btf: &Btf,
+    percpu: &HashMap<String, u64>,
+    no_context: bool,
+    arm64: bool,
+) -> Result<PreemptAt> {
     // arm64: the preempt count is the running task's (thread_info, the first member of
     // task_struct with THREAD_INFO_IN_TASK), read through `current`, no per-CPU variable.
-    let arm64 = cfg!(target_arch = "aarch64");
     let task_preempt = if arm64 && !no_context {
         Some(
             field_path_offset(btf, "task_struct", &["thread_info", "preempt_count"])
@@ -606,6 +602,87 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         Some(o) => o,
         None => percpu.get(var).map_or(0, |o| o + preempt_member),
     };
+    Ok(PreemptAt {
+        var,
+        member: preempt_member,
+        offset: preempt_count,
+    })
+}
+
+/// The reads of a task's cgroup v2: `id_path` (`task->cgroups->dfl_cgrp->kn->id`, as
+/// `bpf_get_current_cgroup_id` reads it; zeros where one is missing), and a cgroup's
+/// ancestors by depth (offset, and whether they are ids).
+struct CgroupReads {
+    id_path: (u64, u64, u64, u64),
+    ancestors: Option<(u64, bool)>,
+}
+
+fn cgroup_reads(btf: &Btf) -> CgroupReads {
+    // current->cgroups->dfl_cgrp->kn->id, as bpf_get_current_cgroup_id reads it.
+    let id_path = (|| {
+        Some((
+            field_path_offset(btf, "task_struct", &["cgroups"]).ok()?,
+            field_path_offset(btf, "css_set", &["dfl_cgrp"]).ok()?,
+            field_path_offset(btf, "cgroup", &["kn"]).ok()?,
+            field_path_offset(btf, "kernfs_node", &["id"]).ok()?,
+        ))
+    })()
+    .unwrap_or((0, 0, 0, 0));
+    // A cgroup's ancestors by depth: their ids before 6.0 (`ancestor_ids[]`), then pointers.
+    let ancestors = match field_path_offset(btf, "cgroup", &["ancestor_ids"]) {
+        Ok(o) => Some((o, true)),
+        Err(_) => field_path_offset(btf, "cgroup", &["ancestors"])
+            .ok()
+            .map(|o| (o, false)),
+    };
+    CgroupReads { id_path, ancestors }
+}
+
+/// The BTF ids and per-CPU offset to read the running task by a cast (`bpf_rdonly_cast`):
+/// (u64's, task_struct's, `current`'s offset), where the kernel has the kfunc (`cast`).
+fn current_task_cast(
+    btf: &Btf,
+    percpu: &HashMap<String, u64>,
+    cast: Option<(u32, u32)>,
+) -> Option<(u32, u32, u64)> {
+    // x86: `current` is a per-CPU pointer (`current_task`; `pcpu_hot.current_task` 6.2-6.14).
+    (|| {
+        cast?;
+        let at = match percpu.get("current_task") {
+            Some(o) => *o,
+            None => {
+                percpu.get("pcpu_hot")?
+                    + field_path_offset(btf, "pcpu_hot", &["current_task"]).ok()?
+            }
+        };
+        Some((
+            typedef_struct_with_first(btf, "atomic64_t", 8)?,
+            named_struct_id(btf, "task_struct")?,
+            at,
+        ))
+    })()
+}
+
+/// What `layout` found in the kernel: the offsets the programs are loaded with, and where
+/// there is no context split, why.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub offsets: KernelLayout,
+    /// Why calls cannot be told apart by context here (no per-CPU offsets), or None.
+    pub no_context_split: Option<String>,
+}
+
+/// The offsets the eBPF programs need to read preempt_count and the task's off-CPU clock.
+pub fn layout(btf: &Btf) -> Result<Layout> {
+    // Without per-CPU offsets there is no preempt count to read: degrade to latency without
+    // the context split (said in the header, the table and the JSON), never refuse to trace.
+    let (percpu, percpu_from_kallsyms, no_context_split) = match percpu_vars(btf) {
+        Ok((p, k)) => (p, k, None),
+        Err(e) => (HashMap::new(), false, Some(e.to_string())),
+    };
+    let no_context = no_context_split.is_some();
+    let arm64 = cfg!(target_arch = "aarch64");
+    let preempt = preempt_at(btf, &percpu, no_context, arm64)?;
     let runqueues = match percpu.get("runqueues") {
         Some(o) => *o,
         None if no_context => 0,
@@ -653,40 +730,9 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
             .and_then(|o| Some(o + field_path_offset(btf, "pcpu_hot", &["this_cpu_off"]).ok()?))
             .unwrap_or(0),
     };
-    // current->cgroups->dfl_cgrp->kn->id, as bpf_get_current_cgroup_id reads it.
-    let cg = (|| {
-        Some((
-            field_path_offset(btf, "task_struct", &["cgroups"]).ok()?,
-            field_path_offset(btf, "css_set", &["dfl_cgrp"]).ok()?,
-            field_path_offset(btf, "cgroup", &["kn"]).ok()?,
-            field_path_offset(btf, "kernfs_node", &["id"]).ok()?,
-        ))
-    })()
-    .unwrap_or((0, 0, 0, 0));
-    // A cgroup's ancestors by depth: their ids before 6.0 (`ancestor_ids[]`), then pointers.
-    let ancestors = match field_path_offset(btf, "cgroup", &["ancestor_ids"]) {
-        Ok(o) => Some((o, true)),
-        Err(_) => field_path_offset(btf, "cgroup", &["ancestors"])
-            .ok()
-            .map(|o| (o, false)),
-    };
+    let cgroup = cgroup_reads(btf);
     let cast = rdonly_cast_ids(btf);
-    // x86: `current` is a per-CPU pointer (`current_task`; `pcpu_hot.current_task` 6.2-6.14).
-    let task_cast = (|| {
-        cast?;
-        let at = match percpu.get("current_task") {
-            Some(o) => *o,
-            None => {
-                percpu.get("pcpu_hot")?
-                    + field_path_offset(btf, "pcpu_hot", &["current_task"]).ok()?
-            }
-        };
-        Some((
-            typedef_struct_with_first(btf, "atomic64_t", 8)?,
-            named_struct_id(btf, "task_struct")?,
-            at,
-        ))
-    })();
+    let task_cast = current_task_cast(btf, &percpu, cast);
     let offsets = KernelLayout {
         this_cpu_off,
         prog_aux: off("bpf_prog", "aux"),
@@ -696,20 +742,20 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         clock_adjacent: (task_sum_exec == task_exec_start + 8) as u32,
         // Set by the loader once it has patched the programs (tracer::load_object).
         direct_preempt: 0,
-        preempt_member,
+        preempt_member: preempt.member,
         direct_task: 0,
         // The verifier finds the variable's address by name in kallsyms, where data symbols
         // are only with CONFIG_KALLSYMS_ALL (Debian has it; this sandbox's kernel does not).
-        preempt_var_id: if !no_context && !arm64 && kallsyms_has(var) {
-            var_id(btf, var).unwrap_or(0)
+        preempt_var_id: if !no_context && !arm64 && kallsyms_has(preempt.var) {
+            var_id(btf, preempt.var).unwrap_or(0)
         } else {
             0
         },
-        task_cgroups: cg.0,
-        cset_dfl_cgrp: cg.1,
-        cgroup_kn: cg.2,
-        kn_id: cg.3,
-        direct_cgroup: (cg != (0, 0, 0, 0)) as u32,
+        task_cgroups: cgroup.id_path.0,
+        cset_dfl_cgrp: cgroup.id_path.1,
+        cgroup_kn: cgroup.id_path.2,
+        kn_id: cgroup.id_path.3,
+        direct_cgroup: (cgroup.id_path != (0, 0, 0, 0)) as u32,
         cross_cpu_clock: cross_cpu_clock as u32,
         switches_adjacent: (task_nivcsw == task_nvcsw + 8) as u32,
         // Set by the loader once it has patched the programs.
@@ -721,7 +767,7 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         current_task: task_cast.map_or(0, |t| t.2),
         task_nvcsw,
         task_nivcsw,
-        preempt_count,
+        preempt_count: preempt.offset,
         runqueues,
         task_se_cfs_rq: field_path_offset(btf, "task_struct", &["se", "cfs_rq"])
             .context("task_struct.se.cfs_rq (needs CONFIG_FAIR_GROUP_SCHED)")?,
@@ -755,8 +801,8 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
             0
         },
         cgroup_level: off("cgroup", "level"),
-        cgroup_ancestors: ancestors.map_or(0, |a| a.0),
-        ancestors_are_ids: ancestors.is_some_and(|a| a.1) as u64,
+        cgroup_ancestors: cgroup.ancestors.map_or(0, |a| a.0),
+        ancestors_are_ids: cgroup.ancestors.is_some_and(|a| a.1) as u64,
     };
     Ok(Layout {
         offsets,

@@ -267,95 +267,10 @@ impl Tracer {
         let mut memcgs = self.memcg_rows();
         let mut stacks = self.stack_rows();
         let mut probes = Vec::with_capacity(self.attached.len());
-        // The tracepoint programs' per-CPU hits, read once for every probe (one syscall; no
-        // kprobe program exists to miss runs while it reads).
-        let tp_states = if self.tp_percpu && self.attached.iter().any(|a| !a.backend.has_latency())
-        {
-            let map = self
-                .ebpf
-                .map(names::MAP_CPU_STATE)
-                .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?;
-            let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(map)?;
-            Some(
-                states
-                    .get(&0, 0)
-                    .with_context(|| format!("read {}", names::MAP_CPU_STATE))?,
-            )
-        } else {
-            None
-        };
+        let tp_states = self.tp_states()?;
         for a in &self.attached {
-            // The kernel's counts of the kprobe events: (kretprobe, hits, misses). Read before
-            // the programs' counters, so that a hit counted here has run (or was skipped)
-            // before they are read: hits less runs never exceeds the runs skipped (exact once
-            // the probes are detached).
-            let profiles: Vec<(bool, u64, u64)> = a
-                .programs
-                .iter()
-                .filter_map(|p| match self.kprobes.get(p) {
-                    Some(k) => k.profile().map(|(hits, missed)| (k.ret, hits, missed)),
-                    None => self.kprobes_closed.get(p).copied(),
-                })
-                .collect();
-            let mut contexts: [CtxStats; NUM_CTX] = Default::default();
-            // The programs time a workload's call, and count its exit, in its workload cell
-            // only (one record per call; its entry is counted in the context's cell); the
-            // context's figures hold both. The task context only, unless the workload is told
-            // by the memcg charged.
-            let wc = self.workload_contexts;
-            let workload_cells = |cpu: u32, ctx: u32| {
-                (a.backend.has_latency() && (ctx == CTX_TASK || wc > 1))
-                    .then(|| workload_cell(cpu, self.probes, a.slot, ctx, wc) as usize)
-            };
-            // The workload's row from the very reads that go into the contexts, so that it
-            // never holds calls they do not (the maps change while read).
-            let mut workload_read = HistData::default();
-            for (ctx, stats) in contexts.iter_mut().enumerate() {
-                for cpu in 0..self.cpus as u32 {
-                    let i = cell(cpu, self.probes, a.slot, ctx as u32) as usize;
-                    let c = self.cells.get(i);
-                    stats.hist.add_cpu(&c.hist);
-                    stats.counters.add(&c.counters);
-                    if let Some(w) = workload_cells(cpu, ctx as u32) {
-                        let c = self.workload_cells.get(w);
-                        stats.hist.add_cpu(&c.hist);
-                        stats.counters.add(&c.counters);
-                        workload_read.add_cpu(&c.hist);
-                    }
-                }
-                if let (Some(states), false) = (&tp_states, a.backend.has_latency()) {
-                    let i = (a.slot as usize * NUM_CTX + ctx) & (TP_CELLS - 1);
-                    for st in states.iter() {
-                        let [hits, workload_hits] = st.tp_hits[i];
-                        stats.counters.entries += hits;
-                        stats.counters.workload_hits += workload_hits;
-                    }
-                }
-                let out = &self.verifier.outcomes[a.slot as usize][ctx];
-                stats.hist.merge(&out.hist);
-                stats.confirmed = out.hist.count;
-                stats.rejected = out.rejected;
-                stats.unproven_nested_ns = out.unproven_nested_ns;
-                // The snapshot's off-CPU figures cover every timed call: the kernel's and the
-                // confirmed ones.
-                let c = &mut stats.counters;
-                c.off_cpu_ns += out.off_cpu_ns;
-                c.off_cpu_max_ns = c.off_cpu_max_ns.max(out.off_cpu_max_ns);
-                c.off_cpu_unknown += out.off_cpu_unknown;
-                c.self_unknown += out.self_unknown;
-                c.outermost_ns += out.outermost_ns;
-                // Where the task clock leaves out interrupt and steal time, every call that
-                // left the CPU (and whose time off it is not unknown anyway) has only a lower
-                // bound of it.
-                stats.off_cpu_at_least = if self.task_clock_excludes.is_some() {
-                    stats
-                        .counters
-                        .switched
-                        .saturating_sub(stats.counters.off_cpu_unknown)
-                } else {
-                    0
-                };
-            }
+            let profiles = self.kprobe_profiles(a);
+            let (contexts, workload_read) = self.read_contexts(a, tp_states.as_ref());
             let workload = self.workload.then(|| {
                 let mut w = HistData::default();
                 if a.backend.has_latency() {
@@ -368,40 +283,7 @@ impl Tracer {
                 }
                 w
             });
-            // A kprobe and a kretprobe on one function are one aggregated kprobe to the
-            // kernel: a hit it cannot handle (another kprobe running on that CPU) is a miss of
-            // both events, for one call neither program sees. The kretprobe's own misses
-            // beyond that (no free instance) are calls whose entry ran: already lost.
-            let kprobe_missed = profiles.iter().filter(|p| !p.0).map(|p| p.2).sum();
-            // Every run of an entry program counts one entry (or an entry whose context or
-            // state could not be read), every run of an exit program one exit.
-            let runs = |exit: bool| -> u64 {
-                contexts
-                    .iter()
-                    .map(|c| {
-                        let c = &c.counters;
-                        if exit {
-                            c.exits + c.no_context_exits
-                        } else {
-                            c.entries + c.no_context_entries
-                        }
-                    })
-                    .sum()
-            };
-            // Runs skipped at entry and at exit, per side; a call counted nowhere had both
-            // skipped (one skipped at one side only is an orphan exit or a stale entry, lost):
-            // at most the fewer of the two.
-            let skipped = |ret: bool| -> Option<u64> {
-                profiles
-                    .iter()
-                    .filter(|p| p.0 == ret)
-                    .map(|&(_, hits, _)| hits.saturating_sub(runs(ret)))
-                    .reduce(|a, b| a + b)
-            };
-            let kprobe_skipped = match (skipped(false), skipped(true)) {
-                (Some(a), Some(b)) => a.min(b),
-                (a, b) => a.or(b).unwrap_or(0),
-            };
+            let (kprobe_missed, kprobe_skipped) = kprobe_losses(&profiles, &contexts);
             probes.push(ProbeStats {
                 workload,
                 name: a.name.clone(),
@@ -437,4 +319,144 @@ impl Tracer {
             no_context_split: self.no_context_split,
         })
     }
+
+    /// The tracepoint programs' per-CPU hits, read once for every probe (one syscall; no
+    /// kprobe program exists to miss runs while it reads); None where no probe counts hits.
+    fn tp_states(&self) -> Result<Option<aya::maps::PerCpuValues<memcg_trace_common::CpuState>>> {
+        if !self.tp_percpu || self.attached.iter().all(|a| a.backend.has_latency()) {
+            return Ok(None);
+        }
+        let map = self
+            .ebpf
+            .map(names::MAP_CPU_STATE)
+            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?;
+        let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(map)?;
+        let values = states
+            .get(&0, 0)
+            .with_context(|| format!("read {}", names::MAP_CPU_STATE))?;
+        Ok(Some(values))
+    }
+
+    /// The kernel's counts of probe `a`'s kprobe events: (kretprobe, hits, misses). Read
+    /// before the programs' counters, so that a hit counted here has run (or was skipped)
+    /// before they are read: hits less runs never exceeds the runs skipped (exact once the
+    /// probes are detached).
+    fn kprobe_profiles(&self, a: &Attached) -> Vec<(bool, u64, u64)> {
+        a.programs
+            .iter()
+            .filter_map(|p| match self.kprobes.get(p) {
+                Some(k) => k.profile().map(|(hits, missed)| (k.ret, hits, missed)),
+                None => self.kprobes_closed.get(p).copied(),
+            })
+            .collect()
+    }
+
+    /// Probe `a`'s figures by context, summed over CPUs, with the pairs confirmed in
+    /// userspace; and its workload's calls from the very same reads.
+    fn read_contexts(
+        &self,
+        a: &Attached,
+        tp_states: Option<&aya::maps::PerCpuValues<memcg_trace_common::CpuState>>,
+    ) -> ([CtxStats; NUM_CTX], HistData) {
+        let mut contexts: [CtxStats; NUM_CTX] = Default::default();
+        // The programs time a workload's call, and count its exit, in its workload cell
+        // only (one record per call; its entry is counted in the context's cell); the
+        // context's figures hold both. The task context only, unless the workload is told
+        // by the memcg charged.
+        let wc = self.workload_contexts;
+        let workload_cells = |cpu: u32, ctx: u32| {
+            (a.backend.has_latency() && (ctx == CTX_TASK || wc > 1))
+                .then(|| workload_cell(cpu, self.probes, a.slot, ctx, wc) as usize)
+        };
+        // The workload's row from the very reads that go into the contexts, so that it
+        // never holds calls they do not (the maps change while read).
+        let mut workload_read = HistData::default();
+        for (ctx, stats) in contexts.iter_mut().enumerate() {
+            for cpu in 0..self.cpus as u32 {
+                let i = cell(cpu, self.probes, a.slot, ctx as u32) as usize;
+                let c = self.cells.get(i);
+                stats.hist.add_cpu(&c.hist);
+                stats.counters.add(&c.counters);
+                if let Some(w) = workload_cells(cpu, ctx as u32) {
+                    let c = self.workload_cells.get(w);
+                    stats.hist.add_cpu(&c.hist);
+                    stats.counters.add(&c.counters);
+                    workload_read.add_cpu(&c.hist);
+                }
+            }
+            if let (Some(states), false) = (&tp_states, a.backend.has_latency()) {
+                let i = (a.slot as usize * NUM_CTX + ctx) & (TP_CELLS - 1);
+                for st in states.iter() {
+                    let [hits, workload_hits] = st.tp_hits[i];
+                    stats.counters.entries += hits;
+                    stats.counters.workload_hits += workload_hits;
+                }
+            }
+            let out = &self.verifier.outcomes[a.slot as usize][ctx];
+            stats.hist.merge(&out.hist);
+            stats.confirmed = out.hist.count;
+            stats.rejected = out.rejected;
+            stats.unproven_nested_ns = out.unproven_nested_ns;
+            // The snapshot's off-CPU figures cover every timed call: the kernel's and the
+            // confirmed ones.
+            let c = &mut stats.counters;
+            c.off_cpu_ns += out.off_cpu_ns;
+            c.off_cpu_max_ns = c.off_cpu_max_ns.max(out.off_cpu_max_ns);
+            c.off_cpu_unknown += out.off_cpu_unknown;
+            c.self_unknown += out.self_unknown;
+            c.outermost_ns += out.outermost_ns;
+            // Where the task clock leaves out interrupt and steal time, every call that
+            // left the CPU (and whose time off it is not unknown anyway) has only a lower
+            // bound of it.
+            stats.off_cpu_at_least = if self.task_clock_excludes.is_some() {
+                stats
+                    .counters
+                    .switched
+                    .saturating_sub(stats.counters.off_cpu_unknown)
+            } else {
+                0
+            };
+        }
+        (contexts, workload_read)
+    }
+}
+
+/// A probe's kprobe losses, from the kernel's event counts (`profiles`) and the programs'
+/// runs (`contexts`): (kprobe misses, calls both of whose programs were skipped at most).
+fn kprobe_losses(profiles: &[(bool, u64, u64)], contexts: &[CtxStats; NUM_CTX]) -> (u64, u64) {
+    // A kprobe and a kretprobe on one function are one aggregated kprobe to the
+    // kernel: a hit it cannot handle (another kprobe running on that CPU) is a miss of
+    // both events, for one call neither program sees. The kretprobe's own misses
+    // beyond that (no free instance) are calls whose entry ran: already lost.
+    let kprobe_missed = profiles.iter().filter(|p| !p.0).map(|p| p.2).sum();
+    // Every run of an entry program counts one entry (or an entry whose context or
+    // state could not be read), every run of an exit program one exit.
+    let runs = |exit: bool| -> u64 {
+        contexts
+            .iter()
+            .map(|c| {
+                let c = &c.counters;
+                if exit {
+                    c.exits + c.no_context_exits
+                } else {
+                    c.entries + c.no_context_entries
+                }
+            })
+            .sum()
+    };
+    // Runs skipped at entry and at exit, per side; a call counted nowhere had both
+    // skipped (one skipped at one side only is an orphan exit or a stale entry, lost):
+    // at most the fewer of the two.
+    let skipped = |ret: bool| -> Option<u64> {
+        profiles
+            .iter()
+            .filter(|p| p.0 == ret)
+            .map(|&(_, hits, _)| hits.saturating_sub(runs(ret)))
+            .reduce(|a, b| a + b)
+    };
+    let skipped_both = match (skipped(false), skipped(true)) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(0),
+    };
+    (kprobe_missed, skipped_both)
 }

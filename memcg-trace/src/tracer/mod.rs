@@ -224,6 +224,25 @@ pub struct Tracer {
     lean: bool,
 }
 
+/// The hash map `name` of the object, taken out of it where the feature that fills it is on
+/// (`wanted`); `what` names it in errors.
+fn take_hash<K: aya::Pod, V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &str,
+    wanted: bool,
+    what: &str,
+) -> Result<Option<aya::maps::HashMap<MapData, K, V>>> {
+    if !wanted {
+        return Ok(None);
+    }
+    let m = ebpf
+        .take_map(name)
+        .ok_or_else(|| anyhow!("map {name} missing"))?;
+    Ok(Some(
+        aya::maps::HashMap::try_from(m).context(what.to_string())?,
+    ))
+}
+
 impl Tracer {
     /// Loads the object and maps its shared arrays. `targets` are the functions and
     /// tracepoints that may be attached to (the kernel's BTF ids of those are kept until
@@ -280,30 +299,24 @@ impl Tracer {
         } else {
             Default::default()
         };
-        let callers = if opts.features.callers {
-            let m = ebpf
-                .take_map(names::MAP_CALLERS)
-                .ok_or_else(|| anyhow!("map {} missing", names::MAP_CALLERS))?;
-            Some(aya::maps::HashMap::try_from(m).context("the call sites")?)
-        } else {
-            None
-        };
-        let memcgs = if opts.features.by_memcg {
-            let m = ebpf
-                .take_map(names::MAP_MEMCGS)
-                .ok_or_else(|| anyhow!("map {} missing", names::MAP_MEMCGS))?;
-            Some(aya::maps::HashMap::try_from(m).context("the memcgs")?)
-        } else {
-            None
-        };
-        let stacks = if opts.features.callers && opts.features.stack_depth > 0 {
-            let m = ebpf
-                .take_map(names::MAP_STACKS)
-                .ok_or_else(|| anyhow!("map {} missing", names::MAP_STACKS))?;
-            Some(aya::maps::HashMap::try_from(m).context("the short stacks")?)
-        } else {
-            None
-        };
+        let callers = take_hash(
+            &mut ebpf,
+            names::MAP_CALLERS,
+            opts.features.callers,
+            "the call sites",
+        )?;
+        let memcgs = take_hash(
+            &mut ebpf,
+            names::MAP_MEMCGS,
+            opts.features.by_memcg,
+            "the memcgs",
+        )?;
+        let stacks = take_hash(
+            &mut ebpf,
+            names::MAP_STACKS,
+            opts.features.callers && opts.features.stack_depth > 0,
+            "the short stacks",
+        )?;
         let memcg_names = if opts.features.by_memcg {
             crate::memcgs::Names::new()
         } else {

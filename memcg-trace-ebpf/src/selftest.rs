@@ -81,8 +81,8 @@ impl Env for Given {
 /// bucketing code on inputs passed in the raw-tracepoint arguments, or reports the context the
 /// program runs in (the caller runs in task context). Returns 0, the context, or -1 for inputs
 /// it refuses.
-#[unsafe(no_mangle)]
-#[unsafe(link_section = "raw_tp")]
+#[no_mangle]
+#[link_section = "raw_tp"]
 pub fn selftest(ctx: *mut c_void) -> u32 {
     run_selftest(RawTracePointContext::new(ctx)) as u32
 }
@@ -145,8 +145,8 @@ fn run_selftest(ctx: RawTracePointContext) -> i32 {
 /// of the caller's cgroup v2 in the whole hierarchy, which a cgroup namespace or a mounted
 /// subtree hides from paths. Returns that level plus one, 0 where the layout lacks a member or
 /// a read fails. Fault-safe reads from `bpf_get_current_task()`, as on every kernel.
-#[unsafe(no_mangle)]
-#[unsafe(link_section = "raw_tp")]
+#[no_mangle]
+#[link_section = "raw_tp"]
 pub fn own_cgroup_level(_ctx: *mut c_void) -> u32 {
     cgroup_level_of_current() as u32
 }

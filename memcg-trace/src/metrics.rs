@@ -424,16 +424,15 @@ fn encode_rows(e: &mut DescriptorEncoder, d: &Document, backends: &[String]) -> 
     Ok(())
 }
 
-/// Call sites (`--callers`) and charged memcgs (`--by-memcg`): the rows `listed` made series.
+/// Call sites (`--callers`) and charged memcgs (`--by-memcg`): the rows `listed` made series
+/// (a bounded label set: the JSON has every row), and per probe and context the calls of the
+/// rows that are not.
 fn encode_breakdowns(
     e: &mut DescriptorEncoder,
     d: &Document,
     listed: &Listed,
     backends: &[String],
 ) -> Encoded {
-    // Call sites (`--callers`) and charged memcgs (`--by-memcg`): the rows `Listed` made
-    // series (a bounded label set: the JSON has every row), and per probe and context the
-    // calls of the rows that are not.
     for (family, label, flag, what) in BREAKDOWNS {
         if d.probes.iter().all(|p| breakdown(p, family).is_empty()) {
             continue;

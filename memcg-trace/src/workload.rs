@@ -80,6 +80,8 @@ pub enum CgroupLevel {
     /// kernel knows: the level is that of this process's own cgroup plus this (negative where
     /// this process sits deeper than the cgroup).
     FromOwn(i64),
+    /// A cgroup v2 whose depth neither paths nor the kernel can tell here: why.
+    Unreadable(&'static str),
 }
 
 impl CgroupLevel {
@@ -89,6 +91,7 @@ impl CgroupLevel {
         match self {
             CgroupLevel::Unknown => Ok(0),
             CgroupLevel::Exact(l) => Ok(l),
+            CgroupLevel::Unreadable(why) => bail!("the depth of its cgroup is unknown: {why}"),
             CgroupLevel::FromOwn(d) => {
                 let own = own()?;
                 u32::try_from(own as i64 + d)
@@ -123,21 +126,25 @@ pub fn kernel_level(dir: &Path) -> CgroupLevel {
         return CgroupLevel::Unknown;
     }
     let Some(root) = cgroup2_mount_root(dir) else {
-        return CgroupLevel::Unknown;
+        return CgroupLevel::Unreadable("no cgroup v2 mount in /proc/self/mountinfo holds it");
     };
     let below_ns_root = visible as i64 + path_depth(&root);
     let ns = fs::read_link("/proc/self/ns/cgroup").ok();
     // Kernels without cgroup namespaces (before 4.6) have no such link.
     if ns.is_none_or(|n| n == Path::new(INIT_CGROUP_NS)) {
-        return u32::try_from(below_ns_root).map_or(CgroupLevel::Unknown, CgroupLevel::Exact);
+        return u32::try_from(below_ns_root).map_or(
+            CgroupLevel::Unreadable("its mount's root lies above the hierarchy's"),
+            CgroupLevel::Exact,
+        );
     }
     let own = fs::read_to_string("/proc/self/cgroup").ok().and_then(|t| {
         t.lines()
             .find_map(|l| l.strip_prefix("0::").map(|p| path_depth(p.trim())))
     });
-    own.map_or(CgroupLevel::Unknown, |own| {
-        CgroupLevel::FromOwn(below_ns_root - own)
-    })
+    own.map_or(
+        CgroupLevel::Unreadable("/proc/self/cgroup has no cgroup v2 line"),
+        |own| CgroupLevel::FromOwn(below_ns_root - own),
+    )
 }
 
 /// The root (the fourth field of `/proc/self/mountinfo`: the path, in this cgroup namespace,
@@ -973,6 +980,10 @@ mod tests {
         assert!(CgroupLevel::FromOwn(1)
             .resolve(|| Err(anyhow::anyhow!("refused")))
             .is_err());
+        // Where neither can tell, an error (a warning at start-up), never a silent 0.
+        assert!(CgroupLevel::Unreadable("why")
+            .resolve(never)
+            .is_err_and(|e| e.to_string().contains("why")));
     }
 
     #[test]

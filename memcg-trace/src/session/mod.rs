@@ -5,9 +5,9 @@
 //! live command to come) are thin consumers of a `Session`; none reaches into another command.
 //!
 //! Here: the run itself. Its parts: `options` (what it is started with, what it reports),
-//! `attach` (start-up as steps),
-//! `privileges` (capabilities, start-up priority), `signals` (stop signals never lost),
-//! `resources` (the daemon's and the workload's CPU time, peak memory).
+//! `attach` (start-up as steps), `privileges` (capabilities, start-up priority), `signals`
+//! (stop signals never lost), `resources` (the daemon's and the workload's CPU time, peak
+//! memory).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -208,9 +208,7 @@ impl Session {
                 verbosity: opts.verbosity,
                 workload_cgroup: cgid,
                 workload_owned: memcg.as_ref().is_some_and(|m| m.owned()),
-                workload_level: memcg
-                    .as_ref()
-                    .map_or(Default::default(), |m| m.cgroup_level),
+                workload_level: memcg.as_ref().map(|m| m.cgroup_level).unwrap_or_default(),
                 bpf_stats: args.bpf_stats,
                 strict: args.strict,
                 floor: true,

@@ -225,6 +225,19 @@ fn empty_map(data: &MapData, per_cpu: bool, hash: bool, cpus: usize) -> Result<(
 
 /// Test objects already verified, one per kind of kernel the sequences are run for; each
 /// handed out empty.
+/// A step of a pairing sequence the test program refused (it returned non-zero): that
+/// sequence fails, the others still run.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
 #[derive(Default)]
 pub struct Rigs(Vec<((bool, bool), TestRig)>);
 
@@ -604,7 +617,7 @@ pub fn pairing(
             ],
         )?;
         if r != 0 {
-            bail!("the test program refused step {s:?} ({r})");
+            return Err(Refused(format!("the test program refused step {s:?} ({r})")).into());
         }
     }
     let probe = 0u64;

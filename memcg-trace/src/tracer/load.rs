@@ -296,6 +296,9 @@ pub fn own_cgroup_level(layout: &KernelLayout) -> Result<u32> {
             chain(&e)
         )
     })?;
+    drop(ebpf);
+    // What this load took goes back before the tracer's own.
+    release_freed_memory();
     match r.return_value {
         0 => bail!("the kernel's layout of the task's cgroup is not known"),
         n => Ok(n - 1),

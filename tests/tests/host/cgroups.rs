@@ -124,7 +124,10 @@ fn host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls(
         return;
     };
     let dir = scratch(name);
-    let ns = NamespaceRoot::make(Path::new(&v2).join("mt-cgns-test"));
+    // A fresh namespace root for every run: memcg-trace offers the memory controller to the
+    // namespace root's children, after which (on a host whose cgroup v2 has it) no process
+    // may join the root itself as the next run's wrapper does.
+    let ns_root = Path::new(&v2).join("mt-cgns-test");
     // Joins the namespace's root cgroup, unshares the cgroup and mount namespaces, mounts
     // cgroup v2 afresh (its root is the namespace's), moves into a leaf (a cgroup with
     // processes cannot offer the memory controller to its children) and runs the rest.
@@ -146,9 +149,11 @@ exec "$@"' sh "$v2" "$@"
     )
     .expect("write the wrapper");
     let wrapper = wrapper.display().to_string();
+    let ns = NamespaceRoot::make(ns_root.clone());
     let tried = Command::new("sh")
         .args([&wrapper, &v2, "sh", "-c", "cat /proc/self/cgroup"])
         .output();
+    drop(ns);
     match tried {
         Ok(o)
             if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("0::/daemon") => {}
@@ -175,6 +180,7 @@ mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 1
     );
     let mut report = Vec::new();
     for object in ["full", "legacy"] {
+        let ns = NamespaceRoot::make(ns_root.clone());
         let json = dir.join(format!("{object}.json"));
         let (doc, stdout) = record_tracepoint_in(
             &["sh", &wrapper, &v2],
@@ -199,6 +205,7 @@ mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 1
             "{object} object: cgroups left in the namespace: {:?}",
             ns.ours_left()
         );
+        drop(ns);
         report.push(format!(
             "{object} object: workload {own} of {task} task calls"
         ));
@@ -244,6 +251,9 @@ impl Drop for NamespaceRoot {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if !std::thread::panicking() {
+            panic!("cannot remove {}", self.dir.display());
         }
     }
 }

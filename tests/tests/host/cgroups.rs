@@ -45,25 +45,15 @@ mkdir "$base$cg/inner" && echo $$ > "$base$cg/inner/cgroup.procs" && exec sleep 
 #[test]
 fn host_a_workload_moved_below_its_cgroup_keeps_its_calls() {
     let name = "host_a_workload_moved_below_its_cgroup_keeps_its_calls";
-    let Some(_serial) = host_ready(name) else {
+    let Some(MovedWorkload {
+        _serial,
+        hb,
+        v2,
+        script,
+    }) = MovedWorkload::ready(name)
+    else {
         return;
     };
-    let Some(hb) = hackbench_or_skip(name) else {
-        return;
-    };
-    let Some(v2) = fs::read_to_string("/proc/mounts").ok().and_then(|m| {
-        m.lines()
-            .find(|l| l.split_whitespace().nth(2) == Some("cgroup2"))
-            .and_then(|l| l.split_whitespace().nth(1).map(String::from))
-    }) else {
-        skip(name, "no cgroup v2 mount");
-        return;
-    };
-    // The task's cgroup v2 (memcg-trace's, or on a v1 memory hierarchy its v2 companion).
-    let script = format!(
-        r#"cg=$(awk -F: '$1=="0"{{print $3}}' /proc/self/cgroup)
-mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 100"#
-    );
     let dir = scratch(name);
     let record = |object: &str, run: &str| {
         let json = dir.join(format!("{object}-{run}.json"));
@@ -109,18 +99,13 @@ mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 1
 #[test]
 fn host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls() {
     let name = "host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls";
-    let Some(_serial) = host_ready(name) else {
-        return;
-    };
-    let Some(hb) = hackbench_or_skip(name) else {
-        return;
-    };
-    let Some(v2) = fs::read_to_string("/proc/mounts").ok().and_then(|m| {
-        m.lines()
-            .find(|l| l.split_whitespace().nth(2) == Some("cgroup2"))
-            .and_then(|l| l.split_whitespace().nth(1).map(String::from))
-    }) else {
-        skip(name, "no cgroup v2 mount");
+    let Some(MovedWorkload {
+        _serial,
+        hb: _,
+        v2,
+        script,
+    }) = MovedWorkload::ready(name)
+    else {
         return;
     };
     let dir = scratch(name);
@@ -173,11 +158,6 @@ exec "$@"' sh "$v2" "$@"
             return;
         }
     }
-    // Inside, /proc/self/cgroup and the mount both start at the namespace's root.
-    let script = format!(
-        r#"cg=$(awk -F: '$1=="0"{{print $3}}' /proc/self/cgroup)
-mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 100"#
-    );
     let mut report = Vec::new();
     for object in ["full", "legacy"] {
         let ns = NamespaceRoot::make(ns_root.clone());
@@ -215,6 +195,43 @@ mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 1
         "-",
     );
     summary(name, &report.join("; "));
+}
+
+/// What the moved-workload tests share: the host's serial lock, hackbench, the cgroup v2
+/// mount, and the workload's script: it makes `in` below its own cgroup v2 (memcg-trace's, or
+/// on a v1 memory hierarchy its v2 companion; inside a cgroup namespace /proc/self/cgroup and
+/// a fresh mount both start at the namespace's root) and runs hackbench there.
+struct MovedWorkload {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    hb: String,
+    v2: String,
+    script: String,
+}
+
+impl MovedWorkload {
+    /// None where the test is skipped (said why).
+    fn ready(name: &str) -> Option<MovedWorkload> {
+        let serial = host_ready(name)?;
+        let hb = hackbench_or_skip(name)?;
+        let Some(v2) = fs::read_to_string("/proc/mounts").ok().and_then(|m| {
+            m.lines()
+                .find(|l| l.split_whitespace().nth(2) == Some("cgroup2"))
+                .and_then(|l| l.split_whitespace().nth(1).map(String::from))
+        }) else {
+            skip(name, "no cgroup v2 mount");
+            return None;
+        };
+        let script = format!(
+            r#"cg=$(awk -F: '$1=="0"{{print $3}}' /proc/self/cgroup)
+mkdir "{v2}$cg/in" && echo $$ > "{v2}$cg/in/cgroup.procs" && exec {hb} -g 2 -l 100"#
+        );
+        Some(MovedWorkload {
+            _serial: serial,
+            hb,
+            v2,
+            script,
+        })
+    }
 }
 
 /// A cgroup v2 that serves as a cgroup namespace's root; removed (with its `daemon` leaf) when

@@ -13,7 +13,7 @@ use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
 use crate::{
-    export::{ContextOut, Document, Latency},
+    export::{ContextOut, Document, Latency, WorkloadOut},
     units::{fmt_count, fmt_ns},
 };
 
@@ -228,6 +228,42 @@ pub fn compare(
     b_files: Vec<String>,
     alpha: f64,
 ) -> Comparison {
+    let mut figures = Vec::new();
+    for name in probe_names(a, b) {
+        let functions = (
+            change(a, b, name, true, |p| p.target.clone()),
+            change(a, b, name, false, |p| p.backend.to_string()),
+        );
+        for ctx in crate::export::CTX_ORDER {
+            if a.iter()
+                .chain(b)
+                .all(|d| context_row(d, name, ctx).is_none())
+            {
+                continue;
+            }
+            let per_run = |d: &Document| context_figures(d, name, ctx);
+            figures.extend(compared_row(a, b, name, ctx, &functions, &per_run));
+        }
+        if a.iter().chain(b).any(|d| workload_row(d, name).is_some()) {
+            let per_run = |d: &Document| workload_figures(d, name);
+            figures.extend(compared_row(a, b, name, "workload", &functions, &per_run));
+        }
+    }
+    let duration = |d: &Document| vec![("duration", "s", Some(d.meta.duration_ns as f64 / 1e9))];
+    figures.extend(compared_row(a, b, "run", "-", &(None, None), &duration));
+    adjust_for_the_tests_made(&mut figures, alpha);
+    Comparison {
+        alpha,
+        a_about: about(a),
+        b_about: about(b),
+        a_files,
+        b_files,
+        figures,
+    }
+}
+
+/// The probes of either side, in the order they first appear.
+fn probe_names<'a>(a: &'a [Document], b: &'a [Document]) -> Vec<&'a str> {
     let mut probes: Vec<&str> = Vec::new();
     for d in a.iter().chain(b) {
         for p in &d.probes {
@@ -236,115 +272,115 @@ pub fn compare(
             }
         }
     }
+    probes
+}
+
+/// The figures of one row (`probe`, `context`): per figure `per_run` gives, each side's spread
+/// over its runs, the change of the means and Welch's test. A figure no run has is left out.
+/// `functions`: where the probe's function and backend differ between the sides.
+fn compared_row(
+    a: &[Document],
+    b: &[Document],
+    probe: &str,
+    context: &str,
+    (functions, backends): &(Option<String>, Option<String>),
+    per_run: &dyn Fn(&Document) -> Vec<RunFigure>,
+) -> Vec<Figure> {
     let mut figures = Vec::new();
-    let mut push = |probe: &str,
-                    context: &str,
-                    (functions, backends): (Option<String>, Option<String>),
-                    per_run: &dyn Fn(&Document) -> Vec<RunFigure>| {
-        let names = per_run(&a[0]);
-        // A row no run has a call in is left out.
-        for (i, (name, unit, _)) in names.iter().enumerate() {
-            let side = |docs: &[Document]| {
-                let v: Vec<f64> = docs.iter().filter_map(|d| per_run(d)[i].2).collect();
-                Spread::of(&v)
-            };
-            let (sa, sb) = (side(a), side(b));
-            if sa.is_none() && sb.is_none() {
-                continue;
-            }
-            let change = match (&sa, &sb) {
-                (Some(x), Some(y)) if x.mean != 0.0 => Some((y.mean - x.mean) / x.mean),
-                _ => None,
-            };
-            let w = match (&sa, &sb) {
-                (Some(x), Some(y)) => welch(x, y),
-                _ => None,
-            };
-            // Decided below for the tested figures, once every p is known.
-            let beyond_noise = w
-                .as_ref()
-                .map(|_| false)
-                .or_else(|| counts_apart(unit, sa.as_ref()?, sb.as_ref()?));
-            figures.push(Figure {
-                probe: probe.to_string(),
-                context: context.to_string(),
-                figure: name.to_string(),
-                functions: functions.clone(),
-                backends: backends.clone(),
-                unit: unit.to_string(),
-                beyond_noise,
-                a: sa,
-                b: sb,
-                change,
-                welch: w,
-                q: None,
-            });
-        }
-    };
-    for name in probes {
-        let functions = (
-            change(a, b, name, true, |p| p.target.clone()),
-            change(a, b, name, false, |p| p.backend.to_string()),
-        );
-        for ctx in crate::export::CTX_ORDER {
-            let get = |d: &Document| -> Option<ContextOut> {
-                d.probes
-                    .iter()
-                    .find(|p| p.name == name)
-                    .and_then(|p| p.contexts.iter().find(|c| c.context == ctx))
-                    .filter(|c| c.count > 0)
-                    .cloned()
-            };
-            if a.iter().chain(b).all(|d| get(d).is_none()) {
-                continue;
-            }
-            push(name, ctx, functions.clone(), &|d: &Document| {
-                let c = get(d);
-                // A run where the probe was attached but saw no call here: 0 calls/s (kmem
-                // accounting off, say), not a missing run.
-                let attached = d.probes.iter().any(|p| p.name == name);
-                // Calls per operation of the workload: of its own calls only (the workload
-                // row), not of the system's.
-                row_figures(
-                    c.as_ref()
-                        .and_then(|c| c.rate_per_s)
-                        .or(attached.then_some(0.0)),
-                    c.as_ref().map(|c| c.count).or(attached.then_some(0)),
-                    None,
-                    c.as_ref().and_then(|c| c.latency.as_ref()),
-                )
-            });
-        }
-        let wl = |d: &Document| {
-            d.probes
-                .iter()
-                .find(|p| p.name == name)
-                .and_then(|p| p.workload.clone())
-                .filter(|w| w.count > 0)
+    let names = per_run(&a[0]);
+    for (i, (name, unit, _)) in names.iter().enumerate() {
+        let side = |docs: &[Document]| {
+            let v: Vec<f64> = docs.iter().filter_map(|d| per_run(d)[i].2).collect();
+            Spread::of(&v)
         };
-        if a.iter().chain(b).any(|d| wl(d).is_some()) {
-            push(name, "workload", functions.clone(), &|d: &Document| {
-                let w = wl(d);
-                let attached = d
-                    .probes
-                    .iter()
-                    .any(|p| p.name == name && p.workload.is_some());
-                row_figures(
-                    w.as_ref()
-                        .and_then(|w| w.rate_per_s)
-                        .or(attached.then_some(0.0)),
-                    w.as_ref().map(|w| w.count).or(attached.then_some(0)),
-                    ops(d),
-                    w.as_ref().and_then(|w| w.latency.as_ref()),
-                )
-            });
+        let (sa, sb) = (side(a), side(b));
+        if sa.is_none() && sb.is_none() {
+            continue;
         }
+        let change = match (&sa, &sb) {
+            (Some(x), Some(y)) if x.mean != 0.0 => Some((y.mean - x.mean) / x.mean),
+            _ => None,
+        };
+        let w = match (&sa, &sb) {
+            (Some(x), Some(y)) => welch(x, y),
+            _ => None,
+        };
+        // Decided by `adjust_for_the_tests_made` for the tested figures, once every p is known.
+        let beyond_noise = w
+            .as_ref()
+            .map(|_| false)
+            .or_else(|| counts_apart(unit, sa.as_ref()?, sb.as_ref()?));
+        figures.push(Figure {
+            probe: probe.to_string(),
+            context: context.to_string(),
+            figure: name.to_string(),
+            functions: functions.clone(),
+            backends: backends.clone(),
+            unit: unit.to_string(),
+            beyond_noise,
+            a: sa,
+            b: sb,
+            change,
+            welch: w,
+            q: None,
+        });
     }
-    push("run", "-", (None, None), &|d: &Document| {
-        vec![("duration", "s", Some(d.meta.duration_ns as f64 / 1e9))]
-    });
-    // Every row is a test: at 0.05, one unchanged figure in twenty would come out beyond noise
-    // by chance. The p values are adjusted for the number tested.
+    figures
+}
+
+/// Probe `name`'s row of context `ctx` in run `d`, where it has calls.
+fn context_row<'a>(d: &'a Document, name: &str, ctx: &str) -> Option<&'a ContextOut> {
+    d.probes
+        .iter()
+        .find(|p| p.name == name)
+        .and_then(|p| p.contexts.iter().find(|c| c.context == ctx))
+        .filter(|c| c.count > 0)
+}
+
+/// The figures of probe `name`'s row of context `ctx` in run `d`.
+fn context_figures(d: &Document, name: &str, ctx: &str) -> Vec<RunFigure> {
+    let c = context_row(d, name, ctx);
+    // A run where the probe was attached but saw no call here: 0 calls/s (kmem accounting
+    // off, say), not a missing run.
+    let attached = d.probes.iter().any(|p| p.name == name);
+    // Calls per operation of the workload: of its own calls only (the workload row), not of
+    // the system's.
+    row_figures(
+        c.and_then(|c| c.rate_per_s).or(attached.then_some(0.0)),
+        c.map(|c| c.count).or(attached.then_some(0)),
+        None,
+        c.and_then(|c| c.latency.as_ref()),
+    )
+}
+
+/// Probe `name`'s workload row in run `d`, where it has calls.
+fn workload_row<'a>(d: &'a Document, name: &str) -> Option<&'a WorkloadOut> {
+    d.probes
+        .iter()
+        .find(|p| p.name == name)
+        .and_then(|p| p.workload.as_ref())
+        .filter(|w| w.count > 0)
+}
+
+/// The figures of probe `name`'s workload row in run `d`, calls per operation among them.
+fn workload_figures(d: &Document, name: &str) -> Vec<RunFigure> {
+    let w = workload_row(d, name);
+    let attached = d
+        .probes
+        .iter()
+        .any(|p| p.name == name && p.workload.is_some());
+    row_figures(
+        w.and_then(|w| w.rate_per_s).or(attached.then_some(0.0)),
+        w.map(|w| w.count).or(attached.then_some(0)),
+        ops(d),
+        w.and_then(|w| w.latency.as_ref()),
+    )
+}
+
+/// Every row is a test: at 0.05, one unchanged figure in twenty would come out beyond noise by
+/// chance. The p values are adjusted for the number tested (Benjamini-Hochberg), and a tested
+/// figure is beyond the noise where its adjusted value is under `alpha`.
+fn adjust_for_the_tests_made(figures: &mut [Figure], alpha: f64) {
     let ps: Vec<f64> = figures
         .iter()
         .filter_map(|f| f.welch.as_ref().map(|w| w.p))
@@ -354,14 +390,6 @@ pub fn compare(
         let q = qs.next();
         f.q = q;
         f.beyond_noise = q.map(|q| q < alpha);
-    }
-    Comparison {
-        alpha,
-        a_about: about(a),
-        b_about: about(b),
-        a_files,
-        b_files,
-        figures,
     }
 }
 

@@ -458,6 +458,30 @@ pub fn memcgs(p: &crate::export::ProbeOut, top: usize) -> String {
 /// instrumentation floor, the tracer's cost, calibration problems, probes not attached.
 pub fn summary(doc: &Document) -> String {
     let mut out = String::new();
+    summary_header(&mut out, doc);
+    context_rows(&mut out, doc);
+    workload_rows(&mut out, doc);
+    out.push_str(&workload_cpu(doc));
+    out.push_str(&per_operation(doc));
+    for p in &doc.probes {
+        out.push_str(&callers(p, CALLERS_SHOWN));
+        out.push_str(&stacks(p, CALLERS_SHOWN));
+        out.push_str(&memcgs(p, CALLERS_SHOWN));
+    }
+    let _ = writeln!(out);
+    probe_footnotes(&mut out, doc);
+    floor_notes(&mut out, doc);
+    context_masks_note(&mut out, doc);
+    daemon_notes(&mut out, doc);
+    for n in &doc.not_attached {
+        let _ = writeln!(out, "{:<16} not attached: {}", n.name, n.reasons.join("; "));
+    }
+    out
+}
+
+/// The summary's first lines: the run (tool, kernel, CPUs, time traced), the workload, and
+/// the columns' header.
+fn summary_header(out: &mut String, doc: &Document) {
     let m = &doc.meta;
     let _ = writeln!(
         out,
@@ -487,6 +511,11 @@ pub fn summary(doc: &Document) -> String {
         "{}",
         line(&HEADER.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     );
+}
+
+/// One row per probe and context that saw calls or lost some (and always the task or "all"
+/// row).
+fn context_rows(out: &mut String, doc: &Document) {
     for p in &doc.probes {
         let backend = p.backend.to_string();
         for c in p
@@ -509,6 +538,11 @@ pub fn summary(doc: &Document) -> String {
             );
         }
     }
+}
+
+/// The workload's row of each probe (backend column "workload").
+fn workload_rows(out: &mut String, doc: &Document) {
+    let m = &doc.meta;
     // Told by the memcg charged, the workload's calls are those of every context; without the
     // context split, its tasks' calls in any context.
     let no_split = m.context_masks.as_ref().is_some_and(|c| !c.split());
@@ -534,14 +568,12 @@ pub fn summary(doc: &Document) -> String {
             );
         }
     }
-    out.push_str(&workload_cpu(doc));
-    out.push_str(&per_operation(doc));
-    for p in &doc.probes {
-        out.push_str(&callers(p, CALLERS_SHOWN));
-        out.push_str(&stacks(p, CALLERS_SHOWN));
-        out.push_str(&memcgs(p, CALLERS_SHOWN));
-    }
-    let _ = writeln!(out);
+}
+
+/// Each probe's footnote (what was lost, censored, proven), and with bpf stats on what its
+/// programs ran per call.
+fn probe_footnotes(out: &mut String, doc: &Document) {
+    let m = &doc.meta;
     let window = std::time::Duration::from_nanos(m.duration_ns);
     for p in &doc.probes {
         let _ = writeln!(out, "{:<16} {}", p.name, probe_footnote(p));
@@ -558,7 +590,11 @@ pub fn summary(doc: &Document) -> String {
             }
         }
     }
-    for f in &m.floors {
+}
+
+/// The instrumentation floor of each backend measured.
+fn floor_notes(out: &mut String, doc: &Document) {
+    for f in &doc.meta.floors {
         let _ = writeln!(
             out,
             "floor ({}): every sample includes {} of instrumentation (p50; p90 {}, min {}), measured around {} on this kernel; a traced call nested in another adds {} to it; programs run {} per call",
@@ -571,7 +607,11 @@ pub fn summary(doc: &Document) -> String {
             f.programs_ns.map(fmt_ns).unwrap_or_else(|| "-".into()),
         );
     }
-    if let Some(cm) = &m.context_masks {
+}
+
+/// How the programs told the contexts apart.
+fn context_masks_note(out: &mut String, doc: &Document) {
+    if let Some(cm) = &doc.meta.context_masks {
         let _ = writeln!(
             out,
             "context masks: softirq {:#x}{}, hardirq {:#x}, nmi {:#x} ({}; nmi {}){}",
@@ -588,6 +628,12 @@ pub fn summary(doc: &Document) -> String {
             }
         );
     }
+}
+
+/// Calibration warnings, what the programs read, the daemon's own cost and the other
+/// programs attached beside the probes'.
+fn daemon_notes(out: &mut String, doc: &Document) {
+    let m = &doc.meta;
     for c in &m.calibration {
         let _ = writeln!(out, "WARNING: not calibrated: {c}");
     }
@@ -622,10 +668,6 @@ pub fn summary(doc: &Document) -> String {
             ),
         };
     }
-    for n in &doc.not_attached {
-        let _ = writeln!(out, "{:<16} not attached: {}", n.name, n.reasons.join("; "));
-    }
-    out
 }
 
 /// The A/B comparison of two recordings: per probe and context present in either, calls/s,

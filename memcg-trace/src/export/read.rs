@@ -155,144 +155,147 @@ fn upgrade_v1(doc: &mut Document) {
 /// The `Snapshot` a recording describes, so that the dashboard shows recordings exactly as it
 /// shows live data (`memcg-trace view`). Contexts are matched by name.
 pub fn to_snapshot(doc: &Document) -> Snapshot {
-    let hist = |count: u64, l: Option<&Latency>| {
-        let mut h = HistData {
-            count,
-            ..Default::default()
-        };
-        if let Some(l) = l {
-            h.sum_ns = l.sum_ns;
-            h.self_ns = l.self_ns.unwrap_or(l.sum_ns);
-            h.nested = l.nested_calls.unwrap_or(0);
-            h.off_ns = l.off_cpu_ns.unwrap_or(0);
-            h.nested_off_ns = l.nested_off_cpu_ns.unwrap_or(0);
-            h.min_ns = l.min_ns;
-            h.max_ns = l.max_ns;
-            for b in &l.buckets {
-                let c = &mut h.buckets[bucket_index(b.min_ns)];
-                *c = c.saturating_add(b.count);
-            }
-        }
-        h
-    };
     Snapshot {
         elapsed: Duration::from_nanos(doc.meta.duration_ns),
-        probes: doc
-            .probes
-            .iter()
-            .map(|p| {
-                let mut contexts: [CtxStats; NUM_CTX] = Default::default();
-                for c in &p.contexts {
-                    let Some(i) = kernel::ctx_index(&c.context) else {
-                        continue;
-                    };
-                    let timed = p.backend.has_latency();
-                    contexts[i] = CtxStats {
-                        hist: hist(if timed { c.count } else { 0 }, c.latency.as_ref()),
-                        counters: Counters {
-                            entries: if timed { c.entries } else { c.count },
-                            // Recordings from before self time count every call as unknown.
-                            self_unknown: match c.latency.as_ref().map(|l| l.self_ns) {
-                                Some(None) => c.count,
-                                _ => c.self_unknown,
-                            },
-                            // Kept for the tracepoint backend's task context; the recording
-                            // has it as the workload's count.
-                            workload_hits: match (&p.workload, timed, i) {
-                                (Some(w), false, 0) => w.count,
-                                _ => 0,
-                            },
-                            ..counters_of(c)
-                        },
-                        confirmed: c.confirmed,
-                        rejected: c.rejected,
-                        unproven_nested_ns: c.unproven_nested_ns,
-                        off_cpu_at_least: c.off_cpu_at_least,
-                    };
-                }
-                ProbeStats {
-                    name: p.name.clone(),
-                    target: p.target.clone(),
-                    backend: p.backend,
-                    contexts,
-                    programs: p
-                        .programs
-                        .iter()
-                        .map(|x| ProgCost {
-                            name: x.name.clone(),
-                            run_cnt: x.run_cnt,
-                            run_time_ns: x.run_time_ns,
-                            recursion_misses: x.recursion_misses,
-                        })
-                        .collect(),
-                    workload: p
-                        .workload
-                        .as_ref()
-                        .map(|w| hist(w.count, w.latency.as_ref())),
-                    kprobe_missed: p.kprobe_missed,
-                    kprobe_skipped: p.kprobe_skipped,
-                    held_switches: p.held_switches,
-                    window: p.window_ns.map(Duration::from_nanos),
-                    callers: p
-                        .callers
-                        .iter()
-                        .map(|c| {
-                            let ctx = kernel::ctx_index(&c.context).unwrap_or(0) as u32;
-                            let addr = u64::from_str_radix(c.address.trim_start_matches("0x"), 16)
-                                .unwrap_or(0);
-                            let mut s = crate::callers::Site::new(ctx, addr);
-                            s.name = c.site.clone();
-                            s.count = c.calls;
-                            s.sum_ns = c.sum_ns;
-                            for [i, n] in &c.buckets {
-                                if let Some(b) = s.buckets.get_mut(*i as usize) {
-                                    *b = *n;
-                                }
-                            }
-                            s
-                        })
-                        .collect(),
-                    memcgs: p
-                        .memcgs
-                        .iter()
-                        .map(|m| {
-                            let ctx = kernel::ctx_index(&m.context).unwrap_or(0) as u32;
-                            let mut s = crate::callers::Site::new(ctx, m.id);
-                            s.name = m.cgroup.clone();
-                            s.count = m.calls;
-                            s.sum_ns = m.sum_ns;
-                            for [i, n] in &m.buckets {
-                                if let Some(b) = s.buckets.get_mut(*i as usize) {
-                                    *b = *n;
-                                }
-                            }
-                            s
-                        })
-                        .collect(),
-                    stacks: p
-                        .stacks
-                        .iter()
-                        .map(|s| crate::callers::Stack {
-                            ctx: kernel::ctx_index(&s.context).unwrap_or(0) as u32,
-                            frames: s
-                                .addresses
-                                .iter()
-                                .map(|a| {
-                                    u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap_or(0)
-                                })
-                                .collect(),
-                            names: s.frames.clone(),
-                            count: s.sampled,
-                        })
-                        .collect(),
-                    stack_sample: p.stack_sample.unwrap_or(1),
-                }
-            })
-            .collect(),
+        probes: doc.probes.iter().map(probe_stats).collect(),
         extra: Vec::new(),
         waiting: 0,
         pending: doc.probes.iter().map(|p| p.pending_at_end).collect(),
         bpf_stats: doc.meta.bpf_stats,
         no_context_split: doc.meta.context_masks.as_ref().is_some_and(|m| !m.split()),
     }
+}
+
+/// A histogram of `count` calls from a recorded latency (none: the calls only).
+fn hist_data(count: u64, l: Option<&Latency>) -> HistData {
+    let mut h = HistData {
+        count,
+        ..Default::default()
+    };
+    if let Some(l) = l {
+        h.sum_ns = l.sum_ns;
+        h.self_ns = l.self_ns.unwrap_or(l.sum_ns);
+        h.nested = l.nested_calls.unwrap_or(0);
+        h.off_ns = l.off_cpu_ns.unwrap_or(0);
+        h.nested_off_ns = l.nested_off_cpu_ns.unwrap_or(0);
+        h.min_ns = l.min_ns;
+        h.max_ns = l.max_ns;
+        for b in &l.buckets {
+            let c = &mut h.buckets[bucket_index(b.min_ns)];
+            *c = c.saturating_add(b.count);
+        }
+    }
+    h
+}
+
+/// One probe of a recording as the tracer's statistics.
+fn probe_stats(p: &ProbeOut) -> ProbeStats {
+    ProbeStats {
+        name: p.name.clone(),
+        target: p.target.clone(),
+        backend: p.backend,
+        contexts: contexts_of(p),
+        programs: p
+            .programs
+            .iter()
+            .map(|x| ProgCost {
+                name: x.name.clone(),
+                run_cnt: x.run_cnt,
+                run_time_ns: x.run_time_ns,
+                recursion_misses: x.recursion_misses,
+            })
+            .collect(),
+        workload: p
+            .workload
+            .as_ref()
+            .map(|w| hist_data(w.count, w.latency.as_ref())),
+        kprobe_missed: p.kprobe_missed,
+        kprobe_skipped: p.kprobe_skipped,
+        held_switches: p.held_switches,
+        window: p.window_ns.map(Duration::from_nanos),
+        callers: p
+            .callers
+            .iter()
+            .map(|c| {
+                let addr = u64::from_str_radix(c.address.trim_start_matches("0x"), 16).unwrap_or(0);
+                site(&c.context, addr, &c.site, c.calls, c.sum_ns, &c.buckets)
+            })
+            .collect(),
+        memcgs: p
+            .memcgs
+            .iter()
+            .map(|m| site(&m.context, m.id, &m.cgroup, m.calls, m.sum_ns, &m.buckets))
+            .collect(),
+        stacks: p
+            .stacks
+            .iter()
+            .map(|s| crate::callers::Stack {
+                ctx: kernel::ctx_index(&s.context).unwrap_or(0) as u32,
+                frames: s
+                    .addresses
+                    .iter()
+                    .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap_or(0))
+                    .collect(),
+                names: s.frames.clone(),
+                count: s.sampled,
+            })
+            .collect(),
+        stack_sample: p.stack_sample.unwrap_or(1),
+    }
+}
+
+/// A probe's statistics per context, from its recorded context rows.
+fn contexts_of(p: &ProbeOut) -> [CtxStats; NUM_CTX] {
+    let mut contexts: [CtxStats; NUM_CTX] = Default::default();
+    for c in &p.contexts {
+        let Some(i) = kernel::ctx_index(&c.context) else {
+            continue;
+        };
+        let timed = p.backend.has_latency();
+        contexts[i] = CtxStats {
+            hist: hist_data(if timed { c.count } else { 0 }, c.latency.as_ref()),
+            counters: Counters {
+                entries: if timed { c.entries } else { c.count },
+                // Recordings from before self time count every call as unknown.
+                self_unknown: match c.latency.as_ref().map(|l| l.self_ns) {
+                    Some(None) => c.count,
+                    _ => c.self_unknown,
+                },
+                // Kept for the tracepoint backend's task context; the recording has it as the
+                // workload's count.
+                workload_hits: match (&p.workload, timed, i) {
+                    (Some(w), false, 0) => w.count,
+                    _ => 0,
+                },
+                ..counters_of(c)
+            },
+            confirmed: c.confirmed,
+            rejected: c.rejected,
+            unproven_nested_ns: c.unproven_nested_ns,
+            off_cpu_at_least: c.off_cpu_at_least,
+        };
+    }
+    contexts
+}
+
+/// A call site's or a memcg's row (`key`: its address or id) as the tracer's breakdown entry.
+fn site(
+    context: &str,
+    key: u64,
+    name: &str,
+    calls: u64,
+    sum_ns: u64,
+    buckets: &[[u64; 2]],
+) -> crate::callers::Site {
+    let ctx = kernel::ctx_index(context).unwrap_or(0) as u32;
+    let mut s = crate::callers::Site::new(ctx, key);
+    s.name = name.to_owned();
+    s.count = calls;
+    s.sum_ns = sum_ns;
+    for [i, n] in buckets {
+        if let Some(b) = s.buckets.get_mut(*i as usize) {
+            *b = *n;
+        }
+    }
+    s
 }

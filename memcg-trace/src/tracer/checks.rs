@@ -427,170 +427,38 @@ pub fn pairing(
 ) -> Result<Outcome> {
     let rig = rigs.get(layout, kind.preemptible, kind.kprobe_defers)?;
     let mut probe = 0u64;
-    // Per task: the CPU of its last step and its migrations so far.
-    let mut moves: std::collections::HashMap<u64, (u32, u64)> = Default::default();
-    let mut migrations = |task: u64, cpu: u32| -> u64 {
-        let m = moves.entry(task).or_insert((cpu, 0));
-        if m.0 != cpu {
-            *m = (cpu, m.1 + 1);
-        }
-        m.1
-    };
-    // Per CPU: the task running there (its last task step or `Ran`), which the interrupt
-    // steps that name no task interrupt.
-    let mut running: std::collections::HashMap<u32, u64> = Default::default();
+    let mut tasks = Whereabouts::default();
     for s in steps {
-        if let Step::Ran { task, cpu } = *s {
-            migrations(task, cpu);
-            running.insert(cpu, task);
-            continue;
-        }
-        if let Step::Probe(p) = *s {
-            probe = u64::from(p);
-            continue;
-        }
-        // (op, key, ctx, task, switches, now, flags, misses, cpu): flags bit 0 workload, bit 1
-        // fentry entry, bit 2 runs interleave, bits 8 and up the task's migrations.
-        let (op, key, ctx, task, sw, clock, now, flags, misses, cpu) = match *s {
-            Step::Entry {
-                key,
-                ctx,
-                task,
-                switches,
-                now,
-                workload,
-                cpu,
-            } => (
-                test_op::ENTRY,
-                key,
-                ctx,
-                task,
-                switches,
-                switches,
-                now,
-                workload as u64,
-                None,
-                cpu,
-            ),
-            Step::EntryFentry {
-                key,
-                ctx,
-                misses,
-                now,
-                cpu,
-            } => (test_op::ENTRY, key, ctx, 0, 0, 0, now, 2, Some(misses), cpu),
-            Step::ExitFentry {
-                key,
-                ctx,
-                task,
-                misses,
-                now,
-                cpu,
-            } => (
-                test_op::EXIT_FENTRY,
-                key,
-                ctx,
-                task,
-                5,
-                5,
-                now,
-                0,
-                misses,
-                cpu,
-            ),
-            Step::ExitKprobe {
-                key,
-                ctx,
-                task,
-                switches,
-                now,
-                cpu,
-            } => (
-                test_op::EXIT_KPROBE,
-                key,
-                ctx,
-                task,
-                switches,
-                switches,
-                now,
-                0,
-                None,
-                cpu,
-            ),
-            Step::ExitKprobeClock {
-                key,
-                ctx,
-                task,
-                switches,
-                clock,
-                now,
-                cpu,
-            } => (
-                test_op::EXIT_KPROBE,
-                key,
-                ctx,
-                task,
-                switches,
-                clock,
-                now,
-                0,
-                None,
-                cpu,
-            ),
-            Step::EntryMisses {
-                key,
-                task,
-                switches,
-                misses,
-                now,
-                fentry,
-                cpu,
-            } => (
-                test_op::ENTRY,
-                key,
-                CTX_TASK,
-                task,
-                switches,
-                switches,
-                now,
-                if fentry { 2 } else { 0 },
-                Some(misses),
-                cpu,
-            ),
-            Step::ExitMisses {
-                key,
-                task,
-                switches,
-                misses,
-                now,
-                fentry,
-                cpu,
-            } => (
-                if fentry {
-                    test_op::EXIT_FENTRY
-                } else {
-                    test_op::EXIT_KPROBE
-                },
-                key,
-                CTX_TASK,
-                task,
-                switches,
-                switches,
-                now,
-                0,
-                Some(misses),
-                cpu,
-            ),
-            Step::Ran { .. } | Step::Probe(_) => unreachable!("handled above"),
+        let inputs = match *s {
+            Step::Ran { task, cpu } => {
+                tasks.ran(task, cpu);
+                continue;
+            }
+            Step::Probe(p) => {
+                probe = u64::from(p);
+                continue;
+            }
+            _ => TestInputs::of(s),
         };
+        let TestInputs {
+            op,
+            key,
+            ctx,
+            task,
+            switches,
+            clock,
+            now,
+            flags,
+            misses,
+            cpu,
+        } = inputs;
         let flags = if task != 0 && ctx == CTX_TASK {
-            running.insert(cpu, task);
-            flags | migrations(task, cpu) << 8
+            tasks.ran(task, cpu) << 8 | flags
         } else {
             flags
         };
         let task = match task {
-            0 if ctx != CTX_TASK => running.get(&cpu).copied().unwrap_or(0),
+            0 if ctx != CTX_TASK => tasks.running_on(cpu),
             t => t,
         };
         if cpu as usize >= rig.cpus {
@@ -607,7 +475,7 @@ pub fn pairing(
                 key,
                 ctx as u64,
                 task,
-                sw,
+                switches,
                 now,
                 flags | if kind.interleaving { 4 } else { 0 },
                 misses.unwrap_or(0),
@@ -620,6 +488,181 @@ pub fn pairing(
             return Err(Refused(format!("the test program refused step {s:?} ({r})")).into());
         }
     }
+    outcome(rig)
+}
+
+/// Where the tasks of a sequence are: per task the CPU of its last step and its migrations so
+/// far; per CPU the task running there (its last task step or `Ran`), which the interrupt
+/// steps that name no task interrupt.
+#[derive(Default)]
+struct Whereabouts {
+    moves: std::collections::HashMap<u64, (u32, u64)>,
+    running: std::collections::HashMap<u32, u64>,
+}
+
+impl Whereabouts {
+    /// `task` runs on `cpu` now: its migrations so far.
+    fn ran(&mut self, task: u64, cpu: u32) -> u64 {
+        let m = self.moves.entry(task).or_insert((cpu, 0));
+        if m.0 != cpu {
+            *m = (cpu, m.1 + 1);
+        }
+        self.running.insert(cpu, task);
+        m.1
+    }
+
+    /// The task running on `cpu` (0: none yet).
+    fn running_on(&self, cpu: u32) -> u64 {
+        self.running.get(&cpu).copied().unwrap_or(0)
+    }
+}
+
+/// What the test program takes of one step (see `selftest.rs` in the eBPF crate).
+struct TestInputs {
+    op: u64,
+    key: u64,
+    ctx: u32,
+    /// 0: the task running on the CPU (interrupt steps that name none).
+    task: u64,
+    switches: u64,
+    /// The task's off-CPU clock.
+    clock: u64,
+    now: u64,
+    /// Bit 0 the workload's, bit 1 an fentry entry (bit 2, runs interleave, and bits 8 and
+    /// up, the task's migrations, are added by `pairing`).
+    flags: u64,
+    /// The entry program's missed runs on the CPU, where the step gives them.
+    misses: Option<u64>,
+    cpu: u32,
+}
+
+impl TestInputs {
+    /// The inputs of an entry or exit step (not of `Ran` or `Probe`, which feed none).
+    fn of(step: &Step) -> Self {
+        let task_step = |op, key, task, switches, now, flags, misses, cpu| TestInputs {
+            op,
+            key,
+            ctx: CTX_TASK,
+            task,
+            switches,
+            clock: switches,
+            now,
+            flags,
+            misses,
+            cpu,
+        };
+        match *step {
+            Step::Entry {
+                key,
+                ctx,
+                task,
+                switches,
+                now,
+                workload,
+                cpu,
+            } => TestInputs {
+                ctx,
+                ..task_step(
+                    test_op::ENTRY,
+                    key,
+                    task,
+                    switches,
+                    now,
+                    workload as u64,
+                    None,
+                    cpu,
+                )
+            },
+            Step::EntryFentry {
+                key,
+                ctx,
+                misses,
+                now,
+                cpu,
+            } => TestInputs {
+                ctx,
+                ..task_step(test_op::ENTRY, key, 0, 0, now, 2, Some(misses), cpu)
+            },
+            Step::ExitFentry {
+                key,
+                ctx,
+                task,
+                misses,
+                now,
+                cpu,
+            } => TestInputs {
+                ctx,
+                ..task_step(test_op::EXIT_FENTRY, key, task, 5, now, 0, misses, cpu)
+            },
+            Step::ExitKprobe {
+                key,
+                ctx,
+                task,
+                switches,
+                now,
+                cpu,
+            } => TestInputs {
+                ctx,
+                ..task_step(test_op::EXIT_KPROBE, key, task, switches, now, 0, None, cpu)
+            },
+            Step::ExitKprobeClock {
+                key,
+                ctx,
+                task,
+                switches,
+                clock,
+                now,
+                cpu,
+            } => TestInputs {
+                ctx,
+                clock,
+                ..task_step(test_op::EXIT_KPROBE, key, task, switches, now, 0, None, cpu)
+            },
+            Step::EntryMisses {
+                key,
+                task,
+                switches,
+                misses,
+                now,
+                fentry,
+                cpu,
+            } => {
+                let flags = if fentry { 2 } else { 0 };
+                task_step(
+                    test_op::ENTRY,
+                    key,
+                    task,
+                    switches,
+                    now,
+                    flags,
+                    Some(misses),
+                    cpu,
+                )
+            }
+            Step::ExitMisses {
+                key,
+                task,
+                switches,
+                misses,
+                now,
+                fentry,
+                cpu,
+            } => {
+                let op = if fentry {
+                    test_op::EXIT_FENTRY
+                } else {
+                    test_op::EXIT_KPROBE
+                };
+                task_step(op, key, task, switches, now, 0, Some(misses), cpu)
+            }
+            Step::Ran { .. } | Step::Probe(_) => unreachable!("they feed the program nothing"),
+        }
+    }
+}
+
+/// What the programs made of the sequence: probe slot 0's (and 1's) counters and histograms
+/// per context, the deferred pairs, the breakdown rows, the calls still pending.
+fn outcome(rig: &mut TestRig) -> Result<Outcome> {
     let probe = 0u64;
     let mut out = Outcome::default();
     for ctx in 0..NUM_CTX {

@@ -282,168 +282,238 @@ pub struct Resolution {
 
 /// Picks, for each backend in `order`, the symbol the request resolves to on this kernel.
 pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
-    let mut r = Resolution::default();
-    // (symbol, requires, why) borrowed from the static table or from the request.
-    let candidates: Vec<(&str, Option<&str>, &str)> = match req {
-        Request::Probe(p) => p
-            .candidates
-            .iter()
-            .map(|c| (c.symbol, c.requires, c.why))
-            .collect(),
-        Request::Func(f) => vec![(f.as_str(), None, "")],
+    let candidates = candidates_of(req);
+    let kernel = Lookup { syms };
+    let chosen = kernel.choose(&candidates);
+    let mut r = Resolution {
+        plans: Vec::new(),
+        notes: kernel.candidate_notes(&candidates, chosen),
     };
-    let exists = |c: &str| syms.btf_funcs.contains(c) || syms.kallsyms.contains(c);
-    let usable = |c: &(&str, Option<&str>, &str)| exists(c.0) && c.1.map(exists).unwrap_or(true);
-    // Function tracing needs the function in available_filter_functions (or its `.part`
-    // clone, which kprobe then traces). A preferred candidate that exists but is not there
-    // (inlined at every call site with an unused out-of-line copy, or notrace: x86 6.12's
-    // count_memcg_events) gives way to the next usable one, which then sees every call.
-    let traceable = |sym: &str| {
-        syms.traceable.as_ref().is_none_or(|t| {
-            t.contains(sym)
-                || syms.clones.get(sym).is_some_and(|cs| {
-                    cs.iter()
-                        .any(|n| n.starts_with(&format!("{sym}.part.")) && t.contains(n))
-                })
-        })
-    };
-    let chosen = candidates
-        .iter()
-        .find(|c| usable(c) && traceable(c.0))
-        .or_else(|| candidates.iter().find(|c| usable(c)));
-    for c in &candidates {
-        let (sym, requires, why) = *c;
-        if chosen.map(|x| x.0) == Some(sym) {
-            if !why.is_empty() {
-                r.notes.push(format!("{sym}: chosen because {why}"));
-            }
-            continue;
-        }
-        if exists(sym) && !usable(c) {
-            r.notes.push(format!(
-                "{sym}: not used, only stands in on kernels with {}",
-                requires.unwrap_or("?")
-            ));
-        } else if exists(sym)
-            && !traceable(sym)
-            && chosen.is_some_and(|x| traceable(x.0))
-            && candidates.iter().position(|x| x.0 == sym)
-                < chosen.and_then(|x| candidates.iter().position(|y| y.0 == x.0))
-        {
-            r.notes.push(format!(
-                "{sym}: not traceable (not in available_filter_functions: inlined at its call sites or notrace), so {} stands in",
-                chosen.map(|x| x.0).unwrap_or("nothing")
-            ));
-        } else if exists(sym) {
-            r.notes.push(format!(
-                "{sym}: not used, {} is preferred (tracing both would count calls twice)",
-                chosen.map(|x| x.0).unwrap_or("?")
-            ));
-        } else if let Some(clones) = syms.clones.get(sym) {
-            r.notes.push(format!(
-                "{sym}: inlined; only compiler clones exist ({})",
-                clones.join(", ")
-            ));
-        } else {
-            r.notes.push(format!(
-                "{sym}: absent from this kernel (BTF and kallsyms; inlined or renamed)"
-            ));
-        }
-    }
-    let chosen = chosen.map(|c| c.0);
+    let chosen = chosen.map(|c| c.symbol);
     if let (Request::Probe(p), Some(sym)) = (req, chosen) {
-        if let Some(cv) = p.caveat.as_ref().filter(|cv| !exists(cv.unless)) {
+        if let Some(cv) = p.caveat.as_ref().filter(|cv| !kernel.exists(cv.unless)) {
             r.notes.push(format!("{sym}: {}", cv.note));
         }
     }
-    // A function the compiler split (GCC's partial inlining, `foo.part.N`): `foo` keeps its
-    // opening check and tail-calls the part, and the callers in its own file call the part
-    // directly (5.10's __mod_memcg_state: hackbench's stat updates never enter it). kprobe then
-    // traces the part, which every call past that check runs; fentry cannot (a clone has no
-    // BTF) and is tried after kprobe.
-    let part = chosen.and_then(|sym| {
-        syms.clones
-            .get(sym)?
-            .iter()
-            .find(|n| n.starts_with(&format!("{sym}.part.")))
-            .map(String::as_str)
-    });
+    let part = chosen.and_then(|sym| kernel.split_part(sym));
     let mut order = order.to_vec();
     if let (Some(sym), Some(part)) = (chosen, part.filter(|_| order.contains(&Backend::Kprobe))) {
         r.notes.push(format!(
             "{sym}: split by the compiler: callers in its own file call {part} directly, so kprobe traces {part} (every call past {sym}'s opening check) and fentry on {sym} would see only the calls entering through it"
         ));
-        let f = order.iter().position(|b| *b == Backend::Fentry);
-        let k = order.iter().position(|b| *b == Backend::Kprobe);
-        if let (Some(f), Some(k)) = (f, k) {
-            if f < k {
-                order.swap(f, k);
-            }
-        }
+        kprobe_before_fentry(&mut order);
     }
     for &backend in &order {
-        match backend {
-            Backend::Fentry | Backend::Kprobe => {
-                let Some(sym) = chosen else {
-                    r.notes
-                        .push(format!("{backend}: no candidate function exists"));
-                    continue;
-                };
-                if backend == Backend::Fentry && !syms.btf_funcs.contains(sym) {
-                    r.notes
-                        .push(format!("fentry: {sym} has no BTF description"));
-                    continue;
-                }
-                let sym = match part {
-                    Some(part) if backend == Backend::Kprobe => part,
-                    _ => sym,
-                };
-                if backend == Backend::Kprobe {
-                    if !syms.kprobes {
-                        r.notes.push(
-                            "kprobe: this kernel has no kprobe support (CONFIG_KPROBES off)".into(),
-                        );
-                        continue;
-                    }
-                    if !syms.kallsyms.contains(sym) && part != Some(sym) {
-                        r.notes.push(format!("kprobe: {sym} is not in kallsyms"));
-                        continue;
-                    }
-                }
-                if let Some(t) = &syms.traceable {
-                    if !t.contains(sym) {
-                        r.notes.push(format!(
-                            "{backend}: {sym} is not traceable (not in available_filter_functions: notrace or inlined)"
-                        ));
-                        continue;
-                    }
-                }
-                r.plans.push(Plan {
-                    backend,
-                    target: sym.to_string(),
-                });
-            }
-            Backend::Tracepoint => {
-                let tp = match req {
-                    Request::Probe(p) => p.tracepoint,
-                    Request::Func(_) => None,
-                };
-                match tp {
-                    None => r
-                        .notes
-                        .push("tracepoint: no tracepoint fires for this step".into()),
-                    Some(tp) if syms.btf_tracepoints.contains(tp) => r.plans.push(Plan {
-                        backend,
-                        target: tp.to_string(),
-                    }),
-                    Some(tp) => r.notes.push(format!(
-                        "tracepoint: memcg:{tp} does not exist in this kernel"
-                    )),
-                }
-            }
+        let plan = match backend {
+            Backend::Fentry | Backend::Kprobe => match chosen {
+                Some(sym) => kernel.function_plan(backend, sym, part),
+                None => Err(format!("{backend}: no candidate function exists")),
+            },
+            Backend::Tracepoint => kernel.tracepoint_plan(req),
+        };
+        match plan {
+            Ok(plan) => r.plans.push(plan),
+            Err(note) => r.notes.push(note),
         }
     }
     r
+}
+
+/// A candidate function of a request: borrowed from the static table, or the function the
+/// request names.
+struct Choice<'a> {
+    symbol: &'a str,
+    /// Only on kernels that also have this function.
+    requires: Option<&'a str>,
+    /// Why it stands in, said when it is chosen.
+    why: &'a str,
+}
+
+/// The candidate functions of a request, in order of preference.
+fn candidates_of(req: &Request) -> Vec<Choice<'_>> {
+    match req {
+        Request::Probe(p) => p
+            .candidates
+            .iter()
+            .map(|c| Choice {
+                symbol: c.symbol,
+                requires: c.requires,
+                why: c.why,
+            })
+            .collect(),
+        Request::Func(f) => vec![Choice {
+            symbol: f.as_str(),
+            requires: None,
+            why: "",
+        }],
+    }
+}
+
+/// What this kernel's symbol tables say of a function.
+struct Lookup<'a> {
+    syms: &'a Symbols,
+}
+
+impl Lookup<'_> {
+    /// In BTF or in kallsyms.
+    fn exists(&self, sym: &str) -> bool {
+        self.syms.btf_funcs.contains(sym) || self.syms.kallsyms.contains(sym)
+    }
+
+    /// It exists, and the layout marker it requires too.
+    fn usable(&self, c: &Choice) -> bool {
+        self.exists(c.symbol) && c.requires.map(|r| self.exists(r)).unwrap_or(true)
+    }
+
+    /// Function tracing needs the function in available_filter_functions (or its `.part`
+    /// clone, which kprobe then traces); where that list is unreadable, every function is.
+    fn traceable(&self, sym: &str) -> bool {
+        self.syms.traceable.as_ref().is_none_or(|t| {
+            t.contains(sym)
+                || self.syms.clones.get(sym).is_some_and(|cs| {
+                    cs.iter()
+                        .any(|n| n.starts_with(&format!("{sym}.part.")) && t.contains(n))
+                })
+        })
+    }
+
+    /// The first usable and traceable candidate, else the first usable one. A preferred
+    /// candidate that exists but is not traceable (inlined at every call site with an unused
+    /// out-of-line copy, or notrace: x86 6.12's count_memcg_events) gives way to the next
+    /// usable one, which then sees every call.
+    fn choose<'c, 'a>(&self, candidates: &'c [Choice<'a>]) -> Option<&'c Choice<'a>> {
+        candidates
+            .iter()
+            .find(|c| self.usable(c) && self.traceable(c.symbol))
+            .or_else(|| candidates.iter().find(|c| self.usable(c)))
+    }
+
+    /// Why each candidate was chosen or not, one line each (a chosen one only where it says
+    /// why it stands in).
+    fn candidate_notes(&self, candidates: &[Choice], chosen: Option<&Choice>) -> Vec<String> {
+        let mut notes = Vec::new();
+        let chosen_sym = chosen.map(|x| x.symbol);
+        let position = |sym: &str| candidates.iter().position(|x| x.symbol == sym);
+        for c in candidates {
+            let sym = c.symbol;
+            if chosen_sym == Some(sym) {
+                if !c.why.is_empty() {
+                    notes.push(format!("{sym}: chosen because {}", c.why));
+                }
+                continue;
+            }
+            let note = if self.exists(sym) && !self.usable(c) {
+                format!(
+                    "{sym}: not used, only stands in on kernels with {}",
+                    c.requires.unwrap_or("?")
+                )
+            } else if self.exists(sym)
+                && !self.traceable(sym)
+                && chosen_sym.is_some_and(|x| self.traceable(x))
+                && position(sym) < chosen_sym.and_then(position)
+            {
+                format!(
+                    "{sym}: not traceable (not in available_filter_functions: inlined at its call sites or notrace), so {} stands in",
+                    chosen_sym.unwrap_or("nothing")
+                )
+            } else if self.exists(sym) {
+                format!(
+                    "{sym}: not used, {} is preferred (tracing both would count calls twice)",
+                    chosen_sym.unwrap_or("?")
+                )
+            } else if let Some(clones) = self.syms.clones.get(sym) {
+                format!(
+                    "{sym}: inlined; only compiler clones exist ({})",
+                    clones.join(", ")
+                )
+            } else {
+                format!("{sym}: absent from this kernel (BTF and kallsyms; inlined or renamed)")
+            };
+            notes.push(note);
+        }
+        notes
+    }
+
+    /// The part of a function the compiler split (GCC's partial inlining, `foo.part.N`): `foo`
+    /// keeps its opening check and tail-calls the part, and the callers in its own file call
+    /// the part directly (5.10's __mod_memcg_state: hackbench's stat updates never enter it).
+    /// kprobe then traces the part, which every call past that check runs; fentry cannot (a
+    /// clone has no BTF) and is tried after kprobe.
+    fn split_part(&self, sym: &str) -> Option<&str> {
+        self.syms
+            .clones
+            .get(sym)?
+            .iter()
+            .find(|n| n.starts_with(&format!("{sym}.part.")))
+            .map(String::as_str)
+    }
+
+    /// fentry or kprobe on function `sym` (kprobe on its `part` where the compiler split
+    /// it), or why not.
+    fn function_plan(
+        &self,
+        backend: Backend,
+        sym: &str,
+        part: Option<&str>,
+    ) -> Result<Plan, String> {
+        if backend == Backend::Fentry && !self.syms.btf_funcs.contains(sym) {
+            return Err(format!("fentry: {sym} has no BTF description"));
+        }
+        let sym = match part {
+            Some(part) if backend == Backend::Kprobe => part,
+            _ => sym,
+        };
+        if backend == Backend::Kprobe {
+            if !self.syms.kprobes {
+                return Err(
+                    "kprobe: this kernel has no kprobe support (CONFIG_KPROBES off)".into(),
+                );
+            }
+            if !self.syms.kallsyms.contains(sym) && part != Some(sym) {
+                return Err(format!("kprobe: {sym} is not in kallsyms"));
+            }
+        }
+        if let Some(t) = &self.syms.traceable {
+            if !t.contains(sym) {
+                return Err(format!(
+                    "{backend}: {sym} is not traceable (not in available_filter_functions: notrace or inlined)"
+                ));
+            }
+        }
+        Ok(Plan {
+            backend,
+            target: sym.to_string(),
+        })
+    }
+
+    /// The counts-only tracepoint of the request, or why not.
+    fn tracepoint_plan(&self, req: &Request) -> Result<Plan, String> {
+        let tp = match req {
+            Request::Probe(p) => p.tracepoint,
+            Request::Func(_) => None,
+        };
+        match tp {
+            None => Err("tracepoint: no tracepoint fires for this step".into()),
+            Some(tp) if self.syms.btf_tracepoints.contains(tp) => Ok(Plan {
+                backend: Backend::Tracepoint,
+                target: tp.to_string(),
+            }),
+            Some(tp) => Err(format!(
+                "tracepoint: memcg:{tp} does not exist in this kernel"
+            )),
+        }
+    }
+}
+
+/// kprobe tried before fentry, where both are in `order` and fentry came first.
+fn kprobe_before_fentry(order: &mut [Backend]) {
+    let f = order.iter().position(|b| *b == Backend::Fentry);
+    let k = order.iter().position(|b| *b == Backend::Kprobe);
+    if let (Some(f), Some(k)) = (f, k) {
+        if f < k {
+            order.swap(f, k);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -317,78 +317,11 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     // 1. Per-call cost, side by side on one function during one run of the workload; then
     //    memcg-trace's pair alone again with bpf_probe_read_kernel reads, for the before/after.
     let (clock, empty) = floors(args.attach);
-    let mut runs = Vec::new();
-    let mut with_callers = Vec::new();
-    let mut with_by_memcg = Vec::new();
-    let ratio_of = |r: &PerCall| {
-        pair_cost(&r.costs, &r.ours)
-            .ns_per_call
-            .zip(pair_cost(&r.costs, clock).ns_per_call)
-            .and_then(|(a, b)| ratio(a, b))
-            .unwrap_or(f64::NAN)
-    };
-    for _ in 0..args.repeats.max(1) {
-        let v = |probe_read, callers, by_memcg| Variant {
-            probe_read,
-            callers,
-            by_memcg,
-        };
-        let direct = per_call(
-            &args,
-            &probe,
-            &cmd,
-            &sel,
-            v(false, false, false),
-            clock,
-            empty,
-        )
-        .await?;
-        let plain = per_call(
-            &args,
-            &probe,
-            &cmd,
-            &sel,
-            v(true, false, false),
-            clock,
-            empty,
-        )
-        .await?;
-        if args.attach != Backend::Tracepoint {
-            let c = per_call(
-                &args,
-                &probe,
-                &cmd,
-                &sel,
-                v(false, true, false),
-                clock,
-                empty,
-            )
-            .await?;
-            with_callers.push((ratio_of(&c), pair_cost(&c.costs, &c.ours)));
-        }
-        let m = per_call(
-            &args,
-            &probe,
-            &cmd,
-            &sel,
-            v(false, false, true),
-            clock,
-            empty,
-        )
-        .await?;
-        with_by_memcg.push((ratio_of(&m), pair_cost(&m.costs, &m.ours)));
-        runs.push((ratio_of(&direct), direct, plain));
-    }
-    // Each variant's runs in order, and its median run: (ratio, pair cost).
-    let median_run = |mut runs: Vec<(f64, PairCost)>| {
-        let order: Vec<f64> = runs.iter().map(|r| r.0).collect();
-        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mid = runs.len() / 2;
-        match runs.into_iter().nth(mid) {
-            Some((r, c)) => (order, r.is_finite().then_some(r), Some(c)),
-            None => (order, None, None),
-        }
-    };
+    let Repeats {
+        mut runs,
+        with_callers,
+        with_by_memcg,
+    } = per_call_repeats(&args, &probe, &cmd, &sel, clock, empty).await?;
     let (ratio_runs_callers, ratio_to_clock_callers, ours_callers) = median_run(with_callers);
     let (ratio_runs_by_memcg, ratio_to_clock_by_memcg, ours_by_memcg) = median_run(with_by_memcg);
     let ratio_runs: Vec<f64> = runs.iter().map(|r| r.0).collect();
@@ -400,40 +333,9 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     let floor_clock = pair_cost(&direct.costs, clock);
     let floor_empty = pair_cost(&direct.costs, empty);
     let target = direct.target;
-    let mut code = direct.code;
-    code.extend(
-        plain
-            .code
-            .into_iter()
-            .filter(|c| !c.program.starts_with("floor_"))
-            .map(|mut c| {
-                c.program.push_str(" (probe-read)");
-                c
-            }),
-    );
+    let code = programs_code(direct.code, plain.code);
     // 2. Slowdown, interleaved: untraced, traced, untraced, traced, ...
-    let mut slow = Slowdown {
-        untraced_s: Vec::new(),
-        traced_s: Vec::new(),
-        pair_ratios: Vec::new(),
-        median_ratio: None,
-        min_ratio: None,
-    };
-    for _ in 0..args.pairs {
-        slow.untraced_s.push(workload::timed_run(&cmd)?);
-        let mut t = session::attach(&sel, session::AttachOptions::quiet())?.tracer;
-        t.done_attaching();
-        slow.traced_s.push(workload::timed_run(&cmd)?);
-        t.finish()?;
-    }
-    slow.pair_ratios = slow
-        .untraced_s
-        .iter()
-        .zip(&slow.traced_s)
-        .filter_map(|(u, t)| ratio(*t, *u))
-        .collect();
-    slow.median_ratio = median(&slow.pair_ratios);
-    slow.min_ratio = slow.pair_ratios.iter().copied().reduce(f64::min);
+    let slowdown = slowdown(&args, &cmd, &sel)?;
     let out = BenchOut {
         kernel_release: crate::kernel::release(),
         backend: args.attach,
@@ -460,14 +362,120 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         code,
         floor_clock,
         floor_empty,
-        slowdown: slow,
+        slowdown,
     };
     let json = serde_json::to_string_pretty(&out)?;
     match &args.output {
-        Some(p) => std::fs::write(p, json).with_context(|| format!("write {}", p.display()))?,
+        Some(p) => crate::export::write_file_atomic(p, json.as_bytes())?,
         None => println!("{json}"),
     }
     Ok(0)
+}
+
+/// The per-call measurements of every repeat: (memcg-trace's pair / floor (b), the run with
+/// direct reads, the run with probe reads), and with `--callers` (not on the tracepoint) and
+/// `--by-memcg`: (that ratio, memcg-trace's pair cost).
+struct Repeats {
+    runs: Vec<(f64, PerCall, PerCall)>,
+    with_callers: Vec<(f64, PairCost)>,
+    with_by_memcg: Vec<(f64, PairCost)>,
+}
+
+/// Runs the per-call comparison `--repeats` times, each variant once a repeat.
+async fn per_call_repeats(
+    args: &BenchArgs,
+    probe: &str,
+    cmd: &[String],
+    sel: &ProbeSel,
+    clock: &[&'static str],
+    empty: &[&'static str],
+) -> Result<Repeats> {
+    let mut r = Repeats {
+        runs: Vec::new(),
+        with_callers: Vec::new(),
+        with_by_memcg: Vec::new(),
+    };
+    let ratio_of = |r: &PerCall| {
+        pair_cost(&r.costs, &r.ours)
+            .ns_per_call
+            .zip(pair_cost(&r.costs, clock).ns_per_call)
+            .and_then(|(a, b)| ratio(a, b))
+            .unwrap_or(f64::NAN)
+    };
+    for _ in 0..args.repeats.max(1) {
+        let variant = |probe_read, callers, by_memcg| Variant {
+            probe_read,
+            callers,
+            by_memcg,
+        };
+        let measure = |v| per_call(args, probe, cmd, sel, v, clock, empty);
+        let direct = measure(variant(false, false, false)).await?;
+        let plain = measure(variant(true, false, false)).await?;
+        if args.attach != Backend::Tracepoint {
+            let c = measure(variant(false, true, false)).await?;
+            r.with_callers
+                .push((ratio_of(&c), pair_cost(&c.costs, &c.ours)));
+        }
+        let m = measure(variant(false, false, true)).await?;
+        r.with_by_memcg
+            .push((ratio_of(&m), pair_cost(&m.costs, &m.ours)));
+        r.runs.push((ratio_of(&direct), direct, plain));
+    }
+    Ok(r)
+}
+
+/// A variant's runs: their ratios in order, and the median run's ratio (where finite) and
+/// pair cost.
+fn median_run(mut runs: Vec<(f64, PairCost)>) -> (Vec<f64>, Option<f64>, Option<PairCost>) {
+    let order: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mid = runs.len() / 2;
+    match runs.into_iter().nth(mid) {
+        Some((r, c)) => (order, r.is_finite().then_some(r), Some(c)),
+        None => (order, None, None),
+    }
+}
+
+/// The programs' code of the reported run, and of its probe-read twin (floors left out:
+/// they are the same programs), marked "(probe-read)".
+fn programs_code(mut code: Vec<NamedCode>, probe_read: Vec<NamedCode>) -> Vec<NamedCode> {
+    code.extend(
+        probe_read
+            .into_iter()
+            .filter(|c| !c.program.starts_with("floor_"))
+            .map(|mut c| {
+                c.program.push_str(" (probe-read)");
+                c
+            }),
+    );
+    code
+}
+
+/// The workload untraced and traced (the default probes), `--pairs` times interleaved.
+fn slowdown(args: &BenchArgs, cmd: &[String], sel: &ProbeSel) -> Result<Slowdown> {
+    let mut slow = Slowdown {
+        untraced_s: Vec::new(),
+        traced_s: Vec::new(),
+        pair_ratios: Vec::new(),
+        median_ratio: None,
+        min_ratio: None,
+    };
+    for _ in 0..args.pairs {
+        slow.untraced_s.push(workload::timed_run(cmd)?);
+        let mut t = session::attach(sel, session::AttachOptions::quiet())?.tracer;
+        t.done_attaching();
+        slow.traced_s.push(workload::timed_run(cmd)?);
+        t.finish()?;
+    }
+    slow.pair_ratios = slow
+        .untraced_s
+        .iter()
+        .zip(&slow.traced_s)
+        .filter_map(|(u, t)| ratio(*t, *u))
+        .collect();
+    slow.median_ratio = median(&slow.pair_ratios);
+    slow.min_ratio = slow.pair_ratios.iter().copied().reduce(f64::min);
+    Ok(slow)
 }
 
 #[cfg(test)]

@@ -30,27 +30,53 @@ pub(crate) fn count_under<K>(map: &HashMap<K, CallerStat>, key: &K, ns: u64, tim
     true
 }
 
-/// Counts a timed call under its call site (`--callers`); one that finds no room goes to the
-/// "other" counter.
+/// The shard of the breakdown maps CPU `cpu` counts in (see `BREAKDOWN_SHARDS`).
 #[inline(always)]
-pub(crate) fn count_caller(cs: &mut Counters, probe: u32, ctx: u32, caller: u64, ns: u64) {
-    if !count_under(&CALLERS, &CallerKey { caller, probe, ctx }, ns, true) {
+fn shard(cpu: u32) -> u16 {
+    (cpu & config().shard_mask) as u16
+}
+
+/// Counts a timed call on CPU `cpu` under its call site (`--callers`); one that finds no room
+/// goes to the "other" counter.
+#[inline(always)]
+pub(crate) fn count_caller(
+    cs: &mut Counters,
+    cpu: u32,
+    probe: u32,
+    ctx: u32,
+    caller: u64,
+    ns: u64,
+) {
+    let key = CallerKey {
+        caller,
+        probe,
+        ctx: ctx as u16,
+        shard: shard(cpu),
+    };
+    if !count_under(&CALLERS, &key, ns, true) {
         add(&mut cs.callers_other, 1, true);
     }
 }
 
-/// Counts a call under the memcg it charges (`--by-memcg`; timed: with its latency); one that
-/// finds no room goes to the "other" counter.
+/// Counts a call on CPU `cpu` under the memcg it charges (`--by-memcg`; timed: with its
+/// latency); one that finds no room goes to the "other" counter.
 #[inline(always)]
 pub(crate) fn count_memcg(
     cs: &mut Counters,
+    cpu: u32,
     probe: u32,
     ctx: u32,
     memcg: u64,
     ns: u64,
     timed: bool,
 ) {
-    if !count_under(&MEMCGS, &MemcgKey { memcg, probe, ctx }, ns, timed) {
+    let key = MemcgKey {
+        memcg,
+        probe,
+        ctx: ctx as u16,
+        shard: shard(cpu),
+    };
+    if !count_under(&MEMCGS, &key, ns, timed) {
         add(&mut cs.memcgs_other, 1, true);
     }
 }

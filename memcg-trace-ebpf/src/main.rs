@@ -159,6 +159,8 @@ static CONFIG: Config = Config {
     workload_memcg: 0,
     stack_depth: 0,
     stack_sample: 1,
+    shard_mask: 0,
+    spare: 0,
 };
 
 /// `p`, hidden from the optimiser: it cannot see what `p` points to (so it cannot fold the

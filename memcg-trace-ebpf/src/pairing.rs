@@ -801,10 +801,10 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     };
     record(&mut c.hist, ns, self_ns, nested, off, child_off, atomic);
     if !env.lean() && config().callers != 0 {
-        count_caller(cs, probe, ctx, call.caller, ns);
+        count_caller(cs, cpu, probe, ctx, call.caller, ns);
     }
     if !env.lean() && config().by_memcg != 0 {
-        count_memcg(cs, probe, ctx, call.memcg, ns, true);
+        count_memcg(cs, cpu, probe, ctx, call.memcg, ns, true);
     }
 }
 
@@ -902,7 +902,7 @@ pub(crate) fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
             }
             if cfg.by_memcg != 0 {
                 if let Some(cs) = counters(st.cpu(), probe, ctx) {
-                    count_memcg(cs, probe, ctx, memcg.id, 0, false);
+                    count_memcg(cs, st.cpu(), probe, ctx, memcg.id, 0, false);
                 }
             }
         }
@@ -913,7 +913,7 @@ pub(crate) fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
                     cs.workload_hits += 1;
                 }
                 if cfg.by_memcg != 0 {
-                    count_memcg(cs, probe, ctx, memcg.id, 0, false);
+                    count_memcg(cs, st.cpu(), probe, ctx, memcg.id, 0, false);
                 }
             }
         }

@@ -675,10 +675,10 @@ fn outcome(rig: &mut TestRig) -> Result<Outcome> {
     }
     out.deferred = rig.deferred()?;
     out.sites = breakdown_of(rig, names::MAP_CALLERS, probe, |k: &CallerKey| {
-        (k.probe, k.ctx, k.caller)
+        (k.probe, u32::from(k.ctx), k.caller)
     })?;
     out.memcgs = breakdown_of(rig, names::MAP_MEMCGS, probe, |k: &MemcgKey| {
-        (k.probe, k.ctx, k.memcg)
+        (k.probe, u32::from(k.ctx), k.memcg)
     })?;
     let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(
         rig.ebpf
@@ -713,16 +713,21 @@ fn breakdown_of<K: aya::Pod>(
                 .map(name)
                 .ok_or_else(|| anyhow!("map {name} missing"))?,
         )?;
-    let mut out = Vec::new();
+    // The shards of a key added up.
+    let mut rows: std::collections::BTreeMap<(u32, u64), (u64, u64)> = Default::default();
     for r in map.iter() {
         let (k, v) = r?;
         let (p, ctx, id) = key(&k);
         if p == probe as u32 {
-            out.push((ctx, id, v.count, v.sum_ns));
+            let row = rows.entry((ctx, id)).or_default();
+            row.0 += v.count;
+            row.1 += v.sum_ns;
         }
     }
-    out.sort();
-    Ok(out)
+    Ok(rows
+        .into_iter()
+        .map(|((ctx, id), (count, sum_ns))| (ctx, id, count, sum_ns))
+        .collect())
 }
 
 /// How the shared context classification saw a tracepoint of known context.

@@ -186,6 +186,8 @@ pub(super) fn load_object(
             0
         },
         stack_sample: o.features.stack_sample.max(1),
+        shard_mask: breakdown_shards(cpus) - 1,
+        spare: 0,
     };
     let level: u8 = if o.features.ebpf_log { 0xff } else { 0 };
     let cells = cpus * probes * NUM_CTX as u32;
@@ -234,11 +236,19 @@ pub(super) fn load_object(
         .map_max_entries(names::MAP_HELD_SWITCHES, cpus)
         .map_max_entries(
             names::MAP_CALLERS,
-            if o.features.callers { MAX_CALLERS } else { 1 },
+            if o.features.callers {
+                MAX_CALLERS * breakdown_shards(cpus)
+            } else {
+                1
+            },
         )
         .map_max_entries(
             names::MAP_MEMCGS,
-            if o.features.by_memcg { MAX_MEMCGS } else { 1 },
+            if o.features.by_memcg {
+                MAX_MEMCGS * breakdown_shards(cpus)
+            } else {
+                1
+            },
         )
         .map_max_entries(
             names::MAP_STACKS,

@@ -36,9 +36,10 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use memcg_trace_common::{
-    cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Cell, Config, Deferred,
-    HeldSwitches, KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK, MAX_CALLERS, MAX_MEMCGS,
-    MAX_STACKS, MAX_WORKLOAD_MEMCGS, MEMCG_IN_WORKLOAD, NUM_CTX, STACK_DEPTH, TP_CELLS,
+    breakdown_shards, cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Cell,
+    Config, Deferred, HeldSwitches, KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK,
+    MAX_CALLERS, MAX_MEMCGS, MAX_STACKS, MAX_WORKLOAD_MEMCGS, MEMCG_IN_WORKLOAD, NUM_CTX,
+    STACK_DEPTH, TP_CELLS,
 };
 
 use self::{

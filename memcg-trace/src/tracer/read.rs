@@ -38,7 +38,8 @@ pub(super) fn fdinfo_stats(fd: &OwnedFd) -> Option<(u64, u64, u64)> {
 }
 
 /// A breakdown of the calls (call sites, charged memcgs) by (probe slot, context, id): what the
-/// kernel's map holds (`key` gives a key's triple), with the calls userspace confirmed added.
+/// kernel's map holds (`key` gives a key's triple; its shards added up), with the calls
+/// userspace confirmed added.
 pub(super) fn breakdown<K: aya::Pod>(
     map: &aya::maps::HashMap<MapData, K, CallerStat>,
     key: impl Fn(&K) -> (u32, u32, u64),
@@ -94,7 +95,7 @@ impl Tracer {
         };
         let by = breakdown(
             m,
-            |k| (k.probe, k.ctx, k.caller),
+            |k| (k.probe, u32::from(k.ctx), k.caller),
             self.verifier.callers.as_ref(),
             self.probes,
         );
@@ -163,7 +164,7 @@ impl Tracer {
         };
         let by = breakdown(
             m,
-            |k| (k.probe, k.ctx, k.memcg),
+            |k| (k.probe, u32::from(k.ctx), k.memcg),
             self.verifier.memcgs.as_ref(),
             self.probes,
         );

@@ -290,57 +290,75 @@ fn encode_build(e: &mut DescriptorEncoder, d: &Document) -> Encoded {
 
 /// Each probe's rows by context, and its workload row: counters and latency histograms.
 fn encode_rows(e: &mut DescriptorEncoder, d: &Document, backends: &[String]) -> Encoded {
-    // The rows: the probe's contexts, or (`workload`) its workload row, whose calls are
-    // some of the contexts' calls: in families of their own, so that a sum over the
-    // contexts' series counts every call once.
     let threads = d.meta.context_masks.as_ref().is_some_and(|m| m.threads);
-    let rows = |workload: bool| -> Vec<Row> {
-        d.probes
-            .iter()
-            .zip(backends)
-            .flat_map(|(p, b)| {
-                let ctx = p
-                    .contexts
-                    .iter()
-                    .filter(move |_| !workload)
-                    .map(move |c| Row {
-                        labels: vec![
-                            ("probe", p.name.as_str()),
-                            ("context", c.context.as_str()),
-                            ("symbol", p.target.as_str()),
-                            ("backend", b.as_str()),
-                        ],
-                        calls: c.count,
-                        lost: Some(c.lost),
-                        // Exits without their own entry: the evicted calls' too.
-                        unmatched: Some(c.orphans + c.evicted_exits),
-                        censored: Some(c.censored),
-                        // The task row (`all` without the context split).
-                        threads: (threads && crate::kernel::ctx_index(&c.context) == Some(0))
-                            .then_some((c.irq_thread, c.softirq_thread)),
-                        latency: c.latency.as_ref(),
-                    });
-                let w = p
-                    .workload
-                    .iter()
-                    .filter(move |_| workload)
-                    .map(move |w| Row {
-                        labels: vec![
-                            ("probe", p.name.as_str()),
-                            ("symbol", p.target.as_str()),
-                            ("backend", b.as_str()),
-                        ],
-                        calls: w.count,
-                        lost: None,
-                        unmatched: None,
-                        censored: None,
-                        threads: None,
-                        latency: w.latency.as_ref(),
-                    });
-                ctx.chain(w)
-            })
-            .collect()
-    };
+    let rows = |workload: bool| rows_of(d, backends, workload, threads);
+    encode_row_counters(e, &rows, threads)?;
+    encode_row_latencies(e, &rows)
+}
+
+/// The rows: the probe's contexts, or (`workload`) its workload row, whose calls are some of
+/// the contexts' calls: in families of their own, so that a sum over the contexts' series
+/// counts every call once. `threads`: the task rows carry the interrupt threads' calls.
+fn rows_of<'a>(
+    d: &'a Document,
+    backends: &'a [String],
+    workload: bool,
+    threads: bool,
+) -> Vec<Row<'a>> {
+    d.probes
+        .iter()
+        .zip(backends)
+        .flat_map(|(p, b)| {
+            let ctx = p
+                .contexts
+                .iter()
+                .filter(move |_| !workload)
+                .map(move |c| Row {
+                    labels: vec![
+                        ("probe", p.name.as_str()),
+                        ("context", c.context.as_str()),
+                        ("symbol", p.target.as_str()),
+                        ("backend", b.as_str()),
+                    ],
+                    calls: c.count,
+                    lost: Some(c.lost),
+                    // Exits without their own entry: the evicted calls' too.
+                    unmatched: Some(c.orphans + c.evicted_exits),
+                    censored: Some(c.censored),
+                    // The task row (`all` without the context split).
+                    threads: (threads && crate::kernel::ctx_index(&c.context) == Some(0))
+                        .then_some((c.irq_thread, c.softirq_thread)),
+                    latency: c.latency.as_ref(),
+                });
+            let w = p
+                .workload
+                .iter()
+                .filter(move |_| workload)
+                .map(move |w| Row {
+                    labels: vec![
+                        ("probe", p.name.as_str()),
+                        ("symbol", p.target.as_str()),
+                        ("backend", b.as_str()),
+                    ],
+                    calls: w.count,
+                    lost: None,
+                    unmatched: None,
+                    censored: None,
+                    threads: None,
+                    latency: w.latency.as_ref(),
+                });
+            ctx.chain(w)
+        })
+        .collect()
+}
+
+/// The rows' counters: calls, the workload's calls, lost, censored, unmatched, and where
+/// threads do interrupt work the threads' calls. `rows(workload)`: see [`rows_of`].
+fn encode_row_counters<'a>(
+    e: &mut DescriptorEncoder,
+    rows: &dyn Fn(bool) -> Vec<Row<'a>>,
+    threads: bool,
+) -> Encoded {
     let counter = |e: &mut DescriptorEncoder,
                    name: &str,
                    help: &str,
@@ -395,6 +413,14 @@ fn encode_rows(e: &mut DescriptorEncoder, d: &Document, backends: &[String]) -> 
             &|r| r.threads.map(|t| t.1),
         )?;
     }
+    Ok(())
+}
+
+/// The rows' latency histograms, per context and the workload's.
+fn encode_row_latencies<'a>(
+    e: &mut DescriptorEncoder,
+    rows: &dyn Fn(bool) -> Vec<Row<'a>>,
+) -> Encoded {
     for (name, help, workload) in [
         (
             "latency",

@@ -184,14 +184,7 @@ impl Session {
             ns: t0.elapsed().as_nanos() as u64,
             peak_rss_kib: peak_rss_kib(),
         }];
-        let cgid = memcg.as_ref().map(|m| m.cgroup_id).unwrap_or(0);
-        // The workload's calls are those charging its memcg (in every context) with
-        // --by-memcg, for a memcg given with --cgroup (which others may charge too: a
-        // database's), and where its tasks have no cgroup v2 id to be told by; else, for the
-        // fresh memcg only its own tasks charge, the task-context calls its tasks make (the
-        // cheaper test).
-        let workload_memcg =
-            memcg.is_some() && (args.by_memcg || args.cgroup.is_some() || cgid == 0);
+        let workload_memcg = workload_told_by_memcg(args, memcg.as_ref());
         if let Some(s) = signals.pending().await {
             return Err(Interrupted(s).into());
         }
@@ -204,17 +197,7 @@ impl Session {
             preemption_model,
         } = attach(
             &args.sel,
-            AttachOptions {
-                verbosity: opts.verbosity,
-                workload_cgroup: cgid,
-                workload_owned: memcg.as_ref().is_some_and(|m| m.owned()),
-                workload_level: memcg.as_ref().map(|m| m.cgroup_level).unwrap_or_default(),
-                bpf_stats: args.bpf_stats,
-                strict: args.strict,
-                floor: true,
-                all_named: true,
-                features: args.features(workload_memcg),
-            },
+            attach_options(args, &opts, memcg.as_ref(), workload_memcg),
         )?;
         if let Some(m) = memcg.as_ref().filter(|_| workload_memcg) {
             tracer.set_workload_memcg(&m.path)?;
@@ -246,14 +229,7 @@ impl Session {
             .checked_sub(tracer.elapsed())
             .unwrap_or_else(SystemTime::now);
         if let Some(l) = hdr_log.as_mut() {
-            l.begin(
-                started,
-                &format!(
-                    "memcg-trace {} on {}: interval histograms of the charging functions",
-                    env!("CARGO_PKG_VERSION"),
-                    kernel::release()
-                ),
-            );
+            begin_interval_log(l, started);
         }
         // Watched from before the workload starts, and while privileged (debugfs is root's).
         let preemption_writes = preemption_model
@@ -593,4 +569,47 @@ impl Session {
             hdr_log,
         })
     }
+}
+
+/// Whether the workload's calls are told by the memcg they charge (in every context): with
+/// --by-memcg, for a memcg given with --cgroup (which others may charge too: a database's),
+/// and where its tasks have no cgroup v2 id to be told by; else, for the fresh memcg only its
+/// own tasks charge, they are the task-context calls its tasks make (the cheaper test). False
+/// without a workload.
+fn workload_told_by_memcg(args: &LiveArgs, memcg: Option<&Memcg>) -> bool {
+    let cgid = memcg.map(|m| m.cgroup_id).unwrap_or(0);
+    memcg.is_some() && (args.by_memcg || args.cgroup.is_some() || cgid == 0)
+}
+
+/// How a live trace attaches: the workload's cgroup (id, whether memcg-trace made it, its
+/// depth), the command line's features, a floor measured, every probe named.
+fn attach_options(
+    args: &LiveArgs,
+    opts: &Options,
+    memcg: Option<&Memcg>,
+    workload_memcg: bool,
+) -> AttachOptions {
+    AttachOptions {
+        verbosity: opts.verbosity,
+        workload_cgroup: memcg.map(|m| m.cgroup_id).unwrap_or(0),
+        workload_owned: memcg.is_some_and(|m| m.owned()),
+        workload_level: memcg.map(|m| m.cgroup_level).unwrap_or_default(),
+        bpf_stats: args.bpf_stats,
+        strict: args.strict,
+        floor: true,
+        all_named: true,
+        features: args.features(workload_memcg),
+    }
+}
+
+/// The interval log's header: its start (when the first probe was attached) and what it holds.
+fn begin_interval_log(l: &mut HdrLog, started: SystemTime) {
+    l.begin(
+        started,
+        &format!(
+            "memcg-trace {} on {}: interval histograms of the charging functions",
+            env!("CARGO_PKG_VERSION"),
+            kernel::release()
+        ),
+    );
 }

@@ -58,6 +58,16 @@ fn line(cells: &[String]) -> String {
     )
 }
 
+/// What a row says beside its figures.
+struct Marks {
+    /// Calls lost, and of them those that left the CPU (`ContextOut::censored`); None for the
+    /// workload rows.
+    lost: Option<(u64, u64)>,
+    /// Some call's nesting unknown (`ContextOut::self_unknown`): counted whole, so the self
+    /// time is an upper bound.
+    self_at_most: bool,
+}
+
 /// One table row.
 fn row(
     probe: &str,
@@ -66,10 +76,9 @@ fn row(
     count: u64,
     rate: Option<f64>,
     lat: Option<&Latency>,
-    // Calls lost, and of them those that left the CPU (`ContextOut::censored`); None for
-    // the workload rows.
-    lost: Option<(u64, u64)>,
+    marks: Marks,
 ) -> String {
+    let Marks { lost, self_at_most } = marks;
     let censored = lost.map_or(0, |l| l.1);
     // Calls that left the CPU and are not timed: the tail is missing them.
     let low = |s: String| {
@@ -97,7 +106,12 @@ fn row(
             low(fmt_ns(l.max_ns as f64)),
             low(l.mean_ns.map(fmt_ns).unwrap_or_default()),
             fmt_ns(l.sum_ns as f64),
-            l.self_ns.map(|s| fmt_ns(s as f64)).unwrap_or_default(),
+            l.self_ns
+                .map(|s| {
+                    let at = if self_at_most { "<=" } else { "" };
+                    format!("{at}{}", fmt_ns(s as f64))
+                })
+                .unwrap_or_default(),
             // On the CPU; where some call's time off it is unknown, at most the wall share.
             match (l.cpu_share, l.wall_share) {
                 (Some(s), _) => format!("{:.2}", s * 100.0),
@@ -533,7 +547,10 @@ fn context_rows(out: &mut String, doc: &Document) {
                     c.count,
                     c.rate_per_s,
                     c.latency.as_ref(),
-                    Some((c.lost, c.censored)),
+                    Marks {
+                        lost: Some((c.lost, c.censored)),
+                        self_at_most: c.self_unknown > 0,
+                    },
                 )
             );
         }
@@ -563,7 +580,11 @@ fn workload_rows(out: &mut String, doc: &Document) {
                     w.count,
                     w.rate_per_s,
                     w.latency.as_ref(),
-                    None,
+                    Marks {
+                        lost: None,
+                        // Its calls are some of the contexts' calls.
+                        self_at_most: p.contexts.iter().any(|c| c.self_unknown > 0),
+                    },
                 )
             );
         }

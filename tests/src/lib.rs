@@ -507,11 +507,12 @@ fn check_shares_bounds(doc: &Document, summary: &str) {
         with_shares += 1;
         let task = p.contexts.first();
         let off_unknown = task.is_some_and(|c| c.off_cpu_unknown > 0 || c.off_cpu_at_least > 0);
+        let self_unknown = task.is_some_and(|c| c.self_unknown > 0);
         let irq_rows = w.by_memcg && p.contexts.iter().skip(1).any(|c| c.count > 0);
-        let want = off_unknown || irq_rows;
+        let want = off_unknown || self_unknown || irq_rows;
         assert_eq!(
             pw.shares_at_most, want,
-            "{}: shares_at_most {} where the counters say {want} (off-CPU unknown {off_unknown}, interrupt calls in memcg rows {irq_rows})",
+            "{}: shares_at_most {} where the counters say {want} (off-CPU unknown {off_unknown}, nesting unknown {self_unknown}, interrupt calls in memcg rows {irq_rows})",
             p.name, pw.shares_at_most
         );
         bounded |= want;

@@ -332,10 +332,15 @@ fn workload_out(
     };
     WorkloadOut {
         // Upper bounds where some call's time off the CPU is unknown (counted as
-        // CPU), and where the rows hold interrupt calls charging the workload's
-        // memcg (`--by-memcg`): their CPU time is not in its cgroup's.
+        // CPU), where some task call's nesting is unknown (its whole time counted as its
+        // own: the self shares count its nested calls twice), and where the rows hold
+        // interrupt calls charging the workload's memcg (`--by-memcg`): their CPU time is
+        // not in its cgroup's.
         shares_at_most: timed
             && (p.contexts.first().is_some_and(CtxStats::on_cpu_unknown)
+                || p.contexts
+                    .first()
+                    .is_some_and(|c| c.counters.self_unknown > 0)
                 || (workload_by_memcg && (1..NUM_CTX).any(|i| p.ctx_calls(i) > 0))),
         count: w.count,
         rate_per_s: rate(w.count, secs),

@@ -517,6 +517,77 @@ mod tests {
         assert!(app.rows()[0].cpu_at_most);
     }
 
+    /// A call whose nesting is unknown (a migrated call, a charge on PREEMPT_RT that returned
+    /// while a later one on its CPU was open) counts its whole time as its own: its row's self
+    /// time, the workload's self shares and the dashboard's self% are then upper bounds, marked
+    /// so beside the figure; exact (unmarked) where every call's nesting is known.
+    #[test]
+    fn self_times_are_bounds_where_a_call_s_nesting_is_unknown() {
+        let mut s = crate::tui::app::tests::snap(10, 1000, 500, 0);
+        s.probes[0].workload = Some(s.probes[0].contexts[0].hist.clone());
+        let out = |s: &Snapshot| probes_out(s, &HashMap::new(), &[], false, Some(1_000_000_000));
+        let run = RunMeta {
+            start: UNIX_EPOCH,
+            masks: None,
+            off_cpu: None,
+            reads: None,
+            daemon: DaemonCost::default(),
+            workload: None,
+            notes: HashMap::new(),
+            not_attached: Vec::new(),
+            floors: Vec::new(),
+            calibration: Vec::new(),
+            history: None,
+            preemption_model: None,
+        };
+        // The table's self column (the 14th) of the probe's rows, the workload's among them.
+        let self_cells = |s: &Snapshot| -> Vec<String> {
+            let d = document(s, &run);
+            crate::table::summary(&d)
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .filter(|w| {
+                    w.first() == Some(&d.probes[0].name.as_str())
+                        && w.get(1).is_some_and(|c| crate::kernel::ctx_index(c).is_some())
+                })
+                .filter_map(|w| w.get(13).map(|c| c.to_string()))
+                .collect()
+        };
+        let app_of = |s: Snapshot| {
+            let mut app = crate::tui::app::App::new(
+                crate::tui::app::Header::default(),
+                Duration::from_secs(1),
+            );
+            app.on_snapshot(s);
+            app
+        };
+        let exact = out(&s);
+        assert!(!exact[0].workload.as_ref().unwrap().shares_at_most);
+        let cells = self_cells(&s);
+        assert!(
+            !cells.is_empty() && cells.iter().all(|c| !c.starts_with("<=")),
+            "{cells:?}"
+        );
+        assert!(app_of(s.clone()).rows().iter().all(|r| !r.self_at_most));
+        s.probes[0].contexts[0].counters.self_unknown = 2;
+        let bounded = out(&s);
+        assert_eq!(bounded[0].contexts[0].self_unknown, 2);
+        assert!(bounded[0].workload.as_ref().unwrap().shares_at_most);
+        let cells = self_cells(&s);
+        assert!(
+            cells.len() >= 2 && cells.iter().all(|c| c.starts_with("<=")),
+            "the task row and the workload row: {cells:?}"
+        );
+        let app = app_of(s);
+        assert!(
+            app.rows()[0].self_at_most
+                && app
+                    .rows()
+                    .iter()
+                    .any(|r| r.context == "workload" && r.self_at_most)
+        );
+    }
+
     /// A call longer than the buckets' range (2^36 ns, 68.7 s: a charge stuck in reclaim):
     /// the last bucket holds it, and its bound in the JSON lies past it, so that min and max
     /// lie in their buckets as every reader expects (review finding 13).

@@ -463,10 +463,11 @@ pub struct WorkloadOut {
     /// the untraced workload, as a profiler of it would see it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_self_share_of_workload_cpu: Option<f64>,
-    /// The shares are upper bounds: some call's time off the CPU is unknown (counted as CPU), or
-    /// the workload is told by the memcg charged (`--by-memcg`) and the probe has
-    /// interrupt-context calls, which its rows may hold and whose CPU time is not the
-    /// workload's.
+    /// The shares are upper bounds: some call's time off the CPU is unknown (counted as CPU),
+    /// some task call's nesting is unknown (its whole time counted as its own, so the self
+    /// shares count its nested calls twice), or the workload is told by the memcg charged
+    /// (`--by-memcg`) and the probe has interrupt-context calls, which its rows may hold and
+    /// whose CPU time is not the workload's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shares_at_most: bool,
 }

@@ -101,6 +101,9 @@ pub struct Row {
     /// The same for its self time (the traced calls nested in it left out); None where the
     /// nesting was not followed (recordings from before, fentry on preemptible kernels).
     pub self_cpu: Option<f64>,
+    /// `self_cpu` is an upper bound: some call's nesting is unknown and its whole time counted
+    /// as its own (`Counters::self_unknown`; shown `<=`).
+    pub self_at_most: bool,
     /// Calls that left the CPU were not timed in the row's window (`CtxStats::censored`): its
     /// p99, p99.9, maximum and mean are lower bounds (shown `>=`).
     pub censored: bool,
@@ -556,6 +559,7 @@ impl App {
                 );
                 r.censored = censored;
                 r.cpu_at_most = c.on_cpu_unknown();
+                r.self_at_most = c.counters.self_unknown > 0;
                 out.push(r);
             }
             if let Some(w) = &p.workload {
@@ -569,6 +573,7 @@ impl App {
                 r.censored = p.contexts[0].censored(0)
                     > before.map(|b| b.contexts[0].censored(0)).unwrap_or(0);
                 r.cpu_at_most = p.contexts[0].on_cpu_unknown();
+                r.self_at_most = p.contexts.iter().any(|c| c.counters.self_unknown > 0);
                 out.push(r);
             }
         }
@@ -685,6 +690,7 @@ fn row(
         mean: l.as_ref().map(|l| l.mean_ns),
         cpu: l.as_ref().and_then(|l| l.cpu_share),
         cpu_at_most: false,
+        self_at_most: false,
         self_cpu: l
             .as_ref()
             .filter(|_| self_known && !elapsed.is_zero())

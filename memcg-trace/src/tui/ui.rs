@@ -237,7 +237,10 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
             if wide {
                 cells.push(Cell::from(
                     r.self_cpu
-                        .map(|c| format!("{:.2}", c * 100.0))
+                        .map(|c| {
+                            let at = if r.self_at_most { "<=" } else { "" };
+                            format!("{at}{:.2}", c * 100.0)
+                        })
                         .unwrap_or_else(|| "-".into()),
                 ));
             }

@@ -168,19 +168,8 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
     ] {
         fs::create_dir_all(root.join(d))?;
     }
-    // A kernel of an older Debian release boots with that release's userland (its C library
-    // and hackbench, from its packages), an arm64 kernel with Debian 12's arm64 userland; the
-    // binaries under test are copied as they are and must run with its libraries. busybox
-    // (static, no libraries) is this machine's on x86_64: Debian 11's lacks the base64 that
-    // carries /out back.
     let arch = kernel.spec.arch;
-    let userland = if arch == Arch::Arm64 {
-        Some(crate::userland::arm64_guest()?)
-    } else if kernel.spec.suite == Suite::Bullseye {
-        Some(crate::userland::bullseye()?)
-    } else {
-        None
-    };
+    let userland = guest_userland(kernel)?;
     let busybox = match (arch, &userland) {
         (Arch::Arm64, Some(u)) => u.join("bin/busybox"),
         _ => PathBuf::from("/bin/busybox"),
@@ -192,6 +181,54 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
         );
     }
     copy_into(&root, &busybox, Path::new("bin/busybox"))?;
+    let mut libs = copy_programs(&root, spec, arch, userland.as_deref())?;
+    let packages = package_tree(kernel, spec, userland.is_none(), &mut libs)?;
+    copy_libraries(&root, arch, userland.as_deref(), libs)?;
+    if let Some(tree) = &packages {
+        // Over what is there: the packages' files replace this machine's copies.
+        crate::run(
+            Command::new("cp")
+                .args(["-a", "--remove-destination"])
+                .arg(tree.join("."))
+                .arg(&root),
+        )?;
+        crate::userland::check_libraries(tree, &root)?;
+    }
+    copy_files_and_modules(&root, kernel, spec)?;
+    let data_tty = match arch {
+        Arch::X86_64 => "/dev/ttyS1",
+        Arch::Arm64 => "/dev/hvc0",
+    };
+    fs::write(root.join("init"), INIT.replace("@DATA@", data_tty))?;
+    fs::set_permissions(root.join("init"), fs::Permissions::from_mode(0o755))?;
+    fs::write(root.join("guest.sh"), &spec.script)?;
+    pack_cpio(&root, &work.join("initramfs.cpio"))
+}
+
+/// The userland a kernel boots with, where it is not this machine's: a kernel of an older
+/// Debian release boots with that release's (its C library and hackbench, from its packages),
+/// an arm64 kernel with Debian 12's arm64 userland; the binaries under test are copied as they
+/// are and must run with its libraries. busybox (static, no libraries) is this machine's on
+/// x86_64: Debian 11's lacks the base64 that carries /out back.
+fn guest_userland(kernel: &Kernel) -> Result<Option<PathBuf>> {
+    Ok(if kernel.spec.arch == Arch::Arm64 {
+        Some(crate::userland::arm64_guest()?)
+    } else if kernel.spec.suite == Suite::Bullseye {
+        Some(crate::userland::bullseye()?)
+    } else {
+        None
+    })
+}
+
+/// Copies the spec's programs into `root/bin` (the guest userland's own where it has one of
+/// that name) and checks each can run there; returns the libraries of this machine's they
+/// need (where the guest runs on this machine's libraries).
+fn copy_programs(
+    root: &Path,
+    spec: &VmSpec,
+    arch: Arch,
+    userland: Option<&Path>,
+) -> Result<BTreeSet<PathBuf>> {
     let gnu_lib = format!("lib/{}-linux-gnu", arch.gnu());
     let mut libs = BTreeSet::new();
     for bin in &spec.bins {
@@ -200,10 +237,10 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
             .ok_or_else(|| anyhow!("{}: not a file", bin.display()))?;
         // The guest's own (its userland's) stands in for a host program of the same name;
         // anything else must be built for the guest's architecture.
-        let from_userland = userland
-            .as_ref()
-            .is_some_and(|u| u.join("usr/bin").join(name).is_file());
-        if !from_userland {
+        let own = userland
+            .map(|u| u.join("usr/bin").join(name))
+            .filter(|p| p.is_file());
+        if own.is_none() {
             if let Some(m) = elf_machine(bin) {
                 if m != arch.elf_machine() {
                     bail!(
@@ -214,16 +251,12 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
                 }
             }
         }
-        let own = userland
-            .as_ref()
-            .map(|u| u.join("usr/bin").join(name))
-            .filter(|p| p.is_file());
         copy_into(
-            &root,
+            root,
             own.as_deref().unwrap_or(bin),
             &Path::new("bin").join(name),
         )?;
-        match &userland {
+        match userland {
             None => libs.extend(libraries(bin)?),
             Some(u) if own.is_none() => {
                 // A binary of this machine's (or built for the guest's architecture) must
@@ -244,56 +277,68 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
             Some(_) => {}
         }
     }
-    // The packages' tree, unpacked; where the guest runs on this machine's libraries, theirs
-    // are taken from here the same way (this machine runs the same release).
-    let packages = if spec.packages.is_empty() {
-        None
+    Ok(libs)
+}
+
+/// The spec's packages' tree, unpacked (None without packages); where the guest runs on this
+/// machine's libraries (`own_libraries`), theirs are added to `libs` (this machine runs the
+/// same release).
+fn package_tree(
+    kernel: &Kernel,
+    spec: &VmSpec,
+    own_libraries: bool,
+    libs: &mut BTreeSet<PathBuf>,
+) -> Result<Option<PathBuf>> {
+    if spec.packages.is_empty() {
+        return Ok(None);
+    }
+    let arch = kernel.spec.arch;
+    let suite = if arch == Arch::X86_64 && kernel.spec.suite == Suite::Bullseye {
+        Suite::Bullseye
     } else {
-        let suite = if arch == Arch::X86_64 && kernel.spec.suite == Suite::Bullseye {
-            Suite::Bullseye
-        } else {
-            Suite::Host
-        };
-        let names: Vec<&str> = spec.packages.iter().map(String::as_str).collect();
-        let tree = crate::userland::packages(suite, arch, &names)?;
-        if userland.is_none() {
-            for elf in crate::userland::elves(&tree) {
-                libs.extend(libraries(&elf)?);
-            }
-        }
-        Some(tree)
+        Suite::Host
     };
-    match &userland {
-        None => {
-            for lib in libs {
-                copy_into(&root, &lib, lib.strip_prefix("/").expect("absolute"))?;
-            }
+    let names: Vec<&str> = spec.packages.iter().map(String::as_str).collect();
+    let tree = crate::userland::packages(suite, arch, &names)?;
+    if own_libraries {
+        for elf in crate::userland::elves(&tree) {
+            libs.extend(libraries(&elf)?);
         }
-        Some(u) => {
-            for rel in crate::userland::libraries(u, arch)? {
-                let (src, dst) = (u.join(&rel), root.join(&rel));
-                fs::create_dir_all(dst.parent().expect("has parent"))?;
-                match fs::read_link(&src) {
-                    Ok(t) => std::os::unix::fs::symlink(t, &dst)?,
-                    Err(_) => {
-                        fs::copy(&src, &dst).with_context(|| {
-                            format!("copy {} into the initramfs", src.display())
-                        })?;
-                    }
-                }
+    }
+    Ok(Some(tree))
+}
+
+/// The libraries into `root`: this machine's that the programs need (`libs`), or the guest
+/// userland's whole set.
+fn copy_libraries(
+    root: &Path,
+    arch: Arch,
+    userland: Option<&Path>,
+    libs: BTreeSet<PathBuf>,
+) -> Result<()> {
+    let Some(u) = userland else {
+        for lib in libs {
+            copy_into(root, &lib, lib.strip_prefix("/").expect("absolute"))?;
+        }
+        return Ok(());
+    };
+    for rel in crate::userland::libraries(u, arch)? {
+        let (src, dst) = (u.join(&rel), root.join(&rel));
+        fs::create_dir_all(dst.parent().expect("has parent"))?;
+        match fs::read_link(&src) {
+            Ok(t) => std::os::unix::fs::symlink(t, &dst)?,
+            Err(_) => {
+                fs::copy(&src, &dst)
+                    .with_context(|| format!("copy {} into the initramfs", src.display()))?;
             }
         }
     }
-    if let Some(tree) = &packages {
-        // Over what is there: the packages' files replace this machine's copies.
-        crate::run(
-            Command::new("cp")
-                .args(["-a", "--remove-destination"])
-                .arg(tree.join("."))
-                .arg(&root),
-        )?;
-        crate::userland::check_libraries(tree, &root)?;
-    }
+    Ok(())
+}
+
+/// The spec's files (into `/files`), the kernel's config (into `/boot`) and the spec's modules
+/// with their load order (into `/lib/modules`).
+fn copy_files_and_modules(root: &Path, kernel: &Kernel, spec: &VmSpec) -> Result<()> {
     if !spec.files.is_empty() {
         fs::create_dir_all(root.join("files"))?;
         for f in &spec.files {
@@ -321,20 +366,17 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
         }
         fs::write(dir.join("order"), order)?;
     }
-    let data_tty = match arch {
-        Arch::X86_64 => "/dev/ttyS1",
-        Arch::Arm64 => "/dev/hvc0",
-    };
-    fs::write(root.join("init"), INIT.replace("@DATA@", data_tty))?;
-    fs::set_permissions(root.join("init"), fs::Permissions::from_mode(0o755))?;
-    fs::write(root.join("guest.sh"), &spec.script)?;
-    let cpio = work.join("initramfs.cpio");
-    let list = crate::output(Command::new("find").arg(".").current_dir(&root))?;
+    Ok(())
+}
+
+/// The tree at `root` as a newc cpio archive at `cpio`.
+fn pack_cpio(root: &Path, cpio: &Path) -> Result<PathBuf> {
+    let list = crate::output(Command::new("find").arg(".").current_dir(root))?;
     let mut child = Command::new("cpio")
         .args(["-o", "-H", "newc", "--quiet"])
-        .current_dir(&root)
+        .current_dir(root)
         .stdin(Stdio::piped())
-        .stdout(fs::File::create(&cpio)?)
+        .stdout(fs::File::create(cpio)?)
         .spawn()
         .context("run cpio (apt package cpio; `cargo xtask setup` installs it)")?;
     child
@@ -345,7 +387,7 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
     if !child.wait()?.success() {
         bail!("cpio failed building the initramfs");
     }
-    Ok(cpio)
+    Ok(cpio.to_path_buf())
 }
 
 /// Decodes the /out archive the guest sent over the second serial port into `out`.

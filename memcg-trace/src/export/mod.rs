@@ -416,14 +416,9 @@ mod tests {
         assert_eq!(crate::workload::oom_kill_of("oom 1\n"), None);
     }
 
-    /// What the programs attached besides the probes' cost (the switch witness: one run per
-    /// context switch) is in the recording, read back, and said by the table; a run with none
-    /// has no such field.
-    #[test]
-    fn the_other_programs_runs_and_run_time_are_recorded_and_told() {
-        let mut s = crate::tui::app::tests::snap(10, 1000, 500, 0);
-        s.bpf_stats = true;
-        let run = RunMeta {
+    /// A run's facts with nothing in them: no workload, notes, floors or calibration.
+    fn bare_run() -> RunMeta {
+        RunMeta {
             start: UNIX_EPOCH,
             masks: None,
             off_cpu: None,
@@ -435,7 +430,20 @@ mod tests {
             floors: Vec::new(),
             calibration: Vec::new(),
             history: None,
+            preemption_model: None,
+        }
+    }
+
+    /// What the programs attached besides the probes' cost (the switch witness: one run per
+    /// context switch) is in the recording, read back, and said by the table; a run with none
+    /// has no such field.
+    #[test]
+    fn the_other_programs_runs_and_run_time_are_recorded_and_told() {
+        let mut s = crate::tui::app::tests::snap(10, 1000, 500, 0);
+        s.bpf_stats = true;
+        let run = RunMeta {
             preemption_model: Some("PREEMPT_RT".into()),
+            ..bare_run()
         };
         let plain = document(&s, &run);
         assert!(plain.meta.tracer.other_programs.is_empty());
@@ -526,20 +534,7 @@ mod tests {
         let mut s = crate::tui::app::tests::snap(10, 1000, 500, 0);
         s.probes[0].workload = Some(s.probes[0].contexts[0].hist.clone());
         let out = |s: &Snapshot| probes_out(s, &HashMap::new(), &[], false, Some(1_000_000_000));
-        let run = RunMeta {
-            start: UNIX_EPOCH,
-            masks: None,
-            off_cpu: None,
-            reads: None,
-            daemon: DaemonCost::default(),
-            workload: None,
-            notes: HashMap::new(),
-            not_attached: Vec::new(),
-            floors: Vec::new(),
-            calibration: Vec::new(),
-            history: None,
-            preemption_model: None,
-        };
+        let run = bare_run();
         // The table's self column (the 14th) of the probe's rows, the workload's among them.
         let self_cells = |s: &Snapshot| -> Vec<String> {
             let d = document(s, &run);
@@ -548,7 +543,8 @@ mod tests {
                 .map(|l| l.split_whitespace().collect::<Vec<_>>())
                 .filter(|w| {
                     w.first() == Some(&d.probes[0].name.as_str())
-                        && w.get(1).is_some_and(|c| crate::kernel::ctx_index(c).is_some())
+                        && w.get(1)
+                            .is_some_and(|c| crate::kernel::ctx_index(c).is_some())
                 })
                 .filter_map(|w| w.get(13).map(|c| c.to_string()))
                 .collect()

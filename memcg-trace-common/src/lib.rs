@@ -848,9 +848,11 @@ pub struct Config {
     pub spare: u32,
 }
 
-/// Call sites kept per run in the `CALLERS` map (all probes and contexts together); the calls
-/// of sites beyond it are counted in `Counters::callers_other`. The map has room for this many
-/// in every shard (see [`BREAKDOWN_SHARDS`]).
+/// Call sites kept per run in the `CALLERS` map (all probes and contexts together): the map has
+/// this many entries per shard in use (see [`BREAKDOWN_SHARDS`]), shared, so that this many
+/// sites always fit in every shard. Once it is full (more sites than that), a call whose site
+/// finds no entry in its CPU's shard is counted in `Counters::callers_other`: a site's row
+/// may then miss the calls of a shard.
 pub const MAX_CALLERS: u32 = 1024;
 
 /// Shards of the breakdown maps (`CALLERS`, `MEMCGS`), at most: each call is counted under its
@@ -858,7 +860,9 @@ pub const MAX_CALLERS: u32 = 1024;
 /// adds up. CPUs of different shards then update different entries: a call site or memcg that
 /// every CPU calls or charges does not move one cache line from CPU to CPU at every call (on a
 /// 2-CPU host, `--by-memcg` on the tracepoint cost 162 ns a call with one shard, 97 ns with
-/// two). A power of two; the map has room for `MAX_CALLERS` (`MAX_MEMCGS`) keys in each.
+/// two). A power of two. The maps have `MAX_CALLERS` (`MAX_MEMCGS`) entries per shard: 2 MiB
+/// of kernel memory each, 16 MiB at 8 shards, preallocated, for `--callers` and `--by-memcg`
+/// only; userspace reads up to that many more entries a tick.
 pub const BREAKDOWN_SHARDS: u32 = 8;
 
 /// The shards of the breakdown maps in use with `cpus` possible CPUs: one per CPU up to
@@ -872,7 +876,8 @@ pub const fn breakdown_shards(cpus: u32) -> u32 {
 }
 
 /// Linear sub-buckets per power of two of a call site's histogram, as a power of two: coarser
-/// than a probe's (a quarter octave, 19% wide at most), so that a thousand sites fit in 2 MiB.
+/// than a probe's (a quarter octave, 19% wide at most), so that a thousand sites fit in 2 MiB
+/// (a shard's).
 pub const CALLER_SUB_BITS: u32 = 2;
 /// Buckets of a call site's histogram: every u64 fits (`caller_bucket_index`).
 pub const CALLER_BUCKETS: usize = 256;
@@ -960,8 +965,9 @@ pub struct CallerKey {
     pub shard: u16,
 }
 
-/// Memcgs kept per run in the `MEMCGS` map (all probes and contexts together); the calls of
-/// memcgs beyond it are counted in `Counters::memcgs_other`.
+/// Memcgs kept per run in the `MEMCGS` map (all probes and contexts together), as
+/// [`MAX_CALLERS`] for call sites: the calls that find no entry in their CPU's shard are counted
+/// in `Counters::memcgs_other`.
 pub const MAX_MEMCGS: u32 = 1024;
 
 /// Memcgs whose verdict the workload's set holds (`WORKLOAD_MEMCGS`: in the workload or not).
@@ -1395,14 +1401,15 @@ mod pod {
 
 #[cfg(test)]
 mod tests {
+
+    use super::*;
+
     #[test]
     fn breakdown_shards_are_one_per_cpu_up_to_the_most() {
         let got: [u32; 9] = [1, 2, 3, 4, 5, 8, 9, 64, 4096].map(super::breakdown_shards);
         assert_eq!(got, [1, 2, 4, 4, 8, 8, 8, 8, 8]);
         assert!(super::BREAKDOWN_SHARDS.is_power_of_two());
     }
-
-    use super::*;
 
     #[test]
     fn ilog2_is_the_position_of_the_highest_bit() {

@@ -141,7 +141,8 @@ pub fn workload_cpu(doc: &Document) -> String {
     let Some(shares) = crate::export::workload_shares(&doc.probes) else {
         return out;
     };
-    // Where some call's time off the CPU is unknown it counts as CPU: at most.
+    // Where some call's time off the CPU is unknown it counts as CPU, where some call's nesting
+    // is unknown its whole time as its own: at most (`WorkloadOut::shares_at_most`).
     let at = if shares.at_most { "<=" } else { "" };
     let pc = |v: Option<f64>| {
         v.map(|v| format!("{at}{:.2}%", v * 100.0))
@@ -582,8 +583,10 @@ fn workload_rows(out: &mut String, doc: &Document) {
                     w.latency.as_ref(),
                     Marks {
                         lost: None,
-                        // Its calls are some of the contexts' calls.
-                        self_at_most: p.contexts.iter().any(|c| c.self_unknown > 0),
+                        // Its calls are task calls, or with --by-memcg any context's.
+                        self_at_most: p.contexts.iter().enumerate().any(|(i, c)| {
+                            c.self_unknown > 0 && (i == 0 || workload_ctx == "all")
+                        }),
                     },
                 )
             );

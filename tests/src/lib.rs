@@ -487,7 +487,8 @@ pub fn check_self_times(doc: &Document) {
 /// The workload's CPU shares are marked as upper bounds (`<=` in the table,
 /// `shares_at_most` in the JSON) exactly where the raw counters say they must be: a timed
 /// probe with shares whose task-context calls include some with time off the CPU unknown or
-/// only a lower bound (counted as CPU), or, when the workload is told by the memcg charged,
+/// only a lower bound (counted as CPU) or with their nesting unknown (their whole time counted
+/// as their own), or, when the workload is told by the memcg charged,
 /// that has interrupt-context calls (some may be in the workload's rows, whose CPU time is
 /// not its cgroup's: the rule the export states, checked here from the counters, and its
 /// mark in the table, which must then be there).

@@ -573,7 +573,9 @@ impl App {
                 r.censored = p.contexts[0].censored(0)
                     > before.map(|b| b.contexts[0].censored(0)).unwrap_or(0);
                 r.cpu_at_most = p.contexts[0].on_cpu_unknown();
-                r.self_at_most = p.contexts.iter().any(|c| c.counters.self_unknown > 0);
+                // Its calls are task calls (the dashboard's self% of it reads the task row's
+                // nesting too).
+                r.self_at_most = p.contexts[0].counters.self_unknown > 0;
                 out.push(r);
             }
         }
@@ -631,7 +633,8 @@ impl App {
                 ))
             })
             .collect();
-        // Some call's time off the CPU unknown (counted as CPU): at most.
+        // Some call's time off the CPU unknown (counted as CPU), or its nesting (its whole time
+        // counted as its own): at most.
         let at = if shares.at_most { "<=" } else { "" };
         let short = format!(
             "traced {at}{:.1}% of its CPU{}",

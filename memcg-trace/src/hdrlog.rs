@@ -25,7 +25,7 @@ use hdrhistogram::serialization::{
 };
 
 use crate::{
-    export::{create_new, parent_dir, temp_name},
+    export::{create_new, parent_dir, refuse_special, temp_name},
     figures,
     snapshot::{HistData, Snapshot},
 };
@@ -68,6 +68,7 @@ impl HdrLog {
         if dest.is_dir() {
             return Err(anyhow!("{}: is a directory", dest.display()));
         }
+        refuse_special(dest)?;
         let tmp = temp_name(&parent_dir(dest), name);
         let f = create_new(&tmp).map_err(|e| anyhow!("cannot write {}: {e}", dest.display()))?;
         Ok(HdrLog {

@@ -35,11 +35,27 @@ pub(crate) fn parent_dir(path: &Path) -> PathBuf {
     }
 }
 
+/// Refuses a path that names something other than a file (through symlinks): a device, a
+/// pipe or a socket (`-o /dev/null`, `-o /dev/stdout`). Renaming a file over it would replace
+/// the node or the link itself: as root, /dev/null or /dev/stdout for every process. Absent
+/// paths, files, links to files and directories (refused by their own checks) pass.
+pub(crate) fn refuse_special(path: &Path) -> Result<()> {
+    match fs::metadata(path) {
+        Ok(m) if !m.is_file() && !m.is_dir() => Err(anyhow!(
+            "cannot write {}: not a regular file (a device, pipe or socket): give the path of a file",
+            path.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Writes `bytes` to `path` atomically and safely as root: a new temporary file in the same
 /// directory (unguessable name, O_EXCL | O_NOFOLLOW), fsync, rename over `path`, fsync of the
 /// directory. A symlink planted anywhere on the way is not followed; the old file stays whole
-/// until the new one is complete.
+/// until the new one is complete. A path that names a device, pipe or socket is refused
+/// (`refuse_special`).
 pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    refuse_special(path)?;
     let dir = parent_dir(path);
     let name = path
         .file_name()
@@ -70,6 +86,7 @@ pub fn check_writable(path: &Path) -> Result<()> {
     if path.is_dir() {
         return Err(anyhow!("{}: is a directory", path.display()));
     }
+    refuse_special(path)?;
     let dir = parent_dir(path);
     let probe = temp_name(&dir, std::ffi::OsStr::new("memcg-trace-probe"));
     create_new(&probe)

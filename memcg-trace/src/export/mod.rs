@@ -709,6 +709,42 @@ mod tests {
         );
     }
 
+    /// `-o /dev/null` or `-o /dev/stdout` as root: renaming a file over such a path would replace
+    /// the device node or the link for every process. A pipe (and a link to it, as /dev/stdout
+    /// is to a pipe's fd) stands in for them here: refused up front and at the write, one line,
+    /// the pipe left a pipe.
+    #[test]
+    fn a_device_pipe_or_socket_is_not_replaced_by_the_output() {
+        use std::os::unix::fs::FileTypeExt as _;
+        let d = dir("special");
+        let fifo = d.join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let link = d.join("stdout");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        for p in [&fifo, &link] {
+            for e in [
+                check_writable(p).unwrap_err(),
+                write_file_atomic(p, b"{}").unwrap_err(),
+            ] {
+                let e = format!("{e:#}");
+                assert!(e.contains("not a regular file") && !e.contains('\n'), "{e}");
+            }
+        }
+        assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            fs::read_dir(&d).unwrap().count(),
+            2,
+            "no temporary file left"
+        );
+        let _ = fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn a_failed_write_is_one_line_and_leaves_what_was_there() {
         let d = dir("fail");

@@ -43,6 +43,10 @@ pub struct Size {
     pub loss_kernels: &'static str,
     /// The backends the VM part measures.
     pub vm_backends: &'static [&'static str],
+    /// The VM part boots beside the peer and loss parts (two guests at once, one core each):
+    /// only where nothing is measured, as a guest's figures are its own clock's but its
+    /// host's caches and memory bandwidth are shared.
+    pub guests_at_once: bool,
 }
 
 /// The parts of the bench.
@@ -80,6 +84,7 @@ pub const FULL: Size = Size {
     scrape_secs: 15,
     loss_kernels: "all",
     vm_backends: &["fentry", "kprobe"],
+    guests_at_once: false,
 };
 
 /// The smoke run of the test suite: one pair, tiny workloads; proves the bench runs.
@@ -97,6 +102,8 @@ pub const SMOKE: Size = Size {
     loss_kernels: "6.12",
     // fentry's run proves the part runs; kprobe's takes as long again.
     vm_backends: &["fentry"],
+    // The VM part's one boot beside the peer part's two: the smoke run measures nothing.
+    guests_at_once: true,
 };
 
 fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
@@ -1543,30 +1550,53 @@ pub fn bench(
         );
         host_run(bin, &host_dir, size)?;
     }
-    if fresh(Part::Vm, &vm_dir)? {
-        eprintln!(
-            "bench: VM {kernel}, fentry and kprobe ({} pairs of hackbench {})",
-            size.pairs, size.vm_hackbench
-        );
-        vm_run(bin, &vm_dir, size, &vm_kernel(kernel, own)?, accel)?;
-    }
-    if fresh(Part::Peer, &peer_dir)? {
-        eprintln!(
-            "bench: VM {kernel}, {} rounds of hackbench {} untraced / bpftrace / memcg-trace fentry / kprobe",
-            size.rounds, size.peer_hackbench
-        );
-        peer_run(bin, &peer_dir, size, &vm_kernel(kernel, own)?, accel)?;
-    }
-    // The loss part is optional (it boots every kernel): not run and never run, no rows.
-    if !parts.contains(&Part::Loss) && !loss_dir.exists() {
-        fs::create_dir_all(&loss_dir)?;
-    }
-    if fresh(Part::Loss, &loss_dir)? {
-        eprintln!(
-            "bench: calls lost with auto on kernels {} (hackbench {})",
-            size.loss_kernels, size.vm_hackbench
-        );
-        loss_run(bin, &loss_dir, size, accel)?;
+    let vm_part = || -> Result<()> {
+        if fresh(Part::Vm, &vm_dir)? {
+            eprintln!(
+                "bench: VM {kernel}, fentry and kprobe ({} pairs of hackbench {})",
+                size.pairs, size.vm_hackbench
+            );
+            vm_run(bin, &vm_dir, size, &vm_kernel(kernel, own)?, accel)?;
+        }
+        Ok(())
+    };
+    let peer_and_loss = || -> Result<()> {
+        if fresh(Part::Peer, &peer_dir)? {
+            eprintln!(
+                "bench: VM {kernel}, {} rounds of hackbench {} untraced / bpftrace / memcg-trace fentry / kprobe",
+                size.rounds, size.peer_hackbench
+            );
+            peer_run(bin, &peer_dir, size, &vm_kernel(kernel, own)?, accel)?;
+        }
+        // The loss part is optional (it boots every kernel): not run and never run, no rows.
+        if !parts.contains(&Part::Loss) && !loss_dir.exists() {
+            fs::create_dir_all(&loss_dir)?;
+        }
+        if fresh(Part::Loss, &loss_dir)? {
+            eprintln!(
+                "bench: calls lost with auto on kernels {} (hackbench {})",
+                size.loss_kernels, size.vm_hackbench
+            );
+            loss_run(bin, &loss_dir, size, accel)?;
+        }
+        Ok(())
+    };
+    if size.guests_at_once {
+        // Fetched once here, not by both guests at once.
+        if parts.contains(&Part::Vm) || parts.contains(&Part::Peer) {
+            vm_kernel(kernel, own)?;
+        }
+        std::thread::scope(|s| {
+            let vm = s.spawn(vm_part);
+            let others = peer_and_loss();
+            let vm = vm
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the VM part panicked")));
+            vm.and(others)
+        })?;
+    } else {
+        vm_part()?;
+        peer_and_loss()?;
     }
     let mut rows = Vec::new();
     let host = rows_for(&host_dir, "host", &["tracepoint"], true, &mut rows)?;

@@ -20,14 +20,68 @@ pub(crate) fn count_under<K>(map: &HashMap<K, CallerStat>, key: &K, ns: u64, tim
     };
     // SAFETY: pointer from a successful map lookup; shared by every CPU, so every update is
     // atomic.
-    let v = unsafe { &mut *v };
+    count_in(unsafe { &mut *v }, ns, timed);
+    true
+}
+
+/// Counts a call of id `id` in its slot of `front` (see `FrontSlot`), claiming the slot if it
+/// is free; false when another id holds it (or the legacy object, without compare-and-swap):
+/// the caller counts the call in the map behind.
+#[inline(always)]
+pub(crate) fn count_in_front(
+    front: &Array<FrontSlot>,
+    probe: u32,
+    ctx: u32,
+    cpu: u32,
+    id: u64,
+    ns: u64,
+    timed: bool,
+) -> bool {
+    // id + 1 is the tag: an id of all ones (no call site or memcg has it) goes to the map; a
+    // context beyond the four would index the next probe's region.
+    if LEGACY || id == u64::MAX || ctx >= NUM_CTX as u32 {
+        return false;
+    }
+    let shards = config().shard_mask + 1;
+    let index = front_index(probe, ctx, shard(cpu) as u32, shards, id);
+    let Some(slot) = front.get_ptr_mut(index) else {
+        return false;
+    };
+    // SAFETY: pointer from a successful lookup of an array map.
+    let slot = unsafe { &mut *slot };
+    let want = id + 1;
+    // SAFETY: an aligned u64 in a map value, written by other runs (compare-and-swap below).
+    let tag = unsafe { core::ptr::read_volatile(&slot.tag) };
+    if tag != want {
+        if tag != 0 {
+            return false;
+        }
+        // SAFETY: as above. A run that claimed the slot meanwhile for the same id is as good.
+        let (now, _) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+                &mut slot.tag,
+                0,
+                want,
+            )
+        };
+        if now != 0 && now != want {
+            return false;
+        }
+    }
+    count_in(&mut slot.stat, ns, timed);
+    true
+}
+
+/// Adds a call (timed: with its latency `ns`) to `v`, atomically (the entries and slots are
+/// shared by the CPUs of a shard, and runs interleave on preemptible kernels).
+#[inline(always)]
+fn count_in(v: &mut CallerStat, ns: u64, timed: bool) {
     add(&mut v.count, 1, true);
     if timed {
         add(&mut v.sum_ns, ns, true);
         let i = caller_bucket_index(ns) & (CALLER_BUCKETS - 1);
         add(&mut v.buckets[i], 1, true);
     }
-    true
 }
 
 /// The shard of the breakdown maps CPU `cpu` counts in (see `BREAKDOWN_SHARDS`).
@@ -47,6 +101,9 @@ pub(crate) fn count_caller(
     caller: u64,
     ns: u64,
 ) {
+    if count_in_front(&CALLER_FRONT, probe, ctx, cpu, caller, ns, true) {
+        return;
+    }
     let key = CallerKey {
         caller,
         probe,
@@ -70,6 +127,9 @@ pub(crate) fn count_memcg(
     ns: u64,
     timed: bool,
 ) {
+    if count_in_front(&MEMCG_FRONT, probe, ctx, cpu, memcg, ns, timed) {
+        return;
+    }
     let key = MemcgKey {
         memcg,
         probe,

@@ -76,6 +76,22 @@ pub(crate) fn untrusted_u32(addr: u64) -> u32 {
     unsafe { *(cast(addr, layout().cast_type_id) as *const u32) }
 }
 
+/// The u64 at kernel address `addr`, fault-safe (a fault reads 0), for the memcg chase: a
+/// plain load through the cast where the loader made it (`direct_memcg`), else
+/// `bpf_probe_read_kernel`, a helper call that costs several times as much. The branch hangs on
+/// a read-only field: the verifier keeps one of the two.
+#[inline(always)]
+pub(crate) fn kernel_u64(addr: u64) -> u64 {
+    let l = layout();
+    if l.direct_memcg != 0 {
+        // SAFETY: a fault-safe load through the cast (see `cast`): `atomic64_t`'s 8-byte
+        // counter at offset 0.
+        return unsafe { *(cast(addr, l.cast_u64_type_id) as *const u64) };
+    }
+    // SAFETY: a fault-safe read of kernel memory.
+    unsafe { bpf_probe_read_kernel(addr as *const u64) }.unwrap_or(0)
+}
+
 /// `bpf_rdonly_cast(addr, type_id)`: `addr` as a pointer to the vmlinux struct `type_id`,
 /// through which the verifier allows plain loads of that struct's members and makes them
 /// fault-safe. Only where `direct_untrusted` is set (see `untrusted_u32`).

@@ -48,17 +48,18 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
-    bucket_index, caller_bucket_index, cell, classify, ctx_check_index, irq_slot, off_cpu,
-    rt_context_count, task_slot_hint, test_op, thread_kind_of, workload_cell, workload_contexts,
-    CallerKey, CallerStat, Cell, Config, Counters, CpuState, Deferred, HeldSwitches, Hist,
-    KernelLayout, MemcgKey, MemcgPath, Nest, Pending, PendingSet, StackKey, ARCH_ARM64,
-    CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI, CTX_SOFTIRQ, CTX_TASK,
-    CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN, DEFERRED_OUTERMOST, DEFERRED_SWITCHED,
-    DEFERRED_WORKLOAD, EVICTED_KEPT, MAX_PROBES, MEMCG_CLIMB, MEMCG_HOPS, MEMCG_IN_WORKLOAD,
-    MEMCG_OUTSIDE, MISSES_BY_WITNESS, NEST_IRQ, NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX,
-    PENDING_ENCLOSED, PENDING_MISSES_KNOWN, PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER,
-    RDONLY_CAST_MARKER, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, THREAD_IRQ,
-    THREAD_OTHER, THREAD_SOFTIRQ, TP_CELLS, WINDOW_OPEN,
+    bucket_index, caller_bucket_index, cell, classify, ctx_check_index, front_index, irq_slot,
+    off_cpu, rt_context_count, task_slot_hint, test_op, thread_kind_of, workload_cell,
+    workload_contexts, CallerKey, CallerStat, Cell, Config, Counters, CpuState, Deferred,
+    FrontSlot, HeldSwitches, Hist, KernelLayout, MemcgKey, MemcgPath, Nest, Pending, PendingSet,
+    StackKey, ARCH_ARM64, CALLER_BUCKETS, CTX_CHECK_COLS, CTX_CHECK_ROWS, CTX_HARDIRQ, CTX_NMI,
+    CTX_SOFTIRQ, CTX_TASK, CTX_UNKNOWN, DEFERRED_MIGRATED, DEFERRED_OFF_UNKNOWN,
+    DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, EVICTED_KEPT, MAX_PROBES,
+    MEMCG_CLIMB, MEMCG_HOPS, MEMCG_IN_WORKLOAD, MEMCG_OUTSIDE, MISSES_BY_WITNESS, NEST_IRQ,
+    NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_ENCLOSED, PENDING_MISSES_KNOWN,
+    PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH,
+    STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, THREAD_IRQ, THREAD_OTHER, THREAD_SOFTIRQ, TP_CELLS,
+    WINDOW_OPEN,
 };
 
 mod callers;
@@ -141,6 +142,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     cgroup_level: 0,
     cgroup_ancestors: 0,
     ancestors_are_ids: 0,
+    direct_memcg: 0,
 };
 
 /// Settings, filled in by userspace before load.

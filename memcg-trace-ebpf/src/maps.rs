@@ -33,6 +33,14 @@ pub(crate) static CALLERS: HashMap<CallerKey, CallerStat> = HashMap::with_max_en
 #[map]
 pub(crate) static MEMCGS: HashMap<MemcgKey, CallerStat> = HashMap::with_max_entries(1, 0);
 
+/// The slots in front of `CALLERS` (see `FrontSlot`), sized by userspace: 1 entry when off.
+#[map]
+pub(crate) static CALLER_FRONT: Array<FrontSlot> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// The slots in front of `MEMCGS` (see `FrontSlot`), sized by userspace: 1 entry when off.
+#[map]
+pub(crate) static MEMCG_FRONT: Array<FrontSlot> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
 /// Per probe slot: how to reach the charged memcg from the first argument (set by userspace
 /// when the probe is attached).
 #[map]

@@ -44,10 +44,7 @@ pub(crate) fn charged_memcg(probe: u32, arg: u64, memo: bool) -> Charged {
         // A null css is no memcg's.
         return Charged::id(if path.check_hops != 0 { NOT_A_MEMCG } else { 0 });
     }
-    // SAFETY: a fault-safe read of kernel memory.
-    let hop =
-        unsafe { bpf_probe_read_kernel(arg.wrapping_add(path.off[0] as i64 as u64) as *const u64) }
-            .unwrap_or(0);
+    let hop = kernel_u64(arg.wrapping_add(path.off[0] as i64 as u64));
     let memo = if memo {
         MEMCG_MEMO.get_ptr_mut(probe)
     } else {
@@ -93,11 +90,9 @@ pub(crate) fn memo_hit(m: *mut MemcgMemo, arg: u64, hop: u64, id_off: u32) -> Op
             return None;
         }
         // The other controllers' css (no memcg, no node) are told by the check alone.
-        if c.kn != 0 {
-            let id = bpf_probe_read_kernel((c.kn + id_off as u64) as *const u64).ok()?;
-            if id != c.id {
-                return None;
-            }
+        // (A fault reads 0, never a memcg's id.)
+        if c.kn != 0 && kernel_u64(c.kn + id_off as u64) != c.id {
+            return None;
         }
         Some(c)
     }
@@ -137,14 +132,13 @@ pub(crate) fn chase_memcg(path: &MemcgPath, arg: u64, hop: u64) -> Charged {
             if c == 0 {
                 return Charged::id(NOT_A_MEMCG);
             }
-            let at = c.wrapping_add(path.check_off[i] as i64 as u64);
-            // SAFETY: a fault-safe read of kernel memory.
-            c = unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0);
+            c = kernel_u64(c.wrapping_add(path.check_off[i] as i64 as u64));
         }
-        // A null struct (a css without a controller) fails the check.
+        // A null struct (a css without a controller) fails the check, and so does a fault (a
+        // helper's read tells one; a cast load would read 0, which may be the bits wanted).
         let v = match c {
             0 => None,
-            // SAFETY: as above.
+            // SAFETY: a fault-safe read of kernel memory.
             c => unsafe { bpf_probe_read_kernel((c + path.check_field as u64) as *const u32) }.ok(),
         };
         if v.map(|v| v & path.check_mask) != Some(path.check_want) {
@@ -159,15 +153,12 @@ pub(crate) fn chase_memcg(path: &MemcgPath, arg: u64, hop: u64) -> Charged {
         if p == 0 {
             return Charged::id(0);
         }
-        let at = p.wrapping_add(path.off[i] as i64 as u64);
-        // SAFETY: a fault-safe read of kernel memory.
-        p = unsafe { bpf_probe_read_kernel(at as *const u64) }.unwrap_or(0);
+        p = kernel_u64(p.wrapping_add(path.off[i] as i64 as u64));
     }
     if p == 0 {
         return Charged::id(0);
     }
-    // SAFETY: as above.
-    let id = unsafe { bpf_probe_read_kernel((p + path.id_off as u64) as *const u64) }.unwrap_or(0);
+    let id = kernel_u64(p + path.id_off as u64);
     Charged {
         id,
         kn: p,
@@ -180,8 +171,7 @@ pub(crate) fn chase_memcg(path: &MemcgPath, arg: u64, hop: u64) -> Charged {
 /// on which the path's offsets (from a map, so not constants) are not allowed.
 #[inline(always)]
 pub(crate) fn first_arg(ctx: *mut c_void) -> u64 {
-    // SAFETY: a fault-safe read of the context's first word.
-    unsafe { bpf_probe_read_kernel(ctx as *const u64) }.unwrap_or(0)
+    kernel_u64(ctx as u64)
 }
 
 /// Whether memcg `m`, charged by a call of `probe`, is the workload's or one of its

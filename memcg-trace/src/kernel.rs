@@ -803,6 +803,8 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         cgroup_level: off("cgroup", "level"),
         cgroup_ancestors: cgroup.ancestors.map_or(0, |a| a.0),
         ancestors_are_ids: cgroup.ancestors.is_some_and(|a| a.1) as u64,
+        // Set by the loader once it has patched the programs.
+        direct_memcg: 0,
     };
     Ok(Layout {
         offsets,
@@ -890,7 +892,14 @@ pub fn reads_of(layout: &KernelLayout, tp_percpu: bool) -> String {
     } else {
         ""
     };
-    format!("{preempt}; {task}{hits}")
+    // The charged memcg (`--by-memcg`, a workload told by its memcg): its argument and the
+    // pointers from it.
+    let memcg = if layout.direct_memcg != 0 {
+        "the charged memcg by plain fault-safe loads (bpf_rdonly_cast)"
+    } else {
+        "the charged memcg by bpf_probe_read_kernel"
+    };
+    format!("{preempt}; {task}; {memcg}{hits}")
 }
 
 /// Kernel build options that change what the charging path costs.

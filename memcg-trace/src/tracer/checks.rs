@@ -20,7 +20,8 @@ use memcg_trace_common::{
 };
 
 use super::{
-    chain, load_and_attach, load_object, possible_cpus, shared::Shared, unload, LoadOptions, Tracer,
+    chain, load_and_attach, load_object, possible_cpus, shared::Shared, unload, FrontSizes,
+    LoadOptions, Object, Tracer,
 };
 pub use crate::model::{Floor, FLOOR_FUNCTION};
 use crate::{figures, probes::Backend, snapshot::HistData};
@@ -413,6 +414,11 @@ pub struct Outcome {
     pub sites: Vec<(u32, u64, u64, u64)>,
     /// The per-memcg counts (`MEMCGS`): (context, memcg, calls, summed ns).
     pub memcgs: Vec<(u32, u64, u64, u64)>,
+    /// Of the calls in `sites` and `memcgs`, those counted in the front slots (`FrontSlot`) and
+    /// those in the maps behind them.
+    pub in_front: u64,
+    /// See `in_front`.
+    pub in_maps: u64,
 }
 
 /// Runs a sequence of entries and exits through the real pairing code of the programs
@@ -674,12 +680,22 @@ fn outcome(rig: &mut TestRig) -> Result<Outcome> {
         out.workload.merge(&w);
     }
     out.deferred = rig.deferred()?;
-    out.sites = breakdown_of(rig, names::MAP_CALLERS, probe, |k: &CallerKey| {
-        (k.probe, u32::from(k.ctx), k.caller)
-    })?;
-    out.memcgs = breakdown_of(rig, names::MAP_MEMCGS, probe, |k: &MemcgKey| {
-        (k.probe, u32::from(k.ctx), k.memcg)
-    })?;
+    let mut counted = (0, 0);
+    out.sites = breakdown_of(
+        rig,
+        (names::MAP_CALLERS, names::MAP_CALLER_FRONT),
+        probe,
+        |k: &CallerKey| (k.probe, u32::from(k.ctx), k.caller),
+        &mut counted,
+    )?;
+    out.memcgs = breakdown_of(
+        rig,
+        (names::MAP_MEMCGS, names::MAP_MEMCG_FRONT),
+        probe,
+        |k: &MemcgKey| (k.probe, u32::from(k.ctx), k.memcg),
+        &mut counted,
+    )?;
+    (out.in_front, out.in_maps) = counted;
     let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(
         rig.ebpf
             .map(names::MAP_CPU_STATE)
@@ -699,13 +715,15 @@ fn outcome(rig: &mut TestRig) -> Result<Outcome> {
     Ok(out)
 }
 
-/// The rows of `probe` in the breakdown map `name` (call sites, memcgs; `key` gives a key's
-/// probe, context and id): (context, id, calls, summed ns), sorted.
+/// The rows of `probe` in a breakdown (call sites, memcgs): its map and front slots `names`
+/// (`key` gives a map key's probe, context and id), as the tracer adds them up: (context, id,
+/// calls, summed ns), sorted. `counted` gains the calls found in the front slots and in the map.
 fn breakdown_of<K: aya::Pod>(
     rig: &TestRig,
-    name: &str,
+    (name, front): (&str, &str),
     probe: u64,
     key: impl Fn(&K) -> (u32, u32, u64),
+    counted: &mut (u64, u64),
 ) -> Result<Vec<(u32, u64, u64, u64)>> {
     let map: aya::maps::HashMap<_, K, memcg_trace_common::CallerStat> =
         aya::maps::HashMap::try_from(
@@ -713,8 +731,23 @@ fn breakdown_of<K: aya::Pod>(
                 .map(name)
                 .ok_or_else(|| anyhow!("map {name} missing"))?,
         )?;
-    // The shards of a key added up.
+    // The slots and shards of a key added up.
     let mut rows: std::collections::BTreeMap<(u32, u64), (u64, u64)> = Default::default();
+    let sizes = FrontSizes::new(MAX_PROBES as u32, rig.cpus as u32, Object::chosen()?);
+    let entries = sizes.entries(true) as usize;
+    if entries > 1 {
+        let slots: Shared<memcg_trace_common::FrontSlot> = rig.shared(front, entries)?;
+        for i in 0..entries {
+            let slot = slots.get(i);
+            let (p, ctx) = memcg_trace_common::front_region(i as u32, sizes.shards);
+            if slot.tag != 0 && p == probe as u32 {
+                let row = rows.entry((ctx, slot.tag - 1)).or_default();
+                row.0 += slot.stat.count;
+                row.1 += slot.stat.sum_ns;
+                counted.0 += slot.stat.count;
+            }
+        }
+    }
     for r in map.iter() {
         let (k, v) = r?;
         let (p, ctx, id) = key(&k);
@@ -722,6 +755,7 @@ fn breakdown_of<K: aya::Pod>(
             let row = rows.entry((ctx, id)).or_default();
             row.0 += v.count;
             row.1 += v.sum_ns;
+            counted.1 += v.count;
         }
     }
     Ok(rows

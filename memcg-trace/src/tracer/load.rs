@@ -151,6 +151,34 @@ pub fn release_freed_memory() {
     }
 }
 
+/// How the slots in front of the breakdown maps are laid out (see `FrontSlot`): for the
+/// probe slots and shards of the load, none with the legacy object (no compare-and-swap).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FrontSizes {
+    pub probes: u32,
+    pub shards: u32,
+    pub object: Object,
+}
+
+impl FrontSizes {
+    pub(super) fn new(probes: u32, cpus: u32, object: Object) -> Self {
+        FrontSizes {
+            probes: probes.max(1),
+            shards: breakdown_shards(cpus),
+            object,
+        }
+    }
+
+    /// Entries of a breakdown's front array: 1 (none used) when the breakdown is off.
+    pub(super) fn entries(self, wanted: bool) -> u32 {
+        if wanted && self.object == Object::Full {
+            front_entries(self.probes, self.shards)
+        } else {
+            1
+        }
+    }
+}
+
 /// The one way the object is loaded: kernel layout and settings patched into the programs'
 /// read-only globals, the shared arrays sized for the CPUs and probes. With the log level 0
 /// the verifier removes every log statement, so diagnostics cost nothing when off.
@@ -160,12 +188,14 @@ pub(super) fn load_object(
     layout: &KernelLayout,
     o: &LoadOptions,
 ) -> Result<(Ebpf, KernelLayout, Option<String>)> {
-    let image = Object::chosen()?.bytes();
+    let object = Object::chosen()?;
+    let image = object.bytes();
     if image.is_empty() {
         bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
     }
     let cpus = possible_cpus() as u32;
     let probes = o.probes.max(1);
+    let front = FrontSizes::new(probes, cpus, object);
     let config = Config {
         workload_cgroup: o.workload_cgroup,
         probes,
@@ -215,6 +245,17 @@ pub(super) fn load_object(
             layout.direct_untrusted = 1;
             changed = true;
         }
+        // The memcg chase by plain loads through the cast wherever the kernel has it (the casts
+        // patched above, or here: the other reads through casts stay off where the per-CPU
+        // variable is named, as they hang on `direct_untrusted`).
+        if layout.cast_kfunc_id != 0 && layout.cast_u64_type_id != 0 {
+            if layout.direct_untrusted != 0 {
+                layout.direct_memcg = 1;
+            } else if patch::rdonly_cast(bytes, layout.cast_kfunc_id)? > 0 {
+                layout.direct_memcg = 1;
+                changed = true;
+            }
+        }
     }
     let object = changed.then_some(words);
     let bytes: &[u8] = match &object {
@@ -250,6 +291,8 @@ pub(super) fn load_object(
                 1
             },
         )
+        .map_max_entries(names::MAP_CALLER_FRONT, front.entries(o.features.callers))
+        .map_max_entries(names::MAP_MEMCG_FRONT, front.entries(o.features.by_memcg))
         .map_max_entries(
             names::MAP_STACKS,
             if config.stack_depth > 0 {

@@ -36,10 +36,10 @@ use aya::{
 };
 use aya_log::EbpfLogger;
 use memcg_trace_common::{
-    breakdown_shards, cell, names, workload_cell, workload_contexts, CallerKey, CallerStat, Cell,
-    Config, Deferred, HeldSwitches, KernelLayout, MemcgKey, MemcgPath, StackKey, CTX_TASK,
-    MAX_CALLERS, MAX_MEMCGS, MAX_STACKS, MAX_WORKLOAD_MEMCGS, MEMCG_IN_WORKLOAD, NUM_CTX,
-    STACK_DEPTH, TP_CELLS,
+    breakdown_shards, cell, front_entries, names, workload_cell, workload_contexts, CallerKey,
+    CallerStat, Cell, Config, Deferred, FrontSlot, HeldSwitches, KernelLayout, MemcgKey, MemcgPath,
+    StackKey, CTX_TASK, MAX_CALLERS, MAX_MEMCGS, MAX_STACKS, MAX_WORKLOAD_MEMCGS,
+    MEMCG_IN_WORKLOAD, NUM_CTX, STACK_DEPTH, TP_CELLS,
 };
 
 use self::{
@@ -167,8 +167,9 @@ pub struct Tracer {
     /// How to reach the charged memcg, by (tracepoint?, target): (argument struct, path). Set
     /// before attaching with `--by-memcg` or when the workload is told by its memcg.
     pub memcg_paths: HashMap<(bool, String), (String, MemcgPath)>,
-    /// Calls per charged memcg (`--by-memcg`), read through the map syscalls.
-    memcgs: Option<aya::maps::HashMap<MapData, MemcgKey, CallerStat>>,
+    /// Calls per charged memcg (`--by-memcg`): the map, read through the map syscalls, and its
+    /// front slots.
+    memcgs: Option<read::Breakdown<MemcgKey>>,
     /// Names (cgroup paths) of the memcgs seen.
     memcg_names: crate::memcgs::Names,
     /// Sampled short stacks (`--callers-depth`), read through the map syscalls.
@@ -202,9 +203,9 @@ pub struct Tracer {
     tp_percpu: bool,
     ring: RingBuf<MapData>,
     verifier: Verifier,
-    /// Timed calls per call site (`--callers`), read through the map syscalls (a hash map
-    /// cannot be mapped): see `Tracer::sites`.
-    callers: Option<aya::maps::HashMap<MapData, CallerKey, CallerStat>>,
+    /// Timed calls per call site (`--callers`): the map, read through the map syscalls (a hash
+    /// map cannot be mapped), and its front slots: see `Tracer::sites`.
+    callers: Option<read::Breakdown<CallerKey>>,
     /// Names of the call sites seen.
     names: crate::callers::Names,
     /// Duplicates of the attached programs' fds: they keep the kernel's run statistics readable
@@ -300,18 +301,23 @@ impl Tracer {
         } else {
             Default::default()
         };
-        let callers = take_hash(
+        let front = FrontSizes::new(opts.probes, possible_cpus() as u32, object);
+        let callers = read::Breakdown::take(
             &mut ebpf,
             names::MAP_CALLERS,
+            names::MAP_CALLER_FRONT,
             opts.features.callers,
-            "the call sites",
-        )?;
-        let memcgs = take_hash(
+            front,
+        )
+        .context("the call sites")?;
+        let memcgs = read::Breakdown::take(
             &mut ebpf,
             names::MAP_MEMCGS,
+            names::MAP_MEMCG_FRONT,
             opts.features.by_memcg,
-            "the memcgs",
-        )?;
+            front,
+        )
+        .context("the memcgs")?;
         let stacks = take_hash(
             &mut ebpf,
             names::MAP_STACKS,

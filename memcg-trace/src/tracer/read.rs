@@ -37,19 +37,93 @@ pub(super) fn fdinfo_stats(fd: &OwnedFd) -> Option<(u64, u64, u64)> {
     Some(out)
 }
 
+/// A breakdown map of the programs (`CALLERS`, `MEMCGS`) and the slots in front of it.
+pub(super) struct Breakdown<K> {
+    /// The map, read through the map syscalls (a hash map cannot be mapped).
+    pub map: aya::maps::HashMap<MapData, K, CallerStat>,
+    /// The slots in front of it (see `FrontSlot`), mapped, and the shards they are laid out
+    /// for; None with the legacy object, which leaves them empty.
+    pub front: Option<(Shared<FrontSlot>, u32)>,
+}
+
+impl<K: aya::Pod> Breakdown<K> {
+    /// The map `name` and its front slots `front` of the loaded object, when `wanted`.
+    pub(super) fn take(
+        ebpf: &mut Ebpf,
+        name: &str,
+        front: &str,
+        wanted: bool,
+        sizes: FrontSizes,
+    ) -> Result<Option<Self>> {
+        if !wanted {
+            return Ok(None);
+        }
+        let front = match sizes.entries(wanted) {
+            1 => None,
+            entries => {
+                let m = ebpf
+                    .map(front)
+                    .ok_or_else(|| anyhow!("map {front} missing"))?;
+                Some((Shared::new(front, m, entries as usize)?, sizes.shards))
+            }
+        };
+        let m = ebpf
+            .take_map(name)
+            .ok_or_else(|| anyhow!("map {name} missing"))?;
+        Ok(Some(Breakdown {
+            map: aya::maps::HashMap::try_from(m).with_context(|| format!("map {name}"))?,
+            front,
+        }))
+    }
+
+    /// Every (probe slot, context, id) counted, with its calls: the front slots' and the map's
+    /// (`key` gives a map key's triple), each id's slots and entries of every shard added up.
+    pub(super) fn rows(
+        &self,
+        key: impl Fn(&K) -> (u32, u32, u64),
+    ) -> HashMap<(u32, u32, u64), CallerStat> {
+        let mut by: HashMap<(u32, u32, u64), CallerStat> = HashMap::new();
+        let mut add = |at: (u32, u32, u64), v: &CallerStat| {
+            let s = by.entry(at).or_default();
+            s.count += v.count;
+            s.sum_ns += v.sum_ns;
+            for (a, b) in s.buckets.iter_mut().zip(v.buckets.iter()) {
+                *a += b;
+            }
+        };
+        if let Some((front, shards)) = &self.front {
+            for i in 0..front.entries() {
+                // Most slots are free: their tag alone is read.
+                if front.first_word(i) == 0 {
+                    continue;
+                }
+                let slot = front.get(i);
+                // A slot just claimed, its first call not yet added, is no row yet.
+                if slot.tag == 0 || slot.stat.count == 0 {
+                    continue;
+                }
+                let (probe, ctx) = memcg_trace_common::front_region(i as u32, *shards);
+                add((probe, ctx, slot.tag - 1), &slot.stat);
+            }
+        }
+        for (k, v) in self.map.iter().flatten() {
+            add(key(&k), &v);
+        }
+        by
+    }
+}
+
 /// A breakdown of the calls (call sites, charged memcgs) by (probe slot, context, id): what the
-/// kernel's map holds (`key` gives a key's triple; its shards added up), with the calls
-/// userspace confirmed added.
+/// kernel counted (`Breakdown::rows`), with the calls userspace confirmed added.
 pub(super) fn breakdown<K: aya::Pod>(
-    map: &aya::maps::HashMap<MapData, K, CallerStat>,
+    b: &Breakdown<K>,
     key: impl Fn(&K) -> (u32, u32, u64),
     confirmed: Option<&crate::callers::Confirmed>,
     probes: u32,
 ) -> HashMap<(u32, u32, u64), crate::callers::Site> {
     use crate::callers::Site;
     let mut by: HashMap<(u32, u32, u64), Site> = HashMap::new();
-    for (k, v) in map.iter().flatten() {
-        let (probe, ctx, id) = key(&k);
+    for ((probe, ctx, id), v) in b.rows(key) {
         let s = by
             .entry((probe, ctx, id))
             .or_insert_with(|| Site::new(ctx, id));

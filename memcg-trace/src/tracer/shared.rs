@@ -65,6 +65,26 @@ impl<T: Copy> Shared<T> {
         })
     }
 
+    /// Elements mapped.
+    pub fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// The first u64 of element `i` as it is now (a tag, say, read before the whole element).
+    pub fn first_word(&self, i: usize) -> u64 {
+        assert!(
+            i < self.entries,
+            "index {i} beyond {} entries",
+            self.entries
+        );
+        const { assert!(std::mem::size_of::<T>() >= 8 && std::mem::align_of::<T>() == 8) };
+        // SAFETY: as in `get`: element i lies within the mapping, aligned to 8, and begins
+        // with a whole u64.
+        unsafe {
+            (*self.ptr.as_ptr().add(i * self.stride).cast::<AtomicU64>()).load(Ordering::Relaxed)
+        }
+    }
+
     /// A copy of element `i` as it is now. The programs may be updating it: each u64 is read
     /// whole (an atomic load each, as the programs' atomic adds require of a reader), but the
     /// struct is not a consistent cut (a call's total can be in it without its self time);

@@ -866,7 +866,9 @@ pub const MAX_CALLERS: u32 = 1024;
 /// 2-CPU host, `--by-memcg` on the tracepoint cost 162 ns a call with one shard, 97 ns with
 /// two). A power of two. The maps have `MAX_CALLERS` (`MAX_MEMCGS`) entries per shard: 2 MiB
 /// of kernel memory each, 16 MiB at 8 shards, preallocated, for `--callers` and `--by-memcg`
-/// only; userspace reads up to that many more entries a tick.
+/// only; userspace reads up to that many more entries a tick. Their front slots
+/// ([`FrontSlot`], 2 KiB each) add `front_entries(probes, shards)` each: 130 KiB a probe at 2
+/// shards, 512 KiB a probe at 8 (1.5 MiB with the three default probes).
 pub const BREAKDOWN_SHARDS: u32 = 8;
 
 /// The shards of the breakdown maps in use with `cpus` possible CPUs: one per CPU up to

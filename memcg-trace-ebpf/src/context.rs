@@ -94,7 +94,8 @@ pub(crate) fn kernel_u64(addr: u64) -> u64 {
 
 /// `bpf_rdonly_cast(addr, type_id)`: `addr` as a pointer to the vmlinux struct `type_id`,
 /// through which the verifier allows plain loads of that struct's members and makes them
-/// fault-safe. Only where `direct_untrusted` is set (see `untrusted_u32`).
+/// fault-safe. Only where `direct_untrusted` (see `untrusted_u32`) or `direct_memcg` (see
+/// `kernel_u64`) is set: the loader patched the calls.
 #[inline(always)]
 pub(crate) fn cast(addr: u64, type_id: u32) -> u64 {
     let p: u64;

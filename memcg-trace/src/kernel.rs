@@ -865,7 +865,7 @@ pub fn off_cpu_source(layout: &KernelLayout) -> String {
 
 /// How the loaded programs read the kernel (the layout as the loader left it), in words for
 /// the recording: what every run costs depends on it.
-pub fn reads_of(layout: &KernelLayout, tp_percpu: bool) -> String {
+pub fn reads_of(layout: &KernelLayout, tp_percpu: bool, chases_memcg: bool) -> String {
     let cast = layout.direct_untrusted != 0;
     let preempt = if layout.arch == memcg_trace_common::ARCH_ARM64 {
         if cast {
@@ -894,12 +894,12 @@ pub fn reads_of(layout: &KernelLayout, tp_percpu: bool) -> String {
     };
     // The charged memcg (`--by-memcg`, a workload told by its memcg): its argument and the
     // pointers from it.
-    let memcg = if layout.direct_memcg != 0 {
-        "the charged memcg by plain fault-safe loads (bpf_rdonly_cast)"
-    } else {
-        "the charged memcg by bpf_probe_read_kernel"
+    let memcg = match (chases_memcg, layout.direct_memcg != 0) {
+        (false, _) => "",
+        (true, true) => "; the charged memcg by plain fault-safe loads (bpf_rdonly_cast)",
+        (true, false) => "; the charged memcg by bpf_probe_read_kernel",
     };
-    format!("{preempt}; {task}; {memcg}{hits}")
+    format!("{preempt}; {task}{memcg}{hits}")
 }
 
 /// Kernel build options that change what the charging path costs.

@@ -1487,8 +1487,11 @@ fn pairing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
             }
         }
     }
-    // The sequences' sites and memcgs (their frames) are many enough that some share a front
-    // slot: both ways of counting a breakdown's call ran, and the rows above added them up.
+    // Both ways of counting a breakdown's call ran, and the rows above added them up: a
+    // crowd's calls (`crowd`: TASK_SLOTS paired, each at a frame of its own, on one CPU, in one
+    // context) are more sites and memcgs than one region has front slots, so some must go to
+    // the maps whatever the hash (the assertion below keeps that so).
+    const _: () = assert!(TASK_SLOTS as u32 > memcg_trace_common::FRONT_SLOTS);
     let (ok, want) = if legacy {
         (
             in_front == 0 && in_maps > 0,

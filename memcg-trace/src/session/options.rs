@@ -65,12 +65,12 @@ pub struct LiveArgs {
     pub hdr_log: Option<PathBuf>,
     /// Also count every timed call under its call site (the return address into the calling
     /// function), with a latency histogram per site and context, shown as function+offset.
-    /// fentry and kprobe backends; costs a stack read and a hash-map update per call.
+    /// fentry and kprobe backends; costs a stack read and a counter update per call.
     #[arg(long)]
     pub callers: bool,
     /// Also count every call under the memcg it charges (read from the function's own
     /// argument, in every context; named by cgroup path), and tell the workload's calls the
-    /// same way: those charging its memcg or one below it. Costs a few reads and a hash-map
+    /// same way: those charging its memcg or one below it. Costs a few reads and a counter
     /// update per call.
     #[arg(long)]
     pub by_memcg: bool,

@@ -21,7 +21,7 @@ use memcg_trace_common::{
 
 use super::{
     chain, load_and_attach, load_object, possible_cpus, shared::Shared, unload, FrontSizes,
-    LoadOptions, Object, Tracer,
+    LoadOptions, Tracer,
 };
 pub use crate::model::{Floor, FLOOR_FUNCTION};
 use crate::{figures, probes::Backend, snapshot::HistData};
@@ -30,11 +30,13 @@ use crate::{figures, probes::Backend, snapshot::HistData};
 struct TestRig {
     ebpf: Ebpf,
     cpus: usize,
+    /// How the breakdowns' front slots were sized at load.
+    front: FrontSizes,
 }
 
 impl TestRig {
     fn new(layout: &KernelLayout, preemptible: bool, kprobe_defers: bool) -> Result<TestRig> {
-        let (mut ebpf, _, _) = load_object(
+        let (mut ebpf, _, _, front) = load_object(
             layout,
             &LoadOptions {
                 probes: MAX_PROBES as u32,
@@ -58,6 +60,7 @@ impl TestRig {
         Ok(TestRig {
             ebpf,
             cpus: possible_cpus(),
+            front,
         })
     }
 
@@ -217,11 +220,57 @@ fn empty_map(data: &MapData, per_cpu: bool, hash: bool, cpus: usize) -> Result<(
         value_size
     };
     let mut zero = vec![0u8; size];
+    // A mappable array (the cells, the breakdowns' front slots: thousands of elements of
+    // kilobytes) is read through a mapping and only its elements that hold something are
+    // written: a system call each costs tens of microseconds in an emulated guest.
+    const BPF_F_MMAPABLE: u32 = 1 << 10;
+    let held = (!per_cpu && info.map_flags() & BPF_F_MMAPABLE != 0)
+        .then(|| elements_held(fd, size, info.max_entries() as usize))
+        .flatten();
     for i in 0..info.max_entries() {
+        if held.as_ref().is_some_and(|h| !h[i as usize]) {
+            continue;
+        }
         key.copy_from_slice(&i.to_ne_bytes());
         map_elem(UPDATE, fd, key.as_ptr(), zero.as_mut_ptr())?;
     }
     Ok(())
+}
+
+/// Which of the `entries` elements of `value_size` bytes of the mappable array map `fd` hold
+/// anything but zeroes (None: it could not be mapped).
+fn elements_held(fd: i32, value_size: usize, entries: usize) -> Option<Vec<bool>> {
+    let stride = value_size.next_multiple_of(8);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let len = (stride * entries).next_multiple_of(page);
+    // SAFETY: a read-only shared mapping of a map fd; the kernel checks the length.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: the mapping holds `len` readable bytes until unmapped below (no program runs
+    // between the sequences, so nothing writes them meanwhile).
+    let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    let held = (0..entries)
+        .map(|i| {
+            bytes[i * stride..i * stride + value_size]
+                .iter()
+                .any(|b| *b != 0)
+        })
+        .collect();
+    // SAFETY: unmapping what was mapped above.
+    unsafe { libc::munmap(p, len) };
+    Some(held)
 }
 
 /// Test objects already verified, one per kind of kernel the sequences are run for; each
@@ -733,7 +782,7 @@ fn breakdown_of<K: aya::Pod>(
         )?;
     // The slots and shards of a key added up.
     let mut rows: std::collections::BTreeMap<(u32, u64), (u64, u64)> = Default::default();
-    let sizes = FrontSizes::new(MAX_PROBES as u32, rig.cpus as u32, Object::chosen()?);
+    let sizes = rig.front;
     let entries = sizes.entries(true) as usize;
     if entries > 1 {
         let slots: Shared<memcg_trace_common::FrontSlot> = rig.shared(front, entries)?;
@@ -810,7 +859,7 @@ pub fn context_check(
     early: bool,
     during: impl FnOnce(),
 ) -> Result<Vec<ContextCheck>> {
-    let (mut ebpf, _, _) = load_object(
+    let (mut ebpf, _, _, _) = load_object(
         layout,
         &LoadOptions {
             probes: 1,

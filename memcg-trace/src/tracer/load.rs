@@ -183,11 +183,12 @@ impl FrontSizes {
 /// read-only globals, the shared arrays sized for the CPUs and probes. With the log level 0
 /// the verifier removes every log statement, so diagnostics cost nothing when off.
 /// The loader is made without aya's parse of the kernel's BTF where it can be (`kbtf`); the
-/// third value says why it could not.
+/// third value says why it could not; the fourth how the breakdowns' front slots were sized
+/// (for the object chosen once, here).
 pub(super) fn load_object(
     layout: &KernelLayout,
     o: &LoadOptions,
-) -> Result<(Ebpf, KernelLayout, Option<String>)> {
+) -> Result<(Ebpf, KernelLayout, Option<String>, FrontSizes)> {
     let object = Object::chosen()?;
     let image = object.bytes();
     if image.is_empty() {
@@ -310,7 +311,7 @@ pub(super) fn load_object(
             },
         )
         .load(bytes)
-        .map(|ebpf| (ebpf, layout, loader_btf))
+        .map(|ebpf| (ebpf, layout, loader_btf, front))
         .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
 }
 

@@ -254,7 +254,7 @@ impl Tracer {
         opts: &LoadOptions,
         targets: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self> {
-        let (mut ebpf, loaded, loader_btf) = load_object(layout, opts)?;
+        let (mut ebpf, loaded, loader_btf, front) = load_object(layout, opts)?;
         let lean = lean_programs(opts, &loaded);
         let logger = if opts.features.ebpf_log {
             Some(
@@ -291,7 +291,7 @@ impl Tracer {
         let tp_percpu = opts.no_kprobes;
         // The kernel's symbols are copied now, while they can be read.
         let mut calibration = Vec::new();
-        let object = Object::chosen()?;
+        let object = front.object;
         let names = if opts.features.callers {
             let (n, why) = crate::callers::Names::new();
             if let Some(why) = why {
@@ -301,7 +301,6 @@ impl Tracer {
         } else {
             Default::default()
         };
-        let front = FrontSizes::new(opts.probes, possible_cpus() as u32, object);
         let callers = read::Breakdown::take(
             &mut ebpf,
             names::MAP_CALLERS,
@@ -348,12 +347,15 @@ impl Tracer {
             no_context_split: layout.no_context != 0,
             off_cpu: crate::kernel::off_cpu_source(layout),
             task_clock_excludes: None,
-            reads: match object {
-                Object::Full => crate::kernel::reads_of(&loaded, opts.no_kprobes),
-                Object::Legacy => format!(
-                    "{}; the eBPF object for kernels before 5.19 (no search of other CPUs: a task call that moved to another CPU is counted unmatched)",
-                    crate::kernel::reads_of(&loaded, opts.no_kprobes)
-                ),
+            reads: {
+                let chases_memcg = opts.features.by_memcg || opts.features.workload_memcg;
+                let reads = crate::kernel::reads_of(&loaded, opts.no_kprobes, chases_memcg);
+                match object {
+                    Object::Full => reads,
+                    Object::Legacy => format!(
+                        "{reads}; the eBPF object for kernels before 5.19 (no search of other CPUs: a task call that moved to another CPU is counted unmatched)"
+                    ),
+                }
             },
             extra: Vec::new(),
             calibration,

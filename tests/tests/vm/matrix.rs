@@ -632,7 +632,8 @@ fn vm_matrix(short: &str) {
             );
         }
     }
-    // `memcg-trace probes --all` says, for each default probe, what `auto` attached.
+    // `memcg-trace probes -p charge,stat,rstat` says, for each default probe, what `auto`
+    // attached.
     let listed = fs::read_to_string(r.out_dir.join("probes.txt")).unwrap_or_default();
     let auto = load_recording(&r.out_dir.join("auto.json"));
     for name in DEFAULT_PROBES {
@@ -647,7 +648,7 @@ fn vm_matrix(short: &str) {
                 && f[1] == p.target
                 && f[2] == backend
                 && f[3] == "attached"),
-            "{short}: `probes --all` on {name}: {row:?}; auto attached {} via {backend}\n{listed}",
+            "{short}: `probes` on {name}: {row:?}; auto attached {} via {backend}\n{listed}",
             p.target
         );
     }

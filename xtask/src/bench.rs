@@ -43,9 +43,9 @@ pub struct Size {
     pub loss_kernels: &'static str,
     /// The backends the VM part measures.
     pub vm_backends: &'static [&'static str],
-    /// The VM part boots beside the peer and loss parts (two guests at once, one core each):
-    /// only where nothing is measured, as a guest's figures are its own clock's but its
-    /// host's caches and memory bandwidth are shared.
+    /// The VM part boots beside the peer and loss parts (two guests at once: under TCG one host
+    /// thread each): only where nothing is measured, as a guest's figures are its own clock's
+    /// but its host's cores, caches and memory bandwidth are shared.
     pub guests_at_once: bool,
 }
 
@@ -268,7 +268,10 @@ fn vm_run(
             echo: true,
             modules: Vec::new(),
             mem_mb: 0,
-            cpus: 0,
+            // One vCPU under TCG: two take turns on QEMU's one thread, and a program's two
+            // clock reads then also count the instructions the other ran meanwhile (with two,
+            // one mode's cost per call moved 2-8x between the runs of one boot, its floor 2x).
+            cpus: if accel == Accel::Tcg { 1 } else { 0 },
             // Under TCG, the guest's clock counts instructions, as in the peer rounds: the
             // ratios between modes (`--callers`, `--by-memcg` against the plain run) do not
             // move with the host's load.
@@ -1509,24 +1512,25 @@ fn daemon_rows(
     }
 }
 
-/// Runs the bench on the host and in a VM on `kernel` (Debian's, by name; or `own`, a kernel
-/// the user built, named `own-<release>` in the report); returns the report's path.
-pub fn bench(
+/// Where each part of a bench run writes (and a later run with `--parts` reads it again).
+struct PartDirs {
+    host: PathBuf,
+    vm: PathBuf,
+    peer: PathBuf,
+    loss: PathBuf,
+}
+
+/// Runs the `parts` asked for into their directories (emptied first); a part not asked for is
+/// read from its last run's directory, which must be there.
+fn run_parts(
     bin: &Path,
     size: Size,
     kernel: &str,
     own: Option<&kernels::Kernel>,
     accel: Accel,
     parts: &[Part],
-) -> Result<PathBuf> {
-    // A kernel given as an image is named by its release in the report and its directories.
-    let own_name = own.map(|k| format!("own-{}", k.release));
-    let kernel = own_name.as_deref().unwrap_or(kernel);
-    let root = workspace_root().join("target").join(size.dir);
-    let host_dir = root.join("host");
-    let vm_dir = root.join(format!("vm-{kernel}"));
-    let peer_dir = root.join(format!("peer-{kernel}"));
-    let loss_dir = root.join("loss");
+    dirs: &PartDirs,
+) -> Result<()> {
     // A part not run this time is read from its last run's directory.
     let fresh = |part: Part, dir: &Path| -> Result<bool> {
         if parts.contains(&part) {
@@ -1543,41 +1547,41 @@ pub fn bench(
             )
         }
     };
-    if fresh(Part::Host, &host_dir)? {
+    if fresh(Part::Host, &dirs.host)? {
         eprintln!(
             "bench: host, tracepoint backend ({} pairs of hackbench {})",
             size.pairs, size.host_hackbench
         );
-        host_run(bin, &host_dir, size)?;
+        host_run(bin, &dirs.host, size)?;
     }
     let vm_part = || -> Result<()> {
-        if fresh(Part::Vm, &vm_dir)? {
+        if fresh(Part::Vm, &dirs.vm)? {
             eprintln!(
                 "bench: VM {kernel}, fentry and kprobe ({} pairs of hackbench {})",
                 size.pairs, size.vm_hackbench
             );
-            vm_run(bin, &vm_dir, size, &vm_kernel(kernel, own)?, accel)?;
+            vm_run(bin, &dirs.vm, size, &vm_kernel(kernel, own)?, accel)?;
         }
         Ok(())
     };
     let peer_and_loss = || -> Result<()> {
-        if fresh(Part::Peer, &peer_dir)? {
+        if fresh(Part::Peer, &dirs.peer)? {
             eprintln!(
                 "bench: VM {kernel}, {} rounds of hackbench {} untraced / bpftrace / memcg-trace fentry / kprobe",
                 size.rounds, size.peer_hackbench
             );
-            peer_run(bin, &peer_dir, size, &vm_kernel(kernel, own)?, accel)?;
+            peer_run(bin, &dirs.peer, size, &vm_kernel(kernel, own)?, accel)?;
         }
         // The loss part is optional (it boots every kernel): not run and never run, no rows.
-        if !parts.contains(&Part::Loss) && !loss_dir.exists() {
-            fs::create_dir_all(&loss_dir)?;
+        if !parts.contains(&Part::Loss) && !dirs.loss.exists() {
+            fs::create_dir_all(&dirs.loss)?;
         }
-        if fresh(Part::Loss, &loss_dir)? {
+        if fresh(Part::Loss, &dirs.loss)? {
             eprintln!(
                 "bench: calls lost with auto on kernels {} (hackbench {})",
                 size.loss_kernels, size.vm_hackbench
             );
-            loss_run(bin, &loss_dir, size, accel)?;
+            loss_run(bin, &dirs.loss, size, accel)?;
         }
         Ok(())
     };
@@ -1592,12 +1596,45 @@ pub fn bench(
             let vm = vm
                 .join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("the VM part panicked")));
-            vm.and(others)
+            match (vm, others) {
+                (Err(v), Err(o)) => Err(anyhow::anyhow!("{v:#}; and {o:#}")),
+                (v, o) => v.and(o),
+            }
         })?;
     } else {
         vm_part()?;
         peer_and_loss()?;
     }
+    Ok(())
+}
+
+/// Runs the bench on the host and in a VM on `kernel` (Debian's, by name; or `own`, a kernel
+/// the user built, named `own-<release>` in the report); returns the report's path.
+pub fn bench(
+    bin: &Path,
+    size: Size,
+    kernel: &str,
+    own: Option<&kernels::Kernel>,
+    accel: Accel,
+    parts: &[Part],
+) -> Result<PathBuf> {
+    // A kernel given as an image is named by its release in the report and its directories.
+    let own_name = own.map(|k| format!("own-{}", k.release));
+    let kernel = own_name.as_deref().unwrap_or(kernel);
+    let root = workspace_root().join("target").join(size.dir);
+    let dirs = PartDirs {
+        host: root.join("host"),
+        vm: root.join(format!("vm-{kernel}")),
+        peer: root.join(format!("peer-{kernel}")),
+        loss: root.join("loss"),
+    };
+    run_parts(bin, size, kernel, own, accel, parts, &dirs)?;
+    let PartDirs {
+        host: host_dir,
+        vm: vm_dir,
+        peer: peer_dir,
+        loss: loss_dir,
+    } = dirs;
     let mut rows = Vec::new();
     let host = rows_for(&host_dir, "host", &["tracepoint"], true, &mut rows)?;
     // Runs before the clock was recorded were host-clocked TCG.

@@ -698,130 +698,79 @@ fn cargo_test(cmd: &mut Command) -> Result<(u64, u64, bool)> {
     Ok((passed, failed, ok))
 }
 
+/// What a step of the test run counted: tests passed and failed, and whether the step itself
+/// ran to its end.
+#[derive(Clone, Copy, Debug)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    ok: bool,
+}
+
+impl Tally {
+    /// A step that is one test: passed or failed.
+    fn one(ok: bool) -> Tally {
+        Tally {
+            passed: ok as u64,
+            failed: !ok as u64,
+            ok,
+        }
+    }
+
+    /// Says the step's line (`NAME: N passed, N failed`) and returns it.
+    fn said(self, name: &str) -> Tally {
+        println!("{name}: {} passed, {} failed", self.passed, self.failed);
+        self
+    }
+}
+
+/// `cargo xtask test`: each step in turn, the time since the start before each, then the
+/// totals; a step that fails does not keep the later ones from running.
 fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     let start = Instant::now();
     let root = workspace_root();
     // Each step with the time since the start: where a run's minutes go.
     let step = |what: &str| eprintln!("test: [{:>5.0}s] {what}", start.elapsed().as_secs_f64());
-    let cargo = |args: &[&str]| {
-        let mut c = Command::new("cargo");
-        c.current_dir(&root).env("PATH", llvm_path()).args(args);
-        c
-    };
-    step("cargo fmt --check");
-    run(&mut cargo(&["fmt", "--all", "--", "--check"]))
-        .context("formatting differs: run `cargo fmt --all`")?;
-    step("cargo clippy -D warnings");
-    run(&mut cargo(&[
-        "clippy",
-        "--locked",
-        "--workspace",
-        "--exclude",
-        "memcg-trace-ebpf",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    static_checks(&root, &step)?;
     let bin = build_release()?;
     // Tests that skip record it here: cargo counts them as passed, we count them as skipped.
     let skip_file = root.join("target/test-skips.tsv");
     let _ = fs::remove_file(&skip_file);
     let selected = kernels::select(kernel)?;
-    let kernels_env = selected
-        .iter()
-        .map(|k| k.short)
-        .collect::<Vec<_>>()
-        .join(",");
     // The arm64 guests run the cross-compiled binary.
     let bin_arm64 = if selected.iter().any(|k| k.arch == Arch::Arm64) {
         Some(build_release_for(Arch::Arm64)?)
     } else {
         None
     };
+    let tests = TestEnv {
+        root: &root,
+        bin: &bin,
+        bin_arm64: bin_arm64.as_deref(),
+        skip_file: &skip_file,
+    };
     step("unit and host tests");
-    let (p1, f1, ok1) = cargo_test(
-        cargo(&[
-            "test",
-            "--locked",
-            "--workspace",
-            "--exclude",
-            "memcg-trace-ebpf",
-            // A failing unit test must not keep the host tests from running.
-            "--no-fail-fast",
-            "--",
-            // Every VM test runs in the VM step below (once).
-            "--skip",
-            "vm_",
-        ])
-        .env("MEMCG_TRACE_BIN", &bin)
-        .env(
-            "MEMCG_TRACE_BIN_ARM64",
-            bin_arm64.clone().unwrap_or_default(),
-        )
-        .env("MEMCG_TRACE_SKIP_FILE", &skip_file)
-        .env("MEMCG_TRACE_MATRIX_RUNS", if long { "20" } else { "1" })
-        .env("MEMCG_TRACE_FUZZ_SECS", if long { "600" } else { "8" }),
-    )?;
-    step(&format!("VM matrix ({kernels_env}, {accel:?})"));
-    let (p2, f2, ok2) = cargo_test(
-        cargo(&[
-            "test",
-            "--locked",
-            "-p",
-            "memcg-trace-tests",
-            "--test",
-            "vm",
-            "--",
-            "--test-threads=2",
-        ])
-        .env("MEMCG_TRACE_BIN", &bin)
-        .env(
-            "MEMCG_TRACE_BIN_ARM64",
-            bin_arm64.clone().unwrap_or_default(),
-        )
-        .env("MEMCG_TRACE_KERNELS", &kernels_env)
-        .env("MEMCG_TRACE_ACCEL", format!("{accel:?}").to_lowercase())
-        .env("MEMCG_TRACE_SKIP_FILE", &skip_file),
-    )?;
-    let skips = Skips::read(&skip_file);
-    let vm_skipped = skips
-        .tests
+    let unit = tests.unit_and_host(long)?;
+    let kernels_env = selected
         .iter()
-        .filter(|(n, _)| n.starts_with("vm_"))
-        .count() as u64;
+        .map(|k| k.short)
+        .collect::<Vec<_>>()
+        .join(",");
+    step(&format!("VM matrix ({kernels_env}, {accel:?})"));
+    let vm = tests.vm(&kernels_env, accel)?;
+    let skips = Skips::read(&skip_file);
     // The bench is separate from the tests; its smoke run (one pair) keeps it from rotting.
     step("bench smoke run");
-    let bench_ok = xtask::bench::bench(
-        &bin,
-        xtask::bench::SMOKE,
-        "6.12",
-        None,
-        accel,
-        // The smoke run's loss part boots 6.12: only when it is selected.
-        &xtask::bench::ALL_PARTS
-            .into_iter()
-            .filter(|p| {
-                *p != xtask::bench::Part::Loss || selected.iter().any(|k| k.short == "6.12")
-            })
-            .collect::<Vec<_>>(),
-    )
-    .map_err(|e| eprintln!("test: bench smoke run failed: {e:#}"))
-    .is_ok();
-    println!(
-        "bench-smoke: {} passed, {} failed",
-        bench_ok as u32, !bench_ok as u32
-    );
+    let bench = Tally::one(bench_smoke(&bin, &selected, accel)).said("bench-smoke");
     // The release: made, and what a user installs checked.
     step("dist");
-    let dist_ok = xtask::dist::dist()
-        .and_then(|d| check_dist(&d).and_then(|_| xtask::dist::check_in_guests(&d, accel)))
-        .map_err(|e| eprintln!("test: dist failed: {e:#}"))
-        .is_ok();
-    println!(
-        "dist: {} passed, {} failed",
-        dist_ok as u32, !dist_ok as u32
-    );
+    let dist = Tally::one(
+        xtask::dist::dist()
+            .and_then(|d| check_dist(&d).and_then(|_| xtask::dist::check_in_guests(&d, accel)))
+            .map_err(|e| eprintln!("test: dist failed: {e:#}"))
+            .is_ok(),
+    )
+    .said("dist");
     // The README's main command, short, so that it does not rot: on the host, and in the long
     // mode in a VM too (CI runs the whole `cargo xtask demo` after the tests: `.ci/run`).
     step(if long {
@@ -829,7 +778,128 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     } else {
         "demo (short), on the host"
     });
-    let demo_ok = (if long {
+    let demo = Tally::one(demo_short(long, accel)).said("demo");
+    // Long runs, short: a minute of record beside a looping workload (30 in the long mode).
+    let soak_minutes = if long { 30.0 } else { 1.0 };
+    step(&format!("soak ({soak_minutes} minutes)"));
+    let soak = Tally::one(soak_short(&bin, soak_minutes)).said("soak");
+    println!("test: finished in {:.0}s", start.elapsed().as_secs_f64());
+    totals(
+        &skips,
+        unit,
+        vm,
+        &[bench, dist, demo, soak],
+        kernel == "all",
+    )
+}
+
+/// fmt and clippy (warnings are errors).
+fn static_checks(root: &Path, step: &dyn Fn(&str)) -> Result<()> {
+    step("cargo fmt --check");
+    run(&mut cargo_in(root, &["fmt", "--all", "--", "--check"]))
+        .context("formatting differs: run `cargo fmt --all`")?;
+    step("cargo clippy -D warnings");
+    run(&mut cargo_in(
+        root,
+        &[
+            "clippy",
+            "--locked",
+            "--workspace",
+            "--exclude",
+            "memcg-trace-ebpf",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    ))
+}
+
+/// `cargo ARGS` in the workspace, with the LLVM tools on the path.
+fn cargo_in(root: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("cargo");
+    c.current_dir(root).env("PATH", llvm_path()).args(args);
+    c
+}
+
+/// What the test binaries are run with: the release binaries under test and where skips go.
+struct TestEnv<'a> {
+    root: &'a Path,
+    bin: &'a Path,
+    bin_arm64: Option<&'a Path>,
+    skip_file: &'a Path,
+}
+
+impl TestEnv<'_> {
+    /// `cargo ARGS` with the binaries and the skip file in its environment.
+    fn cargo(&self, args: &[&str]) -> Command {
+        let mut c = cargo_in(self.root, args);
+        c.env("MEMCG_TRACE_BIN", self.bin)
+            .env(
+                "MEMCG_TRACE_BIN_ARM64",
+                self.bin_arm64.unwrap_or(Path::new("")),
+            )
+            .env("MEMCG_TRACE_SKIP_FILE", self.skip_file);
+        c
+    }
+
+    /// The workspace's unit tests and the host tests as root (every test but the VM ones).
+    fn unit_and_host(&self, long: bool) -> Result<Tally> {
+        let (passed, failed, ok) = cargo_test(
+            self.cargo(&[
+                "test",
+                "--locked",
+                "--workspace",
+                "--exclude",
+                "memcg-trace-ebpf",
+                // A failing unit test must not keep the host tests from running.
+                "--no-fail-fast",
+                "--",
+                // Every VM test runs in the VM step below (once).
+                "--skip",
+                "vm_",
+            ])
+            .env("MEMCG_TRACE_MATRIX_RUNS", if long { "20" } else { "1" })
+            .env("MEMCG_TRACE_FUZZ_SECS", if long { "600" } else { "8" }),
+        )?;
+        Ok(Tally { passed, failed, ok })
+    }
+
+    /// The VM tests on the kernels `kernels` (comma-separated), two guests at a time.
+    fn vm(&self, kernels: &str, accel: Accel) -> Result<Tally> {
+        let (passed, failed, ok) = cargo_test(
+            self.cargo(&[
+                "test",
+                "--locked",
+                "-p",
+                "memcg-trace-tests",
+                "--test",
+                "vm",
+                "--",
+                "--test-threads=2",
+            ])
+            .env("MEMCG_TRACE_KERNELS", kernels)
+            .env("MEMCG_TRACE_ACCEL", format!("{accel:?}").to_lowercase()),
+        )?;
+        Ok(Tally { passed, failed, ok })
+    }
+}
+
+/// The bench's smoke run on 6.12 (its loss part only when 6.12 is selected): whether it ran.
+fn bench_smoke(bin: &Path, selected: &[&kernels::KernelSpec], accel: Accel) -> bool {
+    use xtask::bench::{Part, ALL_PARTS, SMOKE};
+    let parts: Vec<Part> = ALL_PARTS
+        .into_iter()
+        .filter(|p| *p != Part::Loss || selected.iter().any(|k| k.short == "6.12"))
+        .collect();
+    xtask::bench::bench(bin, SMOKE, "6.12", None, accel, &parts)
+        .map_err(|e| eprintln!("test: bench smoke run failed: {e:#}"))
+        .is_ok()
+}
+
+/// The main command, short: on the host, and in the long mode in a VM on 6.12 first.
+fn demo_short(long: bool, accel: Accel) -> bool {
+    (if long {
         kernels::select("6.12")
             .and_then(|s| kernels::fetch(s[0]))
             .and_then(|k| demo(false, vec![k], accel, "-g 1 -l 20"))
@@ -838,15 +908,13 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     })
     .and_then(|_| demo(true, Vec::new(), accel, "-g 1 -l 20"))
     .map_err(|e| eprintln!("test: demo failed: {e:#}"))
-    .is_ok();
-    println!(
-        "demo: {} passed, {} failed",
-        demo_ok as u32, !demo_ok as u32
-    );
-    // Long runs, short: a minute of record beside a looping workload (30 in the long mode).
-    let soak_minutes = if long { 30.0 } else { 1.0 };
-    step(&format!("soak ({soak_minutes} minutes)"));
-    let soak_ok = match xtask::soak::soak(&bin, soak_minutes) {
+    .is_ok()
+}
+
+/// `record` beside a looping workload for `minutes`: whether memory and descriptors stayed
+/// flat and it ended cleanly.
+fn soak_short(bin: &Path, minutes: f64) -> bool {
+    match xtask::soak::soak(bin, minutes) {
         Ok(s) => {
             println!("{}", s.verdict);
             s.ok
@@ -855,12 +923,18 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
             eprintln!("test: soak failed: {e:#}");
             false
         }
-    };
-    println!(
-        "soak: {} passed, {} failed",
-        soak_ok as u32, !soak_ok as u32
-    );
-    println!("test: finished in {:.0}s", start.elapsed().as_secs_f64());
+    }
+}
+
+/// The run's totals and what the tests said or skipped; an error if anything failed, or, in CI
+/// with every kernel selected (`all_kernels`), if anything was skipped.
+fn totals(
+    skips: &Skips,
+    unit: Tally,
+    vm: Tally,
+    one_test_steps: &[Tally],
+    all_kernels: bool,
+) -> Result<()> {
     for (name, line) in &skips.summaries {
         println!("{name}: {line}");
     }
@@ -871,23 +945,31 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         println!("skipped part: {name}: {why}");
     }
     let skipped = skips.tests.len() as u64;
+    let vm_skipped = skips
+        .tests
+        .iter()
+        .filter(|(n, _)| n.starts_with("vm_"))
+        .count() as u64;
     println!(
-        "vm: {} passed, {f2} failed, {vm_skipped} skipped",
-        p2.saturating_sub(vm_skipped)
+        "vm: {} passed, {} failed, {vm_skipped} skipped",
+        vm.passed.saturating_sub(vm_skipped),
+        vm.failed
     );
-    let passed = p1 + p2 + bench_ok as u64 + dist_ok as u64 + demo_ok as u64 + soak_ok as u64;
-    let failed = f1 + f2 + !bench_ok as u64 + !dist_ok as u64 + !demo_ok as u64 + !soak_ok as u64;
+    let every = [unit, vm].into_iter().chain(one_test_steps.iter().copied());
+    let (passed, failed) = every
+        .clone()
+        .fold((0, 0), |(p, f), t| (p + t.passed, f + t.failed));
     println!(
         "all: {} passed, {failed} failed, {skipped} skipped",
         passed.saturating_sub(skipped)
     );
-    if !(ok1 && ok2 && bench_ok && dist_ok && demo_ok && soak_ok) || failed > 0 {
+    if every.clone().any(|t| !t.ok) || failed > 0 {
         bail!("tests failed");
     }
     // In CI (root, every kernel selected) nothing may be skipped: a skip there is a test that
     // silently stopped running.
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    if ci && kernel == "all" && skipped > 0 {
+    if ci && all_kernels && skipped > 0 {
         bail!("{skipped} tests skipped in CI, where all must run");
     }
     Ok(())

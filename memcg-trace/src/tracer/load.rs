@@ -197,7 +197,46 @@ pub(super) fn load_object(
     let cpus = possible_cpus() as u32;
     let probes = o.probes.max(1);
     let front = FrontSizes::new(probes, cpus, object);
-    let config = Config {
+    let config = config_of(o, cpus, probes);
+    let level: u8 = if o.features.ebpf_log { 0xff } else { 0 };
+    let mut layout = *layout;
+    // A copy aligned like the original, for the ELF parser, patched below.
+    let mut words = vec![0u64; image.len().div_ceil(8)];
+    // SAFETY: a u64 buffer viewed as the bytes it holds.
+    let bytes: &mut [u8] =
+        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), image.len()) };
+    bytes.copy_from_slice(image);
+    // Source lines are only for the verifier's messages: kept with --ebpf-log.
+    let mut changed = !o.features.ebpf_log && patch::drop_line_info(bytes)?;
+    // Direct reads (plain loads instead of bpf_probe_read_kernel calls) unless asked not to.
+    if !o.features.probe_read
+        && !needs_probe_read(crate::kernel::version(&crate::kernel::release()))
+    {
+        changed |= patch_direct_reads(bytes, &mut layout)?;
+    }
+    let object = changed.then_some(words);
+    let bytes: &[u8] = match &object {
+        // SAFETY: as above; the buffer outlives the load.
+        Some(w) => unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), image.len()) },
+        None => image,
+    };
+    let (mut loader, loader_btf) = kbtf::loader(bytes);
+    loader
+        .override_global(names::GLOBAL_LAYOUT, &layout, true)
+        .override_global(names::GLOBAL_CONFIG, &config, true)
+        .override_global(aya_log::LEVEL, &level, true);
+    for (map, entries) in map_sizes(o, &config, front) {
+        loader.map_max_entries(map, entries);
+    }
+    loader
+        .load(bytes)
+        .map(|ebpf| (ebpf, layout, loader_btf, front))
+        .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
+}
+
+/// The programs' read-only settings for a load with `o` on `cpus` CPUs and `probes` slots.
+fn config_of(o: &LoadOptions, cpus: u32, probes: u32) -> Config {
+    Config {
         workload_cgroup: o.workload_cgroup,
         probes,
         cpus,
@@ -219,100 +258,64 @@ pub(super) fn load_object(
         stack_sample: o.features.stack_sample.max(1),
         shard_mask: breakdown_shards(cpus) - 1,
         spare: 0,
-    };
-    let level: u8 = if o.features.ebpf_log { 0xff } else { 0 };
-    let cells = cpus * probes * NUM_CTX as u32;
-    let mut layout = *layout;
-    // A copy aligned like the original, for the ELF parser, patched below.
-    let mut words = vec![0u64; image.len().div_ceil(8)];
-    // SAFETY: a u64 buffer viewed as the bytes it holds.
-    let bytes: &mut [u8] =
-        unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), image.len()) };
-    bytes.copy_from_slice(image);
-    // Source lines are only for the verifier's messages: kept with --ebpf-log.
-    let mut changed = !o.features.ebpf_log && patch::drop_line_info(bytes)?;
-    // Direct reads (plain loads instead of bpf_probe_read_kernel calls) unless asked not to.
-    if !o.features.probe_read
-        && !needs_probe_read(crate::kernel::version(&crate::kernel::release()))
-    {
-        layout.direct_task = 1;
-        if layout.preempt_var_id != 0 && patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
-            layout.direct_preempt = 1;
+    }
+}
+
+/// Patches the object's `bytes` for plain loads where the kernel allows them, and says so in
+/// `layout`: the preempt count through its named per-CPU variable, else through casts
+/// (`bpf_rdonly_cast`) of addresses the programs find; the memcg chase through casts wherever
+/// the kernel has them. Whether anything was patched.
+fn patch_direct_reads(bytes: &mut [u8], layout: &mut KernelLayout) -> Result<bool> {
+    let mut changed = false;
+    layout.direct_task = 1;
+    if layout.preempt_var_id != 0 && patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
+        layout.direct_preempt = 1;
+        changed = true;
+    } else if layout.cast_kfunc_id != 0 && patch::rdonly_cast(bytes, layout.cast_kfunc_id)? > 0 {
+        // The per-CPU variable cannot be named here (no data symbols in kallsyms): its
+        // address, found by the programs, is read by a cast and a plain load instead.
+        layout.direct_untrusted = 1;
+        changed = true;
+    }
+    // The memcg chase by plain loads through the cast wherever the kernel has it (the casts
+    // patched above, or here: the other reads through casts stay off where the per-CPU
+    // variable is named, as they hang on `direct_untrusted`).
+    if layout.cast_kfunc_id != 0 && layout.cast_u64_type_id != 0 {
+        if layout.direct_untrusted != 0 {
+            layout.direct_memcg = 1;
+        } else if patch::rdonly_cast(bytes, layout.cast_kfunc_id)? > 0 {
+            layout.direct_memcg = 1;
             changed = true;
-        } else if layout.cast_kfunc_id != 0 && patch::rdonly_cast(bytes, layout.cast_kfunc_id)? > 0
-        {
-            // The per-CPU variable cannot be named here (no data symbols in kallsyms): its
-            // address, found by the programs, is read by a cast and a plain load instead.
-            layout.direct_untrusted = 1;
-            changed = true;
-        }
-        // The memcg chase by plain loads through the cast wherever the kernel has it (the casts
-        // patched above, or here: the other reads through casts stay off where the per-CPU
-        // variable is named, as they hang on `direct_untrusted`).
-        if layout.cast_kfunc_id != 0 && layout.cast_u64_type_id != 0 {
-            if layout.direct_untrusted != 0 {
-                layout.direct_memcg = 1;
-            } else if patch::rdonly_cast(bytes, layout.cast_kfunc_id)? > 0 {
-                layout.direct_memcg = 1;
-                changed = true;
-            }
         }
     }
-    let object = changed.then_some(words);
-    let bytes: &[u8] = match &object {
-        // SAFETY: as above; the buffer outlives the load.
-        Some(w) => unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), image.len()) },
-        None => image,
-    };
-    let (mut loader, loader_btf) = kbtf::loader(bytes);
-    loader
-        .override_global(names::GLOBAL_LAYOUT, &layout, true)
-        .override_global(names::GLOBAL_CONFIG, &config, true)
-        .override_global(aya_log::LEVEL, &level, true)
-        .map_max_entries(names::MAP_CELLS, cells)
-        .map_max_entries(
+    Ok(changed)
+}
+
+/// The entries of each map sized at load: the shared arrays for the CPUs and probe slots, the
+/// optional maps at their size where their feature is on, else 1.
+fn map_sizes(o: &LoadOptions, config: &Config, front: FrontSizes) -> [(&'static str, u32); 10] {
+    let (cpus, probes) = (config.cpus, config.probes);
+    let shards = breakdown_shards(cpus);
+    let when = |on: bool, entries: u32| if on { entries } else { 1 };
+    let f = &o.features;
+    [
+        (names::MAP_CELLS, cpus * probes * NUM_CTX as u32),
+        (
             names::MAP_WORKLOAD_CELLS,
-            cpus * probes * workload_contexts(o.features.workload_memcg),
-        )
-        .map_max_entries(names::MAP_DEFERRED, DEFERRED_BYTES)
-        .map_max_entries(names::MAP_HELD_SWITCHES, cpus)
-        .map_max_entries(
-            names::MAP_CALLERS,
-            if o.features.callers {
-                MAX_CALLERS * breakdown_shards(cpus)
-            } else {
-                1
-            },
-        )
-        .map_max_entries(
-            names::MAP_MEMCGS,
-            if o.features.by_memcg {
-                MAX_MEMCGS * breakdown_shards(cpus)
-            } else {
-                1
-            },
-        )
-        .map_max_entries(names::MAP_CALLER_FRONT, front.entries(o.features.callers))
-        .map_max_entries(names::MAP_MEMCG_FRONT, front.entries(o.features.by_memcg))
-        .map_max_entries(
-            names::MAP_STACKS,
-            if config.stack_depth > 0 {
-                MAX_STACKS
-            } else {
-                1
-            },
-        )
-        .map_max_entries(
+            cpus * probes * workload_contexts(f.workload_memcg),
+        ),
+        (names::MAP_DEFERRED, DEFERRED_BYTES),
+        (names::MAP_HELD_SWITCHES, cpus),
+        (names::MAP_CALLERS, when(f.callers, MAX_CALLERS * shards)),
+        (names::MAP_MEMCGS, when(f.by_memcg, MAX_MEMCGS * shards)),
+        (names::MAP_CALLER_FRONT, front.entries(f.callers)),
+        (names::MAP_MEMCG_FRONT, front.entries(f.by_memcg)),
+        (names::MAP_STACKS, when(config.stack_depth > 0, MAX_STACKS)),
+        (
             names::MAP_WORKLOAD_MEMCGS,
-            if o.features.workload_memcg {
-                MAX_WORKLOAD_MEMCGS
-            } else {
-                1
-            },
-        )
-        .load(bytes)
-        .map(|ebpf| (ebpf, layout, loader_btf, front))
-        .map_err(|e| anyhow!("loading the eBPF object failed: {}", chain(&e)))
+            when(f.workload_memcg, MAX_WORKLOAD_MEMCGS),
+        ),
+    ]
 }
 
 /// The level (`cgroup->level`) of this process's cgroup v2, as the kernel has it: the object

@@ -245,6 +245,37 @@ fn take_hash<K: aya::Pod, V: aya::Pod>(
     ))
 }
 
+/// The arrays the programs share with userspace, mapped: the cells, the workload's cells (of
+/// `workload_contexts` per CPU and probe slot) and the switch witness's counts.
+fn map_shared_arrays(
+    ebpf: &Ebpf,
+    cpus: usize,
+    probes: usize,
+    workload_contexts: usize,
+) -> Result<(Shared<Cell>, Shared<Cell>, Shared<HeldSwitches>)> {
+    let map = |name: &str| {
+        ebpf.map(name)
+            .ok_or_else(|| anyhow!("map {name} missing from the object"))
+    };
+    Ok((
+        Shared::new(
+            names::MAP_CELLS,
+            map(names::MAP_CELLS)?,
+            cpus * probes * NUM_CTX,
+        )?,
+        Shared::new(
+            names::MAP_WORKLOAD_CELLS,
+            map(names::MAP_WORKLOAD_CELLS)?,
+            cpus * probes * workload_contexts,
+        )?,
+        Shared::new(
+            names::MAP_HELD_SWITCHES,
+            map(names::MAP_HELD_SWITCHES)?,
+            cpus,
+        )?,
+    ))
+}
+
 impl Tracer {
     /// Loads the object and maps its shared arrays. `targets` are the functions and
     /// tracepoints that may be attached to (the kernel's BTF ids of those are kept until
@@ -266,23 +297,9 @@ impl Tracer {
         };
         let cpus = possible_cpus();
         let probes = opts.probes.max(1);
-        let cells = cpus * probes as usize * NUM_CTX;
-        let map = |name: &str| {
-            ebpf.map(name)
-                .ok_or_else(|| anyhow!("map {name} missing from the object"))
-        };
-        let shared_cells = Shared::new(names::MAP_CELLS, map(names::MAP_CELLS)?, cells)?;
         let workload_contexts = workload_contexts(opts.features.workload_memcg);
-        let workload_cells = Shared::new(
-            names::MAP_WORKLOAD_CELLS,
-            map(names::MAP_WORKLOAD_CELLS)?,
-            cpus * probes as usize * workload_contexts as usize,
-        )?;
-        let held_switches = Shared::new(
-            names::MAP_HELD_SWITCHES,
-            map(names::MAP_HELD_SWITCHES)?,
-            cpus,
-        )?;
+        let (shared_cells, workload_cells, held_switches) =
+            map_shared_arrays(&ebpf, cpus, probes as usize, workload_contexts as usize)?;
         let ring = RingBuf::try_from(
             ebpf.take_map(names::MAP_DEFERRED)
                 .ok_or_else(|| anyhow!("map {} missing", names::MAP_DEFERRED))?,

@@ -868,7 +868,7 @@ pub const MAX_CALLERS: u32 = 1024;
 /// of kernel memory each, 16 MiB at 8 shards, preallocated, for `--callers` and `--by-memcg`
 /// only; userspace reads up to that many more entries a tick. Their front slots
 /// ([`FrontSlot`], 2 KiB each) add `front_entries(probes, shards)` each: 130 KiB a probe at 2
-/// shards, 512 KiB a probe at 8 (1.5 MiB with the three default probes).
+/// shards, 518 KiB a probe at 8 (1.5 MiB with the three default probes).
 pub const BREAKDOWN_SHARDS: u32 = 8;
 
 /// The shards of the breakdown maps in use with `cpus` possible CPUs: one per CPU up to

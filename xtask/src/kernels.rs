@@ -393,9 +393,17 @@ fn newest_of_series(spec: &KernelSpec, opts: &[String]) -> Result<Vec<String>> {
     Ok(pkgs)
 }
 
+/// The work directory of a download into `dir`: `<dir>.partial`, the whole name kept
+/// (`with_extension` would cut a release at its last dot: 6.12's three kernels shared one).
+fn partial_of(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".partial");
+    dir.with_file_name(name)
+}
+
 /// Downloads and unpacks `pkgs` into `dir` (vmlinuz, config, release).
 fn unpack_into(dir: &Path, pkgs: &[String], opts: &[String]) -> Result<String> {
-    let work = dir.with_extension("partial");
+    let work = partial_of(dir);
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(work.join("debs"))?;
     run(Command::new("apt-get")
@@ -432,6 +440,21 @@ fn unpack_into(dir: &Path, pkgs: &[String], opts: &[String]) -> Result<String> {
     Ok(release)
 }
 
+/// The kernel `spec` as one of `dirs` of the cache holds it, if one does.
+fn cached(spec: &KernelSpec, dirs: &[&Path]) -> Option<Kernel> {
+    dirs.iter().find_map(|dir| {
+        let (vmlinuz, config) = (dir.join("vmlinuz"), dir.join("config"));
+        (vmlinuz.exists() && config.exists()).then(|| Kernel {
+            spec: *spec,
+            release: fs::read_to_string(dir.join("release"))
+                .map(|r| r.trim().to_string())
+                .unwrap_or_else(|_| spec.release.to_string()),
+            vmlinuz,
+            config,
+        })
+    })
+}
+
 /// Returns the kernel, downloading and unpacking it into the cache on first use. When the
 /// mirror no longer has the pinned package, the newest of the same series stands in (and says
 /// so); it is cached under the series name.
@@ -439,19 +462,14 @@ pub fn fetch(spec: &KernelSpec) -> Result<Kernel> {
     let kernels = cache_dir().join("kernels");
     let pinned = kernels.join(spec.release);
     let series = kernels.join(format!("series-{}", spec.short));
-    for dir in [&pinned, &series] {
-        let (vmlinuz, config) = (dir.join("vmlinuz"), dir.join("config"));
-        if vmlinuz.exists() && config.exists() {
-            let release = fs::read_to_string(dir.join("release"))
-                .map(|r| r.trim().to_string())
-                .unwrap_or_else(|_| spec.release.to_string());
-            return Ok(Kernel {
-                spec: *spec,
-                release,
-                vmlinuz,
-                config,
-            });
-        }
+    if let Some(k) = cached(spec, &[&pinned, &series]) {
+        return Ok(k);
+    }
+    // One fetch at a time (they share the apt state, and a release's work directory): one
+    // that waited finds the kernel there.
+    let _lock = crate::cache_lock("kernels")?;
+    if let Some(k) = cached(spec, &[&pinned, &series]) {
+        return Ok(k);
     }
     eprintln!(
         "xtask: fetching kernel {} ({})",
@@ -513,11 +531,18 @@ pub fn modules(kernel: &Kernel, names: &[&str]) -> Result<Vec<PathBuf>> {
         .expect("cached kernel dir")
         .join("modules");
     let order = dir.join(format!("order-{}", names.join("+")));
-    if let Ok(list) = fs::read_to_string(&order) {
+    let cached = || -> Option<Vec<PathBuf>> {
+        let list = fs::read_to_string(&order).ok()?;
         let files: Vec<PathBuf> = list.lines().map(|l| dir.join(l)).collect();
-        if files.iter().all(|f| f.exists()) {
-            return Ok(files);
-        }
+        files.iter().all(|f| f.exists()).then_some(files)
+    };
+    if let Some(files) = cached() {
+        return Ok(files);
+    }
+    // As kernels are fetched: one at a time.
+    let _lock = crate::cache_lock("kernels")?;
+    if let Some(files) = cached() {
+        return Ok(files);
     }
     eprintln!(
         "xtask: fetching modules {} of kernel {}",
@@ -608,6 +633,25 @@ pub fn modules(kernel: &Kernel, names: &[&str]) -> Result<Vec<PathBuf>> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn each_release_downloads_into_a_work_directory_of_its_own() {
+        let kernels = std::path::Path::new("/cache/kernels");
+        let names: Vec<_> = [
+            "6.12.117+deb12-amd64",
+            "6.12.117+deb12-rt-amd64",
+            "6.12.117+deb12-arm64",
+        ]
+        .iter()
+        .map(|r| super::partial_of(&kernels.join(r)))
+        .collect();
+        assert_eq!(
+            names[0],
+            kernels.join("6.12.117+deb12-amd64.partial"),
+            "{names:?}"
+        );
+        assert!(names[0] != names[1] && names[1] != names[2] && names[0] != names[2]);
+    }
     use super::*;
 
     #[test]

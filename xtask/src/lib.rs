@@ -36,6 +36,35 @@ pub fn cache_dir() -> PathBuf {
     Path::new(&home).join(".cache/memcg-trace")
 }
 
+/// Holds the cache's lock `name` (a file `<name>.lock` in the cache) until the returned file
+/// is dropped: guests boot two at a time (the VM tests, the bench smoke run's parts), and what
+/// one fetches into the cache the other must not fetch into the same place at once. Says so
+/// when it has to wait.
+pub fn cache_lock(name: &str) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd as _;
+    std::fs::create_dir_all(cache_dir())?;
+    let path = cache_dir().join(format!("{name}.lock"));
+    let lock = std::fs::File::create(&path).with_context(|| format!("{}", path.display()))?;
+    let flock = |how| {
+        // SAFETY: flock(2) of a file held open here; released when it is closed.
+        unsafe { libc::flock(lock.as_raw_fd(), how) == 0 }
+    };
+    if !flock(libc::LOCK_EX | libc::LOCK_NB) {
+        eprintln!(
+            "xtask: waiting for {} (another run is fetching it)",
+            path.display()
+        );
+        if !flock(libc::LOCK_EX) {
+            bail!(
+                "lock {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(lock)
+}
+
 /// Runs a command, failing with its name and exit status.
 pub fn run(cmd: &mut Command) -> Result<()> {
     let status = cmd

@@ -128,17 +128,9 @@ fn unpack(name: &str, suite: Suite, arch: Arch, packages: &[&str]) -> Result<Pat
     if dir.join("complete").exists() {
         return Ok(root);
     }
-    // Guests boot two at a time (the VM tests, the bench's smoke run): one unpacks while the
-    // other waits, then finds it done, instead of both working in (and removing) one directory.
-    fs::create_dir_all(cache_dir())?;
-    let lock = fs::File::create(cache_dir().join(format!("{name}.lock")))?;
-    // SAFETY: flock(2) of a file this function holds open; released when it is closed.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
-        bail!(
-            "lock the cache's {name}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
+    // One unpacks while another waits, then finds it done, instead of both working in (and
+    // removing) one directory.
+    let _lock = crate::cache_lock(name)?;
     if dir.join("complete").exists() {
         return Ok(root);
     }

@@ -1488,10 +1488,11 @@ fn pairing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
         }
     }
     // Both ways of counting a breakdown's call ran, and the rows above added them up: a
-    // crowd's calls (`crowd`: TASK_SLOTS paired, each at a frame of its own, on one CPU, in one
-    // context) are more sites and memcgs than one region has front slots, so some must go to
-    // the maps whatever the hash (the assertion below keeps that so).
-    const _: () = assert!(TASK_SLOTS as u32 > memcg_trace_common::FRONT_SLOTS);
+    // crowd's paired calls (`crowd`: TASK_SLOTS of them at consecutive frames, on one CPU, in
+    // one context) have TASK_SLOTS / 2 + 1 call sites (a frame with bit 0 set: two frames a
+    // site), more than one region has front slots, so some must go to the maps whatever the
+    // hash (the assertion below keeps that so).
+    const _: () = assert!(TASK_SLOTS as u32 / 2 + 1 > memcg_trace_common::FRONT_SLOTS);
     let (ok, want) = if legacy {
         (
             in_front == 0 && in_maps > 0,

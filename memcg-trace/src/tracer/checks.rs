@@ -261,11 +261,16 @@ fn elements_held(fd: i32, value_size: usize, entries: usize) -> Option<Vec<bool>
     // SAFETY: the mapping holds `len` readable bytes until unmapped below (no program runs
     // between the sequences, so nothing writes them meanwhile).
     let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    // A word at a time (elements are 8-aligned), the value's last bytes as they are.
     let held = (0..entries)
         .map(|i| {
-            bytes[i * stride..i * stride + value_size]
-                .iter()
-                .any(|b| *b != 0)
+            let value = &bytes[i * stride..i * stride + value_size];
+            let words = value.chunks_exact(8);
+            let rest = words.remainder();
+            words
+                .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
+                .any(|w| w != 0)
+                || rest.iter().any(|b| *b != 0)
         })
         .collect();
     // SAFETY: unmapping what was mapped above.

@@ -240,27 +240,10 @@ fn empty_map(data: &MapData, per_cpu: bool, hash: bool, cpus: usize) -> Result<(
 /// Which of the `entries` elements of `value_size` bytes of the mappable array map `fd` hold
 /// anything but zeroes (None: it could not be mapped).
 fn elements_held(fd: i32, value_size: usize, entries: usize) -> Option<Vec<bool>> {
-    let stride = value_size.next_multiple_of(8);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let len = (stride * entries).next_multiple_of(page);
-    // SAFETY: a read-only shared mapping of a map fd; the kernel checks the length.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
+    let (p, len, stride) = super::shared::map_array(fd, value_size, entries).ok()?;
     // SAFETY: the mapping holds `len` readable bytes until unmapped below (no program runs
     // between the sequences, so nothing writes them meanwhile).
-    let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), len) };
     // A word at a time (elements are 8-aligned), the value's last bytes as they are.
     let held = (0..entries)
         .map(|i| {
@@ -274,7 +257,7 @@ fn elements_held(fd: i32, value_size: usize, entries: usize) -> Option<Vec<bool>
         })
         .collect();
     // SAFETY: unmapping what was mapped above.
-    unsafe { libc::munmap(p, len) };
+    unsafe { libc::munmap(p.as_ptr().cast(), len) };
     Some(held)
 }
 

@@ -34,30 +34,11 @@ impl<T: Copy> Shared<T> {
         let Map::Array(data) = map else {
             bail!("map {name} is not an array");
         };
-        let stride = std::mem::size_of::<T>().div_ceil(8) * 8;
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-        let len = (stride * entries).div_ceil(page) * page;
         let fd = data.fd().as_fd().as_raw_fd();
-        // SAFETY: a read-only shared mapping of a map fd; the kernel checks the length.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(anyhow!(
-                "cannot map {name} into memory: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
+        let (ptr, len, stride) = map_array(fd, std::mem::size_of::<T>(), entries)
+            .map_err(|e| anyhow!("cannot map {name} into memory: {e}"))?;
         Ok(Shared {
-            ptr: NonNull::new(p.cast()).expect("mmap returned a pointer"),
+            ptr,
             len,
             stride,
             entries,
@@ -110,6 +91,39 @@ impl<T: Copy> Shared<T> {
             out.assume_init()
         }
     }
+}
+
+/// A read-only shared mapping of the mappable array map `fd` of `entries` values of
+/// `value_size` bytes: (its start, its length, the bytes per element as the kernel lays them
+/// out: the value size rounded up to 8). The caller unmaps it.
+pub(super) fn map_array(
+    fd: i32,
+    value_size: usize,
+    entries: usize,
+) -> std::io::Result<(NonNull<u8>, usize, usize)> {
+    let stride = value_size.next_multiple_of(8);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let len = (stride * entries).next_multiple_of(page);
+    // SAFETY: a read-only shared mapping of a map fd; the kernel checks the length.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((
+        NonNull::new(p.cast()).expect("mmap returned a pointer"),
+        len,
+        stride,
+    ))
 }
 
 impl<T> Drop for Shared<T> {

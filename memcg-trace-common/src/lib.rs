@@ -1342,12 +1342,13 @@ pub struct KernelLayout {
     /// Non-zero when `cgroup_ancestors` holds ids (`ancestor_ids[]`), 0 when it holds pointers
     /// to the cgroups (`ancestors[]`).
     pub ancestors_are_ids: u64,
-    /// Non-zero when the charged memcg (its argument and the pointers from it) is read by plain
-    /// fault-safe loads through `bpf_rdonly_cast` (the loader patched the casts, and
-    /// `cast_u64_type_id` names `atomic64_t`'s struct), also where the preempt count is read
-    /// through its named per-CPU variable and nothing else is cast. Zero: through
-    /// `bpf_probe_read_kernel`. Set by the loader.
-    pub direct_memcg: u64,
+    /// Non-zero when the words the programs chase through kernel memory (the charged memcg's
+    /// argument and the pointers from it; a call site's frame words and the code before it)
+    /// are read by plain fault-safe loads through `bpf_rdonly_cast` (the loader patched the
+    /// casts, and `cast_u64_type_id` names `atomic64_t`'s struct), also where the preempt
+    /// count is read through its named per-CPU variable and nothing else is cast. Zero:
+    /// through `bpf_probe_read_kernel`. Set by the loader.
+    pub direct_reads: u64,
 }
 
 /// What the switch witness counts on one CPU, on a cache line of its own (the programs of one

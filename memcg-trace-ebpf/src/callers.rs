@@ -167,21 +167,33 @@ pub(crate) fn fentry_caller(ctx: &FEntryContext) -> u64 {
     if nr > 12 {
         return 0;
     }
+    if layout().direct_reads != 0 {
+        // The three words wanted, each a plain fault-safe load (see `kernel_u64`).
+        let frame = ctx.as_ptr() as u64;
+        return site_in_frame(|i| kernel_u64(frame + 8 * i as u64), nr, ip);
+    }
+    // Without the cast: the frame's first 16 words in one helper call, not three.
     // SAFETY: a fault-safe read of the trampoline's stack frame.
-    let Ok(w) = (unsafe { bpf_probe_read_kernel(ctx.as_ptr() as *const [u64; 16]) }) else {
+    let Ok(words) = (unsafe { bpf_probe_read_kernel(ctx.as_ptr() as *const [u64; 16]) }) else {
         return 0;
     };
-    let at = |i: usize| w.get(i).copied().unwrap_or(0);
+    site_in_frame(|i| words.get(i).copied().unwrap_or(0), nr, ip)
+}
+
+/// The call site in the trampoline's frame (see `fentry_caller`), whose word `i` is `at(i)`,
+/// for a traced function at `ip` with `nr` argument words.
+#[inline(always)]
+fn site_in_frame(at: impl Fn(usize) -> u64, nr: usize, ip: u64) -> u64 {
     let into_fn = |a: u64| a.wrapping_sub(ip).wrapping_sub(1) < 16;
     if into_fn(at(nr + 1)) {
         return at(nr + 2);
     }
-    if into_fn(at(nr + 2)) {
+    let above = at(nr + 2);
+    if into_fn(above) {
         return at(nr + 3);
     }
-    let ret = at(nr + 2);
-    if calls_fn(ret, ip) {
-        ret
+    if calls_fn(above, ip) {
+        above
     } else {
         0
     }
@@ -194,10 +206,8 @@ pub(crate) fn calls_fn(ret: u64, ip: u64) -> bool {
     if ret < 8 {
         return false;
     }
-    // SAFETY: a fault-safe read of the code before the return address.
-    let Ok(code) = (unsafe { bpf_probe_read_kernel((ret - 8) as *const u64) }) else {
-        return false;
-    };
+    // A fault reads 0, which is no call.
+    let code = kernel_u64(ret - 8);
     let op = (code >> 24) as u8;
     let rel = (code >> 32) as u32 as i32 as i64 as u64;
     let target = ret.wrapping_add(rel);
@@ -281,8 +291,7 @@ pub(crate) fn kprobe_caller(ctx: &ProbeContext) -> u64 {
     if layout().arch == ARCH_ARM64 {
         return reg_word::<ARM64_LR>(regs);
     }
-    // SAFETY: a fault-safe read of the stack.
-    unsafe { bpf_probe_read_kernel(reg_sp(regs) as *const u64) }.unwrap_or(0)
+    kernel_u64(reg_sp(regs))
 }
 
 /// Offsets in `struct pt_regs`, the kprobe programs' context: x86_64 (`sp`, `di`: the first

@@ -76,14 +76,14 @@ pub(crate) fn untrusted_u32(addr: u64) -> u32 {
     unsafe { *(cast(addr, layout().cast_type_id) as *const u32) }
 }
 
-/// The u64 at kernel address `addr`, fault-safe (a fault reads 0), for the memcg chase: a
-/// plain load through the cast where the loader made it (`direct_memcg`), else
-/// `bpf_probe_read_kernel`, a helper call that costs several times as much. The branch hangs on
-/// a read-only field: the verifier keeps one of the two.
+/// The u64 at kernel address `addr`, fault-safe (a fault reads 0), for the memcg chase and
+/// the call sites' frames and code: a plain load through the cast where the loader made it
+/// (`direct_reads`), else `bpf_probe_read_kernel`, a helper call that costs several times as
+/// much. The branch hangs on a read-only field: the verifier keeps one of the two.
 #[inline(always)]
 pub(crate) fn kernel_u64(addr: u64) -> u64 {
     let l = layout();
-    if l.direct_memcg != 0 {
+    if l.direct_reads != 0 {
         // SAFETY: a fault-safe load through the cast (see `cast`): `atomic64_t`'s 8-byte
         // counter at offset 0.
         return unsafe { *(cast(addr, l.cast_u64_type_id) as *const u64) };
@@ -94,7 +94,7 @@ pub(crate) fn kernel_u64(addr: u64) -> u64 {
 
 /// `bpf_rdonly_cast(addr, type_id)`: `addr` as a pointer to the vmlinux struct `type_id`,
 /// through which the verifier allows plain loads of that struct's members and makes them
-/// fault-safe. Only where `direct_untrusted` (see `untrusted_u32`) or `direct_memcg` (see
+/// fault-safe. Only where `direct_untrusted` (see `untrusted_u32`) or `direct_reads` (see
 /// `kernel_u64`) is set: the loader patched the calls.
 #[inline(always)]
 pub(crate) fn cast(addr: u64, type_id: u32) -> u64 {

@@ -142,7 +142,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     cgroup_level: 0,
     cgroup_ancestors: 0,
     ancestors_are_ids: 0,
-    direct_memcg: 0,
+    direct_reads: 0,
 };
 
 /// Settings, filled in by userspace before load.

@@ -804,7 +804,7 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         cgroup_ancestors: cgroup.ancestors.map_or(0, |a| a.0),
         ancestors_are_ids: cgroup.ancestors.is_some_and(|a| a.1) as u64,
         // Set by the loader once it has patched the programs.
-        direct_memcg: 0,
+        direct_reads: 0,
     };
     Ok(Layout {
         offsets,
@@ -863,9 +863,20 @@ pub fn off_cpu_source(layout: &KernelLayout) -> String {
     format!("scheduler: se.exec_start - se.sum_exec_runtime after entry and at exit, for calls whose nvcsw + nivcsw moved; {migrated}")
 }
 
+/// What the programs read beyond the task and its CPU, by the features on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Chased {
+    /// The charged memcg: its argument and the pointers from it (`--by-memcg`, a workload told
+    /// by its memcg).
+    pub memcg: bool,
+    /// The call site: the trampoline's frame or the stack's top word, and the code before a
+    /// return address (`--callers`).
+    pub call_sites: bool,
+}
+
 /// How the loaded programs read the kernel (the layout as the loader left it), in words for
 /// the recording: what every run costs depends on it.
-pub fn reads_of(layout: &KernelLayout, tp_percpu: bool, chases_memcg: bool) -> String {
+pub fn reads_of(layout: &KernelLayout, tp_percpu: bool, chased: Chased) -> String {
     let cast = layout.direct_untrusted != 0;
     let preempt = if layout.arch == memcg_trace_common::ARCH_ARM64 {
         if cast {
@@ -892,12 +903,16 @@ pub fn reads_of(layout: &KernelLayout, tp_percpu: bool, chases_memcg: bool) -> S
     } else {
         ""
     };
-    // The charged memcg (`--by-memcg`, a workload told by its memcg): its argument and the
-    // pointers from it.
-    let memcg = match (chases_memcg, layout.direct_memcg != 0) {
-        (false, _) => "",
-        (true, true) => "; the charged memcg by plain fault-safe loads (bpf_rdonly_cast)",
-        (true, false) => "; the charged memcg by bpf_probe_read_kernel",
+    let what = match (chased.memcg, chased.call_sites) {
+        (false, false) => "",
+        (true, false) => "the charged memcg",
+        (false, true) => "the call sites",
+        (true, true) => "the charged memcg and the call sites",
+    };
+    let memcg = match (what, layout.direct_reads != 0) {
+        ("", _) => String::new(),
+        (what, true) => format!("; {what} by plain fault-safe loads (bpf_rdonly_cast)"),
+        (what, false) => format!("; {what} by bpf_probe_read_kernel"),
     };
     format!("{preempt}; {task}{memcg}{hits}")
 }

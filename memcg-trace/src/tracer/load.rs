@@ -277,14 +277,15 @@ fn patch_direct_reads(bytes: &mut [u8], layout: &mut KernelLayout) -> Result<boo
         layout.direct_untrusted = 1;
         changed = true;
     }
-    // The memcg chase by plain loads through the cast wherever the kernel has it (the casts
+    // The memcg chase and the call sites' reads by plain loads through the cast wherever the
+    // kernel has it (the casts
     // patched above, or here: the other reads through casts stay off where the per-CPU
     // variable is named, as they hang on `direct_untrusted`).
     if layout.cast_kfunc_id != 0 && layout.cast_u64_type_id != 0 {
         if layout.direct_untrusted != 0 {
-            layout.direct_memcg = 1;
+            layout.direct_reads = 1;
         } else if patch::rdonly_cast(bytes, layout.cast_kfunc_id)? > 0 {
-            layout.direct_memcg = 1;
+            layout.direct_reads = 1;
             changed = true;
         }
     }

@@ -365,8 +365,11 @@ impl Tracer {
             off_cpu: crate::kernel::off_cpu_source(layout),
             task_clock_excludes: None,
             reads: {
-                let chases_memcg = opts.features.by_memcg || opts.features.workload_memcg;
-                let reads = crate::kernel::reads_of(&loaded, opts.no_kprobes, chases_memcg);
+                let chased = crate::kernel::Chased {
+                    memcg: opts.features.by_memcg || opts.features.workload_memcg,
+                    call_sites: opts.features.callers,
+                };
+                let reads = crate::kernel::reads_of(&loaded, opts.no_kprobes, chased);
                 match object {
                     Object::Full => reads,
                     Object::Legacy => format!(

@@ -45,6 +45,13 @@ fn callers_on(name: &str, short: &str) {
                 p.programs.iter().map(|g| &g.name).collect::<Vec<_>>()
             );
         }
+        // Debian's 6.12 and 7.3 (x86_64) have bpf_rdonly_cast: the frame's words and the code
+        // before a return address are plain loads through it, not helper calls.
+        let reads = doc.meta.reads.clone().unwrap_or_default();
+        assert!(
+            reads.contains("the call sites by plain fault-safe loads (bpf_rdonly_cast)"),
+            "{short} {backend}: programs read: {reads}"
+        );
         // The kernel's own call graph: every call of the stat function updates rstat first
         // thing (memcg_rstat_updated), so rstat's calls from that function are the stat
         // probe's calls, up to what either lost and the calls cut by the window's edges.

@@ -8,8 +8,11 @@ use std::{
     io::{BufRead as _, BufReader, Write as _},
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
-    sync::mpsc,
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -456,8 +459,69 @@ pub fn emulation_fault(console: &str) -> Option<&str> {
 /// addresses in every function).
 const ARM64_CPU: &str = "max,pauth-impdef=on";
 
-/// One boot of [`run`].
+/// One boot of [`run`]: the QEMU command, the boot watched on its console, its verdict and
+/// what it sent back.
 fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
+    let work = crate::workspace_root().join("target/vm").join(&spec.name);
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work)?;
+    let cpio = initramfs(kernel, spec, &work)?;
+    let data = work.join("data.b64");
+    let log = work.join("console.log");
+    let out_dir = work.join("out");
+    let qmp = work.join("qmp.sock");
+    let (qemu, mut cmd) = qemu_command(kernel, spec, &cpio, &data, &qmp)?;
+
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {qemu}"))?;
+    let lines = output_lines(&mut child);
+    // NMIs once the guest's init runs: one that comes while the kernel is still setting up
+    // its interrupt table resets the machine.
+    let up = Arc::new(AtomicBool::new(false));
+    let gone = Arc::new(AtomicBool::new(false));
+    let nmis = spec.nmis.map(|every| {
+        let (up, gone) = (up.clone(), gone.clone());
+        thread::spawn(move || inject_nmis(&qmp, every, &up, &gone))
+    });
+    let mut logf = fs::File::create(&log)?;
+    let boot = watch_boot(spec, &lines, &mut child, &mut logf, &up, start)?;
+    let _ = child.wait();
+    let elapsed = start.elapsed();
+    gone.store(true, Ordering::Relaxed);
+    if let Some(n) = nmis.and_then(|h| h.join().ok()) {
+        writeln!(logf, "vm: {n} NMIs injected")?;
+    }
+
+    let mut failure = boot.failure.or(match boot.verdict {
+        Some(true) => None,
+        Some(false) => Some("the guest script failed".into()),
+        None => Some("the guest ended without a verdict".into()),
+    });
+    if let Err(e) = unpack_data(&data, &out_dir) {
+        failure.get_or_insert_with(|| format!("{e:#}"));
+    }
+    Ok(VmResult {
+        success: failure.is_none(),
+        failure,
+        console: boot.console,
+        log,
+        out_dir,
+        elapsed,
+        emulation_faults: Vec::new(),
+    })
+}
+
+/// The QEMU command booting `kernel` with initramfs `cpio` as `spec` says (its program's
+/// name, for messages): `/out` comes back in `data`; with injected NMIs, QMP listens on `qmp`.
+fn qemu_command(
+    kernel: &Kernel,
+    spec: &VmSpec,
+    cpio: &Path,
+    data: &Path,
+    qmp: &Path,
+) -> Result<(&'static str, Command)> {
     let arch = kernel.spec.arch;
     let (qemu, package) = match arch {
         Arch::X86_64 => ("qemu-system-x86_64", "qemu-system-x86"),
@@ -466,16 +530,9 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
     if Command::new(qemu).arg("--version").output().is_err() {
         bail!("{qemu} is missing: run `cargo xtask setup` (apt package {package})");
     }
-    let work = crate::workspace_root().join("target/vm").join(&spec.name);
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&work)?;
-    let cpio = initramfs(kernel, spec, &work)?;
-    let data = work.join("data.b64");
-    let log = work.join("console.log");
-    let out_dir = work.join("out");
     let mut cmd = Command::new(qemu);
-    match spec.accel {
-        Accel::Tcg => {
+    match (spec.accel, arch) {
+        (Accel::Tcg, _) => {
             let cpu = match arch {
                 Arch::X86_64 => "max",
                 Arch::Arm64 => ARM64_CPU,
@@ -485,24 +542,23 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
             if let Some(shift) = spec.icount {
                 cmd.args(["-icount", &format!("shift={shift}")]);
             }
-            &mut cmd
         }
-        Accel::Kvm => {
-            if spec.icount.is_some() {
-                bail!("-icount needs TCG: drop --icount or use --accel tcg");
-            }
-            if arch != Arch::X86_64 {
-                // KVM runs only this machine's architecture: another's is emulated.
-                eprintln!(
-                    "[{}] vm: {qemu} under TCG (KVM runs only x86_64 guests here)",
-                    spec.name
-                );
-                cmd.args(["-accel", "tcg,thread=single", "-cpu", ARM64_CPU])
-            } else {
-                cmd.args(["-accel", "kvm", "-cpu", "host"])
-            }
+        (Accel::Kvm, _) if spec.icount.is_some() => {
+            bail!("-icount needs TCG: drop --icount or use --accel tcg");
         }
-    };
+        (Accel::Kvm, Arch::X86_64) => {
+            cmd.args(["-accel", "kvm", "-cpu", "host"]);
+        }
+        (Accel::Kvm, Arch::Arm64) => {
+            // KVM runs only this machine's architecture: another's is emulated.
+            eprintln!(
+                "[{}] vm: {qemu} under TCG (KVM runs only x86_64 guests here)",
+                spec.name
+            );
+            cmd.args(["-accel", "tcg,thread=single", "-cpu", ARM64_CPU]);
+        }
+    }
+
     // arm64: QEMU's generic board; its one UART is the console, and /out comes back over a
     // virtio console (the board has no second UART).
     let console = match arch {
@@ -514,17 +570,9 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
     };
     let mem = if spec.mem_mb == 0 { 1024 } else { spec.mem_mb }.to_string();
     let cpus = if spec.cpus == 0 { 2 } else { spec.cpus }.to_string();
-    cmd.args([
-        "-m",
-        &mem,
-        "-smp",
-        &cpus,
-        "-display",
-        "none",
-        "-no-reboot",
-        "-nodefaults",
-    ])
-    .args(["-serial", "stdio"]);
+    cmd.args(["-m", &mem, "-smp", &cpus])
+        .args(["-display", "none", "-no-reboot", "-nodefaults"])
+        .args(["-serial", "stdio"]);
     match arch {
         Arch::X86_64 => {
             cmd.arg("-serial").arg(format!("file:{}", data.display()));
@@ -535,19 +583,19 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
                 .args(["-device", "virtconsole,chardev=data"]);
         }
     }
-    let qmp = work.join("qmp.sock");
     if spec.nmis.is_some() {
         if arch != Arch::X86_64 {
             bail!("injected NMIs are for x86_64 guests");
         }
-        let _ = fs::remove_file(&qmp);
+        let _ = fs::remove_file(qmp);
         cmd.arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()));
     }
+
     cmd.arg("-kernel")
         .arg(&kernel.vmlinuz)
         .arg("-initrd")
-        .arg(&cpio)
+        .arg(cpio)
         .arg("-append")
         .arg(format!(
             "console={console} rdinit=/init panic=-1 quiet {}",
@@ -556,122 +604,105 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let start = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {qemu}"))?;
+    Ok((qemu, cmd))
+}
+
+/// The lines `child` writes, its standard output's as they are and its standard error's
+/// marked `qemu: `, in one channel, each stream read by a thread of its own.
+fn output_lines(child: &mut Child) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel::<String>();
-    let stdout = child.stdout.take().expect("piped");
-    let stderr = child.stderr.take().expect("piped");
-    let tx2 = tx.clone();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
+    let streams: [(Box<dyn std::io::Read + Send>, &'static str); 2] = [
+        (Box::new(child.stdout.take().expect("piped")), ""),
+        (Box::new(child.stderr.take().expect("piped")), "qemu: "),
+    ];
+    for (stream, mark) in streams {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if tx.send(format!("{mark}{line}")).is_err() {
+                    break;
+                }
             }
-        }
-    });
-    thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx2.send(format!("qemu: {line}")).is_err() {
-                break;
-            }
-        }
-    });
-    // NMIs once the guest's init runs: one that comes while the kernel is still setting up
-    // its interrupt table resets the machine.
-    let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let gone = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let nmis = spec.nmis.map(|every| {
-        let (up, gone) = (up.clone(), gone.clone());
-        thread::spawn(move || inject_nmis(&qmp, every, &up, &gone))
-    });
-    let mut logf = fs::File::create(&log)?;
-    let mut console = String::new();
-    let mut verdict: Option<bool> = None;
-    let mut failure = None;
+        });
+    }
+    rx
+}
+
+/// What a boot's console said: every line, the guest script's verdict (`init: success` or
+/// `init: failure`, if it came), and the failure seen on the way (a panic, an oops, the
+/// timeout).
+struct Boot {
+    console: String,
+    verdict: Option<bool>,
+    failure: Option<String>,
+}
+
+/// Reads the guest's console from `lines` into `logf` (and stderr with `spec.echo`) until QEMU
+/// ends, `spec.timeout` after `start` (then kills it), or 5 s after an oops; `up` is set once
+/// the guest's init speaks.
+fn watch_boot(
+    spec: &VmSpec,
+    lines: &mpsc::Receiver<String>,
+    child: &mut Child,
+    logf: &mut fs::File,
+    up: &AtomicBool,
+    start: Instant,
+) -> Result<Boot> {
+    let mut boot = Boot {
+        console: String::new(),
+        verdict: None,
+        failure: None,
+    };
     let mut oops_at: Option<Instant> = None;
     loop {
         if oops_at.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) {
             let _ = child.kill();
             break;
         }
-        let left = spec.timeout.checked_sub(start.elapsed());
-        let Some(left) = left else {
-            failure = Some(format!("timed out after {:?}", spec.timeout));
+        let Some(left) = spec.timeout.checked_sub(start.elapsed()) else {
+            boot.failure = Some(format!("timed out after {:?}", spec.timeout));
             let _ = child.kill();
             break;
         };
-        match rx.recv_timeout(left.min(Duration::from_secs(1))) {
-            Ok(line) => {
-                let line = line.trim_end_matches('\r').to_string();
-                if spec.echo {
-                    eprintln!("[{}] {line}", spec.name);
-                }
-                writeln!(logf, "{line}")?;
-                if line.starts_with("init: ") {
-                    up.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                if line.contains("init: success") {
-                    verdict = Some(true);
-                } else if line.contains("init: failure") {
-                    verdict = Some(false);
-                }
-                if line.contains("Kernel panic") {
-                    failure.get_or_insert_with(|| "kernel panic".to_string());
-                }
-                // An oops is a failure whatever follows: the guest may hang instead of
-                // panicking. Its report is let through for a few seconds, then the guest is
-                // stopped instead of waiting for the timeout.
-                if oops_at.is_none() && line.contains("Oops: ") {
-                    failure.get_or_insert_with(|| "kernel oops".to_string());
-                    oops_at = Some(Instant::now());
-                }
-                console.push_str(&line);
-                console.push('\n');
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        let line = match lines.recv_timeout(left.min(Duration::from_secs(1))) {
+            Ok(line) => line.trim_end_matches('\r').to_string(),
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        if spec.echo {
+            eprintln!("[{}] {line}", spec.name);
         }
-    }
-    let _ = child.wait();
-    let elapsed = start.elapsed();
-    gone.store(true, std::sync::atomic::Ordering::Relaxed);
-    if let Some(n) = nmis.and_then(|h| h.join().ok()) {
-        writeln!(logf, "vm: {n} NMIs injected")?;
-    }
-    if failure.is_none() {
-        match verdict {
-            Some(true) => {}
-            Some(false) => failure = Some("the guest script failed".into()),
-            None => failure = Some("the guest ended without a verdict".into()),
+        writeln!(logf, "{line}")?;
+        if line.starts_with("init: ") {
+            up.store(true, Ordering::Relaxed);
         }
-    }
-    if let Err(e) = unpack_data(&data, &out_dir) {
-        if failure.is_none() {
-            failure = Some(format!("{e:#}"));
+        if line.contains("init: success") {
+            boot.verdict = Some(true);
+        } else if line.contains("init: failure") {
+            boot.verdict = Some(false);
         }
+        if line.contains("Kernel panic") {
+            boot.failure
+                .get_or_insert_with(|| "kernel panic".to_string());
+        }
+        // An oops is a failure whatever follows: the guest may hang instead of panicking.
+        // Its report is let through for a few seconds, then the guest is stopped instead of
+        // waiting for the timeout.
+        if oops_at.is_none() && line.contains("Oops: ") {
+            boot.failure
+                .get_or_insert_with(|| "kernel oops".to_string());
+            oops_at = Some(Instant::now());
+        }
+        boot.console.push_str(&line);
+        boot.console.push('\n');
     }
-    Ok(VmResult {
-        success: failure.is_none(),
-        failure,
-        console,
-        log,
-        out_dir,
-        elapsed,
-        emulation_faults: Vec::new(),
-    })
+    Ok(boot)
 }
 
 /// Injects an NMI (into the first vCPU) through QEMU's QMP socket `qmp` every `every`, from
 /// when `up` until QEMU is gone (`gone`, or the socket closed); the number injected.
-fn inject_nmis(
-    qmp: &Path,
-    every: Duration,
-    up: &std::sync::atomic::AtomicBool,
-    gone: &std::sync::atomic::AtomicBool,
-) -> u64 {
-    use std::sync::atomic::Ordering::Relaxed;
+fn inject_nmis(qmp: &Path, every: Duration, up: &AtomicBool, gone: &AtomicBool) -> u64 {
+    use Ordering::Relaxed;
     while !up.load(Relaxed) {
         if gone.load(Relaxed) {
             return 0;

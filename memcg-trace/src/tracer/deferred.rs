@@ -93,6 +93,14 @@ impl Verifier {
         }
     }
 
+    /// The verifier keeping each deferred call's site (`callers`) and memcg (`memcgs`) for the
+    /// breakdowns that are on.
+    pub fn with_breakdowns(mut self, callers: bool, memcgs: bool) -> Self {
+        self.callers = callers.then(Default::default);
+        self.memcgs = memcgs.then(Default::default);
+        self
+    }
+
     /// Whether the calls of `probe` can be verified at all.
     pub fn set_verifiable(&mut self, probe: usize, v: bool) {
         if let Some(x) = self.verifiable.get_mut(probe) {

@@ -364,19 +364,7 @@ impl Tracer {
             no_context_split: layout.no_context != 0,
             off_cpu: crate::kernel::off_cpu_source(layout),
             task_clock_excludes: None,
-            reads: {
-                let chased = crate::kernel::Chased {
-                    memcg: opts.features.by_memcg || opts.features.workload_memcg,
-                    call_sites: opts.features.callers,
-                };
-                let reads = crate::kernel::reads_of(&loaded, opts.no_kprobes, chased);
-                match object {
-                    Object::Full => reads,
-                    Object::Legacy => format!(
-                        "{reads}; the eBPF object for kernels before 5.19 (no search of other CPUs: a task call that moved to another CPU is counted unmatched)"
-                    ),
-                }
-            },
+            reads: reads_of(&loaded, opts, object),
             extra: Vec::new(),
             calibration,
             started: Instant::now(),
@@ -408,16 +396,8 @@ impl Tracer {
             kprobe_defers: opts.kernel_preemptible,
             tp_percpu,
             ring,
-            verifier: {
-                let mut v = Verifier::new(probes as usize);
-                if opts.features.callers {
-                    v.callers = Some(Default::default());
-                }
-                if opts.features.by_memcg {
-                    v.memcgs = Some(Default::default());
-                }
-                v
-            },
+            verifier: Verifier::new(probes as usize)
+                .with_breakdowns(opts.features.callers, opts.features.by_memcg),
             callers,
             names,
             prog_fds: HashMap::new(),
@@ -460,6 +440,21 @@ impl Tracer {
 impl Drop for Tracer {
     fn drop(&mut self) {
         self.detach_all();
+    }
+}
+
+/// How the loaded programs read the kernel (`kernel::reads_of`), and which object they are.
+fn reads_of(loaded: &KernelLayout, opts: &LoadOptions, object: Object) -> String {
+    let chased = crate::kernel::Chased {
+        memcg: opts.features.by_memcg || opts.features.workload_memcg,
+        call_sites: opts.features.callers,
+    };
+    let reads = crate::kernel::reads_of(loaded, opts.no_kprobes, chased);
+    match object {
+        Object::Full => reads,
+        Object::Legacy => format!(
+            "{reads}; the eBPF object for kernels before 5.19 (no search of other CPUs: a task call that moved to another CPU is counted unmatched)"
+        ),
     }
 }
 

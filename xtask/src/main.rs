@@ -180,7 +180,15 @@ fn main() {
     // Every command builds, boots or tests: the set-up first, for all of them in this one
     // place, so that each works on a machine that has nothing yet (it checks before it
     // installs, and is quick when everything is there).
-    let r = setup::setup().and_then(|_| match cli.cmd {
+    if let Err(e) = setup::setup().and_then(|_| run_cmd(cli.cmd)) {
+        eprintln!("xtask: error: {}", format!("{e:#}").replace('\n', " "));
+        std::process::exit(1);
+    }
+}
+
+/// Runs one command, set up.
+fn run_cmd(cmd: Cmd) -> Result<()> {
+    match cmd {
         Cmd::Setup => Ok(()),
         Cmd::Build { arch } => {
             build_release_for(arch).map(|p| eprintln!("xtask: built {}", p.display()))
@@ -197,9 +205,9 @@ fn main() {
             cpus,
             package,
             own,
-        } => own.kernels(&kernel, arch).and_then(|ks| {
-            vm_cmd(ks, accel, script, timeout, bin, mem, icount, cpus, package)
-        }),
+        } => own
+            .kernels(&kernel, arch)
+            .and_then(|ks| vm_cmd(ks, accel, script, timeout, bin, mem, icount, cpus, package)),
         Cmd::Demo {
             host,
             kernel,
@@ -212,113 +220,156 @@ fn main() {
             b,
             own,
         } => {
-            if let (Some(a), Some(b)) = (&a, &b) {
-                demo_compare_kernels(a, b, accel, &hackbench, runs)
-            } else if compare {
-                if own.kernel_image.is_some() {
-                    Err(anyhow::anyhow!(
-                        "--compare with --kernel-image: give your kernel as a side, `--compare --a PATH --b KERNEL`"
-                    ))
-                } else {
-                    demo_compare(
-                        &arch_kernel(&kernel, arch.unwrap_or(Arch::X86_64)),
-                        accel,
-                        &hackbench,
-                        runs,
-                    )
-                }
-            } else if host {
-                demo(true, Vec::new(), accel, &hackbench)
-            } else {
-                // Debian's kernels: x86_64 unless said; an image: its own, checked against --arch.
-                let arch = arch.or(own.kernel_image.is_none().then_some(Arch::X86_64));
-                own.kernels(&kernel, arch)
-                    .and_then(|ks| demo(false, ks, accel, &hackbench))
-            }
+            let kernels = DemoKernels {
+                host,
+                kernel,
+                arch,
+                a,
+                b,
+                own,
+            };
+            demo_cmd(kernels, accel, &hackbench, compare.then_some(runs))
         }
         Cmd::Test {
             kernel,
             accel,
             long,
         } => test(&kernel, accel, long),
-        Cmd::Dist { in_guests, accel } => xtask::dist::dist().and_then(|d| {
-            for f in &d.files {
-                println!("{}", f.display());
-            }
-            println!("{}", d.dir.join("SHA256SUMS").display());
-            check_dist(&d)?;
-            if in_guests {
-                xtask::dist::check_in_guests(&d, accel)?;
-            }
-            Ok(())
-        }),
-        Cmd::Soak { minutes } => {
-            let bin = build_release()?;
-            let s = xtask::soak::soak(&bin, minutes)?;
-            println!("{}", s.verdict);
-            if !s.ok {
-                bail!("soak failed");
-            }
-            Ok(())
-        }
-        Cmd::Fuzz { minutes } => {
-            let secs = (minutes * 60.0).round().max(1.0) as u64;
-            let st = Command::new("cargo")
-                .current_dir(workspace_root())
-                .env("PATH", llvm_path())
-                .args([
-                    "test",
-                    "--locked",
-                    "--profile",
-                    "fuzz",
-                    "-p",
-                    "memcg-trace-tests",
-                    "--test",
-                    "read_fuzz",
-                    "--",
-                    "--nocapture",
-                ])
-                .env("MEMCG_TRACE_FUZZ_SECS", secs.to_string())
-                .status()?;
-            if !st.success() {
-                bail!("fuzzing found a failure (see above and target/fuzz-failures/)");
-            }
-            Ok(())
-        }
+        Cmd::Dist { in_guests, accel } => dist_cmd(in_guests, accel),
+        Cmd::Soak { minutes } => soak_cmd(minutes),
+        Cmd::Fuzz { minutes } => fuzz_cmd(minutes),
         Cmd::Bench {
             kernel,
             accel,
             smoke,
             parts,
             own,
-        } => {
-            // The VM parts' kernel: an image given resolves (and is checked) before any part runs.
-            let own_kernel = match &own.kernel_image {
-                // The bench boots x86_64 only.
-                Some(_) => own.kernels(&kernel, Some(Arch::X86_64))?.pop(),
-                None => None,
-            };
-            let bin = build_release()?;
-            let size = if smoke {
-                xtask::bench::SMOKE
-            } else {
-                xtask::bench::FULL
-            };
-            let parts = if parts.is_empty() {
-                xtask::bench::ALL_PARTS.to_vec()
-            } else {
-                parts
-            };
-            let report =
-                xtask::bench::bench(&bin, size, &kernel, own_kernel.as_ref(), accel, &parts)?;
-            eprintln!("bench: report in {}", report.display());
-            Ok(())
-        }
-    });
-    if let Err(e) = r {
-        eprintln!("xtask: error: {}", format!("{e:#}").replace('\n', " "));
-        std::process::exit(1);
+        } => bench_cmd(&kernel, accel, smoke, parts, &own),
     }
+}
+
+/// The kernels `cargo xtask demo` is asked to boot: the host's own (`--host`), kernels by name
+/// (`--kernel`, `--arch`) or image (`own`), or two sides (`--a`, `--b`).
+struct DemoKernels {
+    host: bool,
+    kernel: String,
+    arch: Option<Arch>,
+    a: Option<String>,
+    b: Option<String>,
+    own: OwnKernel,
+}
+
+/// `cargo xtask demo`: one run on the kernels asked for, or (`compare_runs`: runs per side)
+/// the A/B comparison of a kernel with kmem accounting on and off, or of two kernels.
+fn demo_cmd(
+    k: DemoKernels,
+    accel: Accel,
+    hackbench: &str,
+    compare_runs: Option<usize>,
+) -> Result<()> {
+    match (compare_runs, &k.a, &k.b) {
+        (Some(runs), Some(a), Some(b)) => demo_compare_kernels(a, b, accel, hackbench, runs),
+        (Some(_), _, _) if k.own.kernel_image.is_some() => Err(anyhow::anyhow!(
+            "--compare with --kernel-image: give your kernel as a side, `--compare --a PATH --b KERNEL`"
+        )),
+        (Some(runs), _, _) => demo_compare(
+            &arch_kernel(&k.kernel, k.arch.unwrap_or(Arch::X86_64)),
+            accel,
+            hackbench,
+            runs,
+        ),
+        (None, _, _) if k.host => demo(true, Vec::new(), accel, hackbench),
+        (None, _, _) => {
+            // Debian's kernels: x86_64 unless said; an image: its own, checked against --arch.
+            let arch = k
+                .arch
+                .or(k.own.kernel_image.is_none().then_some(Arch::X86_64));
+            k.own
+                .kernels(&k.kernel, arch)
+                .and_then(|ks| demo(false, ks, accel, hackbench))
+        }
+    }
+}
+
+/// `cargo xtask dist`: the release files listed, checked, and (`in_guests`) installed and run
+/// in guests.
+fn dist_cmd(in_guests: bool, accel: Accel) -> Result<()> {
+    let d = xtask::dist::dist()?;
+    for f in &d.files {
+        println!("{}", f.display());
+    }
+    println!("{}", d.dir.join("SHA256SUMS").display());
+    check_dist(&d)?;
+    if in_guests {
+        xtask::dist::check_in_guests(&d, accel)?;
+    }
+    Ok(())
+}
+
+/// `cargo xtask soak`: its verdict, and a failure when it did not pass.
+fn soak_cmd(minutes: f64) -> Result<()> {
+    let bin = build_release()?;
+    let s = xtask::soak::soak(&bin, minutes)?;
+    println!("{}", s.verdict);
+    if !s.ok {
+        bail!("soak failed");
+    }
+    Ok(())
+}
+
+/// `cargo xtask fuzz`: the recording reader's fuzz test, optimised with overflow checks, for
+/// `minutes`.
+fn fuzz_cmd(minutes: f64) -> Result<()> {
+    let secs = (minutes * 60.0).round().max(1.0) as u64;
+    let st = Command::new("cargo")
+        .current_dir(workspace_root())
+        .env("PATH", llvm_path())
+        .args([
+            "test",
+            "--locked",
+            "--profile",
+            "fuzz",
+            "-p",
+            "memcg-trace-tests",
+        ])
+        .args(["--test", "read_fuzz", "--", "--nocapture"])
+        .env("MEMCG_TRACE_FUZZ_SECS", secs.to_string())
+        .status()?;
+    if !st.success() {
+        bail!("fuzzing found a failure (see above and target/fuzz-failures/)");
+    }
+    Ok(())
+}
+
+/// `cargo xtask bench`: the parts asked for (all by default) at the full size, or the smoke
+/// run's.
+fn bench_cmd(
+    kernel: &str,
+    accel: Accel,
+    smoke: bool,
+    parts: Vec<xtask::bench::Part>,
+    own: &OwnKernel,
+) -> Result<()> {
+    // The VM parts' kernel: an image given resolves (and is checked) before any part runs.
+    let own_kernel = match &own.kernel_image {
+        // The bench boots x86_64 only.
+        Some(_) => own.kernels(kernel, Some(Arch::X86_64))?.pop(),
+        None => None,
+    };
+    let bin = build_release()?;
+    let size = if smoke {
+        xtask::bench::SMOKE
+    } else {
+        xtask::bench::FULL
+    };
+    let parts = if parts.is_empty() {
+        xtask::bench::ALL_PARTS.to_vec()
+    } else {
+        parts
+    };
+    let report = xtask::bench::bench(&bin, size, kernel, own_kernel.as_ref(), accel, &parts)?;
+    eprintln!("bench: report in {}", report.display());
+    Ok(())
 }
 
 /// `--kernel` as `--arch` names it (`6.12` on arm64: `arm64-6.12`).

@@ -79,128 +79,149 @@ fn missing_packages() -> Vec<&'static str> {
 /// Runs every setup step: each checks first and installs only what is missing. Every command
 /// that builds or boots runs it first, so that each works on a machine that has nothing yet.
 pub fn setup() -> Result<()> {
-    step("apt packages", || {
-        let missing = missing_packages();
-        if missing.is_empty() {
-            eprintln!("setup: apt packages present");
-            return Ok(());
-        }
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            bail!(
-                "{} missing: run this as root once (it installs apt packages), e.g. with sudo",
-                missing.join(" ")
-            );
-        }
-        eprintln!("setup: apt-get install {}", missing.join(" "));
-        run(Command::new("apt-get").args(["-q", "update"]))?;
-        run(Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["-q", "-y", "install", "--no-install-recommends"])
-            .args(&missing))
-    })?;
-    step("rust-src for nightly", || {
-        let installed = output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
-            .context("rustup cannot list the nightly toolchain's components (is the nightly toolchain installed?)")?;
-        if installed.lines().any(|l| l.starts_with("rust-src")) {
-            eprintln!("setup: rust-src present");
-            return Ok(());
-        }
-        eprintln!("setup: rustup component add rust-src --toolchain nightly");
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
-    })?;
-    step("the aarch64 Rust target", || {
-        let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))
-            .context("rustup cannot list the installed targets")?;
-        if installed
-            .lines()
-            .any(|l| l.trim() == "aarch64-unknown-linux-gnu")
-        {
-            eprintln!("setup: Rust target aarch64-unknown-linux-gnu present");
-            return Ok(());
-        }
-        eprintln!("setup: rustup target add aarch64-unknown-linux-gnu (the arm64 build)");
-        // Not fatal: without it the arm64 build compiles the standard library with nightly.
-        if let Err(e) =
-            run(Command::new("rustup").args(["target", "add", "aarch64-unknown-linux-gnu"]))
-        {
-            eprintln!("setup: {e:#}: the arm64 build will build its standard library from nightly's rust-src instead");
-        }
-        Ok(())
-    })?;
-    step("nightly LLVM version", || {
-        let v = output(Command::new("rustup").args(["run", "nightly", "rustc", "-vV"]))?;
-        let llvm = v
-            .lines()
-            .find_map(|l| l.strip_prefix("LLVM version: "))
-            .ok_or_else(|| anyhow!("nightly rustc does not report its LLVM version"))?;
-        if !llvm.starts_with(&format!("{LLVM_MAJOR}.")) {
-            bail!("nightly rustc uses LLVM {llvm}, bpf-linker is built against LLVM {LLVM_MAJOR}: they must match");
-        }
-        eprintln!("setup: nightly rustc uses LLVM {llvm}");
-        Ok(())
-    })?;
-    step("bpf-linker", || {
-        let have = Command::new("bpf-linker")
-            .env("PATH", llvm_path_with_cargo())
-            .arg("--version")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        if have.contains(BPF_LINKER_VERSION) {
-            eprintln!("setup: bpf-linker {BPF_LINKER_VERSION} present");
-            return Ok(());
-        }
-        eprintln!("setup: cargo install bpf-linker {BPF_LINKER_VERSION} (LLVM {LLVM_MAJOR}, about a minute)");
-        run(Command::new("cargo")
-            .env("PATH", llvm_path())
-            .env("LLVM_PREFIX", format!("/usr/lib/llvm-{LLVM_MAJOR}"))
-            .args([
-                "install",
-                "--locked",
-                "bpf-linker",
-                "--version",
-                BPF_LINKER_VERSION,
-            ])
-            .args([
-                "--no-default-features",
-                "--features",
-                &format!("llvm-{LLVM_MAJOR}"),
-            ]))
-    })?;
-    step("HdrHistogram_py venv", || {
-        let env = pyenv();
-        let py = env.join("bin/python3");
-        let check = || {
-            Command::new(&py)
-                .args([
-                    "-c",
-                    "import hdrh.histogram, hdrh.log, importlib.metadata as m; assert m.version('hdrhistogram') == '0.10.3'",
-                ])
-                .output()
-                .map(|o| o.status.success())
-                .unwrap_or(false)
-        };
-        if check() {
-            eprintln!("setup: HdrHistogram_py present in {}", env.display());
-            return Ok(());
-        }
-        eprintln!(
-            "setup: python3 -m venv {} and pip install {}",
-            env.display(),
-            PY_PACKAGES.join(" ")
-        );
-        let _ = std::fs::remove_dir_all(&env);
-        run(Command::new("python3").arg("-m").arg("venv").arg(&env))?;
-        run(Command::new(env.join("bin/pip"))
-            .args(["install", "-q", "--disable-pip-version-check"])
-            .args(PY_PACKAGES))?;
-        if !check() {
-            bail!("HdrHistogram_py does not import from {}", env.display());
-        }
-        Ok(())
-    })?;
+    step("apt packages", apt_packages)?;
+    step("rust-src for nightly", rust_src)?;
+    step("the aarch64 Rust target", aarch64_target)?;
+    step("nightly LLVM version", llvm_matches)?;
+    step("bpf-linker", bpf_linker)?;
+    step("HdrHistogram_py venv", hdrh_venv)?;
     eprintln!("setup: done");
+    Ok(())
+}
+
+/// The apt packages the builds, tests and guests use (`APT_PACKAGES`), installed as root.
+fn apt_packages() -> Result<()> {
+    let missing = missing_packages();
+    if missing.is_empty() {
+        eprintln!("setup: apt packages present");
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "{} missing: run this as root once (it installs apt packages), e.g. with sudo",
+            missing.join(" ")
+        );
+    }
+    eprintln!("setup: apt-get install {}", missing.join(" "));
+    run(Command::new("apt-get").args(["-q", "update"]))?;
+    run(Command::new("apt-get")
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["-q", "-y", "install", "--no-install-recommends"])
+        .args(&missing))
+}
+
+/// The nightly toolchain's rust-src (the eBPF crate's build compiles its core library from it).
+fn rust_src() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
+        .context("rustup cannot list the nightly toolchain's components (is the nightly toolchain installed?)")?;
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        eprintln!("setup: rust-src present");
+        return Ok(());
+    }
+    eprintln!("setup: rustup component add rust-src --toolchain nightly");
+    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// The aarch64 Rust target, for the arm64 build (not fatal: without it the build compiles the
+/// standard library from nightly's rust-src).
+fn aarch64_target() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))
+        .context("rustup cannot list the installed targets")?;
+    if installed
+        .lines()
+        .any(|l| l.trim() == "aarch64-unknown-linux-gnu")
+    {
+        eprintln!("setup: Rust target aarch64-unknown-linux-gnu present");
+        return Ok(());
+    }
+    eprintln!("setup: rustup target add aarch64-unknown-linux-gnu (the arm64 build)");
+    // Not fatal: without it the arm64 build compiles the standard library with nightly.
+    if let Err(e) = run(Command::new("rustup").args(["target", "add", "aarch64-unknown-linux-gnu"]))
+    {
+        eprintln!("setup: {e:#}: the arm64 build will build its standard library from nightly's rust-src instead");
+    }
+    Ok(())
+}
+
+/// That nightly rustc's LLVM is the one bpf-linker is built against.
+fn llvm_matches() -> Result<()> {
+    let v = output(Command::new("rustup").args(["run", "nightly", "rustc", "-vV"]))?;
+    let llvm = v
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .ok_or_else(|| anyhow!("nightly rustc does not report its LLVM version"))?;
+    if !llvm.starts_with(&format!("{LLVM_MAJOR}.")) {
+        bail!("nightly rustc uses LLVM {llvm}, bpf-linker is built against LLVM {LLVM_MAJOR}: they must match");
+    }
+    eprintln!("setup: nightly rustc uses LLVM {llvm}");
+    Ok(())
+}
+
+/// bpf-linker at `BPF_LINKER_VERSION`, built against the system's LLVM.
+fn bpf_linker() -> Result<()> {
+    let have = Command::new("bpf-linker")
+        .env("PATH", llvm_path_with_cargo())
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if have.contains(BPF_LINKER_VERSION) {
+        eprintln!("setup: bpf-linker {BPF_LINKER_VERSION} present");
+        return Ok(());
+    }
+    eprintln!(
+        "setup: cargo install bpf-linker {BPF_LINKER_VERSION} (LLVM {LLVM_MAJOR}, about a minute)"
+    );
+    run(Command::new("cargo")
+        .env("PATH", llvm_path())
+        .env("LLVM_PREFIX", format!("/usr/lib/llvm-{LLVM_MAJOR}"))
+        .args([
+            "install",
+            "--locked",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+        ])
+        .args([
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{LLVM_MAJOR}"),
+        ]))
+}
+
+/// HdrHistogram_py in its own virtual environment (`pyenv`): the independent reader the tests
+/// decode recordings' histograms with.
+fn hdrh_venv() -> Result<()> {
+    let env = pyenv();
+    let py = env.join("bin/python3");
+    let check = || {
+        Command::new(&py)
+            .args([
+                "-c",
+                "import hdrh.histogram, hdrh.log, importlib.metadata as m; assert m.version('hdrhistogram') == '0.10.3'",
+            ])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    if check() {
+        eprintln!("setup: HdrHistogram_py present in {}", env.display());
+        return Ok(());
+    }
+    eprintln!(
+        "setup: python3 -m venv {} and pip install {}",
+        env.display(),
+        PY_PACKAGES.join(" ")
+    );
+    let _ = std::fs::remove_dir_all(&env);
+    run(Command::new("python3").arg("-m").arg("venv").arg(&env))?;
+    run(Command::new(env.join("bin/pip"))
+        .args(["install", "-q", "--disable-pip-version-check"])
+        .args(PY_PACKAGES))?;
+    if !check() {
+        bail!("HdrHistogram_py does not import from {}", env.display());
+    }
     Ok(())
 }
 

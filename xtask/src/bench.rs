@@ -1050,65 +1050,9 @@ impl Peer<'_> {
         &self,
         rows: &mut Vec<Row>,
     ) -> Result<serde_json::Map<String, serde_json::Value>> {
-        // Calibration: the programs' own time per traced call, bpf stats on for every tool.
         let mut cal = serde_json::Map::new();
-        let b = read(&self.dir.join("cal-B.json"))?;
-        let progs = b.as_array().cloned().unwrap_or_default();
-        let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
-        let b_calls = sum("run_cnt") / 2;
-        let b_ns = ratio_opt(sum("run_time_ns") as f64, b_calls as f64);
-        let b_helpers: u64 = progs
-            .iter()
-            .filter_map(|p| p.get("helper_calls")?.as_u64())
-            .sum();
-        let b_insns: u64 = progs
-            .iter()
-            .filter_map(|p| p.get("xlated_insns")?.as_u64())
-            .sum();
-        cal.insert(
-            "bpftrace".into(),
-            serde_json::json!({"programs": progs, "ns_per_call": b_ns}),
-        );
-        let mut cal_line = format!(
-            "bpftrace {} ns ({} programs, {} insns, {} helper call sites)",
-            b_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
-            progs.len(),
-            b_insns,
-            b_helpers
-        );
-        // funclatency's programs (`dummy_*`), listed while it was attached (absent from older
-        // runs): its entry and exit programs run once a call each.
-        let mut l_ns = None;
-        if let Ok(l) = read(&self.dir.join("cal-L.json")) {
-            let progs: Vec<serde_json::Value> = l
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|p| {
-                    p.get("name")
-                        .and_then(|x| x.as_str())
-                        .is_some_and(|n| n.starts_with("dummy_"))
-                })
-                .collect();
-            let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
-            l_ns = ratio_opt(sum("run_time_ns") as f64, (sum("run_cnt") / 2) as f64);
-            let names: Vec<&str> = progs
-                .iter()
-                .filter_map(|p| p.get("name")?.as_str())
-                .collect();
-            let _ = write!(
-                cal_line,
-                "; on charge alone: funclatency {} ns ({}: {} insns)",
-                l_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
-                names.join(" + "),
-                sum("xlated_insns"),
-            );
-            cal.insert(
-                "funclatency".into(),
-                serde_json::json!({"programs": progs, "ns_per_call": l_ns}),
-            );
-        }
+        let (b_ns, mut cal_line) = bpftrace_calibration(self.dir, &mut cal)?;
+        let l_ns = funclatency_calibration(self.dir, &mut cal, &mut cal_line);
         for v in ["F", "K", "C", "Q"] {
             let Ok(doc) = read(&self.dir.join(format!("cal-{v}.json"))) else {
                 if matches!(v, "C" | "Q") {
@@ -1116,27 +1060,7 @@ impl Peer<'_> {
                 }
                 bail!("the calibration run cal-{v}.json is missing");
             };
-            let (mut t, mut n) = (0u64, 0u64);
-            for p in doc
-                .pointer("/probes")
-                .and_then(|p| p.as_array())
-                .into_iter()
-                .flatten()
-            {
-                for prog in p
-                    .get("programs")
-                    .and_then(|x| x.as_array())
-                    .into_iter()
-                    .flatten()
-                {
-                    t += prog
-                        .get("run_time_ns")
-                        .and_then(|x| x.as_u64())
-                        .unwrap_or(0);
-                    n += prog.get("run_cnt").and_then(|x| x.as_u64()).unwrap_or(0);
-                }
-            }
-            let ns = ratio_opt(t as f64, (n / 2) as f64);
+            let ns = recording_ns_per_call(&doc);
             let name = match v {
                 "F" => "fentry",
                 "K" => "kprobe",
@@ -1166,6 +1090,96 @@ impl Peer<'_> {
         });
         Ok(cal)
     }
+}
+
+/// bpftrace's programs in the calibration run (`cal-B.json` in `dir`), each run once a call
+/// at entry and once at exit: their own time per call, kept in `cal`, and the report line's
+/// start.
+fn bpftrace_calibration(
+    dir: &Path,
+    cal: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<(Option<f64>, String)> {
+    let b = read(&dir.join("cal-B.json"))?;
+    let progs = b.as_array().cloned().unwrap_or_default();
+    let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
+    let b_ns = ratio_opt(sum("run_time_ns") as f64, (sum("run_cnt") / 2) as f64);
+    let line = format!(
+        "bpftrace {} ns ({} programs, {} insns, {} helper call sites)",
+        b_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+        progs.len(),
+        sum("xlated_insns"),
+        sum("helper_calls")
+    );
+    cal.insert(
+        "bpftrace".into(),
+        serde_json::json!({"programs": progs, "ns_per_call": b_ns}),
+    );
+    Ok((b_ns, line))
+}
+
+/// funclatency's programs (`dummy_*`), listed while it was attached (`cal-L.json` in `dir`;
+/// absent from older runs): their own time per call (its entry and exit programs run once a
+/// call each), kept in `cal` and said in `line`.
+fn funclatency_calibration(
+    dir: &Path,
+    cal: &mut serde_json::Map<String, serde_json::Value>,
+    line: &mut String,
+) -> Option<f64> {
+    let l = read(&dir.join("cal-L.json")).ok()?;
+    let progs: Vec<serde_json::Value> = l
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| {
+            p.get("name")
+                .and_then(|x| x.as_str())
+                .is_some_and(|n| n.starts_with("dummy_"))
+        })
+        .collect();
+    let sum = |k: &str| -> u64 { progs.iter().filter_map(|p| p.get(k)?.as_u64()).sum() };
+    let l_ns = ratio_opt(sum("run_time_ns") as f64, (sum("run_cnt") / 2) as f64);
+    let names: Vec<&str> = progs
+        .iter()
+        .filter_map(|p| p.get("name")?.as_str())
+        .collect();
+    let _ = write!(
+        line,
+        "; on charge alone: funclatency {} ns ({}: {} insns)",
+        l_ns.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+        names.join(" + "),
+        sum("xlated_insns"),
+    );
+    cal.insert(
+        "funclatency".into(),
+        serde_json::json!({"programs": progs, "ns_per_call": l_ns}),
+    );
+    l_ns
+}
+
+/// A memcg-trace recording's programs' own time per traced call: their run time over half
+/// their runs (an entry and an exit program a call).
+fn recording_ns_per_call(doc: &serde_json::Value) -> Option<f64> {
+    let (mut t, mut n) = (0u64, 0u64);
+    let programs = doc
+        .pointer("/probes")
+        .and_then(|p| p.as_array())
+        .into_iter()
+        .flatten()
+        .flat_map(|p| {
+            p.get("programs")
+                .and_then(|x| x.as_array())
+                .into_iter()
+                .flatten()
+        });
+    for prog in programs {
+        t += prog
+            .get("run_time_ns")
+            .and_then(|x| x.as_u64())
+            .unwrap_or(0);
+        n += prog.get("run_cnt").and_then(|x| x.as_u64()).unwrap_or(0);
+    }
+    ratio_opt(t as f64, (n / 2) as f64)
 }
 
 /// The hackbench arguments the comparison's guest ran with.
@@ -1264,7 +1278,22 @@ fn rows_for(
 /// opt-in mode, the workload's slowdown, and the programs as the kernel runs them.
 fn backend_rows(v: &serde_json::Value, b: &str, place: &str, host: bool, rows: &mut Vec<Row>) {
     let rc = f(v, "/ratio_to_clock");
-    let re = f(v, "/ratio_to_empty");
+    rows.push(floor_row(v, b, place, host, rc));
+    rows.extend(mode_rows(v, b, place, host, rc));
+    rows.push(Row {
+        figure: format!("per-call cost / floor (a), {b}"),
+        place: place.into(),
+        value: format!("{:.2}x", f(v, "/ratio_to_empty").unwrap_or(f64::NAN)),
+        target: "report".into(),
+        verdict: "reported",
+    });
+    rows.push(slowdown_row(v, b, place, host));
+    rows.extend(programs_row(v, b, place));
+}
+
+/// The cost per call of backend `b`'s plain run (`rc`: its median run's ratio) against floor
+/// (b), with the runs' spread: judged on the host.
+fn floor_row(v: &serde_json::Value, b: &str, place: &str, host: bool, rc: Option<f64>) -> Row {
     let ours = f(v, "/ours/ns_per_call").unwrap_or(0.0);
     let floor = f(v, "/floor_clock/ns_per_call").unwrap_or(0.0);
     let target = v.pointer("/target").and_then(|t| t.as_str()).unwrap_or("?");
@@ -1282,7 +1311,7 @@ fn backend_rows(v: &serde_json::Value, b: &str, place: &str, host: bool, rows: &
     } else {
         String::new()
     };
-    rows.push(Row {
+    Row {
         figure: format!("per-call cost / floor (b), {b} on {target} (median run)"),
         place: place.into(),
         value: format!(
@@ -1299,15 +1328,19 @@ fn backend_rows(v: &serde_json::Value, b: &str, place: &str, host: bool, rows: &
         } else {
             "reported"
         },
-    });
+    }
+}
+
+/// Each opt-in mode's cost per call against the plain run's (`rc`), where `v` measured it: at
+/// most 1.3x (1.5x for the host's tracepoint, whose plain program is the smallest), judged
+/// where the clock holds still (the host, or an instruction-counted guest).
+fn mode_rows(v: &serde_json::Value, b: &str, place: &str, host: bool, rc: Option<f64>) -> Vec<Row> {
+    let mut rows = Vec::new();
     for (flag, key) in [("--callers", "callers"), ("--by-memcg", "by_memcg")] {
         let Some(rv) = f(v, &format!("/ratio_to_clock_{key}")) else {
             continue;
         };
         let ns = f(v, &format!("/ours_{key}/ns_per_call")).unwrap_or(f64::NAN);
-        // The opt-in mode's cost against the plain run's: at most 1.3x (1.5x for the
-        // host's tracepoint, whose plain program is the smallest), judged where the clock
-        // holds still (the host, or an instruction-counted guest).
         let of_plain = rc.map(|r| rv / r);
         let limit = if host { 1.5 } else { 1.3 };
         let judged = host || place.contains("instruction-counted");
@@ -1326,36 +1359,35 @@ fn backend_rows(v: &serde_json::Value, b: &str, place: &str, host: bool, rows: &
             },
         });
     }
-    rows.push(Row {
-        figure: format!("per-call cost / floor (a), {b}"),
-        place: place.into(),
-        value: format!("{:.2}x", re.unwrap_or(f64::NAN)),
-        target: "report".into(),
-        verdict: "reported",
-    });
+    rows
+}
+
+/// The workload's slowdown under backend `b` with the default probes: at most 5% on the host's
+/// tracepoint.
+fn slowdown_row(v: &serde_json::Value, b: &str, place: &str, host: bool) -> Row {
     let med = f(v, "/slowdown/median_ratio");
     let min = f(v, "/slowdown/min_ratio");
     let pct = |r: Option<f64>| {
         r.map(|r| format!("{:+.1}%", (r - 1.0) * 100.0))
             .unwrap_or("-".into())
     };
-    rows.push(Row {
+    let judged = host && b == "tracepoint";
+    Row {
         figure: format!("hackbench slowdown, default probes, {b} (median; min)"),
         place: place.into(),
         value: format!("{}; {}", pct(med), pct(min)),
-        target: if host && b == "tracepoint" {
-            "<= 5%".into()
-        } else {
-            "report".into()
-        },
-        verdict: if host && b == "tracepoint" {
+        target: if judged { "<= 5%" } else { "report" }.into(),
+        verdict: if judged {
             verdict(med.map(|m| m <= 1.05))
         } else {
             "reported"
         },
-    });
-    // The programs as the kernel runs them: memcg-trace's pair with direct reads, with
-    // bpf_probe_read_kernel reads (the way before), and the floors.
+    }
+}
+
+/// The programs as the kernel runs them: memcg-trace's pair with direct reads, with
+/// bpf_probe_read_kernel reads (the way before), sizes and helper calls (none without code).
+fn programs_row(v: &serde_json::Value, b: &str, place: &str) -> Option<Row> {
     let code = v
         .pointer("/code")
         .and_then(|c| c.as_array())
@@ -1381,22 +1413,20 @@ fn backend_rows(v: &serde_json::Value, b: &str, place: &str, host: bool, rows: &
             sum("helper_calls")
         ))
     };
-    if let Some(direct) = shape(false) {
-        let pr = f(v, "/ours_probe_read/ns_per_call");
-        rows.push(Row {
-            figure: format!(
-                "memcg-trace's {b} programs: direct reads (bpf_probe_read_kernel reads)"
-            ),
-            place: place.into(),
-            value: format!(
-                "{ours:.0} ns, {direct} ({} ns, {})",
-                pr.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
-                shape(true).unwrap_or_default()
-            ),
-            target: "report".into(),
-            verdict: "reported",
-        });
-    }
+    let direct = shape(false)?;
+    let ours = f(v, "/ours/ns_per_call").unwrap_or(0.0);
+    let pr = f(v, "/ours_probe_read/ns_per_call");
+    Some(Row {
+        figure: format!("memcg-trace's {b} programs: direct reads (bpf_probe_read_kernel reads)"),
+        place: place.into(),
+        value: format!(
+            "{ours:.0} ns, {direct} ({} ns, {})",
+            pr.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
+            shape(true).unwrap_or_default()
+        ),
+        target: "report".into(),
+        verdict: "reported",
+    })
 }
 
 /// The daemon's rows from its run `v` at a `tick`: its CPU; at 1 s also its memory, start-up

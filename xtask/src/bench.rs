@@ -1440,106 +1440,110 @@ fn daemon_rows(
     rows: &mut Vec<Row>,
 ) {
     let share = f(v, "/meta/tracer/cpu_share").unwrap_or(0.0);
+    let one_second = tick == "1s";
     rows.push(Row {
         figure: format!("daemon CPU at a {tick} tick"),
         place: place.into(),
         value: format!("{:.3}% of a core", share * 100.0),
-        target: if tick == "1s" {
-            "<= 1%".into()
-        } else {
-            "report".into()
-        },
-        verdict: if tick == "1s" && host {
-            verdict(Some(share <= 0.01))
-        } else {
-            "reported"
-        },
+        target: if one_second { "<= 1%" } else { "report" }.into(),
+        verdict: judged_on_host(one_second && host, share <= 0.01),
     });
-    if tick == "1s" {
-        let rss = f(v, "/meta/tracer/peak_rss_kib").unwrap_or(0.0) / 1024.0;
-        if tick == "1s" && host {
-            if let Ok(s) = read(&dir.join("serve.json")) {
-                let share = f(&s, "/cpu_share").unwrap_or(f64::NAN);
-                let srss = f(&s, "/peak_rss_kib").unwrap_or(f64::NAN) / 1024.0;
-                let every = f(&s, "/scrape_secs").unwrap_or(0.0);
-                rows.push(Row {
-                    figure: format!(
-                        "serve: daemon CPU, scraped every {every:.0} s beside hackbench"
-                    ),
-                    place: place.into(),
-                    value: format!(
-                        "{:.3}% of a core ({} bytes a scrape)",
-                        share * 100.0,
-                        f(&s, "/scrape_bytes").unwrap_or(0.0)
-                    ),
-                    target: "<= 0.5%".into(),
-                    verdict: verdict(Some(share <= 0.005)),
-                });
-                rows.push(Row {
-                    figure: "serve: peak RSS".into(),
-                    place: place.into(),
-                    value: format!("{srss:.1} MiB"),
-                    target: "<= 32 MiB".into(),
-                    verdict: verdict(Some(srss <= 32.0)),
-                });
-            }
+    if !one_second {
+        return;
+    }
+    if host {
+        if let Ok(s) = read(&dir.join("serve.json")) {
+            rows.extend(serve_rows(&s, place));
         }
-        let up = f(v, "/meta/tracer/startup_ns").unwrap_or(0.0) / 1e9;
-        let down = f(v, "/meta/tracer/detach_ns").unwrap_or(0.0) / 1e9;
-        rows.push(Row {
+    }
+    rows.extend(daemon_1s_rows(v, place, host));
+}
+
+/// `verdict` of `ok` where the figure is judged (`judged`: on the host), else "reported".
+fn judged_on_host(judged: bool, ok: bool) -> &'static str {
+    if judged {
+        verdict(Some(ok))
+    } else {
+        "reported"
+    }
+}
+
+/// `serve`'s cost from its run `s`: CPU scraped beside hackbench, and peak memory.
+fn serve_rows(s: &serde_json::Value, place: &str) -> [Row; 2] {
+    let share = f(s, "/cpu_share").unwrap_or(f64::NAN);
+    let rss = f(s, "/peak_rss_kib").unwrap_or(f64::NAN) / 1024.0;
+    let every = f(s, "/scrape_secs").unwrap_or(0.0);
+    [
+        Row {
+            figure: format!("serve: daemon CPU, scraped every {every:.0} s beside hackbench"),
+            place: place.into(),
+            value: format!(
+                "{:.3}% of a core ({} bytes a scrape)",
+                share * 100.0,
+                f(s, "/scrape_bytes").unwrap_or(0.0)
+            ),
+            target: "<= 0.5%".into(),
+            verdict: verdict(Some(share <= 0.005)),
+        },
+        Row {
+            figure: "serve: peak RSS".into(),
+            place: place.into(),
+            value: format!("{rss:.1} MiB"),
+            target: "<= 32 MiB".into(),
+            verdict: verdict(Some(rss <= 32.0)),
+        },
+    ]
+}
+
+/// The daemon's memory, start-up (its phases too) and detach from its run `v` at a 1 s tick,
+/// judged on the host.
+fn daemon_1s_rows(v: &serde_json::Value, place: &str, host: bool) -> [Row; 4] {
+    let rss = f(v, "/meta/tracer/peak_rss_kib").unwrap_or(0.0) / 1024.0;
+    let up = f(v, "/meta/tracer/startup_ns").unwrap_or(0.0) / 1e9;
+    let down = f(v, "/meta/tracer/detach_ns").unwrap_or(0.0) / 1e9;
+    let phases: Vec<String> = v
+        .pointer("/meta/tracer/startup_phases")
+        .and_then(|p| p.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some(format!(
+                "{} {:.0} ms",
+                p.get("name")?.as_str()?,
+                p.get("ns")?.as_f64()? / 1e6
+            ))
+        })
+        .collect();
+    [
+        Row {
             figure: "daemon peak RSS".into(),
             place: place.into(),
             value: format!("{rss:.1} MiB"),
             target: "<= 32 MiB".into(),
-            verdict: if host {
-                verdict(Some(rss <= 32.0))
-            } else {
-                "reported"
-            },
-        });
-        let phases: Vec<String> = v
-            .pointer("/meta/tracer/startup_phases")
-            .and_then(|p| p.as_array())
-            .into_iter()
-            .flatten()
-            .filter_map(|p| {
-                Some(format!(
-                    "{} {:.0} ms",
-                    p.get("name")?.as_str()?,
-                    p.get("ns")?.as_f64()? / 1e6
-                ))
-            })
-            .collect();
-        rows.push(Row {
+            verdict: judged_on_host(host, rss <= 32.0),
+        },
+        Row {
             figure: "start-up phases".into(),
             place: place.into(),
             value: phases.join(", "),
             target: "report".into(),
             verdict: "reported",
-        });
-        rows.push(Row {
+        },
+        Row {
             figure: "start-up to all probes attached".into(),
             place: place.into(),
             value: format!("{up:.3} s"),
             target: "<= 1 s".into(),
-            verdict: if host {
-                verdict(Some(up <= 1.0))
-            } else {
-                "reported"
-            },
-        });
-        rows.push(Row {
+            verdict: judged_on_host(host, up <= 1.0),
+        },
+        Row {
             figure: "detach on exit".into(),
             place: place.into(),
             value: format!("{down:.3} s"),
             target: "<= 0.2 s".into(),
-            verdict: if host {
-                verdict(Some(down <= 0.2))
-            } else {
-                "reported"
-            },
-        });
-    }
+            verdict: judged_on_host(host, down <= 0.2),
+        },
+    ]
 }
 
 /// Where each part of a bench run writes (and a later run with `--parts` reads it again).
@@ -1659,79 +1663,14 @@ pub fn bench(
         loss: root.join("loss"),
     };
     run_parts(bin, size, kernel, own, accel, parts, &dirs)?;
-    let PartDirs {
-        host: host_dir,
-        vm: vm_dir,
-        peer: peer_dir,
-        loss: loss_dir,
-    } = dirs;
-    let mut rows = Vec::new();
-    let host = rows_for(&host_dir, "host", &["tracepoint"], true, &mut rows)?;
-    // Runs before the clock was recorded were host-clocked TCG.
-    let vm_clock = fs::read_to_string(vm_dir.join("clock.txt")).unwrap_or_else(|_| "TCG".into());
-    let vm = rows_for(
-        &vm_dir,
-        &format!("VM {kernel} ({})", vm_clock.trim()),
-        size.vm_backends,
-        false,
-        &mut rows,
-    )?;
-    let peer = peer_rows(&peer_dir, kernel, &mut rows)?;
-    let loss = loss_rows(&loss_dir, &mut rows)?;
-    // The smoke run's workloads last a fraction of a second: fixed costs (spawning the
-    // workload, the last read) dominate every figure. It proves the bench runs; verdicts come
-    // from the full run only.
+
     let smoke = size.dir == SMOKE.dir;
-    if smoke {
-        for r in &mut rows {
-            if r.verdict == "met" || r.verdict == "MISSED" {
-                r.verdict = "smoke: no verdict";
-            }
-        }
-    }
-    let report = serde_json::json!({
-        "host": host,
-        "vm": { "kernel": kernel, "results": vm },
-        "peer": peer,
-        "loss": loss,
-        "rows": rows.iter().map(|r| serde_json::json!({"figure": r.figure, "where": r.place, "value": r.value, "target": r.target, "verdict": r.verdict})).collect::<Vec<_>>(),
-    });
+    let (rows, report) = report_rows(&dirs, kernel, size)?;
     fs::write(
         root.join("report.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
-    let mut md = String::from(if smoke {
-        "# memcg-trace bench (smoke run: tiny workloads, no verdicts)\n\n"
-    } else {
-        "# memcg-trace bench\n\n"
-    });
-    let vm_kernel = match own {
-        Some(k) => format!("the kernel image {} ({})", k.vmlinuz.display(), k.release),
-        None => "Debian stock kernel".to_string(),
-    };
-    md.push_str(&format!("Host: this machine's kernel (tracepoint backend). VM: {vm_kernel} under single-threaded TCG, where absolute costs are inflated 10-100x; read the ratios.\n\n| figure | where | value | target | verdict |\n|---|---|---|---|---|\n"));
-    let mut summary = String::new();
-    for r in &rows {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {} |",
-            r.figure, r.place, r.value, r.target, r.verdict
-        );
-        let _ = writeln!(
-            summary,
-            "{:<60} {:<16} {:<28} {:<10} {}",
-            r.figure, r.place, r.value, r.target, r.verdict
-        );
-    }
-    let _ = write!(
-        md,
-        "\n## memcg-trace and bpftrace, one boot of {kernel} ({})\n\nhackbench {} per run; full cost per call = (traced - untraced seconds of the round) / the calls of the round's run (counted by the fentry recording; kprobe: its own).\n\n{}",
-        fs::read_to_string(peer_dir.join("clock.txt"))
-            .map(|c| c.trim().to_string())
-            .unwrap_or_else(|_| "TCG".into()),
-        hackbench_args(&peer_dir),
-        peer_table(&peer)
-    );
+    let md = report_markdown(&rows, &report["peer"], &dirs.peer, kernel, own, smoke);
     fs::write(root.join("report.md"), &md)?;
     // The full run's report is the project's page of measured figures: written here, never by
     // hand, stamped with the commit it measured. Only when this run measured every part on
@@ -1748,10 +1687,93 @@ pub fn bench(
         );
         fs::write(workspace_root().join("docs/results.md"), page)?;
     }
+
+    let mut summary = String::new();
+    for r in &rows {
+        let _ = writeln!(
+            summary,
+            "{:<60} {:<16} {:<28} {:<10} {}",
+            r.figure, r.place, r.value, r.target, r.verdict
+        );
+    }
     summary.push('\n');
-    summary.push_str(&peer_table(&peer));
+    summary.push_str(&peer_table(&report["peer"]));
     println!("{summary}");
     Ok(root.join("report.md"))
+}
+
+/// The report's rows from every part's last run in `dirs`, and the report's JSON (each part's
+/// figures and the rows). The smoke run's rows carry no verdict: its workloads last a
+/// fraction of a second, so fixed costs (spawning the workload, the last read) dominate every
+/// figure; it proves the bench runs.
+fn report_rows(dirs: &PartDirs, kernel: &str, size: Size) -> Result<(Vec<Row>, serde_json::Value)> {
+    let mut rows = Vec::new();
+    let host = rows_for(&dirs.host, "host", &["tracepoint"], true, &mut rows)?;
+    // Runs before the clock was recorded were host-clocked TCG.
+    let vm_clock = fs::read_to_string(dirs.vm.join("clock.txt")).unwrap_or_else(|_| "TCG".into());
+    let vm = rows_for(
+        &dirs.vm,
+        &format!("VM {kernel} ({})", vm_clock.trim()),
+        size.vm_backends,
+        false,
+        &mut rows,
+    )?;
+    let peer = peer_rows(&dirs.peer, kernel, &mut rows)?;
+    let loss = loss_rows(&dirs.loss, &mut rows)?;
+    if size.dir == SMOKE.dir {
+        for r in &mut rows {
+            if r.verdict == "met" || r.verdict == "MISSED" {
+                r.verdict = "smoke: no verdict";
+            }
+        }
+    }
+    let report = serde_json::json!({
+        "host": host,
+        "vm": { "kernel": kernel, "results": vm },
+        "peer": peer,
+        "loss": loss,
+        "rows": rows.iter().map(|r| serde_json::json!({"figure": r.figure, "where": r.place, "value": r.value, "target": r.target, "verdict": r.verdict})).collect::<Vec<_>>(),
+    });
+    Ok((rows, report))
+}
+
+/// The report in markdown: the rows' table, then the peer rounds' (`peer`, run in `peer_dir`)
+/// on `kernel` (`own`: the image the user gave).
+fn report_markdown(
+    rows: &[Row],
+    peer: &serde_json::Value,
+    peer_dir: &Path,
+    kernel: &str,
+    own: Option<&kernels::Kernel>,
+    smoke: bool,
+) -> String {
+    let mut md = String::from(if smoke {
+        "# memcg-trace bench (smoke run: tiny workloads, no verdicts)\n\n"
+    } else {
+        "# memcg-trace bench\n\n"
+    });
+    let vm_kernel = match own {
+        Some(k) => format!("the kernel image {} ({})", k.vmlinuz.display(), k.release),
+        None => "Debian stock kernel".to_string(),
+    };
+    md.push_str(&format!("Host: this machine's kernel (tracepoint backend). VM: {vm_kernel} under single-threaded TCG, where absolute costs are inflated 10-100x; read the ratios.\n\n| figure | where | value | target | verdict |\n|---|---|---|---|---|\n"));
+    for r in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            r.figure, r.place, r.value, r.target, r.verdict
+        );
+    }
+    let _ = write!(
+        md,
+        "\n## memcg-trace and bpftrace, one boot of {kernel} ({})\n\nhackbench {} per run; full cost per call = (traced - untraced seconds of the round) / the calls of the round's run (counted by the fentry recording; kprobe: its own).\n\n{}",
+        fs::read_to_string(peer_dir.join("clock.txt"))
+            .map(|c| c.trim().to_string())
+            .unwrap_or_else(|_| "TCG".into()),
+        hackbench_args(peer_dir),
+        peer_table(peer)
+    );
+    md
 }
 
 /// Why this run does not write docs/results.md (None: it does).

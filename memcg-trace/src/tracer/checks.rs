@@ -854,6 +854,26 @@ pub fn context_check(
             ..Default::default()
         },
     )?;
+    let used = attach_ctx_checks(&mut ebpf, rows)?;
+    during();
+    let start = Instant::now();
+    while start.elapsed() < window {
+        std::thread::sleep(Duration::from_millis(20));
+        if early && calibration_rows_hit(&ebpf, &used)? {
+            break;
+        }
+    }
+    for prog in names::CTX_CHECK {
+        if let Some(p) = ebpf.program_mut(prog) {
+            unload(p);
+        }
+    }
+    read_ctx_checks(&ebpf, rows, &used)
+}
+
+/// Attaches each context-check program whose row's usage is in `rows` to the first of its
+/// tracepoints that takes it; the tracepoint each row is on (None: not attached).
+fn attach_ctx_checks(ebpf: &mut Ebpf, rows: &[CtxUse]) -> Result<Vec<Option<String>>> {
     let btf = super::kbtf::attach_btf(
         CTX_SOURCES
             .iter()
@@ -877,54 +897,51 @@ pub fn context_check(
             unload(p);
         }
     }
-    drop(btf);
-    during();
-    let hits = |ebpf: &Ebpf, row: u32| -> Result<u64> {
-        let counts: PerCpuArray<_, u64> = PerCpuArray::try_from(
-            ebpf.map(names::MAP_CTX_CHECK)
-                .ok_or_else(|| anyhow!("map {} missing", names::MAP_CTX_CHECK))?,
-        )?;
-        let mut n = 0;
+    Ok(used)
+}
+
+/// The per-CPU map of a context check's counts or bits, by name.
+fn ctx_check_map<'a>(ebpf: &'a Ebpf, name: &str) -> Result<PerCpuArray<&'a MapData, u64>> {
+    let map = ebpf
+        .map(name)
+        .ok_or_else(|| anyhow!("map {name} missing"))?;
+    Ok(PerCpuArray::try_from(map)?)
+}
+
+/// Whether every attached calibration row but NMI (`used`: each row's tracepoint) has seen 3
+/// hits, however classified.
+fn calibration_rows_hit(ebpf: &Ebpf, used: &[Option<String>]) -> Result<bool> {
+    let counts = ctx_check_map(ebpf, names::MAP_CTX_CHECK)?;
+    for (row, (ctx, usage, _)) in CTX_SOURCES.iter().enumerate() {
+        if *usage != CtxUse::Calibration || *ctx == memcg_trace_common::CTX_NMI {
+            continue;
+        }
+        if used[row].is_none() {
+            continue;
+        }
+        let mut hits = 0;
         for got in 0..CTX_CHECK_COLS {
-            n += counts
-                .get(&ctx_check_index(row, got), 0)?
+            hits += counts
+                .get(&ctx_check_index(row as u32, got), 0)?
                 .iter()
                 .sum::<u64>();
         }
-        Ok(n)
-    };
-    let start = Instant::now();
-    while start.elapsed() < window {
-        std::thread::sleep(Duration::from_millis(20));
-        if early {
-            let mut done = true;
-            for (row, (ctx, usage, _)) in CTX_SOURCES.iter().enumerate() {
-                if *usage == CtxUse::Calibration
-                    && *ctx != memcg_trace_common::CTX_NMI
-                    && used[row].is_some()
-                    && hits(&ebpf, row as u32)? < 3
-                {
-                    done = false;
-                }
-            }
-            if done {
-                break;
-            }
+        if hits < 3 {
+            return Ok(false);
         }
     }
-    for prog in names::CTX_CHECK {
-        if let Some(p) = ebpf.program_mut(prog) {
-            unload(p);
-        }
-    }
-    let counts: PerCpuArray<_, u64> = PerCpuArray::try_from(
-        ebpf.map(names::MAP_CTX_CHECK)
-            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CTX_CHECK))?,
-    )?;
-    let bits: PerCpuArray<_, u64> = PerCpuArray::try_from(
-        ebpf.map(names::MAP_CTX_BITS)
-            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CTX_BITS))?,
-    )?;
+    Ok(true)
+}
+
+/// How each row whose usage is in `rows` was classified (`used`: the tracepoint it was on),
+/// and the context bits it saw on any CPU and on all.
+fn read_ctx_checks(
+    ebpf: &Ebpf,
+    rows: &[CtxUse],
+    used: &[Option<String>],
+) -> Result<Vec<ContextCheck>> {
+    let counts = ctx_check_map(ebpf, names::MAP_CTX_CHECK)?;
+    let bits = ctx_check_map(ebpf, names::MAP_CTX_BITS)?;
     let mut out = Vec::new();
     for (row, (ctx, usage, _)) in CTX_SOURCES.iter().enumerate() {
         if !rows.contains(usage) {

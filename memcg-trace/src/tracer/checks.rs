@@ -1061,108 +1061,134 @@ impl Tracer {
         if slot >= self.probes {
             bail!("no spare probe slot for the floor");
         }
-        // A tracing program to run: BPF_PROG_TEST_RUN of any fentry/fexit program calls
-        // bpf_fentry_test1..8 once. Loaded, not attached.
-        let trigger = names::FLOOR_EMPTY_FENTRY[1];
-        {
-            let btf = self
-                .btf
-                .as_ref()
-                .ok_or_else(|| anyhow!("attaching is over"))?;
-            let p: &mut FExit = self
-                .ebpf
-                .program_mut(trigger)
-                .context("trigger program")?
-                .try_into()?;
-            p.load(FLOOR_FUNCTION, btf).map_err(|e| {
-                anyhow!(
-                    "cannot load a tracing program to call {FLOOR_FUNCTION}: {}",
-                    chain(&e)
-                )
-            })?;
-        }
-        let run = |t: &Tracer, n: u32| -> Result<Duration> {
-            let p: &FExit = t
-                .ebpf
-                .program(trigger)
-                .context("trigger program")?
-                .try_into()?;
-            let start = Instant::now();
-            for _ in 0..n {
-                p.test_run(())
-                    .map_err(|e| anyhow!("BPF_PROG_TEST_RUN: {}", chain(&e)))?;
-            }
-            Ok(start.elapsed())
-        };
+        self.load_floor_trigger()?;
         let programs = super::slot_programs(backend, slot, self.lean);
-        let result = (|| -> Result<Floor> {
-            // Without the pair, then with it: the difference is what a traced call costs. The
-            // faster of two batches each, the one least disturbed by the rest of the machine.
-            let bare = run(self, calls)?.min(run(self, calls)?);
-            self.attach_programs(&programs, FLOOR_FUNCTION, Some(slot))
-                .map_err(|e| anyhow!("attach to {FLOOR_FUNCTION}: {e}"))?;
-            let traced = run(self, calls)?;
-            let traced = traced.min(run(self, calls)?);
-            // The latencies of these batches only: with bpf stats on, every program run carries
-            // two more clock reads.
-            let mut h = HistData::default();
-            for cpu in 0..self.cpus as u32 {
-                h.add_cpu(
-                    &self
-                        .cells
-                        .get(cell(cpu, self.probes, slot, CTX_TASK) as usize)
-                        .hist,
-                );
-                // And in the workload's cell, should the daemon run inside the cgroup it
-                // traces (`--cgroup` of its own).
-                if self.workload {
-                    let w = workload_cell(cpu, self.probes, slot, CTX_TASK, self.workload_contexts);
-                    h.add_cpu(&self.workload_cells.get(w as usize).hist);
-                }
-            }
-            // Program run time, with bpf stats on for this batch only.
-            self.start_stats()?;
-            let before: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
-            run(self, calls)?;
-            let after: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
-            self.stop_stats();
-            let l = figures::latency(&h, Duration::from_secs(1), &[0.5, 0.9])
-                .ok_or_else(|| anyhow!("the floor pair on {FLOOR_FUNCTION} timed no call"))?;
-            let (time, runs): (u64, u64) = before
-                .iter()
-                .zip(&after)
-                .map(|(b, a)| (a.run_time_ns - b.run_time_ns, a.run_cnt - b.run_cnt))
-                .fold((0, 0), |(t, r), (dt, dr)| (t + dt, r + dr));
-            let per_pair_runs = runs as f64 / programs.len() as f64;
-            Ok(Floor {
-                backend,
-                calls: h.count,
-                p50_ns: l.at(0.5).unwrap_or(0),
-                p90_ns: l.at(0.9).unwrap_or(0),
-                min_ns: h.min_ns,
-                programs_ns: figures::ratio(time as f64, per_pair_runs),
-                // Not resolved when the traced batches were not slower than the bare ones (a
-                // disturbed machine, emulation): unknown, never a negative cost.
-                per_call_ns: (traced > bare)
-                    .then(|| {
-                        figures::ratio(
-                            traced.as_nanos() as f64 - bare.as_nanos() as f64,
-                            calls as f64,
-                        )
-                    })
-                    .flatten(),
-            })
-        })();
+        let result = self.time_floor(backend, slot, calls, &programs);
         // Entry first, as always: a call in flight still gets its exit.
         for p in &programs {
             self.detach(p);
         }
-        if let Some(p) = self.ebpf.program_mut(trigger) {
+        if let Some(p) = self.ebpf.program_mut(FLOOR_TRIGGER) {
             unload(p);
         }
         result
     }
+
+    /// Loads (does not attach) the tracing program whose BPF_PROG_TEST_RUN calls
+    /// [`FLOOR_FUNCTION`].
+    fn load_floor_trigger(&mut self) -> Result<()> {
+        let btf = self
+            .btf
+            .as_ref()
+            .ok_or_else(|| anyhow!("attaching is over"))?;
+        let p: &mut FExit = self
+            .ebpf
+            .program_mut(FLOOR_TRIGGER)
+            .context("trigger program")?
+            .try_into()?;
+        p.load(FLOOR_FUNCTION, btf).map_err(|e| {
+            anyhow!(
+                "cannot load a tracing program to call {FLOOR_FUNCTION}: {}",
+                chain(&e)
+            )
+        })
+    }
+
+    /// How long `n` calls of [`FLOOR_FUNCTION`] take, one BPF_PROG_TEST_RUN each.
+    fn run_floor_trigger(&self, n: u32) -> Result<Duration> {
+        let p: &FExit = self
+            .ebpf
+            .program(FLOOR_TRIGGER)
+            .context("trigger program")?
+            .try_into()?;
+        let start = Instant::now();
+        for _ in 0..n {
+            p.test_run(())
+                .map_err(|e| anyhow!("BPF_PROG_TEST_RUN: {}", chain(&e)))?;
+        }
+        Ok(start.elapsed())
+    }
+
+    /// The floor of `backend`'s `programs` (slot `slot`'s), `calls` calls a batch: batches
+    /// without the pair, then with it (the difference is what a traced call costs; the faster
+    /// of two batches each, the one least disturbed by the rest of the machine), their
+    /// latencies as the programs timed them, and one more batch with bpf stats on for the
+    /// programs' own time (stats add two clock reads to every run, so not before).
+    fn time_floor(
+        &mut self,
+        backend: Backend,
+        slot: u32,
+        calls: u32,
+        programs: &[&'static str],
+    ) -> Result<Floor> {
+        let bare = self
+            .run_floor_trigger(calls)?
+            .min(self.run_floor_trigger(calls)?);
+        self.attach_programs(programs, FLOOR_FUNCTION, Some(slot))
+            .map_err(|e| anyhow!("attach to {FLOOR_FUNCTION}: {e}"))?;
+        let traced = self
+            .run_floor_trigger(calls)?
+            .min(self.run_floor_trigger(calls)?);
+        let h = self.floor_hist(slot);
+
+        self.start_stats()?;
+        let before: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
+        self.run_floor_trigger(calls)?;
+        let after: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
+        self.stop_stats();
+        let (time, runs): (u64, u64) = before
+            .iter()
+            .zip(&after)
+            .map(|(b, a)| (a.run_time_ns - b.run_time_ns, a.run_cnt - b.run_cnt))
+            .fold((0, 0), |(t, r), (dt, dr)| (t + dt, r + dr));
+        let per_pair_runs = runs as f64 / programs.len() as f64;
+
+        let l = figures::latency(&h, Duration::from_secs(1), &[0.5, 0.9])
+            .ok_or_else(|| anyhow!("the floor pair on {FLOOR_FUNCTION} timed no call"))?;
+        Ok(Floor {
+            backend,
+            calls: h.count,
+            p50_ns: l.at(0.5).unwrap_or(0),
+            p90_ns: l.at(0.9).unwrap_or(0),
+            min_ns: h.min_ns,
+            programs_ns: figures::ratio(time as f64, per_pair_runs),
+            // Not resolved when the traced batches were not slower than the bare ones (a
+            // disturbed machine, emulation): unknown, never a negative cost.
+            per_call_ns: (traced > bare)
+                .then(|| {
+                    figures::ratio(
+                        traced.as_nanos() as f64 - bare.as_nanos() as f64,
+                        calls as f64,
+                    )
+                })
+                .flatten(),
+        })
+    }
+
+    /// The task-context histogram of slot `slot` on every CPU: its context's cell, and its
+    /// workload cell should the daemon run inside the cgroup it traces (`--cgroup` of its
+    /// own).
+    fn floor_hist(&self, slot: u32) -> HistData {
+        let mut h = HistData::default();
+        for cpu in 0..self.cpus as u32 {
+            h.add_cpu(
+                &self
+                    .cells
+                    .get(cell(cpu, self.probes, slot, CTX_TASK) as usize)
+                    .hist,
+            );
+            if self.workload {
+                let w = workload_cell(cpu, self.probes, slot, CTX_TASK, self.workload_contexts);
+                h.add_cpu(&self.workload_cells.get(w as usize).hist);
+            }
+        }
+        h
+    }
 }
+
+/// The tracing program whose BPF_PROG_TEST_RUN calls [`FLOOR_FUNCTION`] once (any fentry or
+/// fexit program's does): loaded, not attached.
+const FLOOR_TRIGGER: &str = names::FLOOR_EMPTY_FENTRY[1];
 
 /// perf_event_open flag: close the fd on exec.
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;

@@ -2,6 +2,7 @@
 //! `dpkg -x`, cached by release.
 
 use std::{
+    collections::HashMap,
     fs,
     path::{Path, PathBuf},
     process::Command,
@@ -549,9 +550,26 @@ pub fn modules(kernel: &Kernel, names: &[&str]) -> Result<Vec<PathBuf>> {
         names.join(", "),
         kernel.release
     );
-    let opts = apt_opts(&kernel.spec)?;
     let work = dir.with_extension("partial");
+    let found = unpack_module_packages(kernel, &work)?;
+    fs::create_dir_all(&dir)?;
+    let mut loaded: Vec<String> = Vec::new();
+    for n in names {
+        if !found.contains_key(&n.replace('-', "_")) {
+            bail!("kernel {} has no module {n}", kernel.release);
+        }
+        copy_with_depends(n, &found, &dir, &mut loaded)?;
+    }
+    fs::write(&order, loaded.join("\n"))?;
     let _ = fs::remove_dir_all(&work);
+    Ok(loaded.iter().map(|l| dir.join(l)).collect())
+}
+
+/// Downloads `kernel`'s packages into `work` and unpacks them there; every module file in them
+/// by name (`-` read as `_`, as the kernel does).
+fn unpack_module_packages(kernel: &Kernel, work: &Path) -> Result<HashMap<String, PathBuf>> {
+    let opts = apt_opts(&kernel.spec)?;
+    let _ = fs::remove_dir_all(work);
     fs::create_dir_all(work.join("debs"))?;
     let mut pkgs: Vec<String> = kernel.spec.packages.iter().map(|p| p.to_string()).collect();
     // From 6.19 on the image's package holds no module: they are in linux-modules-<release>.
@@ -569,8 +587,7 @@ pub fn modules(kernel: &Kernel, names: &[&str]) -> Result<Vec<PathBuf>> {
             .arg(deb.path())
             .arg(work.join("root")))?;
     }
-    // Every module file of the package, by name.
-    let mut found = std::collections::HashMap::new();
+    let mut found = HashMap::new();
     let mut stack = vec![work.join("root")];
     while let Some(d) = stack.pop() {
         for e in fs::read_dir(&d).into_iter().flatten().flatten() {
@@ -584,51 +601,43 @@ pub fn modules(kernel: &Kernel, names: &[&str]) -> Result<Vec<PathBuf>> {
             }
         }
     }
-    fs::create_dir_all(&dir)?;
-    let mut loaded: Vec<String> = Vec::new();
-    fn visit(
-        name: &str,
-        found: &std::collections::HashMap<String, PathBuf>,
-        dir: &Path,
-        loaded: &mut Vec<String>,
-    ) -> Result<()> {
-        let key = name.replace('-', "_");
-        if loaded.iter().any(|l| l == &format!("{key}.ko")) {
-            return Ok(());
-        }
-        let Some(src) = found.get(&key) else {
-            // Built in.
-            return Ok(());
-        };
-        let bytes = if src.extension().is_some_and(|e| e == "xz") {
-            let out = Command::new("xz")
-                .args(["-dc"])
-                .arg(src)
-                .output()
-                .context("run xz")?;
-            if !out.status.success() {
-                bail!("xz could not decompress {}", src.display());
-            }
-            out.stdout
-        } else {
-            fs::read(src)?
-        };
-        for dep in module_depends(&bytes) {
-            visit(&dep, found, dir, loaded)?;
-        }
-        fs::write(dir.join(format!("{key}.ko")), &bytes)?;
-        loaded.push(format!("{key}.ko"));
-        Ok(())
+    Ok(found)
+}
+
+/// Writes module `name` (from `found`), decompressed, into `dir` after the modules it depends
+/// on, each once, noting each in `loaded` in load order; a module not in `found` is built in.
+fn copy_with_depends(
+    name: &str,
+    found: &HashMap<String, PathBuf>,
+    dir: &Path,
+    loaded: &mut Vec<String>,
+) -> Result<()> {
+    let key = name.replace('-', "_");
+    if loaded.iter().any(|l| l == &format!("{key}.ko")) {
+        return Ok(());
     }
-    for n in names {
-        if !found.contains_key(&n.replace('-', "_")) {
-            bail!("kernel {} has no module {n}", kernel.release);
+    let Some(src) = found.get(&key) else {
+        return Ok(());
+    };
+    let bytes = if src.extension().is_some_and(|e| e == "xz") {
+        let out = Command::new("xz")
+            .args(["-dc"])
+            .arg(src)
+            .output()
+            .context("run xz")?;
+        if !out.status.success() {
+            bail!("xz could not decompress {}", src.display());
         }
-        visit(n, &found, &dir, &mut loaded)?;
+        out.stdout
+    } else {
+        fs::read(src)?
+    };
+    for dep in module_depends(&bytes) {
+        copy_with_depends(&dep, found, dir, loaded)?;
     }
-    fs::write(&order, loaded.join("\n"))?;
-    let _ = fs::remove_dir_all(&work);
-    Ok(loaded.iter().map(|l| dir.join(l)).collect())
+    fs::write(dir.join(format!("{key}.ko")), &bytes)?;
+    loaded.push(format!("{key}.ko"));
+    Ok(())
 }
 
 #[cfg(test)]

@@ -295,6 +295,8 @@ fn vm_run(
     Ok(())
 }
 
+/// The peer comparison's rounds (`size.rounds`, then the calibration), each in a boot of its
+/// own, their outputs gathered into `out`.
 fn peer_run(
     bin: &Path,
     out: &Path,
@@ -302,7 +304,6 @@ fn peer_run(
     kernel: &kernels::Kernel,
     accel: Accel,
 ) -> Result<()> {
-    let k = kernel;
     // Under TCG the guest's clock counts instructions (`-icount shift=0`: 1 guest ns per
     // instruction), so that a round's times do not move with the host's load: host-clocked,
     // the rounds of one bench scattered 0.09-0.85x around their median. QEMU 7.2 (Debian 12's)
@@ -317,44 +318,12 @@ fn peer_run(
     let mut round = 1;
     while round <= size.rounds + 1 {
         let cal = round > size.rounds;
-        let script = format!(
-            "ROUND={}\nCAL={}\nPEER_HACKBENCH='{}'\nPROBES='{PEER_PROBES}'\n{}",
-            if cal { 0 } else { round },
-            cal as u8,
-            size.peer_hackbench,
-            include_str!("../guest/peer.sh")
-        );
         let what = if cal {
             "the calibration".to_string()
         } else {
             format!("round {round}")
         };
-        let r = vm::run(
-            k,
-            &VmSpec {
-                name: format!("{}-peer", k.spec.short),
-                script,
-                bins: vec![
-                    bin.to_path_buf(),
-                    crate::hackbench()?,
-                    crate::which("bpftrace")?,
-                    crate::which("funclatency")?,
-                ],
-                accel,
-                // A round takes about two minutes; a step that hangs ends at its own 15-minute
-                // watchdog, within this.
-                timeout: Duration::from_secs(1200),
-                echo: true,
-                modules: Vec::new(),
-                // bpftrace brings LLVM: ~200 MB of libraries in the initramfs.
-                mem_mb: 2048,
-                cpus: 0,
-                icount,
-                packages: Vec::new(),
-                files: Vec::new(),
-                nmis: None,
-            },
-        )?;
+        let r = vm::run(kernel, &peer_spec(bin, size, kernel, accel, icount, round)?)?;
         // The harness's own second boot after an emulation fault (`vm::run`).
         for f in &r.emulation_faults {
             retried.push(format!(
@@ -376,24 +345,71 @@ fn peer_run(
                 r.tail(40)
             );
         }
-        for e in fs::read_dir(&r.out_dir)?.flatten() {
-            if e.file_name() == "peer-hangs.txt" {
-                // Noted by each boot: kept across them.
-                let mut f = fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(out.join("peer-hangs.txt"))?;
-                std::io::Write::write_all(&mut f, &fs::read(e.path())?)?;
-            } else {
-                fs::copy(e.path(), out.join(e.file_name()))?;
-            }
-        }
+        gather_peer_round(&r.out_dir, out)?;
         round += 1;
     }
     // How the rounds were clocked, and the boots run again, for the report (a later bench
     // may reuse this part).
     fs::write(out.join("clock.txt"), clock_label(accel))?;
     fs::write(out.join("peer-retries.txt"), retried.join("\n"))?;
+    Ok(())
+}
+
+/// The boot of the peer comparison's round `round` (past `size.rounds`: the calibration).
+fn peer_spec(
+    bin: &Path,
+    size: Size,
+    kernel: &kernels::Kernel,
+    accel: Accel,
+    icount: Option<u32>,
+    round: usize,
+) -> Result<VmSpec> {
+    let cal = round > size.rounds;
+    let script = format!(
+        "ROUND={}\nCAL={}\nPEER_HACKBENCH='{}'\nPROBES='{PEER_PROBES}'\n{}",
+        if cal { 0 } else { round },
+        cal as u8,
+        size.peer_hackbench,
+        include_str!("../guest/peer.sh")
+    );
+    Ok(VmSpec {
+        name: format!("{}-peer", kernel.spec.short),
+        script,
+        bins: vec![
+            bin.to_path_buf(),
+            crate::hackbench()?,
+            crate::which("bpftrace")?,
+            crate::which("funclatency")?,
+        ],
+        accel,
+        // A round takes about two minutes; a step that hangs ends at its own 15-minute
+        // watchdog, within this.
+        timeout: Duration::from_secs(1200),
+        echo: true,
+        modules: Vec::new(),
+        // bpftrace brings LLVM: ~200 MB of libraries in the initramfs.
+        mem_mb: 2048,
+        cpus: 0,
+        icount,
+        packages: Vec::new(),
+        files: Vec::new(),
+        nmis: None,
+    })
+}
+
+/// A round's outputs (in `from`) copied into `out`, its hangs noted after the earlier rounds'.
+fn gather_peer_round(from: &Path, out: &Path) -> Result<()> {
+    for e in fs::read_dir(from)?.flatten() {
+        if e.file_name() == "peer-hangs.txt" {
+            let mut f = fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(out.join("peer-hangs.txt"))?;
+            std::io::Write::write_all(&mut f, &fs::read(e.path())?)?;
+        } else {
+            fs::copy(e.path(), out.join(e.file_name()))?;
+        }
+    }
     Ok(())
 }
 

@@ -73,9 +73,37 @@ pub const fn ilog2(v: u64) -> u32 {
     LOG2_OF_TOP_BITS[(top.wrapping_mul(DE_BRUIJN) >> 58) as usize & 63] as u32
 }
 
-/// The bucket a latency of `ns` nanoseconds is counted in.
+/// The bucket a latency of `ns` nanoseconds is counted in: for the usual latencies (below
+/// [`SHORT_NS`]) one load from a table, else computed ([`bucket_by_log`]). The table saves
+/// about 40 of the exit program's ~330 instructions a call, for one more cache line read (the
+/// few in use stay hot: a function's latencies cluster).
 #[inline(always)]
 pub const fn bucket_index(ns: u64) -> usize {
+    if ns < SHORT_NS {
+        return SHORT_BUCKETS[ns as usize] as usize;
+    }
+    bucket_by_log(ns)
+}
+
+/// Latencies below this (ns) have their bucket in [`SHORT_BUCKETS`].
+pub const SHORT_NS: u64 = 4096;
+
+/// The bucket of each latency below [`SHORT_NS`], as [`bucket_by_log`] computes it; a byte
+/// each (those buckets are below 256).
+const SHORT_BUCKETS: [u8; SHORT_NS as usize] = {
+    let mut t = [0u8; SHORT_NS as usize];
+    let mut ns = 0;
+    while ns < SHORT_NS {
+        t[ns as usize] = bucket_by_log(ns) as u8;
+        ns += 1;
+    }
+    t
+};
+const _: () = assert!(bucket_by_log(SHORT_NS - 1) < 256);
+
+/// The bucket of `ns`, computed from its highest bit (see [`bucket_index`]).
+#[inline(always)]
+pub const fn bucket_by_log(ns: u64) -> usize {
     if ns < SUB_BUCKETS {
         return ns as usize;
     }
@@ -1519,6 +1547,35 @@ mod tests {
                 assert_eq!(ilog2(v), v.ilog2(), "{v:#x}");
             }
         }
+    }
+
+    #[test]
+    fn latency_buckets_hold_their_values_and_tile_the_range() {
+        // Every value below 2^16 against the buckets' bounds (computed from the index alone,
+        // not by bucket_index): the table's range whole, and both ways of computing around
+        // its edge.
+        let mut i = 0;
+        for ns in 0..1u64 << 16 {
+            while bucket_bounds(i).1 <= ns {
+                i += 1;
+            }
+            let (lo, hi) = bucket_bounds(i);
+            assert!(lo <= ns && ns < hi, "{ns}: bucket {i} is [{lo}, {hi})");
+            assert_eq!(bucket_index(ns), i, "{ns}");
+            assert_eq!(bucket_by_log(ns), i, "{ns}");
+        }
+        // Above, each bucket's ends; the last holds everything from 2^MAX_POW on.
+        for i in i..NUM_BUCKETS - 1 {
+            let (lo, hi) = bucket_bounds(i);
+            assert_eq!(
+                (bucket_index(lo), bucket_index(hi - 1)),
+                (i, i),
+                "[{lo}, {hi})"
+            );
+            assert_eq!(bucket_bounds(i + 1).0, hi);
+        }
+        assert_eq!(bucket_index(1 << MAX_POW), NUM_BUCKETS - 1);
+        assert_eq!(bucket_index(u64::MAX), NUM_BUCKETS - 1);
     }
 
     #[test]

@@ -85,7 +85,7 @@ pub const fn bucket_index(ns: u64) -> usize {
     bucket_by_log(ns)
 }
 
-/// Latencies below this (ns) have their bucket in [`SHORT_BUCKETS`].
+/// Latencies below this (ns) have their bucket read from a table (see [`bucket_index`]).
 pub const SHORT_NS: u64 = 4096;
 
 /// The bucket of each latency below [`SHORT_NS`], as [`bucket_by_log`] computes it; a byte
@@ -966,9 +966,31 @@ const _: () = assert!(
         <= CALLER_BUCKETS
 );
 
-/// The bucket of a call site's histogram that counts `ns`.
+/// The bucket of a call site's histogram that counts `ns`: below [`SHORT_NS`] one load from a
+/// table (as [`bucket_index`]), else computed ([`caller_bucket_by_log`]).
 #[inline(always)]
 pub const fn caller_bucket_index(ns: u64) -> usize {
+    if ns < SHORT_NS {
+        return SHORT_CALLER_BUCKETS[ns as usize] as usize;
+    }
+    caller_bucket_by_log(ns)
+}
+
+/// The call-site bucket of each latency below [`SHORT_NS`], as [`caller_bucket_by_log`]
+/// computes it.
+const SHORT_CALLER_BUCKETS: [u8; SHORT_NS as usize] = {
+    let mut t = [0u8; SHORT_NS as usize];
+    let mut ns = 0;
+    while ns < SHORT_NS {
+        t[ns as usize] = caller_bucket_by_log(ns) as u8;
+        ns += 1;
+    }
+    t
+};
+
+/// The call-site bucket of `ns`, computed from its highest bit (see [`caller_bucket_index`]).
+#[inline(always)]
+pub const fn caller_bucket_by_log(ns: u64) -> usize {
     let sub = 1u64 << CALLER_SUB_BITS;
     if ns < sub {
         return ns as usize;
@@ -1574,12 +1596,27 @@ mod tests {
             );
             assert_eq!(bucket_bounds(i + 1).0, hi);
         }
+        let last = bucket_bounds(NUM_BUCKETS - 1).0;
+        assert_eq!(bucket_index(last - 1), NUM_BUCKETS - 2);
+        assert_eq!(bucket_index(last), NUM_BUCKETS - 1);
         assert_eq!(bucket_index(1 << MAX_POW), NUM_BUCKETS - 1);
         assert_eq!(bucket_index(u64::MAX), NUM_BUCKETS - 1);
     }
 
     #[test]
     fn caller_buckets_hold_their_values_and_tile_the_range() {
+        // Every value below 2^16 against the bounds (the table's range whole, and both ways of
+        // computing around its edge).
+        let mut i = 0;
+        for ns in 0..1u64 << 16 {
+            while caller_bucket_bounds(i).1 <= ns {
+                i += 1;
+            }
+            let (lo, hi) = caller_bucket_bounds(i);
+            assert!(lo <= ns && ns < hi, "{ns}: bucket {i} is [{lo}, {hi})");
+            assert_eq!(caller_bucket_index(ns), i, "{ns}");
+            assert_eq!(caller_bucket_by_log(ns), i, "{ns}");
+        }
         let mut prev_hi = 0;
         for i in 0..CALLER_BUCKETS {
             let (lo, hi) = caller_bucket_bounds(i);

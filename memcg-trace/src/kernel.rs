@@ -870,7 +870,7 @@ pub struct Chased {
     /// by its memcg).
     pub memcg: bool,
     /// The call site: the trampoline's frame or the stack's top word, and the code before a
-    /// return address (`--callers`).
+    /// return address (`--callers`, with fentry or kprobe programs on x86_64).
     pub call_sites: bool,
 }
 
@@ -903,17 +903,20 @@ pub fn reads_of(layout: &KernelLayout, tp_percpu: bool, chased: Chased) -> Strin
     } else {
         ""
     };
-    let what = match (chased.memcg, chased.call_sites) {
-        (false, false) => "",
-        (true, false) => "the charged memcg",
-        (false, true) => "the call sites",
-        (true, true) => "the charged memcg and the call sites",
+    // One clause per thing chased, each saying how it is read.
+    let how = if layout.direct_reads != 0 {
+        "by plain fault-safe loads (bpf_rdonly_cast)"
+    } else {
+        "by bpf_probe_read_kernel"
     };
-    let memcg = match (what, layout.direct_reads != 0) {
-        ("", _) => String::new(),
-        (what, true) => format!("; {what} by plain fault-safe loads (bpf_rdonly_cast)"),
-        (what, false) => format!("; {what} by bpf_probe_read_kernel"),
-    };
+    let mut memcg = String::new();
+    if chased.memcg {
+        memcg.push_str(&format!("; the charged memcg {how}"));
+    }
+    // arm64's programs take the call site from a register (kprobe) or not at all (fentry).
+    if chased.call_sites && layout.arch != memcg_trace_common::ARCH_ARM64 {
+        memcg.push_str(&format!("; the call sites (fentry, kprobe) {how}"));
+    }
     format!("{preempt}; {task}{memcg}{hits}")
 }
 

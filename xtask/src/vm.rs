@@ -462,6 +462,8 @@ const ARM64_CPU: &str = "max,pauth-impdef=on";
 /// One boot of [`run`]: the QEMU command, the boot watched on its console, its verdict and
 /// what it sent back.
 fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
+    // Before anything of the last run is removed.
+    let qemu = qemu_program(kernel.spec.arch)?;
     let work = crate::workspace_root().join("target/vm").join(&spec.name);
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
@@ -470,7 +472,7 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
     let log = work.join("console.log");
     let out_dir = work.join("out");
     let qmp = work.join("qmp.sock");
-    let (qemu, mut cmd) = qemu_command(kernel, spec, &cpio, &data, &qmp)?;
+    let mut cmd = qemu_command(qemu, kernel, spec, &cpio, &data, &qmp)?;
 
     let start = Instant::now();
     let mut child = cmd
@@ -513,16 +515,8 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
     })
 }
 
-/// The QEMU command booting `kernel` with initramfs `cpio` as `spec` says (its program's
-/// name, for messages): `/out` comes back in `data`; with injected NMIs, QMP listens on `qmp`.
-fn qemu_command(
-    kernel: &Kernel,
-    spec: &VmSpec,
-    cpio: &Path,
-    data: &Path,
-    qmp: &Path,
-) -> Result<(&'static str, Command)> {
-    let arch = kernel.spec.arch;
+/// QEMU for guests of `arch`, found.
+fn qemu_program(arch: Arch) -> Result<&'static str> {
     let (qemu, package) = match arch {
         Arch::X86_64 => ("qemu-system-x86_64", "qemu-system-x86"),
         Arch::Arm64 => ("qemu-system-aarch64", "qemu-system-arm"),
@@ -530,6 +524,20 @@ fn qemu_command(
     if Command::new(qemu).arg("--version").output().is_err() {
         bail!("{qemu} is missing: run `cargo xtask setup` (apt package {package})");
     }
+    Ok(qemu)
+}
+
+/// The command running `qemu` to boot `kernel` with initramfs `cpio` as `spec` says: `/out`
+/// comes back in `data`; with injected NMIs, QMP listens on `qmp`.
+fn qemu_command(
+    qemu: &str,
+    kernel: &Kernel,
+    spec: &VmSpec,
+    cpio: &Path,
+    data: &Path,
+    qmp: &Path,
+) -> Result<Command> {
+    let arch = kernel.spec.arch;
     let mut cmd = Command::new(qemu);
     match (spec.accel, arch) {
         (Accel::Tcg, _) => {
@@ -604,7 +612,7 @@ fn qemu_command(
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    Ok((qemu, cmd))
+    Ok(cmd)
 }
 
 /// The lines `child` writes, its standard output's as they are and its standard error's

@@ -119,7 +119,8 @@ pub struct Meta {
     /// `on_cpu_ns`); absent in recordings made before memcg-trace told it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub off_cpu: Option<String>,
-    /// How the programs read the kernel (preempt count, current task, the charged memcg) on
+    /// How the programs read the kernel (preempt count, current task, the charged memcg, call
+    /// sites) on
     /// this machine; absent in recordings made before memcg-trace told it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reads: Option<String>,

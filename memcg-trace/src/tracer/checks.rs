@@ -1131,16 +1131,11 @@ impl Tracer {
             .min(self.run_floor_trigger(calls)?);
         let h = self.floor_hist(slot);
 
+        // Stats off again whether the batch ran or not.
         self.start_stats()?;
-        let before: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
-        self.run_floor_trigger(calls)?;
-        let after: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
+        let batch = self.stats_batch(programs, calls);
         self.stop_stats();
-        let (time, runs): (u64, u64) = before
-            .iter()
-            .zip(&after)
-            .map(|(b, a)| (a.run_time_ns - b.run_time_ns, a.run_cnt - b.run_cnt))
-            .fold((0, 0), |(t, r), (dt, dr)| (t + dt, r + dr));
+        let (time, runs) = batch?;
         let per_pair_runs = runs as f64 / programs.len() as f64;
 
         let l = figures::latency(&h, Duration::from_secs(1), &[0.5, 0.9])
@@ -1163,6 +1158,18 @@ impl Tracer {
                 })
                 .flatten(),
         })
+    }
+
+    /// The run time and runs of `programs` over one batch of `calls` calls, bpf stats on.
+    fn stats_batch(&self, programs: &[&'static str], calls: u32) -> Result<(u64, u64)> {
+        let before: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
+        self.run_floor_trigger(calls)?;
+        let after: Vec<_> = programs.iter().map(|p| self.cost(p)).collect();
+        Ok(before
+            .iter()
+            .zip(&after)
+            .map(|(b, a)| (a.run_time_ns - b.run_time_ns, a.run_cnt - b.run_cnt))
+            .fold((0, 0), |(t, r), (dt, dr)| (t + dt, r + dr)))
     }
 
     /// The task-context histogram of slot `slot` on every CPU: its context's cell, and its

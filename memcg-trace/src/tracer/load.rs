@@ -263,8 +263,8 @@ fn config_of(o: &LoadOptions, cpus: u32, probes: u32) -> Config {
 
 /// Patches the object's `bytes` for plain loads where the kernel allows them, and says so in
 /// `layout`: the preempt count through its named per-CPU variable, else through casts
-/// (`bpf_rdonly_cast`) of addresses the programs find; the memcg chase through casts wherever
-/// the kernel has them. Whether anything was patched.
+/// (`bpf_rdonly_cast`) of addresses the programs find; the memcg chase and the call sites'
+/// words through casts wherever the kernel has them. Whether anything was patched.
 fn patch_direct_reads(bytes: &mut [u8], layout: &mut KernelLayout) -> Result<bool> {
     let mut changed = false;
     layout.direct_task = 1;
@@ -278,9 +278,8 @@ fn patch_direct_reads(bytes: &mut [u8], layout: &mut KernelLayout) -> Result<boo
         changed = true;
     }
     // The memcg chase and the call sites' reads by plain loads through the cast wherever the
-    // kernel has it (the casts
-    // patched above, or here: the other reads through casts stay off where the per-CPU
-    // variable is named, as they hang on `direct_untrusted`).
+    // kernel has it (the casts patched above, or here: the other reads through casts stay off
+    // where the per-CPU variable is named, as they hang on `direct_untrusted`).
     if layout.cast_kfunc_id != 0 && layout.cast_u64_type_id != 0 {
         if layout.direct_untrusted != 0 {
             layout.direct_reads = 1;

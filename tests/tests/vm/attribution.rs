@@ -49,7 +49,9 @@ fn callers_on(name: &str, short: &str) {
         // before a return address are plain loads through it, not helper calls.
         let reads = doc.meta.reads.clone().unwrap_or_default();
         assert!(
-            reads.contains("the call sites by plain fault-safe loads (bpf_rdonly_cast)"),
+            reads.contains(
+                "the call sites (fentry, kprobe) by plain fault-safe loads (bpf_rdonly_cast)"
+            ),
             "{short} {backend}: programs read: {reads}"
         );
         // The kernel's own call graph: every call of the stat function updates rstat first

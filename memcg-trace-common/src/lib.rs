@@ -85,20 +85,29 @@ pub const fn bucket_index(ns: u64) -> usize {
     bucket_by_log(ns)
 }
 
-/// Latencies below this (ns) have their bucket read from a table (see [`bucket_index`]).
+/// Latencies below this (ns) have their bucket read from a table ([`SHORT_BUCKETS`],
+/// [`SHORT_CALLER_BUCKETS`]).
 pub const SHORT_NS: u64 = 4096;
 
 /// The bucket of each latency below [`SHORT_NS`], as [`bucket_by_log`] computes it; a byte
 /// each (those buckets are below 256).
-const SHORT_BUCKETS: [u8; SHORT_NS as usize] = {
+pub const SHORT_BUCKETS: [u8; SHORT_NS as usize] = short_table(false);
+
+/// The table of the buckets of the latencies below [`SHORT_NS`]: the call-site histograms'
+/// (`callers`) or the latency histograms'.
+const fn short_table(callers: bool) -> [u8; SHORT_NS as usize] {
     let mut t = [0u8; SHORT_NS as usize];
     let mut ns = 0;
     while ns < SHORT_NS {
-        t[ns as usize] = bucket_by_log(ns) as u8;
+        t[ns as usize] = if callers {
+            caller_bucket_by_log(ns)
+        } else {
+            bucket_by_log(ns)
+        } as u8;
         ns += 1;
     }
     t
-};
+}
 const _: () = assert!(bucket_by_log(SHORT_NS - 1) < 256);
 
 /// The bucket of `ns`, computed from its highest bit (see [`bucket_index`]).
@@ -978,15 +987,7 @@ pub const fn caller_bucket_index(ns: u64) -> usize {
 
 /// The call-site bucket of each latency below [`SHORT_NS`], as [`caller_bucket_by_log`]
 /// computes it.
-const SHORT_CALLER_BUCKETS: [u8; SHORT_NS as usize] = {
-    let mut t = [0u8; SHORT_NS as usize];
-    let mut ns = 0;
-    while ns < SHORT_NS {
-        t[ns as usize] = caller_bucket_by_log(ns) as u8;
-        ns += 1;
-    }
-    t
-};
+pub const SHORT_CALLER_BUCKETS: [u8; SHORT_NS as usize] = short_table(true);
 
 /// The call-site bucket of `ns`, computed from its highest bit (see [`caller_bucket_index`]).
 #[inline(always)]
@@ -1571,21 +1572,30 @@ mod tests {
         }
     }
 
-    #[test]
-    fn latency_buckets_hold_their_values_and_tile_the_range() {
-        // Every value below 2^16 against the buckets' bounds (computed from the index alone,
-        // not by bucket_index): the table's range whole, and both ways of computing around
-        // its edge.
+    /// Every value below 2^16 against the bounds of its bucket, computed from the index alone
+    /// (`bounds`), not by the code under test: the short tables' range whole, and both ways of
+    /// computing (`index`, `by_log`) around the tables' edge. The bucket of 2^16 - 1.
+    fn every_short_value_in_its_bucket(
+        bounds: fn(usize) -> (u64, u64),
+        index: fn(u64) -> usize,
+        by_log: fn(u64) -> usize,
+    ) -> usize {
         let mut i = 0;
         for ns in 0..1u64 << 16 {
-            while bucket_bounds(i).1 <= ns {
+            while bounds(i).1 <= ns {
                 i += 1;
             }
-            let (lo, hi) = bucket_bounds(i);
+            let (lo, hi) = bounds(i);
             assert!(lo <= ns && ns < hi, "{ns}: bucket {i} is [{lo}, {hi})");
-            assert_eq!(bucket_index(ns), i, "{ns}");
-            assert_eq!(bucket_by_log(ns), i, "{ns}");
+            assert_eq!(index(ns), i, "{ns}");
+            assert_eq!(by_log(ns), i, "{ns}");
         }
+        i
+    }
+
+    #[test]
+    fn latency_buckets_hold_their_values_and_tile_the_range() {
+        let i = every_short_value_in_its_bucket(bucket_bounds, bucket_index, bucket_by_log);
         // Above, each bucket's ends; the last holds everything from 2^MAX_POW on.
         for i in i..NUM_BUCKETS - 1 {
             let (lo, hi) = bucket_bounds(i);
@@ -1605,18 +1615,11 @@ mod tests {
 
     #[test]
     fn caller_buckets_hold_their_values_and_tile_the_range() {
-        // Every value below 2^16 against the bounds (the table's range whole, and both ways of
-        // computing around its edge).
-        let mut i = 0;
-        for ns in 0..1u64 << 16 {
-            while caller_bucket_bounds(i).1 <= ns {
-                i += 1;
-            }
-            let (lo, hi) = caller_bucket_bounds(i);
-            assert!(lo <= ns && ns < hi, "{ns}: bucket {i} is [{lo}, {hi})");
-            assert_eq!(caller_bucket_index(ns), i, "{ns}");
-            assert_eq!(caller_bucket_by_log(ns), i, "{ns}");
-        }
+        every_short_value_in_its_bucket(
+            caller_bucket_bounds,
+            caller_bucket_index,
+            caller_bucket_by_log,
+        );
         let mut prev_hi = 0;
         for i in 0..CALLER_BUCKETS {
             let (lo, hi) = caller_bucket_bounds(i);

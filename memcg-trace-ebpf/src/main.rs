@@ -48,7 +48,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{info, warn};
 use memcg_trace_common::{
-    bucket_index, caller_bucket_index, cell, classify, ctx_check_index, front_index, irq_slot,
+    bucket_by_log, caller_bucket_by_log, cell, classify, ctx_check_index, front_index, irq_slot,
     off_cpu, rt_context_count, task_slot_hint, test_op, thread_kind_of, workload_cell,
     workload_contexts, CallerKey, CallerStat, Cell, Config, Counters, CpuState, Deferred,
     FrontSlot, HeldSwitches, Hist, KernelLayout, MemcgKey, MemcgPath, Nest, Pending, PendingSet,
@@ -57,9 +57,9 @@ use memcg_trace_common::{
     DEFERRED_OUTERMOST, DEFERRED_SWITCHED, DEFERRED_WORKLOAD, EVICTED_KEPT, MAX_PROBES,
     MEMCG_CLIMB, MEMCG_HOPS, MEMCG_IN_WORKLOAD, MEMCG_OUTSIDE, MISSES_BY_WITNESS, NEST_IRQ,
     NEST_NONE, NOT_A_MEMCG, NUM_BUCKETS, NUM_CTX, PENDING_ENCLOSED, PENDING_MISSES_KNOWN,
-    PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, STACK_DEPTH,
-    STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS, THREAD_IRQ, THREAD_OTHER, THREAD_SOFTIRQ, TP_CELLS,
-    WINDOW_OPEN,
+    PENDING_SLOTS, PENDING_WORKLOAD, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER, SHORT_BUCKETS,
+    SHORT_CALLER_BUCKETS, SHORT_NS, STACK_DEPTH, STACK_UNWIND, STACK_UNWOUND, TASK_SLOTS,
+    THREAD_IRQ, THREAD_OTHER, THREAD_SOFTIRQ, TP_CELLS, WINDOW_OPEN,
 };
 
 mod callers;

@@ -24,6 +24,11 @@ pub(crate) trait Env {
     /// Whether counter and histogram updates must be atomic: programs that can be preempted
     /// (fentry on preemptible kernels) may interleave with another run on the same CPU.
     fn atomic(&self) -> bool;
+    /// Whether fentry/fexit programs run preemptible on this kernel (`Config::preemptible`),
+    /// which decides where their calls that leave the CPU are deferred to userspace.
+    fn fentry_preemptible(&self) -> bool {
+        config().preemptible != 0
+    }
     /// The runs of `probe`'s entry program missed on this CPU, when known (see
     /// `PROG_MISSES`): its recursion misses here, or the switch witness's count here.
     fn entry_misses(&self, probe: u32) -> Option<u64>;
@@ -46,7 +51,7 @@ pub(crate) trait Env {
     }
     /// A lean program (`names::FENTRY_LEAN`): built for the usual settings, which the loader
     /// chose it for (no call sites, stacks or charged memcgs; plain loads of the task and its
-    /// cgroup: userspace's `lean_programs`). Its tests of those settings are constants, so the
+    /// cgroup; runs that do not interleave on a CPU: userspace's `lean_programs`). Its tests of those settings are constants, so the
     /// compiler drops the code they guard and the loads of the settings.
     fn lean(&self) -> bool {
         false
@@ -56,7 +61,10 @@ pub(crate) trait Env {
 /// The running kernel.
 pub(crate) struct Kernel {
     pub(crate) st: St,
-    /// fentry/fexit programs run preemptible on preemptible kernels.
+    /// Whether the program can run preemptible: fentry/fexit on preemptible kernels. False for
+    /// kprobes and tracepoints, and for the lean fentry/fexit programs, which the loader takes
+    /// only where fentry runs do not interleave (`lean_programs`): their tests of it are then
+    /// constants, so the compiler drops the atomic updates and the loads of the setting.
     pub(crate) preemptible: bool,
     /// A lean program (see `Env::lean`).
     pub(crate) lean: bool,
@@ -135,6 +143,11 @@ impl Env for Kernel {
     #[inline(always)]
     fn atomic(&self) -> bool {
         self.preemptible && config().preemptible != 0
+    }
+    #[inline(always)]
+    fn fentry_preemptible(&self) -> bool {
+        // Read only by fentry/fexit programs, which have `preemptible` set but for the lean.
+        self.atomic()
     }
     #[inline(always)]
     fn state(&self) -> St {

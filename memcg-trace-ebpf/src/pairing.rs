@@ -208,7 +208,7 @@ pub(crate) fn pair_entry<E: Env>(
     // Where a call that leaves the CPU would be deferred: the runs the entry program missed on
     // this CPU so far, so that the exit can prove such a call itself (see `pair_exit`).
     let deferrable = if fentry {
-        config().preemptible != 0
+        env.fentry_preemptible()
     } else {
         config().kprobe_defers != 0
     };
@@ -720,7 +720,7 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             }
             // `defer_irq`: the fexit program (whose runs can interleave where `preemptible`).
             deferred = if defer_irq {
-                config().preemptible != 0
+                env.fentry_preemptible()
             } else {
                 config().kprobe_defers != 0
             };

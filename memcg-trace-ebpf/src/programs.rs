@@ -35,7 +35,7 @@ macro_rules! fentry_body {
         if let Some(st) = cpu_state(&$ctx) {
             let env = Kernel {
                 st,
-                preemptible: true,
+                preemptible: !$lean,
                 lean: $lean,
             };
             let caller = if !env.lean && config().callers != 0 {
@@ -64,7 +64,7 @@ macro_rules! fexit_body {
         if let Some(st) = cpu_state(&$ctx) {
             let env = Kernel {
                 st,
-                preemptible: true,
+                preemptible: !$lean,
                 lean: $lean,
             };
             pair_exit(&env, n, Key::fentry(&$ctx), true);

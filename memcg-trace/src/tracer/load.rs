@@ -440,9 +440,12 @@ pub fn slot_programs(backend: Backend, slot: u32, lean: bool) -> Vec<&'static st
 
 /// Whether the lean fentry/fexit programs (`names::FENTRY_LEAN`) serve settings `o` on a kernel
 /// whose layout, as loaded, is `loaded`: what they were built for is what holds, no call sites
-/// (nor their stacks), no charged memcgs, and plain loads of the task and its cgroup.
+/// (nor their stacks), no charged memcgs, plain loads of the task and its cgroup, and fentry
+/// runs that do not interleave on a CPU (their counters are plain adds, their nesting always
+/// kept).
 pub fn lean_programs(o: &LoadOptions, loaded: &KernelLayout) -> bool {
-    loaded.direct_task != 0
+    !o.preemptible
+        && loaded.direct_task != 0
         && loaded.direct_cgroup != 0
         && !o.features.callers
         && !o.features.by_memcg

@@ -637,6 +637,11 @@ mod tests {
                 },
                 ..usual
             },
+            // fentry runs that interleave (a preemptible kernel, or no context split).
+            LoadOptions {
+                preemptible: true,
+                ..usual
+            },
         ] {
             assert!(!lean_programs(&o, &direct), "{o:?}");
         }

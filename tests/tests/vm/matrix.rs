@@ -541,9 +541,10 @@ fn vm_matrix(short: &str) {
                 };
                 assert_eq!(p.target, want, "{short} {run}: stat's target");
             }
-            // The usual settings take the lean fentry/fexit programs (tracer::lean_programs).
+            // The usual settings take the lean fentry/fexit programs where fentry runs do not
+            // interleave (tracer::lean_programs): not on a preemptible kernel.
             let names: Vec<&str> = p.programs.iter().map(|g| g.name.as_str()).collect();
-            let want = if backend == "fentry" && legacy {
+            let want = if backend == "fentry" && (legacy || preemptible) {
                 ["fentry_", "fexit_"]
             } else if backend == "fentry" {
                 ["fentry_lean_", "fexit_lean_"]

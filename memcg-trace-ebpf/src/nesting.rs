@@ -23,7 +23,7 @@ pub(crate) fn nest_enter<E: Env>(
     // The slot's last call is the open one: it was dropped as stale or evicted just now, or
     // its exit was on another CPU (a call that exited here set the state back to what it
     // noted, so it is not open).
-    let dead = n.top == p.nest_id && n.owner != NEST_NONE;
+    let dead = n.owner != NEST_NONE && n.top == p.nest_id;
     let id = n.seq.wrapping_add(1);
     n.seq = id;
     p.nest_id = id;

@@ -158,15 +158,16 @@ pub(crate) fn pair_entry<E: Env>(
     };
     // Counted in the context's cell, found before the call is told apart as the workload's
     // (its exit is counted in its workload cell: userspace adds the two, see `Cell`).
-    let (Some(set), Some(cs)) = (pending(env.state(), probe), counters(cpu, probe, ctx)) else {
+    let Some(set) = pending(env.state(), probe) else {
+        return;
+    };
+    let Some(cs) = counters(cpu, probe, ctx) else {
         return;
     };
     add(&mut cs.entries, 1, atomic);
     if !env.lean() {
         stack(ctx);
     }
-    // SAFETY: an aligned u64 in a map value.
-    let used = unsafe { core::ptr::read_volatile(&set.used) };
     if ctx != CTX_TASK {
         // One call in flight per interrupt context: what is left there is stale.
         let Some(p) = set.calls.get_mut(irq_slot(ctx)) else {
@@ -225,7 +226,8 @@ pub(crate) fn pair_entry<E: Env>(
     let mut oldest = 0;
     let mut oldest_ts = u64::MAX;
     // No slot taken: nothing stale, the first choice is free (the usual case); no search.
-    let none_taken = used == 0;
+    // SAFETY: an aligned u64 in a map value.
+    let none_taken = unsafe { core::ptr::read_volatile(&set.used) } == 0;
     if none_taken {
         free = k.hint & (TASK_SLOTS - 1);
     }
@@ -475,6 +477,8 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     // (`switches_read`).
     let mut switches_now: u64 = 0;
     let mut switches_read = false;
+    // Whether that count differs from the entry's (read with it; see Step 5).
+    let mut moved = false;
     if !found {
         // The task slot holding this task and frame (`PENDING_SLOTS`: none).
         let mut local = PENDING_SLOTS;
@@ -490,11 +494,12 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
             let sw = env.switches(task);
             switches_now = sw;
             switches_read = true;
+            moved = sw != p.switches;
             // The task moved to another CPU since this entry: the entry may be stale (its
             // call exited there, or its exit was lost) while this exit's own entry waits on
             // the CPU the call began on. The newer entry there wins; with none, this is a
             // call that left and came back.
-            if sw != p.switches && env.migrations(task) != p.migrations {
+            if moved && env.migrations(task) != p.migrations {
                 let after = p.ts;
                 let workload = p.flags & PENDING_WORKLOAD != 0;
                 let mut own_elsewhere = false;
@@ -652,14 +657,17 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     };
     let cs = &mut c.counters;
     add(&mut cs.exits, 1, atomic);
-    // A task call that left the CPU: other tasks ran there meanwhile.
+    // A task call that left the CPU: other tasks ran there meanwhile. Found in its own slot
+    // here with runs not interleaving, `call` is the slot Step 2 compared: its answer holds.
     let switched = ctx == CTX_TASK
         && (migrated
-            || if switches_read {
-                switches_now
+            || if switches_read && !atomic {
+                moved
+            } else if switches_read {
+                switches_now != call.switches
             } else {
-                env.switches(task)
-            } != call.switches);
+                env.switches(task) != call.switches
+            });
     // This CPU's nesting sums are set back whatever happens below; the call's duration is
     // added for the enclosing call only if the call is counted.
     let nested = nest_exit(env, call, !migrated);

@@ -1461,6 +1461,64 @@ pub const PERCPU_VAR_MARKER: u64 = 0x6d65_6d63_6770_6301;
 /// read-only layout, drops them otherwise.
 pub const RDONLY_CAST_MARKER: i32 = 0x6d63_7401;
 
+/// The fields the lean programs load at offsets the loader writes into the loads themselves
+/// (`LEAN_FIELD_MARKERS`): the task's switch counts, migrations and off-CPU clock, and the
+/// path to its cgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum LeanField {
+    /// [`KernelLayout::task_nvcsw`].
+    Nvcsw,
+    /// [`KernelLayout::task_nivcsw`].
+    Nivcsw,
+    /// [`KernelLayout::task_migrations`].
+    Migrations,
+    /// [`KernelLayout::task_exec_start`].
+    ExecStart,
+    /// [`KernelLayout::task_sum_exec`].
+    SumExec,
+    /// [`KernelLayout::task_cgroups`].
+    Cgroups,
+    /// [`KernelLayout::cset_dfl_cgrp`].
+    DflCgrp,
+}
+
+impl LeanField {
+    /// Every field, in marker order.
+    pub const ALL: [LeanField; 7] = [
+        LeanField::Nvcsw,
+        LeanField::Nivcsw,
+        LeanField::Migrations,
+        LeanField::ExecStart,
+        LeanField::SumExec,
+        LeanField::Cgroups,
+        LeanField::DflCgrp,
+    ];
+
+    /// The 16-bit offset the lean programs' load of this field carries until the loader
+    /// rewrites it: negative and far below any stack slot, so that no other load has it, and
+    /// so that an unrewritten load never passes the verifier.
+    pub const fn marker(self) -> i16 {
+        LEAN_FIELD_MARKER_BASE + self as i16
+    }
+
+    /// The field's offset in `layout`.
+    pub fn offset(self, layout: &KernelLayout) -> u64 {
+        match self {
+            LeanField::Nvcsw => layout.task_nvcsw,
+            LeanField::Nivcsw => layout.task_nivcsw,
+            LeanField::Migrations => layout.task_migrations,
+            LeanField::ExecStart => layout.task_exec_start,
+            LeanField::SumExec => layout.task_sum_exec,
+            LeanField::Cgroups => layout.task_cgroups,
+            LeanField::DflCgrp => layout.cset_dfl_cgrp,
+        }
+    }
+}
+
+/// [`LeanField::marker`] of the first field.
+pub const LEAN_FIELD_MARKER_BASE: i16 = -0x7f00;
+
 /// The preempt_count masks of every kernel so far (include/linux/preempt.h, non-RT).
 pub const PREEMPT_MASKS: (u32, u32, u32) = (0x00f0_0000, 0x000f_0000, 0x0000_0100);
 

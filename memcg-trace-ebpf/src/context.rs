@@ -204,6 +204,14 @@ pub(crate) fn dfl_cgrp(l: &KernelLayout, task: u64) -> *const u8 {
     }
 }
 
+/// [`dfl_cgrp`] for the lean programs, at offsets the loader writes into the loads
+/// ([`lean_load`]).
+#[inline(always)]
+pub(crate) fn lean_dfl_cgrp(task: u64) -> *const u8 {
+    let cset = lean_load::<{ LeanField::Cgroups.marker() }>(task);
+    lean_load::<{ LeanField::DflCgrp.marker() }>(cset) as *const u8
+}
+
 /// `cgrp->kn->id` by plain loads, `cgrp` from [`dfl_cgrp`].
 #[inline(always)]
 pub(crate) fn cgrp_id(l: &KernelLayout, cgrp: *const u8) -> u64 {

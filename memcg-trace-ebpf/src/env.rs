@@ -98,6 +98,9 @@ impl Env for Kernel {
     }
     #[inline(always)]
     fn migrations(&self, task: u64) -> u64 {
+        if self.lean {
+            return lean_load::<{ LeanField::Migrations.marker() }>(task);
+        }
         read_task_u64(layout(), task, layout().task_migrations, self.lean)
     }
     #[inline(always)]
@@ -122,7 +125,11 @@ impl Env for Kernel {
         }
         let l = layout();
         if self.lean || (l.direct_task != 0 && l.direct_cgroup != 0) {
-            let cgrp = dfl_cgrp(l, task);
+            let cgrp = if self.lean {
+                lean_dfl_cgrp(task)
+            } else {
+                dfl_cgrp(l, task)
+            };
             // SAFETY: `st` is this CPU's state, written only by this CPU's programs and only
             // through its pointer.
             let cache = unsafe { core::ptr::addr_of_mut!((*self.st.0).workload_cgrp) };

@@ -3,10 +3,33 @@
 
 use crate::*;
 
+/// The u64 field at offset marker `MARKER` (a [`LeanField::marker`]) of the kernel struct at
+/// `base`, for the lean programs: one plain load, whose offset the loader rewrites into the
+/// field's (`patch::lean_fields`), instead of the offset's load from the read-only layout and
+/// an add. `base` is a pointer the verifier knows the BTF type of (the task from
+/// `current_task`, or a pointer loaded from it), so it checks the load against that type as it
+/// would the layout's offset. Never merged with another read (not `pure`): a re-read reads.
+#[inline(always)]
+pub(crate) fn lean_load<const MARKER: i16>(base: u64) -> u64 {
+    let v: u64;
+    // SAFETY: one load from a verifier-typed pointer at an offset inside its type (checked at
+    // load); an unrewritten marker is a negative offset the verifier refuses.
+    unsafe {
+        // (The assembler takes a negative offset as a subtraction.)
+        core::arch::asm!("{v} = *(u64 *)({b} - {neg})", v = lateout(reg) v, b = in(reg) base,
+            neg = const -(MARKER as i32), options(nostack, readonly, preserves_flags));
+    }
+    v
+}
+
 /// `nvcsw + nivcsw` of `task` (from `current_task`): changes whenever the task leaves the CPU.
 /// Two counters, each a word the scheduler only increments: no read can make a switch up.
 #[inline(always)]
 pub(crate) fn read_switches(task: u64, lean: bool) -> u64 {
+    if lean {
+        return lean_load::<{ LeanField::Nvcsw.marker() }>(task)
+            .wrapping_add(lean_load::<{ LeanField::Nivcsw.marker() }>(task));
+    }
     let l = layout();
     if !lean && l.direct_task == 0 && l.switches_adjacent != 0 {
         // One helper call instead of two: nivcsw follows nvcsw in every kernel so far.
@@ -40,6 +63,20 @@ pub(crate) fn read_switches(task: u64, lean: bool) -> u64 {
 /// sequence count guards the pair in the kernel, so no reader can do better.
 #[inline(always)]
 pub(crate) fn read_off_clock(task: u64, lean: bool) -> u64 {
+    if lean {
+        let exec_start = || lean_load::<{ LeanField::ExecStart.marker() }>(task);
+        let sum_exec = || lean_load::<{ LeanField::SumExec.marker() }>(task);
+        let (mut x, mut s) = (exec_start(), sum_exec());
+        for _ in 0..2 {
+            let again = exec_start();
+            if again == x {
+                break;
+            }
+            x = again;
+            s = sum_exec();
+        }
+        return x.wrapping_sub(s);
+    }
     let l = layout();
     let (xo, so) = (l.task_exec_start, l.task_sum_exec);
     let (mut x, mut s) = if !lean && l.direct_task == 0 && l.clock_adjacent != 0 {

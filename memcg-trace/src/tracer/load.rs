@@ -268,6 +268,11 @@ fn config_of(o: &LoadOptions, cpus: u32, probes: u32) -> Config {
 fn patch_direct_reads(bytes: &mut [u8], layout: &mut KernelLayout) -> Result<bool> {
     let mut changed = false;
     layout.direct_task = 1;
+    // The lean programs' task fields at their offsets (`lean_programs` takes them only where
+    // every offset fits).
+    if let Some(offsets) = patch::lean_offsets(layout) {
+        changed |= patch::lean_fields(bytes, &offsets)? > 0;
+    }
     if layout.preempt_var_id != 0 && patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
         layout.direct_preempt = 1;
         changed = true;
@@ -440,12 +445,14 @@ pub fn slot_programs(backend: Backend, slot: u32, lean: bool) -> Vec<&'static st
 
 /// Whether the lean fentry/fexit programs (`names::FENTRY_LEAN`) serve settings `o` on a kernel
 /// whose layout, as loaded, is `loaded`: what they were built for is what holds, no call sites
-/// (nor their stacks), no charged memcgs, plain loads of the task and its cgroup, and fentry
+/// (nor their stacks), no charged memcgs, plain loads of the task and its cgroup (at offsets
+/// that fit the loads themselves: `patch::lean_fields`), and fentry
 /// runs that do not interleave on a CPU (their counters are plain adds, their nesting always
 /// kept).
 pub fn lean_programs(o: &LoadOptions, loaded: &KernelLayout) -> bool {
     !o.preemptible
         && loaded.direct_task != 0
+        && patch::lean_offsets(loaded).is_some()
         && loaded.direct_cgroup != 0
         && !o.features.callers
         && !o.features.by_memcg

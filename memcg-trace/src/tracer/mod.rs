@@ -656,6 +656,11 @@ mod tests {
                 direct_cgroup: 0,
                 ..direct
             },
+            // A task field beyond a load's 16-bit offset (patch::lean_fields).
+            KernelLayout {
+                task_migrations: 0x8000,
+                ..direct
+            },
         ] {
             assert!(!lean_programs(&usual, &l));
         }

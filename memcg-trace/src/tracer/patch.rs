@@ -7,11 +7,15 @@
 //! `BPF_PSEUDO_KFUNC_CALL` of the kernel's `bpf_rdonly_cast`, so the programs read an address
 //! they computed with a plain fault-safe load instead of a `bpf_probe_read_kernel` call.
 //!
+//! Each load whose offset is a [`LeanField::marker`] (the lean programs' reads of the task's
+//! fields) gets the field's offset from the kernel's layout, so that the programs load it
+//! without first loading the offset from the read-only layout.
+//!
 //! Only the instructions of executable sections are touched; the object's relocations, BTF and
 //! line info stay valid because an instruction's size and position do not change.
 
 use anyhow::{bail, Result};
-use memcg_trace_common::{PERCPU_VAR_MARKER, RDONLY_CAST_MARKER};
+use memcg_trace_common::{KernelLayout, LeanField, PERCPU_VAR_MARKER, RDONLY_CAST_MARKER};
 
 /// `BPF_LD | BPF_IMM | BPF_DW`: the first half of a 64-bit immediate load.
 const LD_IMM64: u8 = 0x18;
@@ -21,6 +25,8 @@ const BPF_PSEUDO_BTF_ID: u8 = 3;
 const CALL: u8 = 0x85;
 /// `src_reg` of a `call` whose immediate is the BTF id of a kernel function (a kfunc).
 const BPF_PSEUDO_KFUNC_CALL: u8 = 2;
+/// `BPF_LDX | BPF_MEM | BPF_DW`: a u64 load.
+const LDX_DW: u8 = 0x79;
 /// `SHF_EXECINSTR`.
 const SHF_EXECINSTR: u64 = 0x4;
 
@@ -191,6 +197,38 @@ pub fn rdonly_cast(elf: &mut [u8], btf_id: u32) -> Result<usize> {
     })
 }
 
+/// The offsets the lean programs' marked loads take on a kernel of `layout`, in
+/// [`LeanField::ALL`]'s order; None where one does not fit a load's 16-bit offset (the lean
+/// programs are then not used).
+pub fn lean_offsets(layout: &KernelLayout) -> Option<[i16; LeanField::ALL.len()]> {
+    let mut out = [0i16; LeanField::ALL.len()];
+    for (o, f) in out.iter_mut().zip(LeanField::ALL) {
+        *o = i16::try_from(f.offset(layout)).ok()?;
+    }
+    Some(out)
+}
+
+/// Rewrites the offset of every u64 load in `elf` that carries a [`LeanField::marker`] into
+/// that field's offset from `offsets` ([`lean_offsets`]); returns how many it rewrote.
+pub fn lean_fields(elf: &mut [u8], offsets: &[i16; LeanField::ALL.len()]) -> Result<usize> {
+    let first = LeanField::ALL[0].marker();
+    rewrite_insns(elf, |insn| {
+        if insn[0] != LDX_DW {
+            return false;
+        }
+        let off = i16::from_le_bytes([insn[2], insn[3]]);
+        let Some(i) = off
+            .checked_sub(first)
+            .and_then(|i| usize::try_from(i).ok())
+            .filter(|&i| i < offsets.len())
+        else {
+            return false;
+        };
+        insn[2..4].copy_from_slice(&offsets[i].to_le_bytes());
+        true
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +260,60 @@ mod tests {
             !elf.windows(4).any(|w| w == &marker[..4]),
             "marker bytes remain somewhere in the object"
         );
+    }
+
+    #[test]
+    fn rewrites_every_lean_field_load_of_the_real_object_and_nothing_else() {
+        let orig = object();
+        if orig.is_empty() {
+            eprintln!("skipping rewrites_every_lean_field_load_of_the_real_object_and_nothing_else: built with AYA_BUILD_SKIP (no eBPF object)");
+            return;
+        }
+        let layout = KernelLayout {
+            task_nvcsw: 0x101,
+            task_nivcsw: 0x109,
+            task_migrations: 0x211,
+            task_exec_start: 0x319,
+            task_sum_exec: 0x421,
+            task_cgroups: 0x529,
+            cset_dfl_cgrp: 0x631,
+            ..Default::default()
+        };
+        let offsets = lean_offsets(&layout).expect("offsets fit");
+        let mut elf = orig.clone();
+        let n = lean_fields(&mut elf, &offsets).expect("patch");
+        // Every probe slot's lean pair loads each field at least once.
+        assert!(
+            n >= 12 * LeanField::ALL.len(),
+            "only {n} marked loads found"
+        );
+        // Only the two offset bytes of each marked load changed, each to its field's offset.
+        let changed: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] != elf[i]).collect();
+        assert!(changed.len() <= n * 2, "{} bytes changed", changed.len());
+        // (Code sections are 8-byte aligned in the file, as their instructions are.)
+        for &i in &changed {
+            let insn = i - i % 8;
+            assert!(
+                elf[insn] == LDX_DW && (2..4).contains(&(i % 8)),
+                "byte {i} changed outside a u64 load's offset"
+            );
+            let off = i16::from_le_bytes([elf[insn + 2], elf[insn + 3]]);
+            assert!(
+                offsets.contains(&off),
+                "offset {off} at {insn} is no field's"
+            );
+        }
+        assert_eq!(
+            lean_fields(&mut elf, &offsets).unwrap(),
+            0,
+            "a marker survived"
+        );
+        // A kernel whose field lies beyond a load's reach has no lean offsets.
+        let far = KernelLayout {
+            task_sum_exec: 0x8000,
+            ..layout
+        };
+        assert_eq!(lean_offsets(&far), None);
     }
 
     /// A minimal ELF64 whose one executable section holds `code`: the file, the code's offset

@@ -179,7 +179,8 @@ pub mod names {
     /// fexit programs, by probe slot.
     pub const FEXIT: [&str; MAX_PROBES] = per_slot!("fexit");
     /// Lean fentry programs, by probe slot: the same pairing built for the usual settings (no
-    /// call sites, stacks or charged memcgs; direct reads of the task and its cgroup), whose
+    /// call sites, stacks or charged memcgs; direct reads of the task and its cgroup, at
+    /// offsets the loader writes into the loads; runs that do not interleave on a CPU), whose
     /// tests of those settings the compiler folded away. The loader takes them where those
     /// settings hold (`lean_programs`).
     pub const FENTRY_LEAN: [&str; MAX_PROBES] = per_slot!("fentry_lean");
@@ -1462,7 +1463,7 @@ pub const PERCPU_VAR_MARKER: u64 = 0x6d65_6d63_6770_6301;
 pub const RDONLY_CAST_MARKER: i32 = 0x6d63_7401;
 
 /// The fields the lean programs load at offsets the loader writes into the loads themselves
-/// (`LEAN_FIELD_MARKERS`): the task's switch counts, migrations and off-CPU clock, and the
+/// ([`LeanField::marker`]): the task's switch counts, migrations and off-CPU clock, and the
 /// path to its cgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -1482,6 +1483,15 @@ pub enum LeanField {
     /// [`KernelLayout::cset_dfl_cgrp`].
     DflCgrp,
 }
+
+// The markers follow `ALL`'s order (`patch::lean_fields` indexes the offsets by them).
+const _: () = {
+    let mut i = 0;
+    while i < LeanField::ALL.len() {
+        assert!(LeanField::ALL[i] as usize == i);
+        i += 1;
+    }
+};
 
 impl LeanField {
     /// Every field, in marker order.

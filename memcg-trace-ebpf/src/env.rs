@@ -51,8 +51,9 @@ pub(crate) trait Env {
     }
     /// A lean program (`names::FENTRY_LEAN`): built for the usual settings, which the loader
     /// chose it for (no call sites, stacks or charged memcgs; plain loads of the task and its
-    /// cgroup; runs that do not interleave on a CPU: userspace's `lean_programs`). Its tests of those settings are constants, so the
-    /// compiler drops the code they guard and the loads of the settings.
+    /// cgroup; runs that do not interleave on a CPU: userspace's `lean_programs`). Its tests
+    /// of those settings are constants, so the compiler drops the code they guard and the
+    /// loads of the settings.
     fn lean(&self) -> bool {
         false
     }

@@ -287,21 +287,37 @@ mod tests {
             n >= 12 * LeanField::ALL.len(),
             "only {n} marked loads found"
         );
-        // Only the two offset bytes of each marked load changed, each to its field's offset.
+        // Only the two offset bytes of marked loads changed, each marker to its own field's
+        // offset; every field's marker was found in every probe slot's lean programs. (Code
+        // sections are 8-byte aligned in the file, as their instructions are.)
         let changed: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] != elf[i]).collect();
         assert!(changed.len() <= n * 2, "{} bytes changed", changed.len());
-        // (Code sections are 8-byte aligned in the file, as their instructions are.)
         for &i in &changed {
-            let insn = i - i % 8;
             assert!(
-                elf[insn] == LDX_DW && (2..4).contains(&(i % 8)),
-                "byte {i} changed outside a u64 load's offset"
+                (2..4).contains(&(i % 8)),
+                "byte {i} changed outside a load's offset"
             );
-            let off = i16::from_le_bytes([elf[insn + 2], elf[insn + 3]]);
-            assert!(
-                offsets.contains(&off),
-                "offset {off} at {insn} is no field's"
+        }
+        let mut insns: Vec<usize> = changed.iter().map(|&i| i - i % 8).collect();
+        insns.dedup();
+        let mut per_field = [0usize; LeanField::ALL.len()];
+        for insn in insns {
+            assert_eq!(
+                elf[insn], LDX_DW,
+                "an instruction at {insn} changed that is no u64 load"
             );
+            let was = i16::from_le_bytes([orig[insn + 2], orig[insn + 3]]);
+            let now = i16::from_le_bytes([elf[insn + 2], elf[insn + 3]]);
+            let field = LeanField::ALL
+                .into_iter()
+                .find(|f| f.marker() == was)
+                .unwrap_or_else(|| panic!("the load at {insn} had offset {was}, no marker"));
+            assert_eq!(now, offsets[field as usize], "{field:?}'s load at {insn}");
+            per_field[field as usize] += 1;
+        }
+        for f in LeanField::ALL {
+            let n = per_field[f as usize];
+            assert!(n >= 12, "{f:?}: only {n} loads");
         }
         assert_eq!(
             lean_fields(&mut elf, &offsets).unwrap(),

@@ -295,10 +295,16 @@ fn vm_matrix(short: &str) {
         let p = probe(&doc, "charge");
         let own = p.workload.as_ref().expect("workload figures").count;
         let task_calls = ctx_count(p, "task");
-        // hackbench makes nearly all task calls; before the workload's sub-cgroups were
-        // followed, only the shell's few calls before its move were the workload's.
+        // Before the workload's sub-cgroups were followed, only the shell's few calls before
+        // its move were the workload's. hackbench -g 2 -l 50 sends 2 x 20 x 20 x 50 = 40,000
+        // messages, each charging at least once (2.2 a message on 5.10, 6.12 and 7.3). Not a
+        // share of all task calls: on 7.3 `charge` is the slab hook, which every accounted
+        // allocation of the guest's other tasks also calls (the daemon's own, in the root
+        // cgroup), as many as the workload's in a slow guest (that share failed one full run:
+        // 86,879 of 194,090).
+        let messages = 2 * 20 * 20 * 50;
         assert!(
-            own * 2 >= task_calls && own <= task_calls,
+            own >= messages && own <= task_calls,
             "{short}: a workload in a cgroup below its own: workload {own} of {task_calls} task calls\n{summary}"
         );
         let _ = std::io::Write::write_all(

@@ -178,11 +178,17 @@ pub mod names {
     pub const FENTRY: [&str; MAX_PROBES] = per_slot!("fentry");
     /// fexit programs, by probe slot.
     pub const FEXIT: [&str; MAX_PROBES] = per_slot!("fexit");
-    /// Lean fentry programs, by probe slot: the same pairing built for the usual settings (no
-    /// call sites, stacks or charged memcgs; direct reads of the task and its cgroup, at
-    /// offsets the loader writes into the loads; runs that do not interleave on a CPU), whose
-    /// tests of those settings the compiler folded away. The loader takes them where those
-    /// settings hold (`lean_programs`).
+    /// Patched fentry programs, by probe slot: the same pairing built for kernels whose fentry
+    /// runs do not interleave on a CPU and whose task and cgroup fields it reads by plain
+    /// loads, at offsets the loader writes into the loads (`patch::lean_fields`); its tests of
+    /// those conditions the compiler folded away. The loader takes them where those conditions
+    /// hold (`fentry_build`).
+    pub const FENTRY_PATCHED: [&str; MAX_PROBES] = per_slot!("fentry_patched");
+    /// Patched fexit programs, by probe slot (see [`FENTRY_PATCHED`]).
+    pub const FEXIT_PATCHED: [&str; MAX_PROBES] = per_slot!("fexit_patched");
+    /// Lean fentry programs, by probe slot: the patched ones (see [`FENTRY_PATCHED`]) built
+    /// for the plain settings too (no call sites, stacks or charged memcgs). The loader takes
+    /// them where all of it holds (`fentry_build`).
     pub const FENTRY_LEAN: [&str; MAX_PROBES] = per_slot!("fentry_lean");
     /// Lean fexit programs, by probe slot (see [`FENTRY_LEAN`]).
     pub const FEXIT_LEAN: [&str; MAX_PROBES] = per_slot!("fexit_lean");
@@ -776,6 +782,40 @@ pub struct CpuState {
     /// Tracepoint hits on this CPU by `probe * NUM_CTX + ctx`: [hits, workload hits], where
     /// the tracepoint programs count here (`Config::tp_percpu`); `TP_CELLS` of them.
     pub tp_hits: [[u64; 2]; TP_CELLS],
+    /// By probe slot: the memcg the last call's argument led to on this CPU (see
+    /// `charged_memcg`): here, not in a map of its own, so that `--by-memcg` costs no lookup
+    /// of it (20 ns of a call's 964 in the instruction-counted guest).
+    pub memcg_memo: [MemcgMemo; MAX_PROBES],
+}
+
+/// The end of a probe's memcg path (`MemcgPath`) for one argument: a call with the same
+/// argument whose first hop reads the same, and whose kernfs node still holds the memcg's id,
+/// is taken to charge the same memcg, without the rest of the chase. What lies past the first
+/// hop does not change while that hop's object lives (a memcg's css, cgroup and kernfs node are
+/// its own for life); the first hop is what does (an object cgroup is moved to the parent memcg
+/// when its memcg goes offline). The id read again through the kernfs node catches a memcg
+/// removed and another made at the same addresses, node included (kernfs ids are never
+/// reused); not one made at the same addresses with its node elsewhere while the old node's
+/// memory still holds the old id, between two calls of the probe on one CPU. Only the
+/// programs read and write it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemcgMemo {
+    /// Odd while a run writes it: a run nested in that one (an interrupt's call of the same
+    /// probe, where the kernel does not keep a program from running nested in itself, as
+    /// fentry before 5.12) neither reads nor writes it; a read that finds it moved is dropped.
+    pub seq: u64,
+    /// The argument (0: empty).
+    pub arg: u64,
+    /// What its first hop read.
+    pub hop: u64,
+    /// The memcg found (`Charged`), and whether it is the workload's where that was asked
+    /// (a memcg's place in the tree does not change).
+    pub id: u64,
+    /// See `id`.
+    pub kn: u64,
+    /// See `id`.
+    pub verdict: u64,
 }
 
 // The kernel refuses a per-CPU map value above 32 KiB (PCPU_MIN_UNIT_SIZE) when the map is
@@ -1462,7 +1502,7 @@ pub const PERCPU_VAR_MARKER: u64 = 0x6d65_6d63_6770_6301;
 /// read-only layout, drops them otherwise.
 pub const RDONLY_CAST_MARKER: i32 = 0x6d63_7401;
 
-/// The fields the lean programs load at offsets the loader writes into the loads themselves
+/// The fields the patched (and lean) programs load at offsets the loader writes into the loads themselves
 /// ([`LeanField::marker`]): the task's switch counts, migrations and off-CPU clock, and the
 /// path to its cgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1505,7 +1545,7 @@ impl LeanField {
         LeanField::DflCgrp,
     ];
 
-    /// The 16-bit offset the lean programs' load of this field carries until the loader
+    /// The 16-bit offset the patched programs' load of this field carries until the loader
     /// rewrites it: negative and far below any stack slot, so that no other load has it, and
     /// so that an unrewritten load never passes the verifier.
     pub const fn marker(self) -> i16 {

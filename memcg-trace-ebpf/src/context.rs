@@ -23,6 +23,16 @@ pub(crate) fn cpu_state<C: EbpfContext>(c: &C) -> Option<St> {
 pub(crate) struct St(pub(crate) *mut CpuState);
 
 impl St {
+    /// This CPU's memcg memo of probe slot `probe` (`CpuState::memcg_memo`).
+    #[inline(always)]
+    pub(crate) fn memcg_memo(self, probe: u32) -> Option<*mut MemcgMemo> {
+        let i = probe as usize;
+        if i >= MAX_PROBES {
+            return None;
+        }
+        // SAFETY: an element of this CPU's state, in bounds; reached by field (see `St`).
+        Some(unsafe { core::ptr::addr_of_mut!((*self.0).memcg_memo[i]) })
+    }
     /// This CPU's number.
     #[inline(always)]
     pub(crate) fn cpu(self) -> u32 {
@@ -146,24 +156,24 @@ pub(crate) fn preempt_count(st: St) -> Option<u32> {
 /// byte then comes from there (`rt_context_count`). The branch hangs on a read-only field, so
 /// on every other kernel the verifier drops it.
 #[inline(always)]
-pub(crate) fn context_count(st: St, lean: bool) -> Option<u32> {
+pub(crate) fn context_count(st: St, patched: bool) -> Option<u32> {
     let pc = preempt_count(st)?;
     let l = layout();
     if l.task_softirq == 0 {
         return Some(pc);
     }
-    let task = current_task(st, lean);
+    let task = current_task(st, patched);
     Some(rt_context_count(
         pc,
-        read_task_u32(l, task, l.task_softirq, lean),
+        read_task_u32(l, task, l.task_softirq, patched),
     ))
 }
 
 /// The kernel's `in_task()` split for the running code: task, softirq, hardirq or NMI.
 #[inline(always)]
-pub(crate) fn read_context(st: St, lean: bool) -> Option<u32> {
+pub(crate) fn read_context(st: St, patched: bool) -> Option<u32> {
     let l = layout();
-    let pc = context_count(st, lean)?;
+    let pc = context_count(st, patched)?;
     Some(classify(pc, l.nmi_mask, l.hardirq_mask, l.softirq_offset))
 }
 
@@ -171,20 +181,21 @@ pub(crate) fn read_context(st: St, lean: bool) -> Option<u32> {
 /// pointer the verifier knows the type of, so its fields are plain loads (`read_switches`,
 /// `cgroup_id`); it must reach them unchanged. Where the kernel can cast (`direct_untrusted`)
 /// and BTF names the per-CPU pointer to the running task, the same pointer without a helper
-/// call: loaded from this CPU's copy and cast to `task_struct`.
+/// call: loaded from this CPU's copy and cast to `task_struct`. `patched`: a patched program
+/// (`Kernel::patched`), which the loader takes only where the layout reads the task directly.
 #[inline(always)]
-pub(crate) fn current_task(st: St, lean: bool) -> u64 {
+pub(crate) fn current_task(st: St, patched: bool) -> u64 {
     let l = layout();
     // Gated on read-only fields only, so that the verifier drops the branch not taken (a
     // cast to type id 0 does not load before 6.15).
-    if (lean || l.direct_task != 0) && l.direct_untrusted != 0 && l.current_task != 0 {
+    if (patched || l.direct_task != 0) && l.direct_untrusted != 0 && l.current_task != 0 {
         // SAFETY: a fault-safe load through the cast (see `cast`).
         let task = unsafe { *(cast(st.current_addr(), l.cast_u64_type_id) as *const u64) };
         return cast(task, l.cast_task_type_id);
     }
     // SAFETY: helpers without preconditions.
     unsafe {
-        if lean || layout().direct_task != 0 {
+        if patched || layout().direct_task != 0 {
             bpf_get_current_task_btf() as u64
         } else {
             bpf_get_current_task()
@@ -204,7 +215,7 @@ pub(crate) fn dfl_cgrp(l: &KernelLayout, task: u64) -> *const u8 {
     }
 }
 
-/// [`dfl_cgrp`] for the lean programs, at offsets the loader writes into the loads
+/// [`dfl_cgrp`] for the patched programs, at offsets the loader writes into the loads
 /// ([`lean_load`]).
 #[inline(always)]
 pub(crate) fn lean_dfl_cgrp(task: u64) -> *const u8 {
@@ -257,7 +268,7 @@ pub(crate) fn under_workload(c: &Config) -> bool {
 /// `cgroup.ancestor_ids[]` (before 6.0) or a pointer in `cgroup.ancestors[]` whose id is read
 /// like [`cgrp_id`]. False when the layout lacks a member or a read fails. The task is the
 /// helper's plain address, whatever `current_task` gives the caller (a verifier's pointer there
-/// on the kernels the lean programs run on).
+/// on the kernels the patched programs run on).
 #[inline(always)]
 fn under_workload_by_reads(c: &Config, l: &KernelLayout) -> bool {
     if l.task_cgroups == 0 || l.cgroup_level == 0 || l.cgroup_ancestors == 0 {

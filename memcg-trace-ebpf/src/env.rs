@@ -49,12 +49,11 @@ pub(crate) trait Env {
     fn thread_kind(&self, _task: u64) -> u32 {
         THREAD_OTHER
     }
-    /// A lean program (`names::FENTRY_LEAN`): built for the usual settings, which the loader
-    /// chose it for (no call sites, stacks or charged memcgs; plain loads of the task and its
-    /// cgroup; runs that do not interleave on a CPU: userspace's `lean_programs`). Its tests
+    /// A program built for the plain settings (`names::FENTRY_LEAN`), which the loader chose
+    /// it for: no call sites, stacks or charged memcgs (userspace's `fentry_build`). Its tests
     /// of those settings are constants, so the compiler drops the code they guard and the
     /// loads of the settings.
-    fn lean(&self) -> bool {
+    fn plain(&self) -> bool {
         false
     }
 }
@@ -63,12 +62,16 @@ pub(crate) trait Env {
 pub(crate) struct Kernel {
     pub(crate) st: St,
     /// Whether the program can run preemptible: fentry/fexit on preemptible kernels. False for
-    /// kprobes and tracepoints, and for the lean fentry/fexit programs, which the loader takes
-    /// only where fentry runs do not interleave (`lean_programs`): their tests of it are then
-    /// constants, so the compiler drops the atomic updates and the loads of the setting.
+    /// kprobes and tracepoints, and for the patched fentry/fexit programs, which the loader
+    /// takes only where fentry runs do not interleave (`fentry_build`): their tests of it are
+    /// then constants, so the compiler drops the atomic updates and the loads of the setting.
     pub(crate) preemptible: bool,
-    /// A lean program (see `Env::lean`).
-    pub(crate) lean: bool,
+    /// A patched program (`names::FENTRY_PATCHED`, and the lean ones): the task's fields and
+    /// its cgroup by plain loads at offsets the loader writes into the loads (`lean_load`),
+    /// which it takes only where the layout allows them.
+    pub(crate) patched: bool,
+    /// Built for the plain settings (see `Env::plain`).
+    pub(crate) plain: bool,
 }
 
 impl Env for Kernel {
@@ -83,26 +86,26 @@ impl Env for Kernel {
     }
     #[inline(always)]
     fn context(&self) -> Option<u32> {
-        read_context(self.st, self.lean)
+        read_context(self.st, self.patched)
     }
     #[inline(always)]
     fn task(&self) -> u64 {
-        current_task(self.st, self.lean)
+        current_task(self.st, self.patched)
     }
     #[inline(always)]
     fn switches(&self, task: u64) -> u64 {
-        read_switches(task, self.lean)
+        read_switches(task, self.patched)
     }
     #[inline(always)]
     fn clock(&self, task: u64) -> u64 {
-        read_off_clock(task, self.lean)
+        read_off_clock(task, self.patched)
     }
     #[inline(always)]
     fn migrations(&self, task: u64) -> u64 {
-        if self.lean {
+        if self.patched {
             return lean_load::<{ LeanField::Migrations.marker() }>(task);
         }
-        read_task_u64(layout(), task, layout().task_migrations, self.lean)
+        read_task_u64(layout(), task, layout().task_migrations, false)
     }
     #[inline(always)]
     fn thread_kind(&self, task: u64) -> u32 {
@@ -111,7 +114,7 @@ impl Env for Kernel {
         if l.task_comm == 0 {
             return THREAD_OTHER;
         }
-        thread_kind_of(read_task_u32(l, task, l.task_comm, self.lean))
+        thread_kind_of(read_task_u32(l, task, l.task_comm, self.patched))
     }
     #[inline(always)]
     fn cross_cpu_clock(&self) -> bool {
@@ -125,8 +128,8 @@ impl Env for Kernel {
             return false;
         }
         let l = layout();
-        if self.lean || (l.direct_task != 0 && l.direct_cgroup != 0) {
-            let cgrp = if self.lean {
+        if self.patched || (l.direct_task != 0 && l.direct_cgroup != 0) {
+            let cgrp = if self.patched {
                 lean_dfl_cgrp(task)
             } else {
                 dfl_cgrp(l, task)
@@ -154,7 +157,7 @@ impl Env for Kernel {
     }
     #[inline(always)]
     fn fentry_preemptible(&self) -> bool {
-        // Read only by fentry/fexit programs, which have `preemptible` set but for the lean.
+        // Read only by fentry/fexit programs, which have `preemptible` set but for the patched.
         self.atomic()
     }
     #[inline(always)]
@@ -162,8 +165,8 @@ impl Env for Kernel {
         self.st
     }
     #[inline(always)]
-    fn lean(&self) -> bool {
-        self.lean
+    fn plain(&self) -> bool {
+        self.plain
     }
     #[inline(always)]
     fn nest(&self) -> Option<&'static mut Nest> {

@@ -60,13 +60,13 @@ pub(crate) fn cell_of(
     probe: u32,
     ctx: u32,
     workload: bool,
-    lean: bool,
+    plain: bool,
 ) -> Option<&'static mut Cell> {
     let probes = config().probes;
     if probe >= probes {
         return None;
     }
-    let by_memcg = !lean && config().workload_memcg != 0;
+    let by_memcg = !plain && config().workload_memcg != 0;
     let p = if workload && (ctx == CTX_TASK || by_memcg) {
         let contexts = workload_contexts(by_memcg);
         WORKLOAD_CELLS.get_ptr_mut(workload_cell(cpu, probes, probe, ctx, contexts))

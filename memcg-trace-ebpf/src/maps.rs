@@ -56,38 +56,6 @@ pub(crate) static WORKLOAD_MEMCGS: LruHashMap<u64, u8> = LruHashMap::with_max_en
 #[map]
 pub(crate) static WORKLOAD_ROOT: Array<u64> = Array::with_max_entries(1, 0);
 
-/// Per CPU and probe slot: the memcg the last call's argument led to (see `charged_memcg`).
-#[map]
-pub(crate) static MEMCG_MEMO: PerCpuArray<MemcgMemo> =
-    PerCpuArray::with_max_entries(MAX_PROBES as u32, 0);
-
-/// The end of a probe's memcg path (`MemcgPath`) for one argument: a call with the same
-/// argument whose first hop reads the same, and whose kernfs node still holds the memcg's id,
-/// is taken to charge the same memcg, without the rest of the chase. What lies past the first
-/// hop does not change while that hop's object lives (a memcg's css, cgroup and kernfs node are
-/// its own for life); the first hop is what does (an object cgroup is moved to the parent memcg
-/// when its memcg goes offline). The id read again through the kernfs node catches a memcg
-/// removed and another made at the same addresses, node included (kernfs ids are never
-/// reused); not one made at the same addresses with its node elsewhere while the old node's
-/// memory still holds the old id, between two calls of the probe on one CPU.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct MemcgMemo {
-    /// Odd while a run writes it: a run nested in that one (an interrupt's call of the same
-    /// probe, where the kernel does not keep a program from running nested in itself, as
-    /// fentry before 5.12) neither reads nor writes it; a read that finds it moved is dropped.
-    pub(crate) seq: u64,
-    /// The argument (0: empty).
-    pub(crate) arg: u64,
-    /// What its first hop read.
-    pub(crate) hop: u64,
-    /// The memcg found (`Charged`), and whether it is the workload's where that was asked
-    /// (a memcg's place in the tree does not change).
-    pub(crate) id: u64,
-    pub(crate) kn: u64,
-    pub(crate) verdict: u64,
-}
-
 /// Sampled short stacks (`--callers-depth`): entries per stack, sized by userspace: 1 entry
 /// when off.
 #[map]

@@ -27,14 +27,17 @@ impl Charged {
 
 /// The memcg a call of `probe` charges, from its first argument `arg` along the probe's
 /// `MEMCG_PATH` (fault-safe reads); id 0 when the probe has no path or a pointer on it is
-/// null. `memo`: the last call's result on this CPU may be used and kept (`MEMCG_MEMO`). Not
+/// null. `memo`: the last call's result on this CPU may be used and kept (in `st`,
+/// `CpuState::memcg_memo`). Not
 /// where runs of the program interleave on a CPU by preemption (fentry on preemptible
 /// kernels): the sequence word keeps a nested run's read or write whole, not a read preempted
 /// across two whole writes that leave the same word.
 #[inline(always)]
-pub(crate) fn charged_memcg(probe: u32, arg: u64, memo: bool) -> Charged {
+pub(crate) fn charged_memcg(st: St, probe: u32, arg: u64, memo: bool) -> Charged {
     // SAFETY: pointer from a successful map lookup; written by userspace before attaching.
-    let Some(path) = MEMCG_PATH.get_ptr(probe).map(|p| unsafe { *p }) else {
+    // By reference, each field loaded where it is read: a copy made the compiler load all
+    // fourteen and keep them on the stack, for the memo's hit too, which reads two.
+    let Some(path) = MEMCG_PATH.get_ptr(probe).map(|p| unsafe { &*p }) else {
         return Charged::id(0);
     };
     if path.hops == 0 {
@@ -45,17 +48,13 @@ pub(crate) fn charged_memcg(probe: u32, arg: u64, memo: bool) -> Charged {
         return Charged::id(if path.check_hops != 0 { NOT_A_MEMCG } else { 0 });
     }
     let hop = kernel_u64(arg.wrapping_add(path.off[0] as i64 as u64));
-    let memo = if memo {
-        MEMCG_MEMO.get_ptr_mut(probe)
-    } else {
-        None
-    };
+    let memo = if memo { st.memcg_memo(probe) } else { None };
     if let Some(m) = memo {
         if let Some(c) = memo_hit(m, arg, hop, path.id_off) {
             return c;
         }
     }
-    let mut found = chase_memcg(&path, arg, hop);
+    let mut found = chase_memcg(path, arg, hop);
     if let Some(m) = memo {
         if found.id != 0 {
             if config().workload_memcg != 0 {
@@ -257,7 +256,7 @@ pub(crate) fn workload_call<E: Env>(
     task: u64,
 ) -> bool {
     let c = config();
-    if !env.lean() && c.workload_memcg != 0 && memcg.id != 0 {
+    if !env.plain() && c.workload_memcg != 0 && memcg.id != 0 {
         return memcg_in_workload(probe, memcg);
     }
     ctx == CTX_TASK && env.in_workload(task)

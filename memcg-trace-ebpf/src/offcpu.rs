@@ -4,7 +4,7 @@
 use crate::*;
 
 /// The u64 field at offset marker `MARKER` (a [`LeanField::marker`]) of the kernel struct at
-/// `base`, for the lean programs: one plain load, whose offset the loader rewrites into the
+/// `base`, for the patched programs: one plain load, whose offset the loader rewrites into the
 /// field's (`patch::lean_fields`), instead of the offset's load from the read-only layout and
 /// an add. `base` is a pointer the verifier knows the BTF type of (the task from
 /// `current_task`, or a pointer loaded from it), so it checks the load against that type as it
@@ -25,13 +25,13 @@ pub(crate) fn lean_load<const MARKER: i16>(base: u64) -> u64 {
 /// `nvcsw + nivcsw` of `task` (from `current_task`): changes whenever the task leaves the CPU.
 /// Two counters, each a word the scheduler only increments: no read can make a switch up.
 #[inline(always)]
-pub(crate) fn read_switches(task: u64, lean: bool) -> u64 {
-    if lean {
+pub(crate) fn read_switches(task: u64, patched: bool) -> u64 {
+    if patched {
         return lean_load::<{ LeanField::Nvcsw.marker() }>(task)
             .wrapping_add(lean_load::<{ LeanField::Nivcsw.marker() }>(task));
     }
     let l = layout();
-    if !lean && l.direct_task == 0 && l.switches_adjacent != 0 {
+    if l.direct_task == 0 && l.switches_adjacent != 0 {
         // One helper call instead of two: nivcsw follows nvcsw in every kernel so far.
         // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
         let [v, iv]: [u64; 2] =
@@ -39,11 +39,11 @@ pub(crate) fn read_switches(task: u64, lean: bool) -> u64 {
                 .unwrap_or([0, 0]);
         return v.wrapping_add(iv);
     }
-    read_task_u64(l, task, l.task_nvcsw, lean).wrapping_add(read_task_u64(
+    read_task_u64(l, task, l.task_nvcsw, false).wrapping_add(read_task_u64(
         l,
         task,
         l.task_nivcsw,
-        lean,
+        false,
     ))
 }
 
@@ -62,40 +62,52 @@ pub(crate) fn read_switches(task: u64, lean: bool) -> u64 {
 /// it and wrong. (On arm64 the plain loads of a direct read may also be reordered.) No
 /// sequence count guards the pair in the kernel, so no reader can do better.
 #[inline(always)]
-pub(crate) fn read_off_clock(task: u64, lean: bool) -> u64 {
-    if lean {
-        let exec_start = || lean_load::<{ LeanField::ExecStart.marker() }>(task);
-        let sum_exec = || lean_load::<{ LeanField::SumExec.marker() }>(task);
-        let (mut x, mut s) = (exec_start(), sum_exec());
-        for _ in 0..2 {
-            let again = exec_start();
-            if again == x {
-                break;
-            }
-            x = again;
-            s = sum_exec();
-        }
-        return x.wrapping_sub(s);
+pub(crate) fn read_off_clock(task: u64, patched: bool) -> u64 {
+    if patched {
+        return off_clock_of(
+            (
+                lean_load::<{ LeanField::ExecStart.marker() }>(task),
+                lean_load::<{ LeanField::SumExec.marker() }>(task),
+            ),
+            || lean_load::<{ LeanField::ExecStart.marker() }>(task),
+            || lean_load::<{ LeanField::SumExec.marker() }>(task),
+        );
     }
     let l = layout();
     let (xo, so) = (l.task_exec_start, l.task_sum_exec);
-    let (mut x, mut s) = if !lean && l.direct_task == 0 && l.clock_adjacent != 0 {
+    let first = if l.direct_task == 0 && l.clock_adjacent != 0 {
         // One helper call for both: sum_exec_runtime follows exec_start in every kernel so far.
         // SAFETY: a read of kernel memory through bpf_probe_read_kernel.
         let [x, s]: [u64; 2] =
             unsafe { bpf_probe_read_kernel((task + xo) as *const [u64; 2]) }.unwrap_or([0, 0]);
         (x, s)
     } else {
-        let x = read_task_u64(l, task, xo, lean);
-        (x, read_task_u64(l, task, so, lean))
+        let x = read_task_u64(l, task, xo, false);
+        (x, read_task_u64(l, task, so, false))
     };
+    off_clock_of(
+        first,
+        || read_task_u64(l, task, xo, false),
+        || read_task_u64(l, task, so, false),
+    )
+}
+
+/// [`read_off_clock`]'s retry: `first` the (`exec_start`, `sum_exec_runtime`) read, then
+/// `exec_start` re-read until it holds still (twice at most), the sum re-read after each move.
+#[inline(always)]
+fn off_clock_of(
+    first: (u64, u64),
+    exec_start: impl Fn() -> u64,
+    sum_exec: impl Fn() -> u64,
+) -> u64 {
+    let (mut x, mut s) = first;
     for _ in 0..2 {
-        let again = read_task_u64(l, task, xo, lean);
+        let again = exec_start();
         if again == x {
             break;
         }
         x = again;
-        s = read_task_u64(l, task, so, lean);
+        s = sum_exec();
     }
     x.wrapping_sub(s)
 }
@@ -103,8 +115,8 @@ pub(crate) fn read_off_clock(task: u64, lean: bool) -> u64 {
 /// A u64 of `task` (from `current_task`) at offset `off`: a plain load where the layout allows
 /// (volatile, so that two reads of one field stay two reads), else the fault-safe helper.
 #[inline(always)]
-pub(crate) fn read_task_u64(l: &KernelLayout, task: u64, off: u64, lean: bool) -> u64 {
-    if lean || l.direct_task != 0 {
+pub(crate) fn read_task_u64(l: &KernelLayout, task: u64, off: u64, patched: bool) -> u64 {
+    if patched || l.direct_task != 0 {
         // SAFETY: the verifier's trusted task_struct pointer; it checks the load against the
         // type.
         return unsafe {
@@ -117,8 +129,8 @@ pub(crate) fn read_task_u64(l: &KernelLayout, task: u64, off: u64, lean: bool) -
 
 /// A u32 of `task` (from `current_task`) at offset `off`, as [`read_task_u64`] reads a u64.
 #[inline(always)]
-pub(crate) fn read_task_u32(l: &KernelLayout, task: u64, off: u64, lean: bool) -> u32 {
-    if lean || l.direct_task != 0 {
+pub(crate) fn read_task_u32(l: &KernelLayout, task: u64, off: u64, patched: bool) -> u32 {
+    if patched || l.direct_task != 0 {
         // SAFETY: as in read_task_u64.
         return unsafe {
             core::ptr::read_volatile((task as *const u8).add(off as usize) as *const u32)

@@ -124,7 +124,7 @@ pub(crate) fn vacate(set: &mut PendingSet, i: usize) {
 }
 
 /// Writes a pending call's call site and charged memcg. Volatile: where both are constant
-/// zeros (a lean program), the compiler would otherwise make the two stores a call of a
+/// zeros (a plain program), the compiler would otherwise make the two stores a call of a
 /// `memset` subprogram.
 #[inline(always)]
 pub(crate) fn set_origin(p: &mut Pending, caller: u64, memcg: u64) {
@@ -165,7 +165,7 @@ pub(crate) fn pair_entry<E: Env>(
         return;
     };
     add(&mut cs.entries, 1, atomic);
-    if !env.lean() {
+    if !env.plain() {
         stack(ctx);
     }
     if ctx != CTX_TASK {
@@ -184,7 +184,7 @@ pub(crate) fn pair_entry<E: Env>(
             None => (0, 0),
         };
         let workload =
-            !env.lean() && config().workload_memcg != 0 && memcg_in_workload(probe, memcg);
+            !env.plain() && config().workload_memcg != 0 && memcg_in_workload(probe, memcg);
         p.flags = flags | if workload { PENDING_WORKLOAD } else { 0 };
         p.misses = misses as u32;
         set_origin(p, caller, memcg.id);
@@ -526,7 +526,7 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
                     if !own_elsewhere {
                         // The legacy object cannot look: neither half is timed (counted where
                         // the call's exit would have been).
-                        if let Some(c) = cell_of(cpu, probe, CTX_TASK, workload, env.lean()) {
+                        if let Some(c) = cell_of(cpu, probe, CTX_TASK, workload, env.plain()) {
                             add(&mut c.counters.exits, 1, atomic);
                             if claimed {
                                 add(&mut c.counters.ambiguous, 1, atomic);
@@ -651,7 +651,7 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         probe,
         ctx,
         call.flags & PENDING_WORKLOAD != 0,
-        env.lean(),
+        env.plain(),
     ) else {
         return;
     };
@@ -808,10 +808,10 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
         (ns - child, child_calls)
     };
     record(&mut c.hist, ns, self_ns, nested, off, child_off, atomic);
-    if !env.lean() && config().callers != 0 {
+    if !env.plain() && config().callers != 0 {
         count_caller(cs, cpu, probe, ctx, call.caller, ns);
     }
-    if !env.lean() && config().by_memcg != 0 {
+    if !env.plain() && config().by_memcg != 0 {
         count_memcg(cs, cpu, probe, ctx, call.memcg, ns, true);
     }
 }
@@ -890,11 +890,12 @@ pub(crate) fn on_hit<C: EbpfContext>(c: &C, probe: u32) -> u32 {
     let env = Kernel {
         st,
         preemptible: false,
-        lean: false,
+        patched: false,
+        plain: false,
     };
     let cfg = config();
     let memcg = if cfg.by_memcg != 0 || cfg.workload_memcg != 0 {
-        charged_memcg(probe, first_arg(c.as_ptr()), true)
+        charged_memcg(st, probe, first_arg(c.as_ptr()), true)
     } else {
         Charged::id(0)
     };

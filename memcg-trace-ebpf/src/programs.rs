@@ -27,24 +27,26 @@ macro_rules! slot {
     }};
 }
 
-/// The entry program of probe slot `$n` on context `$ctx` (fentry); `$lean`: a lean program
-/// (see `Env::lean`).
+/// The entry program of probe slot `$n` on context `$ctx` (fentry); `$patched`: a patched
+/// program (`Kernel::patched`, taken only where runs do not interleave on a CPU); `$plain`:
+/// built for the plain settings (`Env::plain`).
 macro_rules! fentry_body {
-    ($ctx:ident, $n:expr, $lean:expr) => {{
+    ($ctx:ident, $n:expr, $patched:expr, $plain:expr) => {{
         let n = slot!($n);
         if let Some(st) = cpu_state(&$ctx) {
             let env = Kernel {
                 st,
-                preemptible: !$lean,
-                lean: $lean,
+                preemptible: !$patched,
+                patched: $patched,
+                plain: $plain,
             };
-            let caller = if !env.lean && config().callers != 0 {
+            let caller = if !env.plain && config().callers != 0 {
                 fentry_caller(&$ctx)
             } else {
                 0
             };
-            let memcg = if !env.lean && (config().by_memcg != 0 || config().workload_memcg != 0) {
-                charged_memcg(n, first_arg($ctx.as_ptr()), !env.atomic())
+            let memcg = if !env.plain && (config().by_memcg != 0 || config().workload_memcg != 0) {
+                charged_memcg(st, n, first_arg($ctx.as_ptr()), !env.atomic())
             } else {
                 Charged::id(0)
             };
@@ -59,13 +61,14 @@ macro_rules! fentry_body {
 
 /// The exit program of probe slot `$n` (fexit), as [`fentry_body`].
 macro_rules! fexit_body {
-    ($ctx:ident, $n:expr, $lean:expr) => {{
+    ($ctx:ident, $n:expr, $patched:expr, $plain:expr) => {{
         let n = slot!($n);
         if let Some(st) = cpu_state(&$ctx) {
             let env = Kernel {
                 st,
-                preemptible: !$lean,
-                lean: $lean,
+                preemptible: !$patched,
+                patched: $patched,
+                plain: $plain,
             };
             pair_exit(&env, n, Key::fentry(&$ctx), true);
         } else {
@@ -75,24 +78,34 @@ macro_rules! fexit_body {
     }};
 }
 
+/// Probe slot `$n`'s programs: the fentry/fexit pair in its three builds (general, patched,
+/// lean: `names::FENTRY`, `FENTRY_PATCHED`, `FENTRY_LEAN`), kprobe/kretprobe, tp_btf.
 macro_rules! probe_slot {
-    ($n:expr, $fentry:ident, $fexit:ident, $fentry_lean:ident, $fexit_lean:ident,
-     $kprobe:ident, $kretprobe:ident, $tp:ident) => {
+    ($n:expr, $fentry:ident, $fexit:ident, $fentry_patched:ident, $fexit_patched:ident,
+     $fentry_lean:ident, $fexit_lean:ident, $kprobe:ident, $kretprobe:ident, $tp:ident) => {
         #[fentry]
         pub fn $fentry(ctx: FEntryContext) -> u32 {
-            fentry_body!(ctx, $n, false)
+            fentry_body!(ctx, $n, false, false)
         }
         #[fexit]
         pub fn $fexit(ctx: FExitContext) -> u32 {
-            fexit_body!(ctx, $n, false)
+            fexit_body!(ctx, $n, false, false)
+        }
+        #[fentry]
+        pub fn $fentry_patched(ctx: FEntryContext) -> u32 {
+            fentry_body!(ctx, $n, true, false)
+        }
+        #[fexit]
+        pub fn $fexit_patched(ctx: FExitContext) -> u32 {
+            fexit_body!(ctx, $n, true, false)
         }
         #[fentry]
         pub fn $fentry_lean(ctx: FEntryContext) -> u32 {
-            fentry_body!(ctx, $n, true)
+            fentry_body!(ctx, $n, true, true)
         }
         #[fexit]
         pub fn $fexit_lean(ctx: FExitContext) -> u32 {
-            fexit_body!(ctx, $n, true)
+            fexit_body!(ctx, $n, true, true)
         }
         #[kprobe]
         pub fn $kprobe(ctx: ProbeContext) -> u32 {
@@ -101,7 +114,8 @@ macro_rules! probe_slot {
                 let env = Kernel {
                     st,
                     preemptible: false,
-                    lean: false,
+                    patched: false,
+                    plain: false,
                 };
                 let caller = if config().callers != 0 {
                     kprobe_caller(&ctx)
@@ -109,7 +123,7 @@ macro_rules! probe_slot {
                     0
                 };
                 let memcg = if config().by_memcg != 0 || config().workload_memcg != 0 {
-                    charged_memcg(n, reg_arg0(ctx.regs as *const c_void), true)
+                    charged_memcg(st, n, reg_arg0(ctx.regs as *const c_void), true)
                 } else {
                     Charged::id(0)
                 };
@@ -127,7 +141,8 @@ macro_rules! probe_slot {
                 let env = Kernel {
                     st,
                     preemptible: false,
-                    lean: false,
+                    patched: false,
+                    plain: false,
                 };
                 pair_exit(&env, n, Key::kretprobe(&ctx), false);
             } else {
@@ -146,6 +161,8 @@ probe_slot!(
     0,
     fentry_0,
     fexit_0,
+    fentry_patched_0,
+    fexit_patched_0,
     fentry_lean_0,
     fexit_lean_0,
     kprobe_0,
@@ -157,6 +174,8 @@ probe_slot!(
     1,
     fentry_1,
     fexit_1,
+    fentry_patched_1,
+    fexit_patched_1,
     fentry_lean_1,
     fexit_lean_1,
     kprobe_1,
@@ -168,6 +187,8 @@ probe_slot!(
     2,
     fentry_2,
     fexit_2,
+    fentry_patched_2,
+    fexit_patched_2,
     fentry_lean_2,
     fexit_lean_2,
     kprobe_2,
@@ -179,6 +200,8 @@ probe_slot!(
     3,
     fentry_3,
     fexit_3,
+    fentry_patched_3,
+    fexit_patched_3,
     fentry_lean_3,
     fexit_lean_3,
     kprobe_3,
@@ -190,6 +213,8 @@ probe_slot!(
     4,
     fentry_4,
     fexit_4,
+    fentry_patched_4,
+    fexit_patched_4,
     fentry_lean_4,
     fexit_lean_4,
     kprobe_4,
@@ -201,6 +226,8 @@ probe_slot!(
     5,
     fentry_5,
     fexit_5,
+    fentry_patched_5,
+    fexit_patched_5,
     fentry_lean_5,
     fexit_lean_5,
     kprobe_5,
@@ -212,6 +239,8 @@ probe_slot!(
     6,
     fentry_6,
     fexit_6,
+    fentry_patched_6,
+    fexit_patched_6,
     fentry_lean_6,
     fexit_lean_6,
     kprobe_6,
@@ -223,6 +252,8 @@ probe_slot!(
     7,
     fentry_7,
     fexit_7,
+    fentry_patched_7,
+    fexit_patched_7,
     fentry_lean_7,
     fexit_lean_7,
     kprobe_7,
@@ -234,6 +265,8 @@ probe_slot!(
     8,
     fentry_8,
     fexit_8,
+    fentry_patched_8,
+    fexit_patched_8,
     fentry_lean_8,
     fexit_lean_8,
     kprobe_8,
@@ -245,6 +278,8 @@ probe_slot!(
     9,
     fentry_9,
     fexit_9,
+    fentry_patched_9,
+    fexit_patched_9,
     fentry_lean_9,
     fexit_lean_9,
     kprobe_9,
@@ -256,6 +291,8 @@ probe_slot!(
     10,
     fentry_10,
     fexit_10,
+    fentry_patched_10,
+    fexit_patched_10,
     fentry_lean_10,
     fexit_lean_10,
     kprobe_10,
@@ -267,6 +304,8 @@ probe_slot!(
     11,
     fentry_11,
     fexit_11,
+    fentry_patched_11,
+    fexit_patched_11,
     fentry_lean_11,
     fexit_lean_11,
     kprobe_11,

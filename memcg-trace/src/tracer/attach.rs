@@ -29,7 +29,7 @@ impl Tracer {
                 ));
                 continue;
             }
-            let programs = slot_programs(plan.backend, slot, self.lean);
+            let programs = slot_programs(plan.backend, slot, self.fentry_build);
             // Before the programs run: a call never reads another target's path, nor another
             // program's count of missed runs (a plan that failed here may have pointed it at
             // its own: the exits would prove calls against a count of the wrong program).

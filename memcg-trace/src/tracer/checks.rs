@@ -1062,7 +1062,7 @@ impl Tracer {
             bail!("no spare probe slot for the floor");
         }
         self.load_floor_trigger()?;
-        let programs = super::slot_programs(backend, slot, self.lean);
+        let programs = super::slot_programs(backend, slot, self.fentry_build);
         let result = self.time_floor(backend, slot, calls, &programs);
         // Entry first, as always: a call in flight still gets its exit.
         for p in &programs {

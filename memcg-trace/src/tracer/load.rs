@@ -268,7 +268,7 @@ fn config_of(o: &LoadOptions, cpus: u32, probes: u32) -> Config {
 fn patch_direct_reads(bytes: &mut [u8], layout: &mut KernelLayout) -> Result<bool> {
     let mut changed = false;
     layout.direct_task = 1;
-    // The lean programs' task fields at their offsets (`lean_programs` takes them only where
+    // The patched programs' task fields at their offsets (`fentry_build` takes them only where
     // every offset fits).
     if let Some(offsets) = patch::lean_offsets(layout) {
         changed |= patch::lean_fields(bytes, &offsets)? > 0;
@@ -431,32 +431,50 @@ pub(super) fn dup_fd(p: &Program) -> Option<OwnedFd> {
     fd.ok()?.as_fd().try_clone_to_owned().ok()
 }
 
-/// The programs of one probe slot for a backend, entry first; `lean`: the lean fentry/fexit
-/// programs (`lean_programs`).
-pub fn slot_programs(backend: Backend, slot: u32, lean: bool) -> Vec<&'static str> {
+/// The build of the fentry/fexit programs a run takes: each folds away, at compile time, what
+/// it was built for, so the loader takes the narrowest one whose conditions hold
+/// ([`fentry_build`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FentryBuild {
+    /// `names::FENTRY`: any kernel, any settings.
+    General,
+    /// `names::FENTRY_PATCHED`: runs that do not interleave on a CPU (counters by plain adds,
+    /// the nesting always kept) and the task's fields and its cgroup by plain loads at offsets
+    /// written into the loads (`patch::lean_fields`); any settings.
+    Patched,
+    /// `names::FENTRY_LEAN`: patched, and the plain settings: no call sites (nor their
+    /// stacks), no charged memcgs.
+    Lean,
+}
+
+/// The programs of one probe slot for a backend, entry first; `build`: which fentry/fexit
+/// programs ([`fentry_build`]).
+pub fn slot_programs(backend: Backend, slot: u32, build: FentryBuild) -> Vec<&'static str> {
     let s = slot as usize;
-    match backend {
-        Backend::Fentry if lean => vec![names::FENTRY_LEAN[s], names::FEXIT_LEAN[s]],
-        Backend::Fentry => vec![names::FENTRY[s], names::FEXIT[s]],
-        Backend::Kprobe => vec![names::KPROBE[s], names::KRETPROBE[s]],
-        Backend::Tracepoint => vec![names::TP[s]],
+    match (backend, build) {
+        (Backend::Fentry, FentryBuild::General) => vec![names::FENTRY[s], names::FEXIT[s]],
+        (Backend::Fentry, FentryBuild::Patched) => {
+            vec![names::FENTRY_PATCHED[s], names::FEXIT_PATCHED[s]]
+        }
+        (Backend::Fentry, FentryBuild::Lean) => vec![names::FENTRY_LEAN[s], names::FEXIT_LEAN[s]],
+        (Backend::Kprobe, _) => vec![names::KPROBE[s], names::KRETPROBE[s]],
+        (Backend::Tracepoint, _) => vec![names::TP[s]],
     }
 }
 
-/// Whether the lean fentry/fexit programs (`names::FENTRY_LEAN`) serve settings `o` on a kernel
-/// whose layout, as loaded, is `loaded`: what they were built for is what holds, no call sites
-/// (nor their stacks), no charged memcgs, plain loads of the task and its cgroup (at offsets
-/// that fit the loads themselves: `patch::lean_fields`), and fentry
-/// runs that do not interleave on a CPU (their counters are plain adds, their nesting always
-/// kept).
-pub fn lean_programs(o: &LoadOptions, loaded: &KernelLayout) -> bool {
-    !o.preemptible
+/// The fentry/fexit build ([`FentryBuild`]) that serves settings `o` on a kernel whose layout,
+/// as loaded, is `loaded`: the narrowest whose conditions hold.
+pub fn fentry_build(o: &LoadOptions, loaded: &KernelLayout) -> FentryBuild {
+    let patched = !o.preemptible
         && loaded.direct_task != 0
-        && patch::lean_offsets(loaded).is_some()
         && loaded.direct_cgroup != 0
-        && !o.features.callers
-        && !o.features.by_memcg
-        && !o.features.workload_memcg
+        && patch::lean_offsets(loaded).is_some();
+    let plain = !o.features.callers && !o.features.by_memcg && !o.features.workload_memcg;
+    match (patched, plain) {
+        (true, true) => FentryBuild::Lean,
+        (true, false) => FentryBuild::Patched,
+        (false, _) => FentryBuild::General,
+    }
 }
 
 /// A log sink for the programs' diagnostics: one line each on stderr.

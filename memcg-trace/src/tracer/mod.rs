@@ -222,8 +222,8 @@ pub struct Tracer {
     stats: Option<OwnedFd>,
     /// Stats stay on for the whole run (`--bpf-stats`).
     stats_always: bool,
-    /// fentry/fexit probes attach the lean programs (`lean_programs`).
-    lean: bool,
+    /// Which build of the fentry/fexit programs fentry probes attach (`fentry_build`).
+    fentry_build: FentryBuild,
 }
 
 /// The hash map `name` of the object, taken out of it where the feature that fills it is on
@@ -286,7 +286,7 @@ impl Tracer {
         targets: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self> {
         let (mut ebpf, loaded, loader_btf, front) = load_object(layout, opts)?;
-        let lean = lean_programs(opts, &loaded);
+        let fentry_build = fentry_build(opts, &loaded);
         let logger = if opts.features.ebpf_log {
             Some(
                 EbpfLogger::init_with_logger(&mut ebpf, StderrLog)
@@ -406,7 +406,7 @@ impl Tracer {
             logger,
             stats: None,
             stats_always: false,
-            lean,
+            fentry_build,
         })
     }
 
@@ -497,6 +497,7 @@ mod tests {
             assert!(has(EBPF_OBJECT, b"search_cpu"));
             assert!(!has(EBPF_LEGACY, b"search_cpu"));
             assert!(has(EBPF_LEGACY, b"fexit_lean_0"));
+            assert!(has(EBPF_LEGACY, b"fexit_patched_0"));
         }
     }
 
@@ -547,6 +548,8 @@ mod tests {
             for family in [
                 names::FENTRY,
                 names::FEXIT,
+                names::FENTRY_PATCHED,
+                names::FEXIT_PATCHED,
                 names::FENTRY_LEAN,
                 names::FEXIT_LEAN,
                 names::KPROBE,
@@ -586,7 +589,8 @@ mod tests {
     }
 
     #[test]
-    fn lean_programs_only_where_what_they_fold_away_holds() {
+    fn fentry_builds_only_where_what_they_fold_away_holds() {
+        use FentryBuild::*;
         let direct = KernelLayout {
             direct_task: 1,
             direct_cgroup: 1,
@@ -598,23 +602,29 @@ mod tests {
             probes: 3,
             ..Default::default()
         };
-        assert!(lean_programs(&usual, &direct));
+        assert_eq!(fentry_build(&usual, &direct), Lean);
         assert_eq!(
-            slot_programs(Backend::Fentry, 3, true),
+            slot_programs(Backend::Fentry, 3, Lean),
             ["fentry_lean_3", "fexit_lean_3"]
         );
         assert_eq!(
-            slot_programs(Backend::Fentry, 3, false),
+            slot_programs(Backend::Fentry, 3, Patched),
+            ["fentry_patched_3", "fexit_patched_3"]
+        );
+        assert_eq!(
+            slot_programs(Backend::Fentry, 3, General),
             ["fentry_3", "fexit_3"]
         );
         // kprobes and tracepoints have one build.
-        assert_eq!(
-            slot_programs(Backend::Kprobe, 3, true),
-            ["kprobe_3", "kretprobe_3"]
-        );
-        assert_eq!(slot_programs(Backend::Tracepoint, 3, true), ["tp_3"]);
-        // Any setting the lean programs fold away as off takes the general ones.
-        for o in [
+        for b in [General, Patched, Lean] {
+            assert_eq!(
+                slot_programs(Backend::Kprobe, 3, b),
+                ["kprobe_3", "kretprobe_3"]
+            );
+            assert_eq!(slot_programs(Backend::Tracepoint, 3, b), ["tp_3"]);
+        }
+        // Any setting the lean programs fold away as off takes the patched ones.
+        let opt_in = [
             LoadOptions {
                 features: Features {
                     callers: true,
@@ -637,13 +647,18 @@ mod tests {
                 },
                 ..usual
             },
-            // fentry runs that interleave (a preemptible kernel, or no context split).
-            LoadOptions {
+        ];
+        for o in &opt_in {
+            assert_eq!(fentry_build(o, &direct), Patched, "{o:?}");
+        }
+        // fentry runs that interleave (a preemptible kernel, or no context split) take the
+        // general ones, whatever the settings.
+        for o in opt_in.iter().chain([&usual]) {
+            let o = LoadOptions {
                 preemptible: true,
-                ..usual
-            },
-        ] {
-            assert!(!lean_programs(&o, &direct), "{o:?}");
+                ..*o
+            };
+            assert_eq!(fentry_build(&o, &direct), General, "{o:?}");
         }
         // So does a kernel where the task or its cgroup are not plain loads (or --probe-read,
         // which turns direct task reads off).
@@ -662,7 +677,8 @@ mod tests {
                 ..direct
             },
         ] {
-            assert!(!lean_programs(&usual, &l));
+            assert_eq!(fentry_build(&usual, &l), General);
+            assert_eq!(fentry_build(&opt_in[0], &l), General);
         }
     }
 }

@@ -7,7 +7,7 @@
 //! `BPF_PSEUDO_KFUNC_CALL` of the kernel's `bpf_rdonly_cast`, so the programs read an address
 //! they computed with a plain fault-safe load instead of a `bpf_probe_read_kernel` call.
 //!
-//! Each load whose offset is a [`LeanField::marker`] (the lean programs' reads of the task's
+//! Each load whose offset is a [`LeanField::marker`] (the patched programs' reads of the task's
 //! fields) gets the field's offset from the kernel's layout, so that the programs load it
 //! without first loading the offset from the read-only layout.
 //!
@@ -197,9 +197,9 @@ pub fn rdonly_cast(elf: &mut [u8], btf_id: u32) -> Result<usize> {
     })
 }
 
-/// The offsets the lean programs' marked loads take on a kernel of `layout`, in
-/// [`LeanField::ALL`]'s order; None where one does not fit a load's 16-bit offset (the lean
-/// programs are then not used).
+/// The offsets the patched programs' marked loads take on a kernel of `layout`, in
+/// [`LeanField::ALL`]'s order; None where one does not fit a load's 16-bit offset (the patched
+/// and lean programs are then not used).
 pub fn lean_offsets(layout: &KernelLayout) -> Option<[i16; LeanField::ALL.len()]> {
     let mut out = [0i16; LeanField::ALL.len()];
     for (o, f) in out.iter_mut().zip(LeanField::ALL) {
@@ -232,6 +232,7 @@ pub fn lean_fields(elf: &mut [u8], offsets: &[i16; LeanField::ALL.len()]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memcg_trace_common::MAX_PROBES;
 
     /// The object this binary carries, in memory aligned like the loader's copy.
     fn object() -> Vec<u8> {
@@ -282,13 +283,15 @@ mod tests {
         let offsets = lean_offsets(&layout).expect("offsets fit");
         let mut elf = orig.clone();
         let n = lean_fields(&mut elf, &offsets).expect("patch");
-        // Every probe slot's lean pair loads each field at least once.
+        // Every probe slot's patched and lean pairs load each field at least once.
+        let pairs = 2 * MAX_PROBES;
         assert!(
-            n >= 12 * LeanField::ALL.len(),
+            n >= pairs * LeanField::ALL.len(),
             "only {n} marked loads found"
         );
         // Only the two offset bytes of marked loads changed, each marker to its own field's
-        // offset; every field's marker was found in every probe slot's lean programs. (Code
+        // offset; every field's marker was found in every probe slot's patched and lean
+        // programs. (Code
         // sections are 8-byte aligned in the file, as their instructions are.)
         let changed: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] != elf[i]).collect();
         assert!(changed.len() <= n * 2, "{} bytes changed", changed.len());
@@ -317,7 +320,7 @@ mod tests {
         }
         for f in LeanField::ALL {
             let n = per_field[f as usize];
-            assert!(n >= 12, "{f:?}: only {n} loads");
+            assert!(n >= pairs, "{f:?}: only {n} loads");
         }
         assert_eq!(
             lean_fields(&mut elf, &offsets).unwrap(),

@@ -36,10 +36,18 @@ fn callers_on(name: &str, short: &str) {
     let mut main_sites: Vec<(String, std::collections::BTreeSet<String>)> = Vec::new();
     for backend in ["fentry", "kprobe"] {
         let doc = load_recording(&r.out_dir.join(format!("callers-{backend}.json")));
-        // --callers needs the general programs, not the lean ones (tracer::lean_programs).
+        // --callers needs a build that keeps the call sites: the patched programs where fentry
+        // runs do not interleave (6.12), else the general ones; never the lean ones
+        // (tracer::fentry_build).
+        let want = match (backend, short) {
+            ("fentry", "6.12") => "fentry_patched_",
+            ("fentry", _) => "fentry_",
+            _ => "kprobe_",
+        };
         for p in &doc.probes {
             assert!(
-                p.programs.iter().all(|g| !g.name.contains("lean")),
+                p.programs.iter().all(|g| !g.name.contains("lean"))
+                    && p.programs.first().is_some_and(|g| g.name.starts_with(want)),
                 "{short} {backend} --callers {}: {:?}",
                 p.name,
                 p.programs.iter().map(|g| &g.name).collect::<Vec<_>>()
@@ -386,8 +394,22 @@ fn by_memcg_on(name: &str, short: &str) {
         );
         let mut irq = 0;
         let mut read = 0;
+        // --by-memcg takes the patched programs where fentry runs do not interleave (6.12),
+        // else the general ones; never the lean ones (tracer::fentry_build).
+        let want = match (backend, short) {
+            ("fentry", "6.12") => "fentry_patched_",
+            ("fentry", _) => "fentry_",
+            _ => "kprobe_",
+        };
         for p in &doc.probes {
             assert_eq!(p.backend.to_string(), backend, "{}", p.name);
+            assert!(
+                p.programs.iter().all(|g| !g.name.contains("lean"))
+                    && p.programs.first().is_some_and(|g| g.name.starts_with(want)),
+                "{short} {backend} --by-memcg {}: {:?}",
+                p.name,
+                p.programs.iter().map(|g| &g.name).collect::<Vec<_>>()
+            );
             let calls = |id: u64, ctx: Option<&str>| -> u64 {
                 p.memcgs
                     .iter()

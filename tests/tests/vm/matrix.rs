@@ -548,7 +548,7 @@ fn vm_matrix(short: &str) {
                 assert_eq!(p.target, want, "{short} {run}: stat's target");
             }
             // The usual settings take the lean fentry/fexit programs where fentry runs do not
-            // interleave (tracer::lean_programs): not on a preemptible kernel.
+            // interleave (tracer::fentry_build): not on a preemptible kernel.
             let names: Vec<&str> = p.programs.iter().map(|g| g.name.as_str()).collect();
             let want = if backend == "fentry" && (legacy || preemptible) {
                 ["fentry_", "fexit_"]

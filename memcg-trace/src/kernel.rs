@@ -1002,7 +1002,8 @@ fn dynamic_or_built(config: Option<&BTreeMap<String, String>>) -> String {
         }
     }
     let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
-    model_from(config, &cmdline)
+    let version = fs::read_to_string("/proc/sys/kernel/version").unwrap_or_default();
+    model_from(config, &cmdline, &version)
 }
 
 /// Where a dynamic kernel's preemption model is set and shown.
@@ -1062,10 +1063,42 @@ impl ModelWrites {
     }
 }
 
-/// The model from the build configuration and the kernel command line.
-pub fn model_from(config: Option<&BTreeMap<String, String>>, cmdline: &str) -> String {
+/// The model from the build configuration and the kernel command line; without the
+/// configuration, from the kernel's version string (`uname -v`, `version`), which names the
+/// model where it preempts or is dynamic (`PREEMPT`, `PREEMPT_RT`, `PREEMPT_DYNAMIC`, and from
+/// 6.13 `PREEMPT_LAZY`) and no model where it does not.
+pub fn model_from(
+    config: Option<&BTreeMap<String, String>>,
+    cmdline: &str,
+    version: &str,
+) -> String {
+    let booted = || {
+        cmdline
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("preempt="))
+    };
     let Some(c) = config else {
-        return "unknown".into();
+        let words: Vec<&str> = version.split_whitespace().collect();
+        let has = |w: &str| words.contains(&w);
+        return if !words.first().is_some_and(|w| w.starts_with('#')) {
+            "unknown"
+        } else if has("PREEMPT_RT") {
+            "PREEMPT_RT"
+        } else if has("PREEMPT_DYNAMIC") {
+            // The built default is not in the version string: a mode it cannot tell is
+            // taken as preemptible (`preemptible`).
+            return match booted() {
+                Some(m) => format!("PREEMPT_DYNAMIC, booted as {m}"),
+                None => "PREEMPT_DYNAMIC, mode unknown".into(),
+            };
+        } else if has("PREEMPT_LAZY") {
+            "PREEMPT_LAZY"
+        } else if has("PREEMPT") {
+            "PREEMPT (full)"
+        } else {
+            "PREEMPT_NONE or PREEMPT_VOLUNTARY"
+        }
+        .into();
     };
     let on = |k: &str| c.get(k).map(|v| v == "y").unwrap_or(false);
     let built = if on("CONFIG_PREEMPT_RT") {
@@ -1080,11 +1113,7 @@ pub fn model_from(config: Option<&BTreeMap<String, String>>, cmdline: &str) -> S
         "none"
     };
     if on("CONFIG_PREEMPT_DYNAMIC") {
-        let booted = cmdline
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("preempt="))
-            .unwrap_or(built);
-        return format!("PREEMPT_DYNAMIC, booted as {booted}");
+        return format!("PREEMPT_DYNAMIC, booted as {}", booted().unwrap_or(built));
     }
     match built {
         "rt" => "PREEMPT_RT",
@@ -1114,9 +1143,11 @@ pub fn preemption_words(model: &str) -> String {
 /// Whether the kernel preempts tasks in kernel code, from the model as `preemption_model`
 /// words it (full, lazy, RT, or a dynamic kernel running as one of those). There, fentry
 /// programs can be preempted while they hold their recursion guard, and so can tasks holding a
-/// CPU's kprobe guard in a map syscall.
+/// CPU's kprobe guard in a map syscall. A model not known (no configuration, no version
+/// string, or a dynamic kernel's mode not found) counts as preemptible: the programs then
+/// assume runs can interleave, which is slower and never wrong.
 pub fn preemptible(model: &str) -> bool {
-    if model.starts_with("PREEMPT_RT") {
+    if model.starts_with("PREEMPT_RT") || model == "unknown" || model.ends_with("mode unknown") {
         return true;
     }
     let mode = model.rsplit_once(" as ").map(|(_, m)| m).unwrap_or(model);
@@ -1433,7 +1464,9 @@ mod tests {
             ("PREEMPT_RT, PREEMPT_DYNAMIC, booted as rt", true),
             ("PREEMPT_VOLUNTARY", false),
             ("PREEMPT_NONE", false),
-            ("unknown", false),
+            ("PREEMPT_NONE or PREEMPT_VOLUNTARY", false),
+            ("PREEMPT_DYNAMIC, mode unknown", true),
+            ("unknown", true),
         ] {
             assert_eq!(preemptible(model), want, "{model}");
         }
@@ -1448,17 +1481,64 @@ mod tests {
         assert_eq!(c.get("CONFIG_DEBUG_PREEMPT").unwrap(), "n");
         assert_eq!(c.get("CONFIG_HZ").unwrap(), "250");
         assert!(!c.contains_key("CONFIG_FOO"));
-        assert_eq!(model_from(Some(&c), ""), "PREEMPT_VOLUNTARY");
+        // The configuration wins over the version string.
+        let v = "#1 SMP PREEMPT_DYNAMIC Debian 6.12.117-1 (2025-11-22)";
+        assert_eq!(model_from(Some(&c), "", v), "PREEMPT_VOLUNTARY");
         let mut d = c.clone();
         d.insert("CONFIG_PREEMPT_DYNAMIC".into(), "y".into());
         assert_eq!(
-            model_from(Some(&d), "quiet"),
+            model_from(Some(&d), "quiet", v),
             "PREEMPT_DYNAMIC, booted as voluntary"
         );
         assert_eq!(
-            model_from(Some(&d), "root=/dev/vda preempt=full"),
+            model_from(Some(&d), "root=/dev/vda preempt=full", v),
             "PREEMPT_DYNAMIC, booted as full"
         );
+    }
+
+    #[test]
+    fn preemption_model_without_the_configuration_comes_from_the_version_string() {
+        for (version, cmdline, want, preempts) in [
+            // Debian's 6.12: dynamic, the built default not said: preemptible unless booted so.
+            (
+                "#1 SMP PREEMPT_DYNAMIC Debian 6.12.117-1 (2025-11-22)",
+                "quiet",
+                "PREEMPT_DYNAMIC, mode unknown",
+                true,
+            ),
+            (
+                "#1 SMP PREEMPT_DYNAMIC Debian 6.12.117-1 (2025-11-22)",
+                "quiet preempt=none",
+                "PREEMPT_DYNAMIC, booted as none",
+                false,
+            ),
+            // Debian's 5.10 and 6.1 (voluntary): no model word.
+            (
+                "#1 SMP Debian 5.10.244-1 (2025-09-29)",
+                "",
+                "PREEMPT_NONE or PREEMPT_VOLUNTARY",
+                false,
+            ),
+            ("#1 SMP PREEMPT Tue Mar 3 2026", "", "PREEMPT (full)", true),
+            (
+                "#1 SMP PREEMPT_RT Debian 6.12.117-1",
+                "",
+                "PREEMPT_RT",
+                true,
+            ),
+            (
+                "#1 SMP PREEMPT_LAZY Sun Jan 4 2026",
+                "",
+                "PREEMPT_LAZY",
+                true,
+            ),
+            // No version string at all.
+            ("", "", "unknown", true),
+        ] {
+            let model = model_from(None, cmdline, version);
+            assert_eq!(model, want, "{version:?} {cmdline:?}");
+            assert_eq!(preemptible(&model), preempts, "{model}");
+        }
     }
 
     #[test]

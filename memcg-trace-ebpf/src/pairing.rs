@@ -68,6 +68,23 @@ pub(crate) fn claim(key: &mut u64, from: u64, to: u64) -> bool {
     .1
 }
 
+/// Sets free task slot `key`'s key to `to`, after the slot's other fields: false when an
+/// interleaved run took the slot meanwhile (`atomic`: runs interleave on this CPU). Where they
+/// do not, nothing else sets a free slot's key (another CPU's exit only clears the key of the
+/// call it finds), so the compare-and-swap cannot fail: on x86, whose stores are seen in
+/// program order, a plain store then publishes the slot (the `lock or` of `occupy` follows);
+/// arm64 keeps the compare-and-swap, whose release orders the fields before the key.
+#[inline(always)]
+pub(crate) fn publish(key: &mut u64, to: u64, atomic: bool) -> bool {
+    if !LEGACY && !atomic && layout().arch != ARCH_ARM64 {
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::Release);
+        // SAFETY: an aligned u64 in a map value.
+        unsafe { core::ptr::write_volatile(key, to) };
+        return true;
+    }
+    claim(key, 0, to)
+}
+
 /// `*p |= v` atomically, without fetching the old value: x86's JIT makes it one `lock or`,
 /// where it expands the fetching form (what the compiler emits for the intrinsic) into a
 /// compare-and-swap loop of about ten instructions. On x86 both are full barriers, which
@@ -280,7 +297,7 @@ pub(crate) fn pair_entry<E: Env>(
     p.ts = env.now();
     // After the timestamp: time off the CPU before it is not part of the call's latency.
     p.clock = env.clock(task);
-    if claim(&mut p.key, 0, key) {
+    if publish(&mut p.key, key, atomic) {
         occupy(set, free);
     } else {
         // Taken meanwhile by an interleaved run (preemptible fentry): this call is not

@@ -1279,6 +1279,9 @@ pub mod test_op {
     pub const BUCKET: u64 = 4;
     /// Return the context the program runs in (`CTX_*`, or -1 when unreadable).
     pub const CONTEXT: u64 = 5;
+    /// Clear the used marks of probe `args[1]`'s task slots on this CPU, as another CPU's
+    /// exit does before it looks whether a slot it freed was taken again (`vacate`).
+    pub const CLEAR_USED: u64 = 6;
 }
 
 /// Offsets and masks the eBPF programs need, read from the running kernel's BTF by userspace and

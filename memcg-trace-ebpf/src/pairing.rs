@@ -71,12 +71,13 @@ pub(crate) fn claim(key: &mut u64, from: u64, to: u64) -> bool {
 /// Sets free task slot `key`'s key to `to`, after the slot's other fields: false when an
 /// interleaved run took the slot meanwhile (`atomic`: runs interleave on this CPU). Where they
 /// do not, nothing else sets a free slot's key (another CPU's exit only clears the key of the
-/// call it finds), so the compare-and-swap cannot fail: on x86, whose stores are seen in
-/// program order, a plain store then publishes the slot (the `lock or` of `occupy` follows);
-/// arm64 keeps the compare-and-swap, whose release orders the fields before the key.
+/// call it finds; `pair_entry` picks a slot whose key it read 0), so the compare-and-swap
+/// cannot fail: on x86, whose stores are seen in program order, a plain store then publishes
+/// the slot (the `lock or` of `occupy` follows); arm64 keeps the compare-and-swap, whose
+/// release orders the fields before the key.
 #[inline(always)]
 pub(crate) fn publish(key: &mut u64, to: u64, atomic: bool) -> bool {
-    if !LEGACY && !atomic && layout().arch != ARCH_ARM64 {
+    if !LEGACY && !atomic && layout().arch == ARCH_X86_64 {
         core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::Release);
         // SAFETY: an aligned u64 in a map value.
         unsafe { core::ptr::write_volatile(key, to) };
@@ -243,10 +244,17 @@ pub(crate) fn pair_entry<E: Env>(
     let mut oldest = 0;
     let mut oldest_ts = u64::MAX;
     // No slot taken: nothing stale, the first choice is free (the usual case); no search.
-    // SAFETY: an aligned u64 in a map value.
-    let none_taken = unsafe { core::ptr::read_volatile(&set.used) } == 0;
+    // `used` alone may read 0 with the first choice still taken: another CPU's exit that
+    // freed a call here clears its bit and only then looks whether the slot was taken again
+    // meanwhile (`vacate`), so its key is read too.
+    let hint = k.hint & (TASK_SLOTS - 1);
+    // SAFETY: aligned u64s in a map value.
+    let none_taken = unsafe {
+        core::ptr::read_volatile(&set.used) == 0
+            && core::ptr::read_volatile(&set.calls[hint].key) == 0
+    };
     if none_taken {
-        free = k.hint & (TASK_SLOTS - 1);
+        free = hint;
     }
     // Stale entries and evictions leave the slot's bit set: it is taken again at once.
     for j in 0..TASK_SLOTS {

@@ -136,6 +136,11 @@ fn run_selftest(ctx: RawTracePointContext) -> i32 {
             }
         }
         test_op::CONTEXT => return read_context(st, false).map(|c| c as i32).unwrap_or(-1),
+        test_op::CLEAR_USED => {
+            if let Some(set) = pending(st, probe) {
+                atomic_keep_bits(&mut set.used, 0);
+            }
+        }
         _ => return -1,
     }
     0

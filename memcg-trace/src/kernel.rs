@@ -1499,7 +1499,8 @@ mod tests {
     #[test]
     fn preemption_model_without_the_configuration_comes_from_the_version_string() {
         for (version, cmdline, want, preempts) in [
-            // Debian's 6.12: dynamic, the built default not said: preemptible unless booted so.
+            // Debian's 6.1 and 6.12: dynamic, the built default not said: preemptible unless
+            // booted so.
             (
                 "#1 SMP PREEMPT_DYNAMIC Debian 6.12.117-1 (2025-11-22)",
                 "quiet",
@@ -1512,7 +1513,7 @@ mod tests {
                 "PREEMPT_DYNAMIC, booted as none",
                 false,
             ),
-            // Debian's 5.10 and 6.1 (voluntary): no model word.
+            // Debian's 5.10 (voluntary, not dynamic): no model word.
             (
                 "#1 SMP Debian 5.10.244-1 (2025-09-29)",
                 "",

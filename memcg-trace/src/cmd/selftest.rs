@@ -496,6 +496,28 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "not preemptible: a call entering while another CPU's exit has cleared the used marks of a slot still taken (vacate's window) takes another slot",
+            cpus: 1,
+            kernel: NO_PREEMPT,
+            steps: vec![
+                E(0xa0, task, T, 5000, 1000, false, 0),
+                // T's call sleeps; the marks read "none taken" for a moment; T2's call has
+                // the same first choice of slot (0x1a0 and 0xa0: task_slot_hint 10).
+                Step::UsedCleared { cpu: 0 },
+                E(0x1a0, task, T2, 7000, 1200, false, 0),
+                XK(0x1a0, task, T2, 7000, 1500, 0),
+                XK(0xa0, task, T, 5400, 2000, 0),
+            ],
+            check: |o| {
+                // Both paired: T's call was neither overwritten (its exit an orphan) nor
+                // made to evict T2's.
+                timed(o, CTX_TASK, 2, 300 + 1000)?;
+                expect("orphan exits", o.counters[0].orphans, 0)?;
+                expect("evicted", o.counters[0].evicted, 0)?;
+                expect("ambiguous", o.counters[0].ambiguous, 0)
+            },
+        },
+        Case {
             name: "not preemptible: a nested call asleep: its time off the CPU is not taken twice from the enclosing call's self time on the CPU",
             cpus: 1,
             kernel: NO_PREEMPT,
@@ -1285,7 +1307,7 @@ fn step_key_cpu(s: &Step) -> Option<(u64, u32, bool)> {
         | Step::ExitKprobe { key, cpu, .. }
         | Step::ExitKprobeClock { key, cpu, .. }
         | Step::ExitMisses { key, cpu, .. } => Some((key, cpu, false)),
-        Step::Ran { .. } | Step::Probe(_) => None,
+        Step::Ran { .. } | Step::Probe(_) | Step::UsedCleared { .. } => None,
     }
 }
 

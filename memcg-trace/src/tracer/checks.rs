@@ -412,6 +412,9 @@ pub enum Step {
     /// on another CPU than its last one is a migration. An interrupt step that names no task
     /// (0) interrupts the task that ran last on its CPU (its last task step or `Ran`).
     Ran { task: u64, cpu: u32 },
+    /// No program runs: another CPU's exit freed a call of `cpu`'s and cleared the slots'
+    /// used marks, and has not yet looked whether a slot was taken again (`vacate`'s window).
+    UsedCleared { cpu: u32 },
     /// The steps after it are calls of this probe slot (the sequence starts with slot 0).
     Probe(u32),
 }
@@ -479,6 +482,15 @@ pub fn pairing(
             }
             Step::Probe(p) => {
                 probe = u64::from(p);
+                continue;
+            }
+            Step::UsedCleared { cpu } => {
+                let mut args = [0; 12];
+                args[0] = test_op::CLEAR_USED;
+                args[1] = probe;
+                if rig.run(Some(cpu), args)? != 0 {
+                    return Err(Refused(format!("the test program refused step {s:?}")).into());
+                }
                 continue;
             }
             _ => TestInputs::of(s),
@@ -698,7 +710,9 @@ impl TestInputs {
                 };
                 task_step(op, key, task, switches, now, 0, Some(misses), cpu)
             }
-            Step::Ran { .. } | Step::Probe(_) => unreachable!("they feed the program nothing"),
+            Step::Ran { .. } | Step::Probe(_) | Step::UsedCleared { .. } => {
+                unreachable!("they feed the program no call")
+            }
         }
     }
 }

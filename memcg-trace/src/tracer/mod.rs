@@ -588,6 +588,65 @@ mod tests {
         }
     }
 
+    /// Every probe slot's patched and lean pairs load each `LeanField` through its marker (the
+    /// loader's `patch::lean_fields` then writes the kernel's offset into them), and the
+    /// general pairs none: a build that lost its marked loads would read the fields through
+    /// the layout instead, or the general programs would be refused where the loader does not
+    /// patch. Counted per pair, in each program's own instructions.
+    #[test]
+    fn patched_pairs_load_every_lean_field_by_marker_and_general_ones_none() {
+        use memcg_trace_common::LeanField;
+        for (what, bytes) in [("full", EBPF_OBJECT), ("legacy", EBPF_LEGACY)] {
+            if bytes.is_empty() {
+                eprintln!("skipping patched_pairs_load_every_lean_field_by_marker_and_general_ones_none: built with AYA_BUILD_SKIP (no eBPF object)");
+                return;
+            }
+            let obj = aya_obj::Object::parse(bytes).expect("the eBPF object");
+            // Marked u64 loads (BPF_LDX | BPF_MEM | BPF_DW) per field in one program.
+            let marked = |name: &str| -> Vec<usize> {
+                let p = obj
+                    .programs
+                    .get(name)
+                    .unwrap_or_else(|| panic!("{what}: program {name} missing"));
+                let insns = &obj.functions[&p.function_key()].instructions;
+                LeanField::ALL
+                    .iter()
+                    .map(|f| {
+                        insns
+                            .iter()
+                            .filter(|i| i.code == 0x79 && i.off == f.marker())
+                            .count()
+                    })
+                    .collect()
+            };
+            for s in 0..memcg_trace_common::MAX_PROBES {
+                for (entry, exit) in [
+                    (names::FENTRY_PATCHED[s], names::FEXIT_PATCHED[s]),
+                    (names::FENTRY_LEAN[s], names::FEXIT_LEAN[s]),
+                ] {
+                    let (a, b) = (marked(entry), marked(exit));
+                    for (i, f) in LeanField::ALL.iter().enumerate() {
+                        assert!(
+                            a[i] + b[i] > 0,
+                            "{what}: {entry}/{exit} load {f:?} by no marker"
+                        );
+                    }
+                }
+                for general in [
+                    names::FENTRY[s],
+                    names::FEXIT[s],
+                    names::KPROBE[s],
+                    names::KRETPROBE[s],
+                ] {
+                    assert!(
+                        marked(general).iter().all(|&n| n == 0),
+                        "{what}: {general} has marked loads"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn fentry_builds_only_where_what_they_fold_away_holds() {
         use FentryBuild::*;

@@ -40,14 +40,14 @@ fn callers_on(name: &str, short: &str) {
         // runs do not interleave (6.12), else the general ones; never the lean ones
         // (tracer::fentry_build).
         let want = match (backend, short) {
-            ("fentry", "6.12") => "fentry_patched_",
-            ("fentry", _) => "fentry_",
-            _ => "kprobe_",
+            ("fentry", "6.12") => ["fentry_patched_", "fexit_patched_"],
+            ("fentry", _) => ["fentry_", "fexit_"],
+            _ => ["kprobe_", "kretprobe_"],
         };
         for p in &doc.probes {
+            let names: Vec<&str> = p.programs.iter().map(|g| g.name.as_str()).collect();
             assert!(
-                p.programs.iter().all(|g| !g.name.contains("lean"))
-                    && p.programs.first().is_some_and(|g| g.name.starts_with(want)),
+                programs_are(&names, want),
                 "{short} {backend} --callers {}: {:?}",
                 p.name,
                 p.programs.iter().map(|g| &g.name).collect::<Vec<_>>()
@@ -397,15 +397,15 @@ fn by_memcg_on(name: &str, short: &str) {
         // --by-memcg takes the patched programs where fentry runs do not interleave (6.12),
         // else the general ones; never the lean ones (tracer::fentry_build).
         let want = match (backend, short) {
-            ("fentry", "6.12") => "fentry_patched_",
-            ("fentry", _) => "fentry_",
-            _ => "kprobe_",
+            ("fentry", "6.12") => ["fentry_patched_", "fexit_patched_"],
+            ("fentry", _) => ["fentry_", "fexit_"],
+            _ => ["kprobe_", "kretprobe_"],
         };
         for p in &doc.probes {
             assert_eq!(p.backend.to_string(), backend, "{}", p.name);
+            let names: Vec<&str> = p.programs.iter().map(|g| g.name.as_str()).collect();
             assert!(
-                p.programs.iter().all(|g| !g.name.contains("lean"))
-                    && p.programs.first().is_some_and(|g| g.name.starts_with(want)),
+                programs_are(&names, want),
                 "{short} {backend} --by-memcg {}: {:?}",
                 p.name,
                 p.programs.iter().map(|g| &g.name).collect::<Vec<_>>()

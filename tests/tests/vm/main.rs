@@ -31,6 +31,16 @@ const DEFAULT_PROBES: [&str; 3] = ["charge", "stat", "rstat"];
 /// where no kprobe program may run.
 const UPDATES: u64 = 2000;
 
+/// Whether `names` are exactly one program of each family in `want` (entry first), in
+/// whatever probe slot: `fentry_3` is of `fentry_`, `fentry_patched_3` is not.
+fn programs_are(names: &[&str], want: [&str; 2]) -> bool {
+    names.len() == 2
+        && names.iter().zip(want).all(|(n, w)| {
+            n.strip_prefix(w)
+                .is_some_and(|slot| !slot.is_empty() && slot.bytes().all(|b| b.is_ascii_digit()))
+        })
+}
+
 fn accel() -> Accel {
     match std::env::var("MEMCG_TRACE_ACCEL").as_deref() {
         Ok("kvm") => Accel::Kvm,

@@ -558,9 +558,7 @@ fn vm_matrix(short: &str) {
                 ["kprobe_", "kretprobe_"]
             };
             assert!(
-                names.len() == 2
-                    && names.iter().zip(want).all(|(n, w)| n.starts_with(w))
-                    && (!legacy || !names.iter().any(|n| n.contains("_lean_"))),
+                programs_are(&names, want),
                 "{short} {run} {name}: programs {names:?}, expected {want:?}"
             );
             if legacy && name == "rstat" {

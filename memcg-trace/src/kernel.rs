@@ -1065,8 +1065,9 @@ impl ModelWrites {
 
 /// The model from the build configuration and the kernel command line; without the
 /// configuration, from the kernel's version string (`uname -v`, `version`), which names the
-/// model where it preempts or is dynamic (`PREEMPT`, `PREEMPT_RT`, `PREEMPT_DYNAMIC`, and from
-/// 6.13 `PREEMPT_LAZY`) and no model where it does not.
+/// model where it preempts or is dynamic, one word (`PREEMPT` for full and lazy builds and for
+/// dynamic ones before 5.18, `PREEMPT_DYNAMIC` from 5.18, `PREEMPT_RT`), and no model where it
+/// does not. (`PREEMPT_LAZY` is taken too, should a build ever say it.)
 pub fn model_from(
     config: Option<&BTreeMap<String, String>>,
     cmdline: &str,

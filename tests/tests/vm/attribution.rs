@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// The programs an opt-in mode (`--callers`, `--by-memcg`) takes with `backend` on kernel
+/// `short`: the patched fentry build where fentry runs do not interleave (6.12), the general
+/// one on a preemptible kernel (7.3); never the lean one (tracer::fentry_build).
+fn opt_in_programs(backend: &str, short: &str) -> [&'static str; 2] {
+    match (backend, short) {
+        ("fentry", "6.12") => ["fentry_patched_", "fexit_patched_"],
+        ("fentry", _) => ["fentry_", "fexit_"],
+        _ => ["kprobe_", "kretprobe_"],
+    }
+}
+
 /// `--callers` with fentry and with kprobe: every timed call is under a call site or the
 /// "other" row (their calls add up to the context's timed calls exactly, their time to its
 /// time), every site is named after a text symbol of the running kernel (none "unknown": the
@@ -36,14 +47,8 @@ fn callers_on(name: &str, short: &str) {
     let mut main_sites: Vec<(String, std::collections::BTreeSet<String>)> = Vec::new();
     for backend in ["fentry", "kprobe"] {
         let doc = load_recording(&r.out_dir.join(format!("callers-{backend}.json")));
-        // --callers needs a build that keeps the call sites: the patched programs where fentry
-        // runs do not interleave (6.12), else the general ones; never the lean ones
-        // (tracer::fentry_build).
-        let want = match (backend, short) {
-            ("fentry", "6.12") => ["fentry_patched_", "fexit_patched_"],
-            ("fentry", _) => ["fentry_", "fexit_"],
-            _ => ["kprobe_", "kretprobe_"],
-        };
+        // --callers needs a build that keeps the call sites (opt_in_programs).
+        let want = opt_in_programs(backend, short);
         for p in &doc.probes {
             let names: Vec<&str> = p.programs.iter().map(|g| g.name.as_str()).collect();
             assert!(
@@ -394,13 +399,8 @@ fn by_memcg_on(name: &str, short: &str) {
         );
         let mut irq = 0;
         let mut read = 0;
-        // --by-memcg takes the patched programs where fentry runs do not interleave (6.12),
-        // else the general ones; never the lean ones (tracer::fentry_build).
-        let want = match (backend, short) {
-            ("fentry", "6.12") => ["fentry_patched_", "fexit_patched_"],
-            ("fentry", _) => ["fentry_", "fexit_"],
-            _ => ["kprobe_", "kretprobe_"],
-        };
+        // --by-memcg needs a build that reads the charged memcg (opt_in_programs).
+        let want = opt_in_programs(backend, short);
         for p in &doc.probes {
             assert_eq!(p.backend.to_string(), backend, "{}", p.name);
             let names: Vec<&str> = p.programs.iter().map(|g| g.name.as_str()).collect();

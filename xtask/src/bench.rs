@@ -1591,9 +1591,11 @@ fn run_parts(
             eprintln!("bench: {part:?}: reusing {}", dir.display());
             Ok(false)
         } else {
+            // (`all` is no value of --parts: no --parts at all runs every part.)
             bail!(
-                "bench: {part:?} was not run and {} is missing: run it (--parts all)",
-                dir.display()
+                "bench: {part:?} was not run and {} is missing: add it (--parts {}), or run every part (cargo xtask bench)",
+                dir.display(),
+                format!("{part:?}").to_lowercase()
             )
         }
     };

@@ -43,6 +43,11 @@ fn vm_matrix(short: &str) {
             "memcg-trace record --attach kprobe -q -p charge -o /out/klist.json -- sh -c 'cat /sys/kernel/debug/kprobes/list >/out/kprobes-list.txt; hackbench -g 1 -l 5' >/out/klist.txt 2>&1 || { cat /out/klist.txt; exit 1; }\n",
         );
     }
+    // The verifier's work on each program it loads (`verified_insns`, 5.16+), for both
+    // backends' builds: see `check_verified`.
+    script.push_str(
+        "for b in fentry kprobe; do memcg-trace record --attach $b -q -p charge -o /out/verified-$b.json -- sh -c \"memcg-trace programs --json >/out/programs-$b.json\" >/out/verified-$b.txt 2>&1 || { cat /out/verified-$b.txt; exit 1; }; done\n",
+    );
     // A workload that makes a cgroup below its own and moves into it (as systemd-run --scope
     // and container runtimes do): its CPU time stays in its cgroup's cpu.stat, so its calls
     // must stay the workload's. 5.10 runs the legacy object, which reads the cgroup's
@@ -229,6 +234,7 @@ fn vm_matrix(short: &str) {
             );
         }
     }
+    check_verified(&r.out_dir, short);
     if arm64 {
         check_arm64(&r, &selftest);
     }
@@ -998,6 +1004,59 @@ fn check_no_context_split(out: &std::path::Path) {
         )
         .as_bytes(),
     );
+}
+
+/// The instructions the verifier processed for each of memcg-trace's programs (both backends,
+/// the builds this kernel loads) stay under 200,000, a fifth of the kernel's limit of
+/// 1,000,000 a program. The fentry exit program once took 707,195 on 6.12 (a search result
+/// the verifier knew as a constant, so it explored the rest of the program once per slot):
+/// 70% of the limit, and 6.6 s of start-up per probe under emulation (about 0.1-0.2 s on
+/// hardware). Kernels before 5.16 do not count it.
+fn check_verified(out: &Path, short: &str) {
+    const BUDGET: u64 = 200_000;
+    for backend in ["fentry", "kprobe"] {
+        let path = out.join(format!("programs-{backend}.json"));
+        let text = fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{short}: {}: {e}", path.display()));
+        let progs: Vec<serde_json::Value> = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{short}: {}: {e}", path.display()));
+        let ours: Vec<(&str, u64)> = progs
+            .iter()
+            .filter_map(|p| Some((p["name"].as_str()?, p["verified_insns"].as_u64()?)))
+            .filter(|(n, _)| {
+                ["fentry_", "fexit_", "kprobe_", "kretprobe_"]
+                    .iter()
+                    .any(|pre| n.starts_with(pre))
+            })
+            .collect();
+        assert!(
+            ours.iter()
+                .any(|(n, _)| n.starts_with("fexit_") || n.starts_with("kretprobe_")),
+            "{short}: no {backend} exit program among the loaded ones: {ours:?}"
+        );
+        if short == "5.10" {
+            continue;
+        }
+        assert!(
+            ours.iter().all(|&(_, v)| v > 0),
+            "{short}: the kernel counted no verified instructions: {ours:?}"
+        );
+        let worst = ours.iter().max_by_key(|(_, v)| *v).expect("a program");
+        assert!(
+            worst.1 <= BUDGET,
+            "{short}: {} took {} verified instructions (budget {BUDGET}, limit 1,000,000): {ours:?}",
+            worst.0,
+            worst.1
+        );
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!(
+                "vm_matrix {short}: {backend}: most verified instructions {} ({})\n",
+                worst.1, worst.0
+            )
+            .as_bytes(),
+        );
+    }
 }
 
 #[test]

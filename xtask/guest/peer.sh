@@ -3,8 +3,9 @@
 # under memcg-trace with fentry (F) and kprobe (K), and under empty fentry/fexit programs on the
 # same functions (E, the floor of any such tracer); then the leanest C peer on charge's function
 # alone: libbpf-tools' funclatency (L) against memcg-trace `-p charge` with fentry (C) and
-# kprobe (Q); the order rotated per round; or (CAL=1) the calibration, with bpf stats on for
-# every tool. Set by the caller: ROUND (0: none), CAL, PEER_HACKBENCH, PROBES.
+# kprobe (Q); the order rotated per round; and/or (CAL=1) the calibration, with bpf stats on
+# for every tool, after the round if there is one. Set by the caller: ROUND (0: none), CAL,
+# PEER_HACKBENCH, PROBES.
 # Leaves in /out: peer-<round>-<variant>.txt (hackbench's output), peer-<round>-B.bt
 # (bpftrace's), peer-<round>-L.fl (funclatency's), peer-<round>-<F|K|C|Q>.json, peer.bt,
 # charge-func.txt, and cal-B.json / cal-L.json / cal-F.json / cal-K.json / cal-C.json /

@@ -43,10 +43,13 @@ pub struct Size {
     pub loss_kernels: &'static str,
     /// The backends the VM part measures.
     pub vm_backends: &'static [&'static str],
-    /// The VM part boots beside the peer and loss parts (two guests at once: under TCG one host
-    /// thread each): only where nothing is measured, as a guest's figures are its own clock's
+    /// The VM part's boot, then the loss part's, beside the peer part's (two guests at once:
+    /// under TCG one host thread each): only where nothing is measured, as a guest's figures are its own clock's
     /// but its host's cores, caches and memory bandwidth are shared.
     pub guests_at_once: bool,
+    /// The peer part's calibration in a boot of its own after the rounds (false: in the last
+    /// round's boot, after the round: one boot fewer, where nothing is measured).
+    pub calibration_boot: bool,
 }
 
 /// The parts of the bench.
@@ -85,6 +88,7 @@ pub const FULL: Size = Size {
     loss_kernels: "all",
     vm_backends: &["fentry", "kprobe"],
     guests_at_once: false,
+    calibration_boot: true,
 };
 
 /// The smoke run of the test suite: one pair, tiny workloads; proves the bench runs.
@@ -104,6 +108,7 @@ pub const SMOKE: Size = Size {
     vm_backends: &["fentry"],
     // The VM part's one boot beside the peer part's two: the smoke run measures nothing.
     guests_at_once: true,
+    calibration_boot: false,
 };
 
 fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
@@ -296,7 +301,8 @@ fn vm_run(
 }
 
 /// The peer comparison's rounds (`size.rounds`, then the calibration), each in a boot of its
-/// own, their outputs gathered into `out`.
+/// own (the calibration in the last round's without `size.calibration_boot`), their outputs
+/// gathered into `out`.
 fn peer_run(
     bin: &Path,
     out: &Path,
@@ -314,11 +320,10 @@ fn peer_run(
     let mut retried: Vec<String> = Vec::new();
     // Rounds run again by this loop (the harness's own reboots are not counted against it).
     let mut reruns = 0;
-    // Rounds 1..=rounds, then the calibration.
+    // Rounds 1..=rounds, then the calibration (or in the last round's boot).
     let mut round = 1;
-    while round <= size.rounds + 1 {
-        let cal = round > size.rounds;
-        let what = if cal {
+    while round <= size.rounds + usize::from(size.calibration_boot) {
+        let what = if round > size.rounds {
             "the calibration".to_string()
         } else {
             format!("round {round}")
@@ -355,7 +360,8 @@ fn peer_run(
     Ok(())
 }
 
-/// The boot of the peer comparison's round `round` (past `size.rounds`: the calibration).
+/// The boot of the peer comparison's round `round` (past `size.rounds`: the calibration; the
+/// last round's boot holds it too without `size.calibration_boot`).
 fn peer_spec(
     bin: &Path,
     size: Size,
@@ -364,10 +370,11 @@ fn peer_spec(
     icount: Option<u32>,
     round: usize,
 ) -> Result<VmSpec> {
-    let cal = round > size.rounds;
+    let cal_only = round > size.rounds;
+    let cal = cal_only || (!size.calibration_boot && round == size.rounds);
     let script = format!(
         "ROUND={}\nCAL={}\nPEER_HACKBENCH='{}'\nPROBES='{PEER_PROBES}'\n{}",
-        if cal { 0 } else { round },
+        if cal_only { 0 } else { round },
         cal as u8,
         size.peer_hackbench,
         include_str!("../guest/peer.sh")
@@ -1616,7 +1623,7 @@ fn run_parts(
         }
         Ok(())
     };
-    let peer_and_loss = || -> Result<()> {
+    let peer_part = || -> Result<()> {
         if fresh(Part::Peer, &dirs.peer)? {
             eprintln!(
                 "bench: VM {kernel}, {} rounds of hackbench {} untraced / bpftrace / memcg-trace fentry / kprobe",
@@ -1624,6 +1631,9 @@ fn run_parts(
             );
             peer_run(bin, &dirs.peer, size, &vm_kernel(kernel, own)?, accel)?;
         }
+        Ok(())
+    };
+    let loss_part = || -> Result<()> {
         // The loss part is optional (it boots every kernel): not run and never run, no rows.
         if !parts.contains(&Part::Loss) && !dirs.loss.exists() {
             fs::create_dir_all(&dirs.loss)?;
@@ -1642,20 +1652,23 @@ fn run_parts(
         if parts.contains(&Part::Vm) || parts.contains(&Part::Peer) {
             vm_kernel(kernel, own)?;
         }
+        // Two guests at a time: the VM part's boot, then the loss part's, beside the peer
+        // part's.
         std::thread::scope(|s| {
-            let vm = s.spawn(vm_part);
-            let others = peer_and_loss();
-            let vm = vm
+            let others = s.spawn(|| vm_part().and_then(|_| loss_part()));
+            let peer = peer_part();
+            let others = others
                 .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the VM part panicked")));
-            match (vm, others) {
-                (Err(v), Err(o)) => Err(anyhow::anyhow!("{v:#}; and {o:#}")),
-                (v, o) => v.and(o),
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the VM or loss part panicked")));
+            match (others, peer) {
+                (Err(o), Err(p)) => Err(anyhow::anyhow!("{o:#}; and {p:#}")),
+                (o, p) => o.and(p),
             }
         })?;
     } else {
         vm_part()?;
-        peer_and_loss()?;
+        peer_part()?;
+        loss_part()?;
     }
     Ok(())
 }

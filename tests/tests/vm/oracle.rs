@@ -206,6 +206,9 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
         // Measured: 1.1-1.5 times the ratio of the means (stalls do not land uniformly: the
         // instrumentation's paths end more translation blocks under TCG); 3x leaves twice that.
         let allowed = 3.0 * ratio.max(1.0 / ratio);
+        // The workload shell's calls before function_graph's pid filter took effect, in
+        // memcg-trace's row only. (Measured 26-41 calls; more than 64 is not a preamble.)
+        let preamble = wl.count.saturating_sub(fg.calls).min(64);
         for &(ns, kernel_n, lo, hi) in &rows {
             // The wider window's count above the threshold (at its least) and the narrower's
             // (at its most).
@@ -216,9 +219,7 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
             };
             // memcg-trace's lost calls may be any of the kernel's, the slow ones too; and its
             // row holds the workload shell's calls before function_graph's pid filter took
-            // effect, which the kernel's does not.
-            // (Measured 26-41 calls; more than 64 is not a preamble.)
-            let preamble = wl.count.saturating_sub(fg.calls).min(64);
+            // effect (`preamble`), which the kernel's does not.
             let (wide_most, narrow_least) = if fg_wider {
                 (kernel_n, lo.saturating_sub(preamble))
             } else {
@@ -261,15 +262,27 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
                 ));
             }
         }
-        let (wide_max, narrow_max) = if fg_wider {
-            (fg.max_ns, latency.max_ns)
-        } else {
-            (latency.max_ns, fg.max_ns)
-        };
-        // (Where memcg-trace is the wider window and lost a call, that call may be the longest.)
-        if narrow_max > wide_max && (fg_wider || p.lost == 0) {
+        // The longest calls. Where function_graph's window is the wider, memcg-trace's calls
+        // longer than the kernel's longest can only be calls the kernel did not time: the
+        // workload shell's before function_graph's pid filter took effect (`preamble`, as
+        // above). One of those was the longest once (6.12, fgraph-first: memcg-trace 30.0 ms
+        // with the task never off its CPU and every entry paired with its own exit,
+        // function_graph 5.5 ms and nothing lost, 41 preamble calls), so they are allowed,
+        // and no more. Where memcg-trace's window is the wider, the
+        // kernel's longest is at most memcg-trace's, unless memcg-trace lost a call (that one
+        // may be the longest).
+        if fg_wider {
+            let (longer, _) = at_least(&latency.buckets, fg.max_ns.saturating_add(1));
+            if longer > preamble {
+                fail(format!(
+                    "{longer} calls in memcg-trace's window longer than the kernel's longest ({} ns, the wider window), more than the {preamble} the kernel did not time",
+                    fg.max_ns
+                ));
+            }
+        } else if fg.max_ns > latency.max_ns && p.lost == 0 {
             fail(format!(
-                "the narrower window's longest call {narrow_max} ns, the wider's {wide_max} ns"
+                "the narrower window's longest call {} ns (function_graph), the wider's {} ns",
+                fg.max_ns, latency.max_ns
             ));
         }
     }

@@ -643,8 +643,11 @@ pub struct PendingSet {
     /// that finds no bit set skips the search of the slots.
     pub used: u64,
     /// A word the probe's exit program passes its call's slot index through (see `pair_exit`):
-    /// one per probe, since only that program writes it and it never runs nested in itself on
-    /// a CPU (an exit of another probe in an interrupt must not find it changed).
+    /// one per probe, since only that program writes it and, from 5.12 (the kernel's guard
+    /// against a program's recursion), it never runs nested in itself on a CPU (an exit of
+    /// another probe in an interrupt must not find it changed). On 5.10 and 5.11 an interrupt
+    /// that calls the traced function between the write and the read can run the same fexit
+    /// and change it: a window of two instructions, not closed yet.
     pub scratch: u64,
     /// The last task calls pushed out of this set (`Counters::evicted`), so that their exits
     /// are told from exits whose entry was never seen: such a call is counted lost once, as

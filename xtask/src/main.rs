@@ -782,15 +782,6 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     let root = workspace_root();
     // Each step with the time since the start: where a run's minutes go.
     let step = |what: &str| eprintln!("test: [{:>5.0}s] {what}", start.elapsed().as_secs_f64());
-    // The kernels downloaded while the checks and builds run (a fresh machine has none); a
-    // fetch that fails here is left to the test that needs the kernel, which says why.
-    let prefetch = kernels::select(kernel).map(|selected| {
-        std::thread::spawn(move || {
-            for k in selected {
-                let _ = kernels::fetch(k);
-            }
-        })
-    });
     static_checks(&root, &step)?;
     let bin = build_release()?;
     // Tests that skip record it here: cargo counts them as passed, we count them as skipped.
@@ -809,9 +800,6 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         bin_arm64: bin_arm64.as_deref(),
         skip_file: &skip_file,
     };
-    if let Ok(p) = prefetch {
-        let _ = p.join();
-    }
     step("unit and host tests");
     let unit = tests.unit_and_host(long)?;
     let kernels_env = selected
@@ -967,7 +955,7 @@ const LONG_ONLY_VM: &[(&str, &str)] = &[
     ),
     (
         "profile::vm_profile_7_3",
-        "kprobe's shares against perf are checked in the default mode on 6.12 (vm_profile_6_12)",
+        "the shares against perf are checked in the default mode on 6.12 (vm_profile_6_12, both backends, not preemptible); kprobe's deferred pairs on a preemptible 7.3 in vm_oracle_7_3 and vm_matrix_7_3",
     ),
 ];
 

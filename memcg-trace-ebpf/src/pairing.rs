@@ -346,7 +346,8 @@ pub(crate) fn take_evicted(set: &mut PendingSet, key: u64, task: u64) -> bool {
 /// known values continue as one state. With a known index the verifier explored what
 /// follows once per value (fentry's exit: 707,195 instructions verified of the 1,000,000 it
 /// allows, 6.6 s of start-up under emulation). Only the probe's exit program may call it: it
-/// alone writes that word, and it does not run nested in itself on a CPU.
+/// alone writes that word, and it does not run nested in itself on a CPU (from 5.12: see
+/// `PendingSet::scratch` for 5.10 and 5.11).
 #[inline(always)]
 fn opaque_index(set: &mut PendingSet, i: usize) -> usize {
     // SAFETY: an aligned word of this probe's set on this CPU (see above).

@@ -44,8 +44,8 @@ pub struct Size {
     /// The backends the VM part measures.
     pub vm_backends: &'static [&'static str],
     /// The VM part's boot, then the loss part's, beside the peer part's (two guests at once:
-    /// under TCG one host thread each): only where nothing is measured, as a guest's figures are its own clock's
-    /// but its host's cores, caches and memory bandwidth are shared.
+    /// under TCG one host thread each): only where nothing is measured, as a guest's figures
+    /// are its own clock's but its host's cores, caches and memory bandwidth are shared.
     pub guests_at_once: bool,
     /// The peer part's calibration in a boot of its own after the rounds (false: in the last
     /// round's boot, after the round: one boot fewer, where nothing is measured).

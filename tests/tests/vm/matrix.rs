@@ -60,7 +60,8 @@ fn vm_matrix(short: &str) {
     // hold the workload's calls only, as many as it makes alone, with the other's calls in the
     // system rows: a strict gap, which counting every task call (or every deeper one) as the
     // workload's would close. 5.10 has no cgroup.kill: the other's processes are killed one by
-    // one there.
+    // one there (a kill that finds one of them gone already fails, which must not end the
+    // script: it runs under `sh -e`, and once ended there, on 5.10, without a word).
     if moved {
         script.push_str(
             "memcg-trace record -q -p charge -o /out/alone.json -- hackbench -g 1 -l 40 >/out/alone.txt 2>&1 || { cat /out/alone.txt; exit 1; }\n\
@@ -68,7 +69,7 @@ fn vm_matrix(short: &str) {
              sh -c 'echo $$ >/sys/fs/cgroup/other/leaf/cgroup.procs && exec hackbench -g 1 -f 1 -l 100000000' >/dev/null 2>&1 &\n\
              sleep 1\n\
              memcg-trace record -q -p charge -o /out/beside.json -- hackbench -g 1 -l 40 >/out/beside.txt 2>&1 || { cat /out/beside.txt; exit 1; }\n\
-             if [ -e $o/cgroup.kill ]; then echo 1 >$o/cgroup.kill; else i=0; while [ $i -lt 100 ] && [ -n \"$(cat $o/leaf/cgroup.procs)\" ]; do kill -9 $(cat $o/leaf/cgroup.procs) 2>/dev/null; sleep 0.1; i=$((i+1)); done; fi; wait || true\n\
+             if [ -e $o/cgroup.kill ]; then echo 1 >$o/cgroup.kill; else i=0; while [ $i -lt 100 ] && [ -n \"$(cat $o/leaf/cgroup.procs)\" ]; do kill -9 $(cat $o/leaf/cgroup.procs) 2>/dev/null || true; sleep 0.1; i=$((i+1)); done; fi; wait || true\n\
              rmdir $o/leaf $o 2>/dev/null || true\n",
         );
         script.push_str(

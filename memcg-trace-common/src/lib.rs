@@ -74,13 +74,17 @@ pub const fn ilog2(v: u64) -> u32 {
 }
 
 /// The bucket a latency of `ns` nanoseconds is counted in: for the usual latencies (below
-/// [`SHORT_NS`]) one load from a table, else computed ([`bucket_by_log`]). The table saves
-/// about 40 of the exit program's ~330 instructions a call, for one more cache line read (the
-/// few in use stay hot: a function's latencies cluster).
+/// [`SHORT_NS`]) one load from a table, for the slow ones up to [`MID_NS`] one load from
+/// another, else computed ([`bucket_by_log`]). A table saves about 40 of the exit program's
+/// ~330 instructions a call, for one more cache line read (the few in use stay hot: a
+/// function's latencies cluster).
 #[inline(always)]
 pub const fn bucket_index(ns: u64) -> usize {
     if ns < SHORT_NS {
         return SHORT_BUCKETS[ns as usize] as usize;
+    }
+    if ns < MID_NS {
+        return MID_BASE + MID_BUCKETS[(ns >> MID_SHIFT) as usize] as usize;
     }
     bucket_by_log(ns)
 }
@@ -109,6 +113,29 @@ const fn short_table(callers: bool) -> [u8; SHORT_NS as usize] {
     t
 }
 const _: () = assert!(bucket_by_log(SHORT_NS - 1) < 256);
+
+/// From [`SHORT_NS`] on, a bucket holds a range of at least 2^`MID_SHIFT` ns that starts at a
+/// multiple of it (its sub-bucket bits lie above those), so `ns >> MID_SHIFT` tells its bucket.
+pub const MID_SHIFT: u32 = SHORT_NS.trailing_zeros() - SUB_BITS;
+/// Latencies from [`SHORT_NS`] up to this (ns, exclusive: 524 us) have their bucket read from
+/// [`MID_BUCKETS`], by `ns >> MID_SHIFT`.
+pub const MID_NS: u64 = SHORT_NS << MID_SHIFT;
+/// The first bucket above [`SHORT_NS`]: [`MID_BUCKETS`] holds the buckets less this.
+pub const MID_BASE: usize = bucket_by_log(SHORT_NS);
+
+/// The bucket of each latency from [`SHORT_NS`] to [`MID_NS`] less [`MID_BASE`], by `ns >>
+/// MID_SHIFT` (the entries below `SHORT_NS >> MID_SHIFT` are not used); a byte each.
+pub const MID_BUCKETS: [u8; SHORT_NS as usize] = {
+    let mut t = [0u8; SHORT_NS as usize];
+    let mut i = SHORT_NS >> MID_SHIFT;
+    while i < SHORT_NS {
+        t[i as usize] = (bucket_by_log(i << MID_SHIFT) - MID_BASE) as u8;
+        i += 1;
+    }
+    t
+};
+const _: () = assert!(bucket_by_log(MID_NS - 1) - MID_BASE < 256);
+const _: () = assert!(bucket_by_log(SHORT_NS >> MID_SHIFT << MID_SHIFT) == MID_BASE);
 
 /// The bucket of `ns`, computed from its highest bit (see [`bucket_index`]).
 #[inline(always)]
@@ -642,13 +669,12 @@ pub struct PendingSet {
     /// are done, every taken slot's bit is set; a bit may stay set for a free slot. An entry
     /// that finds no bit set skips the search of the slots.
     pub used: u64,
-    /// A word the probe's exit program passes its call's slot index through (see `pair_exit`):
-    /// one per probe, since only that program writes it and, from 5.12 (the kernel's guard
-    /// against a program's recursion), it never runs nested in itself on a CPU (an exit of
-    /// another probe in an interrupt must not find it changed). On 5.10 and 5.11 an interrupt
-    /// that calls the traced function between the write and the read can run the same fexit
-    /// and change it: a window of two instructions, not closed yet.
-    pub scratch: u64,
+    /// Bytes the probe's exit program passes its call's slot index through (see `pair_exit`):
+    /// slot `i`'s index goes through byte `i`, so every run that writes a byte writes the
+    /// same value there, and a run of the same exit nested in this one (an interrupt, on
+    /// kernels without the guard against a program's recursion, before 5.12) cannot change
+    /// what this one reads back.
+    pub scratch: [u8; SCRATCH_BYTES],
     /// The last task calls pushed out of this set (`Counters::evicted`), so that their exits
     /// are told from exits whose entry was never seen: such a call is counted lost once, as
     /// evicted, and its exit as `Counters::evicted_exits`, not again as an orphan.
@@ -656,6 +682,10 @@ pub struct PendingSet {
     /// Where the next evicted call goes in `evicted` (modulo its length).
     pub evicted_next: u64,
 }
+
+/// `PendingSet::scratch`'s length: a byte for each slot index (and `TASK_SLOTS`, "none").
+pub const SCRATCH_BYTES: usize = PENDING_SLOTS.next_power_of_two();
+const _: () = assert!(SCRATCH_BYTES > PENDING_SLOTS && SCRATCH_BYTES <= 256);
 
 /// Evicted calls remembered per (CPU, probe); an older one's exit is an orphan again (counted
 /// twice, as before: still an upper bound).
@@ -1447,6 +1477,25 @@ pub struct KernelLayout {
     /// count is read through its named per-CPU variable and nothing else is cast. Zero:
     /// through `bpf_probe_read_kernel`. Set by the loader.
     pub direct_reads: u64,
+    /// `nmi_mask | hardirq_mask | softirq_offset`: a count with none of these bits set is task
+    /// context, told with one load and test (the usual case). Set with the masks
+    /// ([`KernelLayout::set_context_masks`]); the loader refuses a layout where it differs.
+    pub interrupt_masks: u64,
+}
+
+impl KernelLayout {
+    /// Sets the context split's masks (see [`classify`]) and `interrupt_masks` with them.
+    pub fn set_context_masks(&mut self, nmi_mask: u32, hardirq_mask: u32, softirq_offset: u32) {
+        self.nmi_mask = nmi_mask;
+        self.hardirq_mask = hardirq_mask;
+        self.softirq_offset = softirq_offset;
+        self.interrupt_masks = (nmi_mask | hardirq_mask | softirq_offset) as u64;
+    }
+
+    /// Whether `interrupt_masks` is the masks' union (what the programs' fast path assumes).
+    pub fn masks_agree(&self) -> bool {
+        self.interrupt_masks == (self.nmi_mask | self.hardirq_mask | self.softirq_offset) as u64
+    }
 }
 
 /// What the switch witness counts on one CPU, on a cache line of its own (the programs of one
@@ -1695,7 +1744,7 @@ mod tests {
         by_log: fn(u64) -> usize,
     ) -> usize {
         let mut i = 0;
-        for ns in 0..1u64 << 16 {
+        for ns in 0..1u64 << 20 {
             while bounds(i).1 <= ns {
                 i += 1;
             }

@@ -174,6 +174,10 @@ pub(crate) fn context_count(st: St, patched: bool) -> Option<u32> {
 pub(crate) fn read_context(st: St, patched: bool) -> Option<u32> {
     let l = layout();
     let pc = context_count(st, patched)?;
+    // Task context, the usual case, by one test (the loader checks the union is the masks').
+    if pc & l.interrupt_masks as u32 == 0 {
+        return Some(CTX_TASK);
+    }
     Some(classify(pc, l.nmi_mask, l.hardirq_mask, l.softirq_offset))
 }
 

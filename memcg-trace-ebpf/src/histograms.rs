@@ -115,7 +115,7 @@ pub(crate) fn record(
     add(&mut h.buckets[i], 1, atomic);
 }
 
-/// `bucket_index(ns)` as the verifier of every kernel accepts it: the table's index masked in
+/// `bucket_index(ns)` as the verifier of every kernel accepts it: the tables' index masked in
 /// assembly, which the compiler cannot drop. With only the bound the compiler proved (`ns <
 /// SHORT_NS`), 6.1's verifier (which does not evaluate a comparison of two registers) follows
 /// a path where the latency's range is impossible (at least 4,096 and at most 4,095), takes
@@ -126,6 +126,11 @@ pub(crate) fn bucket_of(ns: u64) -> usize {
     if ns < SHORT_NS {
         // SAFETY: the index is below SHORT_NS, the table's length.
         return unsafe { *SHORT_BUCKETS.get_unchecked(short_index(ns)) } as usize;
+    }
+    if ns < MID_NS {
+        // SAFETY: as above (`ns >> MID_SHIFT` is below SHORT_NS, MID_BUCKETS' length).
+        return MID_BASE
+            + unsafe { *MID_BUCKETS.get_unchecked(short_index(ns >> MID_SHIFT)) } as usize;
     }
     bucket_by_log(ns)
 }

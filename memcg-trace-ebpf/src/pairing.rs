@@ -341,19 +341,20 @@ pub(crate) fn take_evicted(set: &mut PendingSet, key: u64, task: u64) -> bool {
     false
 }
 
-/// `i` passed through the probe's scratch word (`PendingSet::scratch`) and read back, which
-/// the verifier takes for any value: the paths that reach a use of the index with different
-/// known values continue as one state. With a known index the verifier explored what
-/// follows once per value (fentry's exit: 707,195 instructions verified of the 1,000,000 it
-/// allows, 6.6 s of start-up under emulation). Only the probe's exit program may call it: it
-/// alone writes that word, and it does not run nested in itself on a CPU (from 5.12: see
-/// `PendingSet::scratch` for 5.10 and 5.11).
+/// Slot index `i` (at most `PENDING_SLOTS`) passed through the probe's scratch bytes
+/// (`PendingSet::scratch`) and read back, which the verifier takes for any value: the paths
+/// that reach a use of the index with different known values continue as one state. With a
+/// known index the verifier explored what follows once per value (fentry's exit: 707,195
+/// instructions verified of the 1,000,000 it allows, 6.6 s of start-up under emulation).
+/// Index `i` goes through byte `i`, which holds nothing else: whatever runs in between (an
+/// interrupt's run of the same exit, before 5.12) writes the same value there.
 #[inline(always)]
 fn opaque_index(set: &mut PendingSet, i: usize) -> usize {
-    // SAFETY: an aligned word of this probe's set on this CPU (see above).
+    let i = i & (SCRATCH_BYTES - 1);
+    // SAFETY: a byte of this probe's set on this CPU, in bounds (masked above).
     unsafe {
-        let w = core::ptr::addr_of_mut!(set.scratch);
-        core::ptr::write_volatile(w, i as u64);
+        let w = core::ptr::addr_of_mut!(set.scratch[i]);
+        core::ptr::write_volatile(w, i as u8);
         core::ptr::read_volatile(w) as usize
     }
 }

@@ -25,7 +25,7 @@ pub fn masks(found: kernel::Layout) -> (KernelLayout, kernel::ContextMasks) {
         (m.nmi_mask, m.hardirq_mask, m.softirq_offset) = (0, 0, 0);
         m.nmi = "none".into();
         m.percpu = "none".into();
-        (layout.nmi_mask, layout.hardirq_mask, layout.softirq_offset) = (0, 0, 0);
+        layout.set_context_masks(0, 0, 0);
         m.threads = layout.task_comm != 0;
         return (layout, m);
     }
@@ -65,8 +65,6 @@ pub fn masks(found: kernel::Layout) -> (KernelLayout, kernel::ContextMasks) {
         masks.softirq = "task".into();
     }
     masks.threads = layout.task_comm != 0;
-    layout.nmi_mask = masks.nmi_mask;
-    layout.hardirq_mask = masks.hardirq_mask;
-    layout.softirq_offset = masks.softirq_offset;
+    layout.set_context_masks(masks.nmi_mask, masks.hardirq_mask, masks.softirq_offset);
     (layout, masks)
 }

@@ -805,6 +805,7 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         ancestors_are_ids: cgroup.ancestors.is_some_and(|a| a.1) as u64,
         // Set by the loader once it has patched the programs.
         direct_reads: 0,
+        interrupt_masks: (nmi_mask | hardirq_mask | softirq_offset) as u64,
     };
     Ok(Layout {
         offsets,

@@ -600,6 +600,10 @@ fn qemu_command(
             .arg(format!("unix:{},server=on,wait=off", qmp.display()));
     }
 
+    // More QEMU arguments, for experiments (xtask/jit-profile.py passes its trace options).
+    if let Ok(extra) = std::env::var("MEMCG_TRACE_QEMU_EXTRA") {
+        cmd.args(extra.split_whitespace());
+    }
     cmd.arg("-kernel")
         .arg(&kernel.vmlinuz)
         .arg("-initrd")

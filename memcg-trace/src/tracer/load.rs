@@ -220,6 +220,12 @@ pub(super) fn load_object(
         Some(w) => unsafe { std::slice::from_raw_parts(w.as_ptr().cast(), image.len()) },
         None => image,
     };
+    if !layout.masks_agree() {
+        bail!(
+            "internal error: the context masks' union {:#x} is not theirs (set them with KernelLayout::set_context_masks)",
+            layout.interrupt_masks
+        );
+    }
     let (mut loader, loader_btf) = kbtf::loader(bytes);
     loader
         .override_global(names::GLOBAL_LAYOUT, &layout, true)

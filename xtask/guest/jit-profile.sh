@@ -1,0 +1,6 @@
+# Guest script of xtask/jit-profile.py: one recording of probe PROBE with backend ATTACH (and
+# FLAGS) around a short hackbench, the BPF symbols of its programs while they are loaded, and
+# the recording (whose call count divides QEMU's instruction counts).
+memcg-trace record --attach "$ATTACH" $FLAGS -p "$PROBE" -q -o /out/profiled.json -- \
+  sh -c 'grep "\[bpf\]" /proc/kallsyms >/out/bpf-symbols.txt; hackbench -g 1 -l 20' \
+  >/out/profiled.txt 2>&1 || { cat /out/profiled.txt; exit 1; }

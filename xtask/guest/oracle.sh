@@ -9,7 +9,9 @@
 #
 # function_graph keeps a return stack per task: a call that sleeps, is preempted or moves to
 # another CPU is one duration, nesting and interrupts included. It traces the workload's tasks
-# only (set_ftrace_pid with function-fork), as memcg-trace's workload row counts them. The two
+# only (set_ftrace_pid with function-fork), as memcg-trace's workload row counts them
+# (fgraph-first: memcg-trace's own threads too, whose calls charge the root cgroup, where
+# nothing is charged: no call of the charging functions). The two
 # windows differ by the instrumentation: with fentry function_graph's holds memcg-trace's (the
 # BPF trampoline runs inside ftrace's hooks); with kprobe (an ftrace handler too) the hooks
 # registered last are called first, so the window of the tool that hooked the function second
@@ -37,6 +39,8 @@ while read -r name probe func order workload; do
   # Only the workload's tasks (its shell and all it forks, whatever interrupts them), from
   # its first instruction: the workload's shell turns tracing on for itself.
   echo 1 >$T/options/function-fork
+  # Each line names its task (comm-pid), for the fgraph-first runs' filter below.
+  echo 1 >$T/options/funcgraph-proc
   echo >$T/trace
   cg=
   case "$workload" in
@@ -54,24 +58,60 @@ while read -r name probe func order workload; do
     *) cmd="exec $workload" ;;
   esac
   echo "guest: $name: function_graph on $func ($order) beside record --attach $ATTACH -p $probe -- $cmd"
-  # shellcheck disable=SC2086
-  if ! memcg-trace record --attach "$ATTACH" -p "$probe" $cg -q -o "/out/oracle-$name.json" \
-      -- sh -c "$late echo \$\$ >$T/set_ftrace_pid; echo 1 >$T/tracing_on; $cmd" >"/out/oracle-$name.txt" 2>"/out/oracle-$name.err"; then
+  # fgraph-first: function_graph follows memcg-trace from its start (the pid filter on the
+  # shell that execs it, with function-fork), so the workload is traced from its fork and both
+  # tools see its shell's first calls. The workload's shell then sets the filter to itself
+  # alone and marks the trace: before the mark only its own lines count, the others are
+  # memcg-trace's threads (whose calls enter some charging functions too: try_charge on 5.10,
+  # the slab hook on 7.3), whose lines after the mark do not count either. tracer-first: the
+  # workload's shell sets function_graph and its own pid, so that shell's first calls are in
+  # memcg-trace's row only (the test allows for them).
+  rc=0
+  wpid=
+  rm -f /tmp/oracle-wpid
+  if [ -z "$late" ]; then
+    # shellcheck disable=SC2086
+    sh -c "echo \$\$ >$T/set_ftrace_pid; echo 1 >$T/tracing_on; exec memcg-trace record --attach '$ATTACH' -p '$probe' $cg -q -o '/out/oracle-$name.json' -- sh -c 'echo \$\$ >/tmp/oracle-wpid; echo \$\$ >$T/set_ftrace_pid; echo workload-alone >$T/trace_marker; $cmd'" \
+      >"/out/oracle-$name.txt" 2>"/out/oracle-$name.err" || rc=$?
+    wpid=$(cat /tmp/oracle-wpid 2>/dev/null) || true
+    if [ -z "$wpid" ]; then
+      echo "guest: $name: the workload's shell left no pid"; cat "/out/oracle-$name.err"; exit 1
+    fi
+  else
+    # shellcheck disable=SC2086
+    memcg-trace record --attach "$ATTACH" -p "$probe" $cg -q -o "/out/oracle-$name.json" \
+      -- sh -c "$late echo \$\$ >$T/set_ftrace_pid; echo 1 >$T/tracing_on; $cmd" >"/out/oracle-$name.txt" 2>"/out/oracle-$name.err" || rc=$?
+  fi
+  if [ "$rc" != 0 ]; then
     echo 0 >$T/tracing_on
     cat "/out/oracle-$name.err" "/out/oracle-$name.txt"; exit 1
   fi
   echo 0 >$T/tracing_on
   cat "/out/oracle-$name.txt"
   # One duration per call: on its return line ("}", or "func();" for a call with no traced
-  # call inside), left of the first "|", in us, after an optional marker (+ ! # * @ $).
-  awk '
+  # call inside), in the field between "|"s that holds "us", the number before it (after an
+  # optional marker: + ! # * @ $). With WPID (fgraph-first): before the workload's mark only
+  # its own lines, after it none of the pids seen before it but its own (memcg-trace's).
+  awk -v wpid="$wpid" '
     BEGIN { n = split("1000 10000 100000 1000000 10000000", th, " ") }
+    index($0, "/* workload-alone */") { marked = 1; next }
     index($0, "|") && index($0, " us ") {
-      left = substr($0, 1, index($0, "|") - 1)
-      m = split(left, f, " ")
+      m = split($0, part, "|")
       us = ""
-      for (i = 1; i <= m; i++) if (f[i] == "us" && i > 1) us = f[i - 1]
+      for (j = 1; j <= m && us == ""; j++) {
+        k = split(part[j], f, " ")
+        for (i = 2; i <= k; i++) if (f[i] == "us") us = f[i - 1]
+      }
       if (us == "") next
+      if (wpid != "") {
+        task = part[1]
+        sub(/^[ 0-9]*\) */, "", task)
+        sub(/ +$/, "", task)
+        pid = task
+        sub(/.*-/, "", pid)
+        if (!marked && pid != wpid) { daemon[pid] = 1; skipped++; next }
+        if (marked && (pid in daemon)) { skipped++; next }
+      }
       ns = us * 1000
       calls++
       if (ns < 10000) { short++; short_ns += ns }
@@ -81,6 +121,7 @@ while read -r name probe func order workload; do
     END {
       printf "calls %.0f\nmax_ns %.0f\nshort %.0f %.0f\n", calls, max, short, short_ns
       for (i = 1; i <= n; i++) printf "ge %.0f %.0f\n", th[i], ge[i]
+      printf "not_workload %.0f marked %.0f\n", skipped, marked
     }' $T/trace >"/out/fgraph-$name.txt"
   for c in $T/per_cpu/cpu*; do
     awk -v c="${c##*/}" '$1 == "overrun:" || $1 == "dropped" { print c, $0 }' "$c/stats"

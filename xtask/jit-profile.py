@@ -6,9 +6,10 @@ it runs in the BPF area (`-d in_asm,exec,nochain -dfilter`), records one probe a
 hackbench there (xtask/guest/jit-profile.sh), and counts the machine instructions each BPF
 program and trampoline ran, divided by the calls the recording counted. The programs' own code
 only: the helpers and kernel functions they call (the clock, the current task) are outside the
-filter. No clock is read, so the count is the same on a loaded host; under emulation the
-traced calls take microseconds, so the exits take the paths of slow calls (see
-docs/bench.md, "Instructions per call").
+filter. No clock is read, so the count is the same on a loaded host. The guest's clock counts
+its instructions (`--icount 0`): QEMU's logging slows the emulation some tenfold, and with the
+host's clock the traced calls took about 8 us each and the exits took the paths of slow calls
+(see docs/bench.md, "Instructions per call").
 
     xtask/jit-profile.py [--kernel 6.12] [--attach fentry] [--probe charge] [--flags "--callers"]
                          [--listing fexit_lean_0]
@@ -40,7 +41,8 @@ def boot(kernel, attach, probe, flags, log):
     env["MEMCG_TRACE_QEMU_EXTRA"] = f"-d in_asm,exec,nochain -dfilter {BPF_AREA} -D {log}"
     try:
         subprocess.run(
-            ["cargo", "xtask", "vm", "--kernel", kernel, "--cpus", "1", "--script", script],
+            ["cargo", "xtask", "vm", "--kernel", kernel, "--cpus", "1", "--icount", "0",
+             "--script", script],
             cwd=ROOT, env=env, check=True)
     finally:
         os.unlink(script)

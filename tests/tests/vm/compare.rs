@@ -79,11 +79,16 @@ fn vm_compare_kmem_6_12() {
 
 /// `memcg-trace diff --format FORMAT` of the two sides' recordings; fails the test if diff does.
 fn diff_of(runs: &xtask::compare::KmemRuns, format: &str) -> String {
+    diff_sides(&runs.a, &runs.b, format)
+}
+
+/// `memcg-trace diff` of recordings `a` against `b`, in `format`.
+fn diff_sides(a: &[std::path::PathBuf], b: &[std::path::PathBuf], format: &str) -> String {
     let o = std::process::Command::new(bin())
         .args(["diff", "--format", format])
-        .args(&runs.a)
+        .args(a)
         .arg("--")
-        .args(&runs.b)
+        .args(b)
         .output()
         .expect("run memcg-trace diff");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -96,7 +101,7 @@ fn diff_of(runs: &xtask::compare::KmemRuns, format: &str) -> String {
 /// figure repeats within a side (the work per message is the kernel's, not the run's); a probe
 /// whose function (or backend: `auto` decides per kernel) differs between the kernels says so
 /// on its rows, naming both, and a probe where they stayed says nothing. The verdicts the runs
-/// alone decide are checked (`verdict_from_runs`).
+/// alone decide are checked (`verdict_from_runs`), and those of a side against itself.
 fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
     let (Some(ka), Some(kb)) = (one_kernel(name, a), one_kernel(name, b)) else {
         return;
@@ -210,13 +215,27 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
             }
         }
     }
-    // Some rows were decided by their runs. (A change that is not to zero, where the runs
-    // repeat exactly on each side, is among them: 6.1 -> 6.12's charge calls per message,
-    // 2.168 -> 2.225 in every run; not required, as one charge more in one run makes it
-    // Welch's to decide.)
+    // Between two kernels the runs alone may decide no row at all: 6.12 -> 7.3 once had every
+    // row's two ranges apart, none of them repeating exactly. (A change that is not to zero,
+    // where the runs repeat exactly on each side, is decided when there: 6.1 -> 6.12's charge
+    // calls per message, 2.168 -> 2.225 in every run.) So a side against itself, its runs
+    // swapped, where every row's ranges are the same and the runs decide it: within noise.
+    let swapped: Vec<std::path::PathBuf> = runs.a.iter().rev().cloned().collect();
+    let same: serde_json::Value =
+        serde_json::from_str(&diff_sides(&runs.a, &swapped, "json")).unwrap();
+    let mut same_rows = 0;
+    for r in same["figures"].as_array().unwrap() {
+        if let Some(v) = verdict_from_runs(r) {
+            assert!(
+                !v && r["beyond_noise"].as_bool() != Some(true),
+                "{name}: side a against itself, a row beyond noise: {r}"
+            );
+            same_rows += 1;
+        }
+    }
     assert!(
-        verdicts.iter().any(|v| !v.0),
-        "{name}: no row the runs alone decide: {verdicts:?}\n{table}"
+        same_rows > 0,
+        "{name}: side a against itself: no row with two runs a side"
     );
     let told: Vec<&String> = verdicts.iter().filter(|v| v.0).map(|v| &v.1).collect();
     // 6.1 and 6.12 trace the same three functions; 7.3 moved all three.

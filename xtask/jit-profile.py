@@ -15,6 +15,12 @@ host's clock the traced calls took about 8 us each and the exits took the paths 
                          [--listing fexit_lean_0]
 
 --listing NAME prints that program's instructions with the times each ran per call.
+
+Instructions are told apart by address and named by the programs loaded while the workload
+ran: a program loaded and freed before (start-up's checks) whose code ran at an address later
+reused is counted as the later one's (the counts a call of the programs named show whether
+that happened: whole numbers for straight paths). The log's path must hold no space
+(MEMCG_TRACE_QEMU_EXTRA is split at spaces).
 """
 import argparse
 import bisect

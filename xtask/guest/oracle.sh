@@ -10,9 +10,8 @@
 # function_graph keeps a return stack per task: a call that sleeps, is preempted or moves to
 # another CPU is one duration, nesting and interrupts included. It traces the workload's tasks
 # only (set_ftrace_pid with function-fork), as memcg-trace's workload row counts them
-# (fgraph-first: memcg-trace's own threads too, whose calls charge the root cgroup, where
-# nothing is charged: no call of the charging functions). The two
-# windows differ by the instrumentation: with fentry function_graph's holds memcg-trace's (the
+# (fgraph-first: memcg-trace's own threads are traced too until the workload's mark, and their
+# lines are left out by pid, below). The two windows differ by the instrumentation: with fentry function_graph's holds memcg-trace's (the
 # BPF trampoline runs inside ftrace's hooks); with kprobe (an ftrace handler too) the hooks
 # registered last are called first, so the window of the tool that hooked the function second
 # holds the other's. Per workload it leaves /out/oracle-NAME.{json,txt} (memcg-trace)

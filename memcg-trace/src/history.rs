@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     figures,
-    snapshot::{HistData, Snapshot},
+    snapshot::{HistData, ProbeStats, Snapshot},
 };
 
 /// At most this many ticks are kept (2 h 16 min at a 1 s tick; 32 bytes per row and tick, so
@@ -44,23 +44,32 @@ pub struct Series {
     pub max_ns: Vec<u64>,
 }
 
+/// One row's figures in one tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Point {
+    calls: u64,
+    p50_ns: u64,
+    p99_ns: u64,
+    max_ns: u64,
+}
+
 impl Series {
-    fn push(&mut self, calls: u64, p50: u64, p99: u64, max: u64) {
-        self.calls.push(calls);
-        self.p50_ns.push(p50);
-        self.p99_ns.push(p99);
-        self.max_ns.push(max);
+    fn push(&mut self, p: Point) {
+        self.calls.push(p.calls);
+        self.p50_ns.push(p.p50_ns);
+        self.p99_ns.push(p.p99_ns);
+        self.max_ns.push(p.max_ns);
     }
 
     /// Adds a short tick to the last one: calls add, percentiles the larger (an upper bound).
-    fn merge_last(&mut self, calls: u64, p50: u64, p99: u64, max: u64) {
+    fn merge_last(&mut self, p: Point) {
         if let Some(c) = self.calls.last_mut() {
-            *c += calls;
+            *c += p.calls;
         }
         for (v, x) in [
-            (&mut self.p50_ns, p50),
-            (&mut self.p99_ns, p99),
-            (&mut self.max_ns, max),
+            (&mut self.p50_ns, p.p50_ns),
+            (&mut self.p99_ns, p.p99_ns),
+            (&mut self.max_ns, p.max_ns),
         ] {
             if let Some(l) = v.last_mut() {
                 *l = (*l).max(x);
@@ -86,6 +95,30 @@ pub struct Recorder {
     history: History,
 }
 
+/// A probe's rows in this tick (context name, the histogram since `before`, its calls): each
+/// context's, then the workload's.
+fn tick_rows<'a>(
+    snap: &'a Snapshot,
+    p: &ProbeStats,
+    before: Option<&ProbeStats>,
+) -> Vec<(&'a str, HistData, u64)> {
+    let empty = HistData::default();
+    let mut rows = Vec::new();
+    for (i, c) in p.contexts.iter().enumerate() {
+        let calls = p
+            .ctx_calls(i)
+            .saturating_sub(before.map_or(0, |b| b.ctx_calls(i)));
+        let h = c.hist.since(before.map_or(&empty, |b| &b.contexts[i].hist));
+        rows.push((snap.ctx_name(i), h, calls));
+    }
+    if let Some(w) = &p.workload {
+        let h = w.since(before.and_then(|b| b.workload.as_ref()).unwrap_or(&empty));
+        let calls = h.count;
+        rows.push(("workload", h, calls));
+    }
+    rows
+}
+
 impl Recorder {
     /// Takes in the next snapshot (cumulative, as the collector sends them).
     pub fn push(&mut self, snap: &Snapshot) {
@@ -96,78 +129,36 @@ impl Recorder {
         }
         let ticks = self.history.t_ms.len();
         let now_ms = snap.elapsed.as_millis() as u64;
-        // A tick shorter than half the one before (the final snapshot, taken at the stop,
-        // anywhere up to a tick after the last) joins it: no spiky rate, no zero-length tick.
-        let merge = ticks > 0 && {
-            let last = self.history.t_ms[ticks - 1];
-            let before = if ticks > 1 {
-                self.history.t_ms[ticks - 2]
-            } else {
-                0
-            };
-            2 * now_ms.saturating_sub(last) < last - before
-        };
-        let empty = HistData::default();
+        let merge = self.joins_last_tick(now_ms);
+
         for p in &snap.probes {
             let before = self
                 .last
                 .as_ref()
                 .and_then(|l| l.probes.iter().find(|q| q.name == p.name));
-            let mut rows: Vec<(&str, HistData, u64)> = Vec::new();
-            for (i, c) in p.contexts.iter().enumerate() {
-                let calls = p
-                    .ctx_calls(i)
-                    .saturating_sub(before.map_or(0, |b| b.ctx_calls(i)));
-                let h = c.hist.since(before.map_or(&empty, |b| &b.contexts[i].hist));
-                rows.push((snap.ctx_name(i), h, calls));
-            }
-            if let Some(w) = &p.workload {
-                let h = w.since(before.and_then(|b| b.workload.as_ref()).unwrap_or(&empty));
-                let calls = h.count;
-                rows.push(("workload", h, calls));
-            }
-            for (context, h, calls) in rows {
-                let at = self
-                    .history
-                    .rows
-                    .iter()
-                    .position(|s| s.probe == p.name && s.context == context);
-                if at.is_none() && calls == 0 {
+            for (context, h, calls) in tick_rows(snap, p, before) {
+                let Some(series) = self.series_mut(&p.name, context, ticks, calls) else {
                     continue;
-                }
-                let s = match at {
-                    Some(i) => &mut self.history.rows[i],
-                    None => {
-                        // A row seen first now: nothing in the ticks before.
-                        self.history.rows.push(Series {
-                            probe: p.name.clone(),
-                            context: context.into(),
-                            calls: vec![0; ticks],
-                            p50_ns: vec![0; ticks],
-                            p99_ns: vec![0; ticks],
-                            max_ns: vec![0; ticks],
-                        });
-                        self.history.rows.last_mut().expect("just pushed")
-                    }
                 };
-                let l = p
+                let latency = p
                     .backend
                     .has_latency()
                     .then(|| figures::latency(&h, Duration::ZERO, &[0.5, 0.99]))
                     .flatten();
-                let v = (
+                let point = Point {
                     calls,
-                    l.as_ref().and_then(|l| l.at(0.5)).unwrap_or(0),
-                    l.as_ref().and_then(|l| l.at(0.99)).unwrap_or(0),
-                    l.as_ref().map_or(0, |l| l.max_ns),
-                );
+                    p50_ns: latency.as_ref().and_then(|l| l.at(0.5)).unwrap_or(0),
+                    p99_ns: latency.as_ref().and_then(|l| l.at(0.99)).unwrap_or(0),
+                    max_ns: latency.as_ref().map_or(0, |l| l.max_ns),
+                };
                 if merge {
-                    s.merge_last(v.0, v.1, v.2, v.3);
+                    series.merge_last(point);
                 } else {
-                    s.push(v.0, v.1, v.2, v.3);
+                    series.push(point);
                 }
             }
         }
+
         if merge {
             *self.history.t_ms.last_mut().expect("merge needs a tick") = now_ms;
         } else {
@@ -177,13 +168,58 @@ impl Recorder {
         let n = self.history.t_ms.len();
         for s in &mut self.history.rows {
             while s.calls.len() < n {
-                s.push(0, 0, 0, 0);
+                s.push(Point::default());
             }
         }
         if n > MAX_TICKS {
             self.halve();
         }
         self.last = Some(snap.clone());
+    }
+
+    /// Whether a snapshot at `now_ms` joins the last tick instead of starting one: a tick
+    /// shorter than half the one before (the final snapshot, taken at the stop, anywhere up to
+    /// a tick after the last) joins it: no spiky rate, no zero-length tick.
+    fn joins_last_tick(&self, now_ms: u64) -> bool {
+        let t = &self.history.t_ms;
+        let ticks = t.len();
+        if ticks == 0 {
+            return false;
+        }
+        let last = t[ticks - 1];
+        let before = if ticks > 1 { t[ticks - 2] } else { 0 };
+        2 * now_ms.saturating_sub(last) < last - before
+    }
+
+    /// The series of (`probe`, `context`), added (zeros in the `ticks` before) if this tick is
+    /// its first with `calls`; None for a row not seen yet and without calls now.
+    fn series_mut(
+        &mut self,
+        probe: &str,
+        context: &str,
+        ticks: usize,
+        calls: u64,
+    ) -> Option<&mut Series> {
+        let rows = &mut self.history.rows;
+        match rows
+            .iter()
+            .position(|s| s.probe == probe && s.context == context)
+        {
+            Some(i) => Some(&mut rows[i]),
+            None if calls == 0 => None,
+            None => {
+                // A row seen first now: nothing in the ticks before.
+                rows.push(Series {
+                    probe: probe.to_string(),
+                    context: context.into(),
+                    calls: vec![0; ticks],
+                    p50_ns: vec![0; ticks],
+                    p99_ns: vec![0; ticks],
+                    max_ns: vec![0; ticks],
+                });
+                rows.last_mut()
+            }
+        }
     }
 
     /// Merges each pair of ticks into one: calls add, the percentiles of the pair are the

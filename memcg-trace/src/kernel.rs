@@ -663,6 +663,50 @@ fn current_task_cast(
     })()
 }
 
+/// What tells interrupt work done in tasks from other task work: the offset of the task's
+/// softirq count on PREEMPT_RT, which counts softirqs in the task, not in preempt_count (see
+/// `KernelLayout::task_softirq`; every RT build has the field: were one to lack it, softirq
+/// would read as task there rather than the tool refusing to trace), and of the task's name
+/// where threads do interrupt work (the programs tell them by name). Zeros where not needed.
+fn interrupt_work_in_tasks(btf: &Btf, no_context: bool) -> Result<(u64, u64)> {
+    let task_softirq = if realtime() && !no_context {
+        field_path_offset(btf, "task_struct", &["softirq_disable_cnt"]).unwrap_or(0)
+    } else {
+        0
+    };
+    let threaded = realtime()
+        || fs::read_to_string("/proc/cmdline")
+            .is_ok_and(|c| c.split_whitespace().any(|w| w == "threadirqs"));
+    let task_comm = if threaded {
+        field_path_offset(btf, "task_struct", &["comm"])?
+    } else {
+        0
+    };
+    Ok((task_softirq, task_comm))
+}
+
+/// Whether two CPUs' task clocks can be compared. rq->clock_task, the clock of both, is
+/// rq->clock minus interrupt and steal time where the kernel accounts those per CPU; then two
+/// CPUs' task clocks differ. And sched_clock, under both, must agree between CPUs: it does
+/// where the kernel keeps a synchronised counter as its clocksource (it drops the TSC when it
+/// finds it unstable).
+fn task_clocks_agree(btf: &Btf) -> bool {
+    field_path_offset(btf, "rq", &["prev_irq_time"]).is_err()
+        && field_path_offset(btf, "rq", &["prev_steal_time_rq"]).is_err()
+        && clocksource().is_some_and(|c| SYNCED_CLOCKSOURCES.contains(&c.as_str()))
+}
+
+/// The per-CPU offset of `this_cpu_off` (in `pcpu_hot` on 6.2-6.14), 0 where not found.
+fn this_cpu_off(btf: &Btf, percpu: &HashMap<String, u64>) -> u64 {
+    match percpu.get("this_cpu_off") {
+        Some(o) => *o,
+        None => percpu
+            .get("pcpu_hot")
+            .and_then(|o| Some(o + field_path_offset(btf, "pcpu_hot", &["this_cpu_off"]).ok()?))
+            .unwrap_or(0),
+    }
+}
+
 /// What `layout` found in the kernel: the offsets the programs are loaded with, and where
 /// there is no context split, why.
 #[derive(Clone, Debug)]
@@ -689,47 +733,18 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         None => bail!("per-CPU variable runqueues not found (BTF, kallsyms)"),
     };
     let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
-    // PREEMPT_RT counts softirqs in the task, not in preempt_count (see
-    // `KernelLayout::task_softirq`).
-    // (Every RT build has the field; were one to lack it, softirq would read as task there
-    // rather than the tool refusing to trace.)
-    let task_softirq = if realtime() && !no_context {
-        field_path_offset(btf, "task_struct", &["softirq_disable_cnt"]).unwrap_or(0)
-    } else {
-        0
-    };
-    // Where threads do interrupt work, the programs tell them by name.
-    let threaded = realtime()
-        || fs::read_to_string("/proc/cmdline")
-            .is_ok_and(|c| c.split_whitespace().any(|w| w == "threadirqs"));
-    let task_comm = if threaded {
-        field_path_offset(btf, "task_struct", &["comm"])?
-    } else {
-        0
-    };
+    let (task_softirq, task_comm) = interrupt_work_in_tasks(btf, no_context)?;
     let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
     let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
     // The task's off-CPU clock (see memcg_trace_common::off_cpu).
     let task_exec_start = field_path_offset(btf, "task_struct", &["se", "exec_start"])?;
     let task_sum_exec = field_path_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?;
     let task_migrations = field_path_offset(btf, "task_struct", &["se", "nr_migrations"])?;
-    // rq->clock_task, the clock of both, is rq->clock minus interrupt and steal time where the
-    // kernel accounts those per CPU; then two CPUs' task clocks differ.
-    // And sched_clock, under both, must agree between CPUs: it does where the kernel keeps a
-    // synchronised counter as its clocksource (it drops the TSC when it finds it unstable).
-    let cross_cpu_clock = field_path_offset(btf, "rq", &["prev_irq_time"]).is_err()
-        && field_path_offset(btf, "rq", &["prev_steal_time_rq"]).is_err()
-        && clocksource().is_some_and(|c| SYNCED_CLOCKSOURCES.contains(&c.as_str()));
+    let cross_cpu_clock = task_clocks_agree(btf);
     // Where a BPF program keeps its per-CPU recursion-miss counter (0: not found; the fentry
     // interrupt pairs are then confirmed in userspace instead).
     let off = |s: &str, f: &str| field_path_offset(btf, s, &[f]).unwrap_or(0);
-    let this_cpu_off = match percpu.get("this_cpu_off") {
-        Some(o) => *o,
-        None => percpu
-            .get("pcpu_hot")
-            .and_then(|o| Some(o + field_path_offset(btf, "pcpu_hot", &["this_cpu_off"]).ok()?))
-            .unwrap_or(0),
-    };
+    let this_cpu_off = this_cpu_off(btf, &percpu);
     let cgroup = cgroup_reads(btf);
     let cast = rdonly_cast_ids(btf);
     let task_cast = current_task_cast(btf, &percpu, cast);

@@ -239,7 +239,8 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
         .map_err(err)
 }
 
-/// Draws one row's image onto `root`.
+/// Draws one row's image onto `root`: the percentile spectra on the left, the histograms on
+/// the right.
 fn draw_row<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     title: &str,
@@ -248,6 +249,17 @@ fn draw_row<DB: DrawingBackend>(
     root.fill(&WHITE).map_err(err)?;
     let root = root.titled(title, ("sans-serif", 20)).map_err(err)?;
     let (left, right) = root.split_horizontally(root.dim_in_pixel().0 / 2);
+    draw_spectra(&left, series)?;
+    draw_histograms(&right, series)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// The series' percentile spectra (latency by percentile, both log scales), one line each.
+fn draw_spectra<DB: DrawingBackend>(
+    left: &DrawingArea<DB, Shift>,
+    series: &[Series],
+) -> Result<()> {
     let spectra: Vec<Vec<(f64, f64)>> = series.iter().map(|s| spectrum(&s.hist)).collect();
     let ymin = spectra
         .iter()
@@ -262,7 +274,7 @@ fn draw_row<DB: DrawingBackend>(
         .fold(1.0, f64::max)
         .max(ymin * 2.0);
     let xmax = spectra.iter().flatten().map(|p| p.0).fold(10.0, f64::max);
-    let mut chart = ChartBuilder::on(&left)
+    let mut chart = ChartBuilder::on(left)
         .caption("percentile spectrum", ("sans-serif", 16))
         .margin(12)
         .x_label_area_size(44)
@@ -289,6 +301,15 @@ fn draw_row<DB: DrawingBackend>(
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
     legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    Ok(())
+}
+
+/// The series' histograms (share of calls per bucket by latency), one line each, labelled
+/// with their file and calls.
+fn draw_histograms<DB: DrawingBackend>(
+    right: &DrawingArea<DB, Shift>,
+    series: &[Series],
+) -> Result<()> {
     let hists: Vec<Vec<(f64, f64)>> = series.iter().map(|s| shares(&s.hist)).collect();
     let xlo = hists
         .iter()
@@ -303,7 +324,7 @@ fn draw_row<DB: DrawingBackend>(
         .fold(1.0, f64::max)
         .max(xlo * 2.0);
     let share_max = hists.iter().flatten().map(|p| p.1).fold(0.0, f64::max);
-    let mut chart = ChartBuilder::on(&right)
+    let mut chart = ChartBuilder::on(right)
         .caption("histogram", ("sans-serif", 16))
         .margin(12)
         .x_label_area_size(44)
@@ -331,7 +352,6 @@ fn draw_row<DB: DrawingBackend>(
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
-    root.present().map_err(err)?;
     Ok(())
 }
 

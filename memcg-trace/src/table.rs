@@ -694,10 +694,48 @@ fn daemon_notes(out: &mut String, doc: &Document) {
     }
 }
 
+/// The columns of [`diff`]'s rows: probe, context, then A, B and the change of calls/s, p50 and
+/// p99, and A's and B's mean.
+const DIFF_COLUMNS: [&str; 13] = [
+    "probe",
+    "context",
+    "A calls/s",
+    "B calls/s",
+    "change",
+    "A p50",
+    "B p50",
+    "change",
+    "A p99",
+    "B p99",
+    "change",
+    "A mean",
+    "B mean",
+];
+
+/// One line of [`diff`]'s table, in the widths of its columns.
+fn diff_line(out: &mut String, cells: &[String; 13]) {
+    let _ = writeln!(
+        out,
+        "{:<16} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        cells[0],
+        cells[1],
+        cells[2],
+        cells[3],
+        cells[4],
+        cells[5],
+        cells[6],
+        cells[7],
+        cells[8],
+        cells[9],
+        cells[10],
+        cells[11],
+        cells[12]
+    );
+}
+
 /// The A/B comparison of two recordings: per probe and context present in either, calls/s,
 /// p50, p99 and mean in A and B with the change; probes matched by name.
 pub fn diff(a: &Document, b: &Document) -> String {
-    use crate::export::ContextOut;
     let mut out = String::new();
     for (side, d) in [("A", a), ("B", b)] {
         let _ = writeln!(
@@ -712,31 +750,7 @@ pub fn diff(a: &Document, b: &Document) -> String {
             d.meta.duration_ns as f64 / 1e9,
         );
     }
-    let _ = writeln!(
-        out,
-        "{:<16} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        "probe",
-        "context",
-        "A calls/s",
-        "B calls/s",
-        "change",
-        "A p50",
-        "B p50",
-        "change",
-        "A p99",
-        "B p99",
-        "change",
-        "A mean",
-        "B mean"
-    );
-    let q = |c: Option<&ContextOut>, q: f64| {
-        c.and_then(|c| c.latency.as_ref())
-            .and_then(|l| l.percentiles.iter().find(|x| (x.q - q).abs() < 1e-9))
-            .map(|x| x.ns as f64)
-    };
-    let mean = |c: Option<&ContextOut>| c.and_then(|c| c.latency.as_ref()).and_then(|l| l.mean_ns);
-    let rate = |c: Option<&ContextOut>| c.and_then(|c| c.rate_per_s);
-    let ns = |v: Option<f64>| v.map(fmt_ns).unwrap_or_else(|| "-".into());
+    diff_line(&mut out, &DIFF_COLUMNS.map(String::from));
     let mut names: Vec<&str> = a.probes.iter().map(|p| p.name.as_str()).collect();
     for p in &b.probes {
         if !names.contains(&p.name.as_str()) {
@@ -752,23 +766,7 @@ pub fn diff(a: &Document, b: &Document) -> String {
             if ca.map(|c| c.count).unwrap_or(0) == 0 && cb.map(|c| c.count).unwrap_or(0) == 0 {
                 continue;
             }
-            let _ = writeln!(
-                out,
-                "{:<16} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-                name,
-                ctx,
-                rate(ca).map(fmt_count).unwrap_or_else(|| "-".into()),
-                rate(cb).map(fmt_count).unwrap_or_else(|| "-".into()),
-                pct_change(rate(ca), rate(cb)),
-                ns(q(ca, 0.5)),
-                ns(q(cb, 0.5)),
-                pct_change(q(ca, 0.5), q(cb, 0.5)),
-                ns(q(ca, 0.99)),
-                ns(q(cb, 0.99)),
-                pct_change(q(ca, 0.99), q(cb, 0.99)),
-                ns(mean(ca)),
-                ns(mean(cb)),
-            );
+            diff_line(&mut out, &diff_cells(name, ctx, ca, cb));
         }
         if let (Some(x), Some(y)) = (pa, pb) {
             if x.target != y.target || x.backend != y.backend {
@@ -781,4 +779,37 @@ pub fn diff(a: &Document, b: &Document) -> String {
         }
     }
     out
+}
+
+/// The cells of [`diff`]'s row of probe `name` in context `ctx`: A's row `ca`, B's `cb`.
+fn diff_cells(
+    name: &str,
+    ctx: &str,
+    ca: Option<&crate::export::ContextOut>,
+    cb: Option<&crate::export::ContextOut>,
+) -> [String; 13] {
+    use crate::export::ContextOut;
+    let q = |c: Option<&ContextOut>, q: f64| {
+        c.and_then(|c| c.latency.as_ref())
+            .and_then(|l| l.percentiles.iter().find(|x| (x.q - q).abs() < 1e-9))
+            .map(|x| x.ns as f64)
+    };
+    let mean = |c: Option<&ContextOut>| c.and_then(|c| c.latency.as_ref()).and_then(|l| l.mean_ns);
+    let rate = |c: Option<&ContextOut>| c.and_then(|c| c.rate_per_s);
+    let ns = |v: Option<f64>| v.map(fmt_ns).unwrap_or_else(|| "-".into());
+    [
+        name.to_string(),
+        ctx.to_string(),
+        rate(ca).map(fmt_count).unwrap_or_else(|| "-".into()),
+        rate(cb).map(fmt_count).unwrap_or_else(|| "-".into()),
+        pct_change(rate(ca), rate(cb)),
+        ns(q(ca, 0.5)),
+        ns(q(cb, 0.5)),
+        pct_change(q(ca, 0.5), q(cb, 0.5)),
+        ns(q(ca, 0.99)),
+        ns(q(cb, 0.99)),
+        pct_change(q(ca, 0.99), q(cb, 0.99)),
+        ns(mean(ca)),
+        ns(mean(cb)),
+    ]
 }

@@ -501,90 +501,113 @@ fn demo(host: bool, kernels: Vec<kernels::Kernel>, accel: Accel, hackbench: &str
     let out = workspace_root().join("target/demo");
     fs::create_dir_all(&out)?;
     if host {
-        let json = out.join("host.json");
-        let hb = xtask::hackbench()?;
-        let status = Command::new(&bin)
-            .args(["record", "-o"])
-            .arg(&json)
-            .arg("--")
-            .arg(hb)
-            .args(hackbench.split_whitespace())
-            .status()?;
-        if !status.success() {
-            bail!("memcg-trace record failed: {status}");
-        }
-        println!("demo: the recording is at {}", json.display());
-        return Ok(());
+        return demo_host(&bin, &out, hackbench);
     }
     for k in kernels {
-        let spec = k.spec;
-        // The guest's binary: this machine's, or the one built for the guest's architecture;
-        // the plots are drawn here by this machine's.
-        let guest_bin = match spec.arch {
-            Arch::X86_64 => bin.clone(),
-            a => build_release_for(a)?,
-        };
-        let whose = if spec.short == "own" {
-            "your"
-        } else {
-            "Debian's"
-        };
-        eprintln!("demo: booting {whose} {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", k.release);
-        let r = vm::run(
-            &k,
-            &VmSpec {
-                name: format!("{}-demo", spec.short),
-                script: record_script("fentry kprobe", hackbench, false),
-                bins: vec![guest_bin, xtask::hackbench()?],
-                accel,
-                timeout: Duration::from_secs(900),
-                echo: false,
-                modules: Vec::new(),
-                mem_mb: 0,
-                cpus: 0,
-                icount: None,
-                packages: Vec::new(),
-                files: Vec::new(),
-                nmis: None,
-            },
-        )?;
-        if !r.success {
-            bail!(
-                "the demo VM failed: {}\n{}",
-                r.failure.clone().unwrap_or_default(),
-                r.tail(40)
-            );
-        }
-        let mut recordings = Vec::new();
-        for b in ["fentry", "kprobe"] {
-            let txt = fs::read_to_string(r.out_dir.join(format!("{b}.txt")))?;
-            println!("== {} ({}), --attach {b} ==\n{txt}", spec.short, k.release);
-            let dst = out.join(format!("{}-{b}.json", spec.short));
-            fs::copy(r.out_dir.join(format!("{b}.json")), &dst)?;
-            fs::copy(
-                r.out_dir.join(format!("{b}.hlog")),
-                out.join(format!("{}-{b}.hlog", spec.short)),
-            )?;
-            println!("demo: the recording is at {}", dst.display());
-            recordings.push(dst);
-        }
-        // Pictures next to the recordings: fentry and kprobe overlaid, and calls/s over time.
-        let plots = out.join(format!("{}-plots", spec.short));
-        let _ = fs::remove_dir_all(&plots);
-        let status = Command::new(&bin)
-            .arg("plot")
-            .args(&recordings)
-            .arg("--hdr-log")
-            .arg(out.join(format!("{}-fentry.hlog", spec.short)))
-            .arg("-o")
-            .arg(&plots)
-            .stdout(Stdio::null())
-            .status()?;
-        if !status.success() {
-            bail!("memcg-trace plot failed: {status}");
-        }
-        println!("demo: plots are in {}", plots.display());
+        let recordings = demo_vm(&k, &bin, &out, accel, hackbench)?;
+        demo_plots(&bin, &out, k.spec.short, &recordings)?;
     }
+    Ok(())
+}
+
+/// The demo on this machine: one recording of the charge path around hackbench.
+fn demo_host(bin: &Path, out: &Path, hackbench: &str) -> Result<()> {
+    let json = out.join("host.json");
+    let hb = xtask::hackbench()?;
+    let status = Command::new(bin)
+        .args(["record", "-o"])
+        .arg(&json)
+        .arg("--")
+        .arg(hb)
+        .args(hackbench.split_whitespace())
+        .status()?;
+    if !status.success() {
+        bail!("memcg-trace record failed: {status}");
+    }
+    println!("demo: the recording is at {}", json.display());
+    Ok(())
+}
+
+/// The demo in a VM booting kernel `k`: the charge path recorded with fentry, then kprobe,
+/// each printed, its recording and interval log copied to `out`; the recordings' paths.
+fn demo_vm(
+    k: &kernels::Kernel,
+    bin: &Path,
+    out: &Path,
+    accel: Accel,
+    hackbench: &str,
+) -> Result<Vec<PathBuf>> {
+    let spec = k.spec;
+    // The guest's binary: this machine's, or the one built for the guest's architecture;
+    // the plots are drawn here by this machine's.
+    let guest_bin = match spec.arch {
+        Arch::X86_64 => bin.to_path_buf(),
+        a => build_release_for(a)?,
+    };
+    let whose = if spec.short == "own" {
+        "your"
+    } else {
+        "Debian's"
+    };
+    eprintln!("demo: booting {whose} {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", k.release);
+    let r = vm::run(
+        k,
+        &VmSpec {
+            name: format!("{}-demo", spec.short),
+            script: record_script("fentry kprobe", hackbench, false),
+            bins: vec![guest_bin, xtask::hackbench()?],
+            accel,
+            timeout: Duration::from_secs(900),
+            echo: false,
+            modules: Vec::new(),
+            mem_mb: 0,
+            cpus: 0,
+            icount: None,
+            packages: Vec::new(),
+            files: Vec::new(),
+            nmis: None,
+        },
+    )?;
+    if !r.success {
+        bail!(
+            "the demo VM failed: {}\n{}",
+            r.failure.clone().unwrap_or_default(),
+            r.tail(40)
+        );
+    }
+    let mut recordings = Vec::new();
+    for b in ["fentry", "kprobe"] {
+        let txt = fs::read_to_string(r.out_dir.join(format!("{b}.txt")))?;
+        println!("== {} ({}), --attach {b} ==\n{txt}", spec.short, k.release);
+        let dst = out.join(format!("{}-{b}.json", spec.short));
+        fs::copy(r.out_dir.join(format!("{b}.json")), &dst)?;
+        fs::copy(
+            r.out_dir.join(format!("{b}.hlog")),
+            out.join(format!("{}-{b}.hlog", spec.short)),
+        )?;
+        println!("demo: the recording is at {}", dst.display());
+        recordings.push(dst);
+    }
+    Ok(recordings)
+}
+
+/// Pictures next to a kernel's recordings: fentry and kprobe overlaid, and calls/s over time.
+fn demo_plots(bin: &Path, out: &Path, short: &str, recordings: &[PathBuf]) -> Result<()> {
+    let plots = out.join(format!("{short}-plots"));
+    let _ = fs::remove_dir_all(&plots);
+    let status = Command::new(bin)
+        .arg("plot")
+        .args(recordings)
+        .arg("--hdr-log")
+        .arg(out.join(format!("{short}-fentry.hlog")))
+        .arg("-o")
+        .arg(&plots)
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("memcg-trace plot failed: {status}");
+    }
+    println!("demo: plots are in {}", plots.display());
     Ok(())
 }
 

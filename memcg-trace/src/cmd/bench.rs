@@ -206,18 +206,9 @@ struct PerCall {
     code: Vec<NamedCode>,
 }
 
-/// Runs the workload once with memcg-trace's pair on `probe` and the `extra` floor programs
-/// next to it on the same function, bpf stats on.
-async fn per_call(
-    args: &BenchArgs,
-    probe: &str,
-    cmd: &[String],
-    sel: &ProbeSel,
-    variant: Variant,
-    clock: &[&'static str],
-    empty: &[&'static str],
-) -> Result<PerCall> {
-    let live = LiveArgs {
+/// The live run of [`per_call`]: `probe` alone, `cmd` its workload, bpf stats on.
+fn per_call_args(probe: &str, cmd: &[String], sel: &ProbeSel, variant: Variant) -> LiveArgs {
+    LiveArgs {
         sel: ProbeSel {
             probe: vec![probe.to_string()],
             ..sel.clone()
@@ -230,7 +221,21 @@ async fn per_call(
         callers: variant.callers,
         by_memcg: variant.by_memcg,
         ..LiveArgs::default()
-    };
+    }
+}
+
+/// Runs the workload once with memcg-trace's pair on `probe` and the `extra` floor programs
+/// next to it on the same function, bpf stats on.
+async fn per_call(
+    args: &BenchArgs,
+    probe: &str,
+    cmd: &[String],
+    sel: &ProbeSel,
+    variant: Variant,
+    clock: &[&'static str],
+    empty: &[&'static str],
+) -> Result<PerCall> {
+    let live = per_call_args(probe, cmd, sel, variant);
     let opts = Options {
         verbosity: Verbosity::Quiet,
         dashboard: true,

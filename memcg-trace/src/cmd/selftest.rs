@@ -1592,6 +1592,19 @@ pub fn run() -> Result<i32> {
         masks.nmi_mask, masks.hardirq_mask, masks.softirq_offset, masks.source, masks.nmi
     );
     let mut bad = u32::from(masks.source != "calibrated");
+    // One verified object per kind of kernel for every check below, emptied between them.
+    let mut rigs = checks::Rigs::default();
+    bad += bucketing(&mut rigs, &layout)?;
+    bad += syscall_context(&mut rigs, &layout)?;
+    bad += pairing(&mut rigs, &layout)?;
+    bad += live_contexts(&layout)?;
+    println!("selftest: {bad} failures");
+    Ok(if bad == 0 { 0 } else { 1 })
+}
+
+/// The kernel's histogram bucket of latencies at the edges of the tables and the log scale,
+/// against the definition (not the tables both sides read): the mismatches.
+fn bucketing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
     let values = [
         0u64,
         1,
@@ -1618,9 +1631,7 @@ pub fn run() -> Result<i32> {
         (1 << 36) + 5,
         u64::MAX >> 1,
     ];
-    // One verified object per kind of kernel for every check below, emptied between them.
-    let mut rigs = checks::Rigs::default();
-    let results = checks::bucketing(&mut rigs, &layout, &values)?;
+    let results = checks::bucketing(rigs, layout, &values)?;
     let mut mismatches = 0;
     for (v, got) in &results {
         // The definition, not the tables both sides read.
@@ -1636,20 +1647,27 @@ pub fn run() -> Result<i32> {
         "selftest: {} values, {mismatches} mismatches",
         results.len()
     );
-    bad += mismatches;
-    let ctx = checks::syscall_context(&mut rigs, &layout)?;
+    Ok(mismatches)
+}
+
+/// The context a program run from a syscall sees: task (1 failure otherwise).
+fn syscall_context(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
+    let ctx = checks::syscall_context(rigs, layout)?;
     let ok = ctx == Some(CTX_TASK);
     println!(
         "selftest: a program run from a syscall sees context {} {}",
         ctx.map(|c| CTX_NAMES[c as usize]).unwrap_or("unknown"),
         if ok { "ok" } else { "MISMATCH" }
     );
-    bad += u32::from(!ok);
-    bad += pairing(&mut rigs, &layout)?;
-    // Live: tracepoints of known context, classified by the same code the probes use; the
-    // "check" sources are independent of the calibration's.
+    Ok(u32::from(!ok))
+}
+
+/// Live: tracepoints of known context, classified by the same code the probes use; the
+/// "check" sources are independent of the calibration's. The failures.
+fn live_contexts(layout: &KernelLayout) -> Result<u32> {
+    let mut bad = 0;
     let rows = checks::context_check(
-        &layout,
+        layout,
         &[CtxUse::Calibration, CtxUse::Check],
         Duration::from_millis(1500),
         false,
@@ -1700,6 +1718,5 @@ pub fn run() -> Result<i32> {
             if ok { "ok" } else { "NOT OBSERVED" }
         );
     }
-    println!("selftest: {bad} failures");
-    Ok(if bad == 0 { 0 } else { 1 })
+    Ok(bad)
 }

@@ -179,15 +179,10 @@ impl Session {
         } else {
             Some(workload::prepare(args.cgroup.as_deref(), opts.dashboard)?)
         };
-        let mut phases = vec![Phase {
-            name: "memcg".into(),
-            ns: t0.elapsed().as_nanos() as u64,
-            peak_rss_kib: peak_rss_kib(),
-        }];
+        let mut phases = vec![phase("memcg", t0)];
         let workload_memcg = workload_told_by_memcg(args, memcg.as_ref());
-        if let Some(s) = signals.pending().await {
-            return Err(Interrupted(s).into());
-        }
+        not_stopped(&mut signals).await?;
+
         let Attached {
             mut tracer,
             notes,
@@ -208,19 +203,10 @@ impl Session {
         tracer.done_attaching();
         // Back to its own priority before the workload starts.
         drop(priority);
-        phases.push(Phase {
-            name: "extra".into(),
-            ns: t_extra.elapsed().as_nanos() as u64,
-            peak_rss_kib: peak_rss_kib(),
-        });
-        if let Some(s) = signals.pending().await {
-            return Err(Interrupted(s).into());
-        }
-        let failed = tracer.failed.clone();
-        let masks = tracer.masks.clone();
-        let off_cpu = tracer.off_cpu.clone();
-        let reads = tracer.reads.clone();
-        let loader_btf_parsed = tracer.loader_btf.clone();
+        phases.push(phase("extra", t_extra));
+        not_stopped(&mut signals).await?;
+
+        let said = TracerSaid::of(&tracer);
         let startup = t0.elapsed();
         let cpu0 = cpu_time();
         // When the first probe was attached: the zero of every snapshot's elapsed time, so
@@ -236,6 +222,7 @@ impl Session {
             .contains("PREEMPT_DYNAMIC, running as")
             .then(kernel::ModelWrites::watch)
             .flatten();
+
         let collector = Collector::spawn(tracer, args.tick)?;
         let snapshots = collector.subscribe();
         let workload_cpu0 = memcg.as_ref().map(WorkloadCpu::start);
@@ -249,6 +236,7 @@ impl Session {
         if opts.least_privilege {
             drop_privileges()?;
         }
+
         Ok(Session {
             inject_panic: std::env::var_os(INJECT_PANIC).is_some_and(|v| v == "1"),
             signals,
@@ -264,11 +252,11 @@ impl Session {
             oom_kills: None,
             workload_cpu: None,
             notes,
-            failed,
-            masks,
-            off_cpu,
-            reads,
-            loader_btf_parsed,
+            failed: said.failed,
+            masks: said.masks,
+            off_cpu: said.off_cpu,
+            reads: said.reads,
+            loader_btf_parsed: said.loader_btf_parsed,
             history: Default::default(),
             keep_history: true,
             floors,
@@ -612,4 +600,43 @@ fn begin_interval_log(l: &mut HdrLog, started: SystemTime) {
             kernel::release()
         ),
     );
+}
+
+/// A step of start-up that began at `since` and ends now.
+fn phase(name: &str, since: Instant) -> Phase {
+    Phase {
+        name: name.into(),
+        ns: since.elapsed().as_nanos() as u64,
+        peak_rss_kib: peak_rss_kib(),
+    }
+}
+
+/// Ends start-up with [`Interrupted`] if a stop signal came (between its steps).
+async fn not_stopped(signals: &mut Signals) -> Result<()> {
+    match signals.pending().await {
+        Some(s) => Err(Interrupted(s).into()),
+        None => Ok(()),
+    }
+}
+
+/// What the tracer says of itself at start-up that the session keeps after the tracer went to
+/// the collector.
+struct TracerSaid {
+    failed: Vec<NotAttached>,
+    masks: Option<kernel::ContextMasks>,
+    off_cpu: String,
+    reads: String,
+    loader_btf_parsed: Option<String>,
+}
+
+impl TracerSaid {
+    fn of(tracer: &Tracer) -> Self {
+        TracerSaid {
+            failed: tracer.failed.clone(),
+            masks: tracer.masks.clone(),
+            off_cpu: tracer.off_cpu.clone(),
+            reads: tracer.reads.clone(),
+            loader_btf_parsed: tracer.loader_btf.clone(),
+        }
+    }
 }

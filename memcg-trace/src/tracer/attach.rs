@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// What a slot was readied with before its programs are attached (`Tracer::prepare_slot`).
+struct Prepared {
+    /// The struct of the argument the charged memcg is read from, when it is read.
+    memcg_arg: Option<String>,
+    /// The switch witness proves the slot's deferred pairs.
+    witnessed: bool,
+}
+
 impl Tracer {
     /// Attaches `req` by the first plan that loads and attaches; records why others failed.
     pub fn attach(&mut self, req: &Request, res: &Resolution) -> bool {
@@ -30,58 +38,24 @@ impl Tracer {
                 continue;
             }
             let programs = slot_programs(plan.backend, slot, self.fentry_build);
-            // Before the programs run: a call never reads another target's path, nor another
-            // program's count of missed runs (a plan that failed here may have pointed it at
-            // its own: the exits would prove calls against a count of the wrong program).
-            let memcg_arg = self.set_memcg_path(slot, plan);
-            self.set_prog_misses(slot, 0);
-            // A kprobe whose deferred pairs the kernel's miss counts cannot prove: the switch
-            // witness runs before its programs do.
-            let witnessed = plan.backend == Backend::Kprobe
-                && self.kprobe_defers
-                && !crate::kernel::kprobe_misses_counted()
-                && self.start_witness(&mut reasons);
+            let prepared = self.prepare_slot(slot, plan, &mut reasons);
             // The entry program is new: its misses are 0 until it is attached; the switch
             // witness's count is read before then too.
             let before = monotonic_ns();
-            let held_before = if witnessed { self.held_total() } else { 0 };
+            let held_before = if prepared.witnessed {
+                self.held_total()
+            } else {
+                0
+            };
             let read = monotonic_ns();
             match self.attach_programs(&programs, &plan.target, Some(slot)) {
                 Ok(()) => {
-                    self.set_window(slot, memcg_trace_common::WINDOW_OPEN);
-                    self.verifier.mark(
-                        slot as usize,
-                        Mark {
-                            before,
-                            misses: held_before,
-                            after: read,
-                        },
-                    );
-                    // Deferred pairs of a kprobe can be confirmed where the kernel counts
-                    // kprobe programs' recursion misses (6.7+), or by the switch witness;
-                    // fentry's always can.
-                    if witnessed {
-                        if let Some(w) = self.witness.as_mut() {
-                            w.slots.push(slot);
-                        }
-                    }
-                    self.verifier.set_verifiable(
-                        slot as usize,
-                        plan.backend != Backend::Kprobe
-                            || crate::kernel::kprobe_misses_counted()
-                            || witnessed,
-                    );
-                    // The kprobe entry program's missed runs per CPU, so that its exits
-                    // prove the calls that left the CPU without moving off it (fentry's
-                    // were pointed at before it ran). Entries made before then are not
-                    // proven there, only deferred.
-                    if plan.backend == Backend::Kprobe && self.kprobe_defers {
-                        if crate::kernel::kprobe_misses_counted() {
-                            self.point_prog_misses(programs[0], slot);
-                        } else if witnessed {
-                            self.set_prog_misses(slot, memcg_trace_common::MISSES_BY_WITNESS);
-                        }
-                    }
+                    let mark = Mark {
+                        before,
+                        misses: held_before,
+                        after: read,
+                    };
+                    self.open_slot(slot, plan.backend, programs[0], prepared.witnessed, mark);
                     self.attached.push(Attached {
                         slot,
                         name,
@@ -89,7 +63,7 @@ impl Tracer {
                         backend: plan.backend,
                         notes: reasons,
                         programs,
-                        memcg_arg,
+                        memcg_arg: prepared.memcg_arg,
                         opened: Instant::now(),
                     });
                     if self.attached.len() == 1 {
@@ -108,10 +82,63 @@ impl Tracer {
         false
     }
 
-    /// Attaches `programs` (entry first) to `target` in probe slot `slot`, exit first: an entry
-    /// whose exit is not there yet would only leave stale pending calls. All or none.
-    /// Attaches `programs` to `target`, exits first; `slot`: the probe slot they serve (None for
-    /// the bench's floors, which have no pairing state).
+    /// Readies probe slot `slot` for `plan`'s programs, before they run: a call never reads
+    /// another target's path, nor another program's count of missed runs (a plan that failed
+    /// here may have pointed it at its own: the exits would prove calls against a count of the
+    /// wrong program); a kprobe whose deferred pairs the kernel's miss counts cannot prove
+    /// gets the switch witness, which runs before its programs do.
+    fn prepare_slot(&mut self, slot: u32, plan: &Plan, reasons: &mut Vec<String>) -> Prepared {
+        let memcg_arg = self.set_memcg_path(slot, plan);
+        self.set_prog_misses(slot, 0);
+        let witnessed = plan.backend == Backend::Kprobe
+            && self.kprobe_defers
+            && !crate::kernel::kprobe_misses_counted()
+            && self.start_witness(reasons);
+        Prepared {
+            memcg_arg,
+            witnessed,
+        }
+    }
+
+    /// Opens the window of slot `slot`, whose programs (`entry` the entry program, of
+    /// `backend`) were just attached: its calls count from here, its deferred pairs are
+    /// checked from `mark` on, and how they can be proven is set.
+    fn open_slot(
+        &mut self,
+        slot: u32,
+        backend: Backend,
+        entry: &'static str,
+        witnessed: bool,
+        mark: Mark,
+    ) {
+        self.set_window(slot, memcg_trace_common::WINDOW_OPEN);
+        self.verifier.mark(slot as usize, mark);
+        // Deferred pairs of a kprobe can be confirmed where the kernel counts kprobe programs'
+        // recursion misses (6.7+), or by the switch witness; fentry's always can.
+        if witnessed {
+            if let Some(w) = self.witness.as_mut() {
+                w.slots.push(slot);
+            }
+        }
+        self.verifier.set_verifiable(
+            slot as usize,
+            backend != Backend::Kprobe || crate::kernel::kprobe_misses_counted() || witnessed,
+        );
+        // The kprobe entry program's missed runs per CPU, so that its exits prove the calls
+        // that left the CPU without moving off it (fentry's were pointed at before it ran).
+        // Entries made before then are not proven there, only deferred.
+        if backend == Backend::Kprobe && self.kprobe_defers {
+            if crate::kernel::kprobe_misses_counted() {
+                self.point_prog_misses(entry, slot);
+            } else if witnessed {
+                self.set_prog_misses(slot, memcg_trace_common::MISSES_BY_WITNESS);
+            }
+        }
+    }
+
+    /// Attaches `programs` (entry first) to `target`, exits first: an entry whose exit is not
+    /// there yet would only leave stale pending calls. All or none. `slot`: the probe slot they
+    /// serve (None for the bench's floors, which have no pairing state).
     pub(super) fn attach_programs(
         &mut self,
         programs: &[&'static str],

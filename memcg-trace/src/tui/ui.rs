@@ -108,21 +108,38 @@ fn header(app: &App, width: u16) -> Paragraph<'static> {
         .as_ref()
         .map(|s| s.elapsed.as_secs_f64())
         .unwrap_or(0.0);
-    let backends: Vec<String> = app
-        .current
-        .as_ref()
-        .map(|s| {
-            s.probes
-                .iter()
-                .map(|p| format!("{}:{}", p.name, p.backend))
-                .collect()
-        })
-        .unwrap_or_default();
-    let (cost, dropped, misses) = app.self_cost();
     let mode = match app.mode {
         Mode::Interval => "interval",
         Mode::Cumulative => "cumulative",
     };
+    let state = view_state(app);
+    let source = match (&h.recording, &app.compare) {
+        (Some(f), Some(b)) => format!("A {f} vs B {}", b.name),
+        (Some(f), None) => format!("recording {f}"),
+        (None, _) => format!("live, tick {}", fmt_ns(app.tick.as_nanos() as f64)),
+    };
+    let lines = vec![
+        Line::from(vec![
+            Span::styled("memcg-trace ", Style::new().add_modifier(Modifier::BOLD)),
+            Span::raw(format!(
+                "{} ({}) | {source} | {elapsed:.0}s | {mode}{state}",
+                h.kernel, h.preemption
+            )),
+        ]),
+        Line::from(costs_line(app)),
+        // The share first, each probe's only where there is room: the workload's own text
+        // (its command and cgroup) can take the lines that are left.
+        Line::from(match (&app.workload, app.workload_cpu_line(width >= 120)) {
+            (Some(w), Some(cpu)) => format!("{cpu} | {w}"),
+            (Some(w), None) => w.clone(),
+            (None, _) => "workload: none (system-wide)".into(),
+        }),
+    ];
+    Paragraph::new(lines).wrap(Wrap { trim: true })
+}
+
+/// How the view stands, after the mode in the header: paused or ended, the sort, hidden rows.
+fn view_state(app: &App) -> String {
     let mut state = match (app.paused, app.ended) {
         (true, true) => " | the whole run, at its end",
         (true, false) => " PAUSED",
@@ -135,11 +152,24 @@ fn header(app: &App, width: u16) -> Paragraph<'static> {
     if app.hide_empty {
         state.push_str(" | empty rows hidden");
     }
-    let source = match (&h.recording, &app.compare) {
-        (Some(f), Some(b)) => format!("A {f} vs B {}", b.name),
-        (Some(f), None) => format!("recording {f}"),
-        (None, _) => format!("live, tick {}", fmt_ns(app.tick.as_nanos() as f64)),
-    };
+    state
+}
+
+/// The header's second line: the probes and their backends, the floors, the cost per traced
+/// call, what was lost and missed; first, in red, what could not be calibrated.
+fn costs_line(app: &App) -> Vec<Span<'static>> {
+    let h = &app.header;
+    let backends: Vec<String> = app
+        .current
+        .as_ref()
+        .map(|s| {
+            s.probes
+                .iter()
+                .map(|p| format!("{}:{}", p.name, p.backend))
+                .collect()
+        })
+        .unwrap_or_default();
+    let (cost, dropped, misses) = app.self_cost();
     // Per traced call: the programs' run time when bpf stats are on, else what a call costs
     // in all as measured at start-up.
     let per_call = cost.per_call_ns.or_else(|| {
@@ -153,7 +183,7 @@ fn header(app: &App, width: u16) -> Paragraph<'static> {
         .iter()
         .map(|f| format!("{} {}", fmt_ns(f.p50_ns as f64), f.backend))
         .collect();
-    let mut second = vec![Span::raw(format!(
+    let mut line = vec![Span::raw(format!(
         "probes {} | floor {} | {} per traced call | lost {dropped} (<= {}) | missed {misses}",
         backends.join(" "),
         if floors.is_empty() {
@@ -167,7 +197,7 @@ fn header(app: &App, width: u16) -> Paragraph<'static> {
             .unwrap_or_else(|| "-".into()),
     ))];
     if !h.calibration.is_empty() {
-        second.insert(
+        line.insert(
             0,
             Span::styled(
                 format!("NOT CALIBRATED: {} | ", h.calibration.join("; ")),
@@ -175,24 +205,7 @@ fn header(app: &App, width: u16) -> Paragraph<'static> {
             ),
         );
     }
-    let lines = vec![
-        Line::from(vec![
-            Span::styled("memcg-trace ", Style::new().add_modifier(Modifier::BOLD)),
-            Span::raw(format!(
-                "{} ({}) | {source} | {elapsed:.0}s | {mode}{state}",
-                h.kernel, h.preemption
-            )),
-        ]),
-        Line::from(second),
-        // The share first, each probe's only where there is room: the workload's own text
-        // (its command and cgroup) can take the lines that are left.
-        Line::from(match (&app.workload, app.workload_cpu_line(width >= 120)) {
-            (Some(w), Some(cpu)) => format!("{cpu} | {w}"),
-            (Some(w), None) => w.clone(),
-            (None, _) => "workload: none (system-wide)".into(),
-        }),
-    ];
-    Paragraph::new(lines).wrap(Wrap { trim: true })
+    line
 }
 
 fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
@@ -208,50 +221,66 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
     if wide {
         head.push("self%");
     }
-    let body: Vec<TRow> = rows
-        .iter()
-        .map(|r| {
-            let mut cells = vec![
-                Cell::from(r.probe.clone()),
-                Cell::from(r.context),
-                Cell::from(r.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
-                Cell::from(opt_ns(r.p50)),
-                Cell::from(low(r, opt_ns(r.p99))),
-            ];
-            if wide {
-                cells.push(Cell::from(low(r, opt_ns(r.p999))));
-                cells.push(Cell::from(low(r, opt_ns(r.max))));
-                cells.push(Cell::from(low(
-                    r,
-                    r.mean.map(fmt_ns).unwrap_or_else(|| "-".into()),
-                )));
-            }
-            cells.push(Cell::from(
-                r.cpu
-                    .map(|c| {
-                        let at = if r.cpu_at_most { "<=" } else { "" };
-                        format!("{at}{:.2}", c * 100.0)
-                    })
-                    .unwrap_or_else(|| "-".into()),
-            ));
-            if wide {
-                cells.push(Cell::from(
-                    r.self_cpu
-                        .map(|c| {
-                            let at = if r.self_at_most { "<=" } else { "" };
-                            format!("{at}{:.2}", c * 100.0)
-                        })
-                        .unwrap_or_else(|| "-".into()),
-                ));
-            }
-            let style = if r.context == "workload" {
-                Style::new().fg(Color::Cyan)
-            } else {
-                Style::new()
-            };
-            TRow::new(cells).style(style)
-        })
-        .collect();
+    let body: Vec<TRow> = rows.iter().map(|r| table_row(r, wide)).collect();
+    let widths = table_widths(wide);
+    let title = if rows.is_empty() {
+        " waiting for the first tick "
+    } else {
+        " charging path "
+    };
+    let table = Table::new(body, widths)
+        .header(TRow::new(head).style(Style::new().add_modifier(Modifier::BOLD)))
+        .block(Block::bordered().title(title))
+        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
+    let mut state = TableState::default().with_selected((!rows.is_empty()).then_some(app.selected));
+    f.render_stateful_widget(table, area, &mut state);
+}
+
+/// A row of the table (`wide`: with p99.9, max, mean and self%), the workload's in cyan.
+fn table_row(r: &Row, wide: bool) -> TRow<'static> {
+    let mut cells = vec![
+        Cell::from(r.probe.clone()),
+        Cell::from(r.context),
+        Cell::from(r.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
+        Cell::from(opt_ns(r.p50)),
+        Cell::from(low(r, opt_ns(r.p99))),
+    ];
+    if wide {
+        cells.push(Cell::from(low(r, opt_ns(r.p999))));
+        cells.push(Cell::from(low(r, opt_ns(r.max))));
+        cells.push(Cell::from(low(
+            r,
+            r.mean.map(fmt_ns).unwrap_or_else(|| "-".into()),
+        )));
+    }
+    cells.push(Cell::from(
+        r.cpu
+            .map(|c| {
+                let at = if r.cpu_at_most { "<=" } else { "" };
+                format!("{at}{:.2}", c * 100.0)
+            })
+            .unwrap_or_else(|| "-".into()),
+    ));
+    if wide {
+        cells.push(Cell::from(
+            r.self_cpu
+                .map(|c| {
+                    let at = if r.self_at_most { "<=" } else { "" };
+                    format!("{at}{:.2}", c * 100.0)
+                })
+                .unwrap_or_else(|| "-".into()),
+        ));
+    }
+    let style = if r.context == "workload" {
+        Style::new().fg(Color::Cyan)
+    } else {
+        Style::new()
+    };
+    TRow::new(cells).style(style)
+}
+
+/// The widths of the table's columns (`wide`: as [`table_row`]).
+fn table_widths(wide: bool) -> Vec<Constraint> {
     let mut widths = vec![
         Constraint::Length(16),
         Constraint::Length(9),
@@ -270,17 +299,7 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
     if wide {
         widths.push(Constraint::Length(7));
     }
-    let title = if rows.is_empty() {
-        " waiting for the first tick "
-    } else {
-        " charging path "
-    };
-    let table = Table::new(body, widths)
-        .header(TRow::new(head).style(Style::new().add_modifier(Modifier::BOLD)))
-        .block(Block::bordered().title(title))
-        .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
-    let mut state = TableState::default().with_selected((!rows.is_empty()).then_some(app.selected));
-    f.render_stateful_widget(table, area, &mut state);
+    widths
 }
 
 /// A/B: per row, each figure in A and in B and the change (as `diff` prints it).
@@ -291,7 +310,6 @@ fn draw_ab_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
         head.extend(["p50 A", "B", "change"]);
     }
     head.extend(["p99 A", "B", "change"]);
-    let ns = |v: Option<u64>| v.map(|n| n as f64);
     // A's rows with B's beside them, then rows only B has (A's cells empty; not selectable).
     let only_b: Vec<&Row> = app
         .compare
@@ -307,50 +325,10 @@ fn draw_ab_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
                 .collect()
         })
         .unwrap_or_default();
-    let only_b_rows = only_b.iter().map(|b| {
-        let mut cells = vec![
-            Cell::from(b.probe.clone()),
-            Cell::from(b.context),
-            Cell::from("-"),
-            Cell::from(b.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
-            Cell::from("-"),
-        ];
-        let mut fig = |get: fn(&Row) -> Option<u64>| {
-            cells.extend([Cell::from("-"), Cell::from(opt_ns(get(b))), Cell::from("-")]);
-        };
-        if wide {
-            fig(|r| r.p50);
-        }
-        fig(|r| r.p99);
-        TRow::new(cells).style(Style::new().fg(Color::DarkGray))
-    });
     let body: Vec<TRow> = rows
         .iter()
-        .map(|a| {
-            let b = app.compare_row(a);
-            let mut cells = vec![
-                Cell::from(a.probe.clone()),
-                Cell::from(a.context),
-                Cell::from(a.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
-                Cell::from(
-                    b.and_then(|b| b.rate)
-                        .map(fmt_count)
-                        .unwrap_or_else(|| "-".into()),
-                ),
-                Cell::from(pct_change(a.rate, b.and_then(|b| b.rate))),
-            ];
-            let mut fig = |get: fn(&Row) -> Option<u64>| {
-                cells.push(Cell::from(opt_ns(get(a))));
-                cells.push(Cell::from(opt_ns(b.and_then(get))));
-                cells.push(Cell::from(pct_change(ns(get(a)), ns(b.and_then(get)))));
-            };
-            if wide {
-                fig(|r| r.p50);
-            }
-            fig(|r| r.p99);
-            TRow::new(cells)
-        })
-        .chain(only_b_rows)
+        .map(|a| ab_row(a, app.compare_row(a), wide))
+        .chain(only_b.iter().map(|b| only_b_row(b, wide)))
         .collect();
     let mut widths = vec![
         Constraint::Length(16),
@@ -372,6 +350,51 @@ fn draw_ab_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
         .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
     let mut state = TableState::default().with_selected((!rows.is_empty()).then_some(app.selected));
     f.render_stateful_widget(table, area, &mut state);
+}
+
+/// A row of the A/B table: A's figures, B's (`b`: its row, if B has it) and the change.
+fn ab_row(a: &Row, b: Option<&Row>, wide: bool) -> TRow<'static> {
+    let ns = |v: Option<u64>| v.map(|n| n as f64);
+    let mut cells = vec![
+        Cell::from(a.probe.clone()),
+        Cell::from(a.context),
+        Cell::from(a.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
+        Cell::from(
+            b.and_then(|b| b.rate)
+                .map(fmt_count)
+                .unwrap_or_else(|| "-".into()),
+        ),
+        Cell::from(pct_change(a.rate, b.and_then(|b| b.rate))),
+    ];
+    let mut fig = |get: fn(&Row) -> Option<u64>| {
+        cells.push(Cell::from(opt_ns(get(a))));
+        cells.push(Cell::from(opt_ns(b.and_then(get))));
+        cells.push(Cell::from(pct_change(ns(get(a)), ns(b.and_then(get)))));
+    };
+    if wide {
+        fig(|r| r.p50);
+    }
+    fig(|r| r.p99);
+    TRow::new(cells)
+}
+
+/// A row of the A/B table that only B has: A's cells and the changes empty, greyed.
+fn only_b_row(b: &Row, wide: bool) -> TRow<'static> {
+    let mut cells = vec![
+        Cell::from(b.probe.clone()),
+        Cell::from(b.context),
+        Cell::from("-"),
+        Cell::from(b.rate.map(fmt_count).unwrap_or_else(|| "-".into())),
+        Cell::from("-"),
+    ];
+    let mut fig = |get: fn(&Row) -> Option<u64>| {
+        cells.extend([Cell::from("-"), Cell::from(opt_ns(get(b))), Cell::from("-")]);
+    };
+    if wide {
+        fig(|r| r.p50);
+    }
+    fig(|r| r.p99);
+    TRow::new(cells).style(Style::new().fg(Color::DarkGray))
 }
 
 /// Buckets regrouped by power of two for display: (lower bound ns, calls).

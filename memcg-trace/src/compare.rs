@@ -99,8 +99,8 @@ pub fn welch(a: &Spread, b: &Spread) -> Option<Welch> {
 /// Not for latencies, whose percentiles fall on bucket values: equal runs there say nothing
 /// of the noise. Calls per workload operation repeat exactly where the workload does the same
 /// work each run (hackbench's kmem charges per message).
-fn counts_apart(unit: &str, a: &Spread, b: &Spread) -> Option<bool> {
-    (matches!(unit, "calls/s" | "calls/op")
+fn counts_apart(unit: Unit, a: &Spread, b: &Spread) -> Option<bool> {
+    (matches!(unit, Unit::CallsPerS | Unit::CallsPerOp)
         && a.n >= 2
         && b.n >= 2
         && a.sd == 0.0
@@ -195,8 +195,39 @@ fn pct(l: &Latency, q: f64) -> Option<f64> {
         .map(|x| x.ns as f64)
 }
 
-/// One figure of one run: (name, unit, value).
-type RunFigure = (&'static str, &'static str, Option<f64>);
+/// The unit of a compared figure.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Unit {
+    Ns,
+    CallsPerS,
+    CallsPerOp,
+    S,
+}
+
+impl Unit {
+    /// As written in the comparison (`Figure::unit`).
+    fn as_str(self) -> &'static str {
+        match self {
+            Unit::Ns => "ns",
+            Unit::CallsPerS => "calls/s",
+            Unit::CallsPerOp => "calls/op",
+            Unit::S => "s",
+        }
+    }
+}
+
+/// One figure of one run.
+struct RunFigure {
+    name: &'static str,
+    unit: Unit,
+    value: Option<f64>,
+}
+
+impl RunFigure {
+    fn new(name: &'static str, unit: Unit, value: Option<f64>) -> Self {
+        RunFigure { name, unit, value }
+    }
+}
 
 /// The figures of one row of one run: `calls` with the workload's operations give calls/op,
 /// and with the mean latency the time per operation (every call at the timed calls' mean, as
@@ -211,12 +242,12 @@ fn row_figures(
     let per_op = calls.zip(ops).map(|(c, o)| c as f64 / o as f64);
     let mean = l.and_then(|l| l.mean_ns);
     vec![
-        ("calls/s", "calls/s", rate),
-        ("calls/op", "calls/op", per_op),
-        ("time/op", "ns", per_op.zip(mean).map(|(n, m)| n * m)),
-        ("p50", "ns", l.and_then(|l| pct(l, 0.5))),
-        ("p99", "ns", l.and_then(|l| pct(l, 0.99))),
-        ("mean", "ns", mean),
+        RunFigure::new("calls/s", Unit::CallsPerS, rate),
+        RunFigure::new("calls/op", Unit::CallsPerOp, per_op),
+        RunFigure::new("time/op", Unit::Ns, per_op.zip(mean).map(|(n, m)| n * m)),
+        RunFigure::new("p50", Unit::Ns, l.and_then(|l| pct(l, 0.5))),
+        RunFigure::new("p99", Unit::Ns, l.and_then(|l| pct(l, 0.99))),
+        RunFigure::new("mean", Unit::Ns, mean),
     ]
 }
 
@@ -249,7 +280,13 @@ pub fn compare(
             figures.extend(compared_row(a, b, name, "workload", &functions, &per_run));
         }
     }
-    let duration = |d: &Document| vec![("duration", "s", Some(d.meta.duration_ns as f64 / 1e9))];
+    let duration = |d: &Document| {
+        vec![RunFigure::new(
+            "duration",
+            Unit::S,
+            Some(d.meta.duration_ns as f64 / 1e9),
+        )]
+    };
     figures.extend(compared_row(a, b, "run", "-", &(None, None), &duration));
     adjust_for_the_tests_made(&mut figures, alpha);
     Comparison {
@@ -288,9 +325,9 @@ fn compared_row(
 ) -> Vec<Figure> {
     let mut figures = Vec::new();
     let names = per_run(&a[0]);
-    for (i, (name, unit, _)) in names.iter().enumerate() {
+    for (i, RunFigure { name, unit, .. }) in names.iter().enumerate() {
         let side = |docs: &[Document]| {
-            let v: Vec<f64> = docs.iter().filter_map(|d| per_run(d)[i].2).collect();
+            let v: Vec<f64> = docs.iter().filter_map(|d| per_run(d)[i].value).collect();
             Spread::of(&v)
         };
         let (sa, sb) = (side(a), side(b));
@@ -309,14 +346,14 @@ fn compared_row(
         let beyond_noise = w
             .as_ref()
             .map(|_| false)
-            .or_else(|| counts_apart(unit, sa.as_ref()?, sb.as_ref()?));
+            .or_else(|| counts_apart(*unit, sa.as_ref()?, sb.as_ref()?));
         figures.push(Figure {
             probe: probe.to_string(),
             context: context.to_string(),
             figure: name.to_string(),
             functions: functions.clone(),
             backends: backends.clone(),
-            unit: unit.to_string(),
+            unit: unit.as_str().to_string(),
             beyond_noise,
             a: sa,
             b: sb,
@@ -851,17 +888,17 @@ mod tests {
             Spread::of(&[0.0, 0.0, 0.0]).unwrap(),
         );
         assert_eq!(welch(&a, &b), None);
-        assert_eq!(counts_apart("calls/op", &a, &b), Some(true));
-        assert_eq!(counts_apart("calls/s", &a, &b), Some(true));
+        assert_eq!(counts_apart(Unit::CallsPerOp, &a, &b), Some(true));
+        assert_eq!(counts_apart(Unit::CallsPerS, &a, &b), Some(true));
         // Percentiles fall on bucket values: equal runs are no evidence of no noise.
-        assert_eq!(counts_apart("ns", &a, &b), None);
+        assert_eq!(counts_apart(Unit::Ns, &a, &b), None);
         // One run a side, or the same count both sides: nothing to call.
         let one = Spread::of(&[2.222]).unwrap();
-        assert_eq!(counts_apart("calls/op", &one, &b), None);
-        assert_eq!(counts_apart("calls/op", &a, &a), None);
+        assert_eq!(counts_apart(Unit::CallsPerOp, &one, &b), None);
+        assert_eq!(counts_apart(Unit::CallsPerOp, &a, &a), None);
         // Any spread: Welch decides.
         let noisy = Spread::of(&[2.0, 2.2, 2.4]).unwrap();
-        assert_eq!(counts_apart("calls/op", &noisy, &b), None);
+        assert_eq!(counts_apart(Unit::CallsPerOp, &noisy, &b), None);
     }
 
     #[test]

@@ -111,47 +111,117 @@ pub const CALLER_SERIES: usize = 10;
 /// At most this many series per breakdown, probe and context: a bounded label set.
 pub const LISTED_MAX: usize = 4 * CALLER_SERIES;
 
-/// The breakdowns of a probe's calls: the family's prefix, the label of its rows, the option
-/// that makes it, what a row is.
-const BREAKDOWNS: [(&str, &str, &str, &str); 2] = [
-    ("caller", "site", "--callers", "call site"),
-    ("memcg", "cgroup", "--by-memcg", "charged memcg"),
-];
+/// A breakdown of a probe's calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Breakdown {
+    /// By call site (`--callers`).
+    Callers,
+    /// By charged memcg (`--by-memcg`).
+    Memcgs,
+}
 
-/// A breakdown's rows of a probe: context, label value, calls, summed ns, in the recording's
-/// order (the costliest first).
-fn breakdown<'a>(
-    p: &'a crate::export::ProbeOut,
-    family: &str,
-) -> Vec<(&'a str, &'a str, u64, u64)> {
-    match family {
-        "caller" => p
-            .callers
-            .iter()
-            .map(|s| (s.context.as_str(), s.site.as_str(), s.calls, s.sum_ns))
-            .collect(),
-        _ => p
-            .memcgs
-            .iter()
-            .map(|m| (m.context.as_str(), m.cgroup.as_str(), m.calls, m.sum_ns))
-            .collect(),
+/// The breakdowns, in the exposition's order.
+const BREAKDOWNS: [Breakdown; 2] = [Breakdown::Callers, Breakdown::Memcgs];
+
+impl Breakdown {
+    /// Its families' prefix.
+    fn family(self) -> &'static str {
+        match self {
+            Breakdown::Callers => "caller",
+            Breakdown::Memcgs => "memcg",
+        }
+    }
+
+    /// The label of its rows.
+    fn label(self) -> &'static str {
+        match self {
+            Breakdown::Callers => "site",
+            Breakdown::Memcgs => "cgroup",
+        }
+    }
+
+    /// The option that makes it.
+    fn flag(self) -> &'static str {
+        match self {
+            Breakdown::Callers => "--callers",
+            Breakdown::Memcgs => "--by-memcg",
+        }
+    }
+
+    /// What a row is.
+    fn what(self) -> &'static str {
+        match self {
+            Breakdown::Callers => "call site",
+            Breakdown::Memcgs => "charged memcg",
+        }
+    }
+
+    /// A probe's rows, in the recording's order (the costliest first).
+    fn rows(self, p: &crate::export::ProbeOut) -> Vec<BreakdownRow<'_>> {
+        match self {
+            Breakdown::Callers => p
+                .callers
+                .iter()
+                .map(|s| BreakdownRow {
+                    context: &s.context,
+                    label: &s.site,
+                    calls: s.calls,
+                    sum_ns: s.sum_ns,
+                })
+                .collect(),
+            Breakdown::Memcgs => p
+                .memcgs
+                .iter()
+                .map(|m| BreakdownRow {
+                    context: &m.context,
+                    label: &m.cgroup,
+                    calls: m.calls,
+                    sum_ns: m.sum_ns,
+                })
+                .collect(),
+        }
+    }
+
+    /// The calls of a context's row that found no room in the kernel's map.
+    fn other(self, c: &crate::export::ContextOut) -> u64 {
+        match self {
+            Breakdown::Callers => c.callers_other,
+            Breakdown::Memcgs => c.memcgs_other,
+        }
     }
 }
 
+/// A row of a breakdown of a probe.
+struct BreakdownRow<'a> {
+    context: &'a str,
+    /// The label's value: the call site, the memcg's path.
+    label: &'a str,
+    calls: u64,
+    sum_ns: u64,
+}
+
+/// A context's rows of one label merged (see [`merged`]).
+struct Merged<'a> {
+    label: &'a str,
+    calls: u64,
+    sum_ns: u64,
+}
+
 /// The rows of one context, those with the same label (a memcg re-created at one path, two
-/// addresses named alike) merged into the first: label, calls, summed ns. None: no row.
-fn merged<'a>(
-    rows: &[(&str, &'a str, u64, u64)],
-    context: &str,
-) -> Option<Vec<(&'a str, u64, u64)>> {
-    let mut out: Vec<(&str, u64, u64)> = Vec::new();
-    for r in rows.iter().filter(|r| r.0 == context) {
-        match out.iter_mut().find(|m| m.0 == r.1) {
+/// addresses named alike) merged into the first. None: no row.
+fn merged<'a>(rows: &[BreakdownRow<'a>], context: &str) -> Option<Vec<Merged<'a>>> {
+    let mut out: Vec<Merged> = Vec::new();
+    for r in rows.iter().filter(|r| r.context == context) {
+        match out.iter_mut().find(|m| m.label == r.label) {
             Some(m) => {
-                m.1 += r.2;
-                m.2 += r.3;
+                m.calls += r.calls;
+                m.sum_ns += r.sum_ns;
             }
-            None => out.push((r.1, r.2, r.3)),
+            None => out.push(Merged {
+                label: r.label,
+                calls: r.calls,
+                sum_ns: r.sum_ns,
+            }),
         }
     }
     (!out.is_empty()).then_some(out)
@@ -165,29 +235,29 @@ fn merged<'a>(
 /// [`LISTED_MAX`]. What the series leave out is a gauge of its own (`*_unlisted_calls`).
 #[derive(Clone, Debug, Default)]
 pub struct Listed {
-    /// (family, probe, context, label value) -> (calls, summed ns).
-    rows: std::collections::BTreeMap<(&'static str, String, &'static str, String), (u64, u64)>,
+    /// (breakdown, probe, context, label value) -> (calls, summed ns).
+    rows: std::collections::BTreeMap<(Breakdown, String, &'static str, String), (u64, u64)>,
 }
 
 impl Listed {
     /// Takes in a newer recording: its top rows join, every series takes its figures (never
     /// lower than before: the breakdowns only grow).
     pub fn update(&mut self, d: &Document) {
-        for (family, ..) in BREAKDOWNS {
+        for breakdown in BREAKDOWNS {
             for p in &d.probes {
-                let rows = breakdown(p, family);
+                let rows = breakdown.rows(p);
                 for c in crate::export::CTX_ORDER {
                     let Some(v) = merged(&rows, c) else { continue };
                     let mut n = self
-                        .series(family, &p.name)
+                        .series(breakdown, &p.name)
                         .filter(|((x, _), _)| *x == c)
                         .count();
-                    for (i, (label, calls, sum_ns)) in v.into_iter().enumerate() {
-                        let key = (family, p.name.clone(), c, label.to_string());
+                    for (i, m) in v.into_iter().enumerate() {
+                        let key = (breakdown, p.name.clone(), c, m.label.to_string());
                         match self.rows.get_mut(&key) {
-                            Some(f) => *f = (f.0.max(calls), f.1.max(sum_ns)),
+                            Some(f) => *f = (f.0.max(m.calls), f.1.max(m.sum_ns)),
                             None if i < CALLER_SERIES && n < LISTED_MAX => {
-                                self.rows.insert(key, (calls, sum_ns));
+                                self.rows.insert(key, (m.calls, m.sum_ns));
                                 n += 1;
                             }
                             None => {}
@@ -199,20 +269,20 @@ impl Listed {
     }
 
     /// Whether a breakdown's row is a series.
-    fn has(&self, family: &'static str, probe: &str, context: &'static str, label: &str) -> bool {
+    fn has(&self, breakdown: Breakdown, probe: &str, context: &'static str, label: &str) -> bool {
         self.rows
-            .contains_key(&(family, probe.to_string(), context, label.to_string()))
+            .contains_key(&(breakdown, probe.to_string(), context, label.to_string()))
     }
 
     /// A breakdown's series of a probe: (context, label value) and (calls, summed ns).
     fn series<'a>(
         &'a self,
-        family: &'a str,
+        breakdown: Breakdown,
         probe: &'a str,
     ) -> impl Iterator<Item = ((&'a str, &'a str), &'a (u64, u64))> + 'a {
         self.rows
             .iter()
-            .filter(move |(k, _)| k.0 == family && k.1 == probe)
+            .filter(move |(k, _)| k.0 == breakdown && k.1 == probe)
             .map(|(k, v)| ((k.2, k.3.as_str()), v))
     }
 }
@@ -459,8 +529,14 @@ fn encode_breakdowns(
     listed: &Listed,
     backends: &[String],
 ) -> Encoded {
-    for (family, label, flag, what) in BREAKDOWNS {
-        if d.probes.iter().all(|p| breakdown(p, family).is_empty()) {
+    for breakdown in BREAKDOWNS {
+        let (family, label, flag, what) = (
+            breakdown.family(),
+            breakdown.label(),
+            breakdown.flag(),
+            breakdown.what(),
+        );
+        if d.probes.iter().all(|p| breakdown.rows(p).is_empty()) {
             continue;
         }
         for (suffix, help, unit, timed) in [
@@ -470,10 +546,10 @@ fn encode_breakdowns(
             let name = format!("{family}_{suffix}");
             let mut m = e.encode_descriptor(&name, &help, unit, MetricType::Counter)?;
             for (p, b) in d.probes.iter().zip(backends) {
-                if timed && p.backend.to_string() == "tracepoint" {
+                if timed && !p.backend.has_latency() {
                     continue;
                 }
-                for ((context, value), &(calls, sum_ns)) in listed.series(family, &p.name) {
+                for ((context, value), &(calls, sum_ns)) in listed.series(breakdown, &p.name) {
                     let labels = [
                         ("probe", p.name.as_str()),
                         ("context", context),
@@ -498,20 +574,17 @@ fn encode_breakdowns(
                     .contexts
                     .iter()
                     .filter(|x| x.context == c)
-                    .map(|x| match family {
-                        "caller" => x.callers_other,
-                        _ => x.memcgs_other,
-                    })
+                    .map(|x| breakdown.other(x))
                     .sum::<u64>();
-                let rows = merged(&breakdown(p, family), c).unwrap_or_default();
+                let rows = merged(&breakdown.rows(p), c).unwrap_or_default();
                 if rows.is_empty() && other == 0 {
                     continue;
                 }
                 let unlisted: u64 = other
                     + rows
                         .iter()
-                        .filter(|r| !listed.has(family, &p.name, c, r.0))
-                        .map(|r| r.1)
+                        .filter(|r| !listed.has(breakdown, &p.name, c, r.label))
+                        .map(|r| r.calls)
                         .sum::<u64>();
                 let labels = [
                     ("probe", p.name.as_str()),

@@ -847,16 +847,10 @@ impl Peer<'_> {
 
     /// Step 2: the runs again and killed, the call counts' agreement, and memcg-trace's cost
     /// against bpftrace's.
-    fn bpftrace_rows(
-        &self,
-        rows: &mut Vec<Row>,
-        ratio_json: &mut serde_json::Map<String, serde_json::Value>,
-    ) {
-        // Both tools trace the same functions on the same workload: their call counts must agree,
-        // or the rounds compare different work (bpftrace misses what its programs skip).
-        // A bpftrace killed after it would not leave printed no histogram (see peer.sh).
+    /// The rounds' boots run again and bpftrace runs killed, as reported rows; the killed runs'
+    /// lines (`round N: B`).
+    fn boot_rows(&self, rows: &mut Vec<Row>) -> String {
         let hangs = fs::read_to_string(self.dir.join("peer-hangs.txt")).unwrap_or_default();
-        let killed = |what: String| hangs.lines().any(|l| l == what);
         let retries = fs::read_to_string(self.dir.join("peer-retries.txt")).unwrap_or_default();
         rows.push(Row {
             figure:
@@ -884,6 +878,19 @@ impl Peer<'_> {
             target: "report".into(),
             verdict: "reported",
         });
+        hangs
+    }
+
+    fn bpftrace_rows(
+        &self,
+        rows: &mut Vec<Row>,
+        ratio_json: &mut serde_json::Map<String, serde_json::Value>,
+    ) {
+        let hangs = self.boot_rows(rows);
+        // Both tools trace the same functions on the same workload: their call counts must agree,
+        // or the rounds compare different work (bpftrace misses what its programs skip).
+        // A bpftrace killed after it would not leave printed no histogram (see peer.sh).
+        let killed = |what: String| hangs.lines().any(|l| l == what);
         let agree: Vec<f64> = self
             .rounds
             .iter()
@@ -1591,9 +1598,58 @@ fn run_parts(
     parts: &[Part],
     dirs: &PartDirs,
 ) -> Result<()> {
-    // A part not run this time is read from its last run's directory.
-    let fresh = |part: Part, dir: &Path| -> Result<bool> {
-        if parts.contains(&part) {
+    let run = PartRun {
+        bin,
+        size,
+        kernel,
+        own,
+        accel,
+        parts,
+        dirs,
+    };
+    run.host()?;
+    if size.guests_at_once {
+        // Fetched once here, not by both guests at once.
+        if parts.contains(&Part::Vm) || parts.contains(&Part::Peer) {
+            vm_kernel(kernel, own)?;
+        }
+        // Two guests at a time: the VM part's boot, then the loss part's, beside the peer
+        // part's.
+        std::thread::scope(|s| {
+            let others = s.spawn(|| run.vm().and_then(|_| run.loss()));
+            let peer = run.peer();
+            let others = others
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the VM or loss part panicked")));
+            match (others, peer) {
+                (Err(o), Err(p)) => Err(anyhow::anyhow!("{o:#}; and {p:#}")),
+                (o, p) => o.and(p),
+            }
+        })?;
+    } else {
+        run.vm()?;
+        run.peer()?;
+        run.loss()?;
+    }
+    Ok(())
+}
+
+/// One bench run's parts (see [`run_parts`]).
+struct PartRun<'a> {
+    bin: &'a Path,
+    size: Size,
+    kernel: &'a str,
+    own: Option<&'a kernels::Kernel>,
+    accel: Accel,
+    parts: &'a [Part],
+    dirs: &'a PartDirs,
+}
+
+impl PartRun<'_> {
+    /// Whether `part` runs now (its directory `dir` emptied), or is read from its last run's
+    /// directory (an error where there is none).
+    fn fresh(&self, part: Part, dir: &Path) -> Result<bool> {
+        if self.parts.contains(&part) {
             let _ = fs::remove_dir_all(dir);
             fs::create_dir_all(dir)?;
             Ok(true)
@@ -1608,72 +1664,61 @@ fn run_parts(
                 format!("{part:?}").to_lowercase()
             )
         }
-    };
-    if fresh(Part::Host, &dirs.host)? {
-        eprintln!(
-            "bench: host, tracepoint backend ({} pairs of hackbench {})",
-            size.pairs, size.host_hackbench
-        );
-        host_run(bin, &dirs.host, size)?;
     }
-    let vm_part = || -> Result<()> {
-        if fresh(Part::Vm, &dirs.vm)? {
+
+    fn host(&self) -> Result<()> {
+        let size = self.size;
+        if self.fresh(Part::Host, &self.dirs.host)? {
             eprintln!(
-                "bench: VM {kernel}, fentry and kprobe ({} pairs of hackbench {})",
-                size.pairs, size.vm_hackbench
+                "bench: host, tracepoint backend ({} pairs of hackbench {})",
+                size.pairs, size.host_hackbench
             );
-            vm_run(bin, &dirs.vm, size, &vm_kernel(kernel, own)?, accel)?;
+            host_run(self.bin, &self.dirs.host, size)?;
         }
         Ok(())
-    };
-    let peer_part = || -> Result<()> {
-        if fresh(Part::Peer, &dirs.peer)? {
+    }
+
+    fn vm(&self) -> Result<()> {
+        let size = self.size;
+        if self.fresh(Part::Vm, &self.dirs.vm)? {
             eprintln!(
-                "bench: VM {kernel}, {} rounds of hackbench {} untraced / bpftrace / memcg-trace fentry / kprobe",
-                size.rounds, size.peer_hackbench
+                "bench: VM {}, fentry and kprobe ({} pairs of hackbench {})",
+                self.kernel, size.pairs, size.vm_hackbench
             );
-            peer_run(bin, &dirs.peer, size, &vm_kernel(kernel, own)?, accel)?;
+            let kernel = vm_kernel(self.kernel, self.own)?;
+            vm_run(self.bin, &self.dirs.vm, size, &kernel, self.accel)?;
         }
         Ok(())
-    };
-    let loss_part = || -> Result<()> {
+    }
+
+    fn peer(&self) -> Result<()> {
+        let size = self.size;
+        if self.fresh(Part::Peer, &self.dirs.peer)? {
+            eprintln!(
+                "bench: VM {}, {} rounds of hackbench {} untraced / bpftrace / memcg-trace fentry / kprobe",
+                self.kernel, size.rounds, size.peer_hackbench
+            );
+            let kernel = vm_kernel(self.kernel, self.own)?;
+            peer_run(self.bin, &self.dirs.peer, size, &kernel, self.accel)?;
+        }
+        Ok(())
+    }
+
+    fn loss(&self) -> Result<()> {
+        let size = self.size;
         // The loss part is optional (it boots every kernel): not run and never run, no rows.
-        if !parts.contains(&Part::Loss) && !dirs.loss.exists() {
-            fs::create_dir_all(&dirs.loss)?;
+        if !self.parts.contains(&Part::Loss) && !self.dirs.loss.exists() {
+            fs::create_dir_all(&self.dirs.loss)?;
         }
-        if fresh(Part::Loss, &dirs.loss)? {
+        if self.fresh(Part::Loss, &self.dirs.loss)? {
             eprintln!(
                 "bench: calls lost with auto on kernels {} (hackbench {})",
                 size.loss_kernels, size.vm_hackbench
             );
-            loss_run(bin, &dirs.loss, size, accel)?;
+            loss_run(self.bin, &self.dirs.loss, size, self.accel)?;
         }
         Ok(())
-    };
-    if size.guests_at_once {
-        // Fetched once here, not by both guests at once.
-        if parts.contains(&Part::Vm) || parts.contains(&Part::Peer) {
-            vm_kernel(kernel, own)?;
-        }
-        // Two guests at a time: the VM part's boot, then the loss part's, beside the peer
-        // part's.
-        std::thread::scope(|s| {
-            let others = s.spawn(|| vm_part().and_then(|_| loss_part()));
-            let peer = peer_part();
-            let others = others
-                .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the VM or loss part panicked")));
-            match (others, peer) {
-                (Err(o), Err(p)) => Err(anyhow::anyhow!("{o:#}; and {p:#}")),
-                (o, p) => o.and(p),
-            }
-        })?;
-    } else {
-        vm_part()?;
-        peer_part()?;
-        loss_part()?;
     }
-    Ok(())
 }
 
 /// Runs the bench on the host and in a VM on `kernel` (Debian's, by name; or `own`, a kernel

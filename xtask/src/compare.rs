@@ -120,31 +120,7 @@ pub fn ab_runs(
                     r.tail(40)
                 );
             }
-            let cmdline = fs::read_to_string(r.out_dir.join("cmdline"))?;
-            let others: Vec<&str> = sides
-                .iter()
-                .flat_map(|(_, o)| o.spec.cmdline.split_whitespace())
-                .filter(|w| !k.spec.cmdline.split_whitespace().any(|x| x == *w))
-                .collect();
-            let words: Vec<&str> = cmdline.split_whitespace().collect();
-            if !k
-                .spec
-                .cmdline
-                .split_whitespace()
-                .all(|w| words.contains(&w))
-                || others.iter().any(|w| words.contains(w))
-            {
-                bail!("{side} run {i} booted with the wrong command line: {cmdline}");
-            }
-            let release = fs::read_to_string(r.out_dir.join("release"))?;
-            // An image whose release could not be read is named `own`.
-            if k.release != "own" && release.trim() != k.release {
-                bail!(
-                    "{side} run {i} booted {} instead of {}",
-                    release.trim(),
-                    k.release
-                );
-            }
+            check_booted(&r.out_dir, &sides, k, side, i)?;
             let dst = out.join(format!("{side}-{i}.json"));
             fs::copy(r.out_dir.join("run.json"), &dst)?;
             if n == 0 {
@@ -155,4 +131,42 @@ pub fn ab_runs(
         }
     }
     Ok(runs_out)
+}
+
+/// That boot `i` of `side` (kernel `k`, one of `sides`), whose guest wrote its command line
+/// and release to `out_dir`, booted `k` with its command line: every word of it, and none of
+/// the other side's own words.
+fn check_booted(
+    out_dir: &Path,
+    sides: &[(&str, &Kernel); 2],
+    k: &Kernel,
+    side: &str,
+    i: usize,
+) -> Result<()> {
+    let cmdline = fs::read_to_string(out_dir.join("cmdline"))?;
+    let others: Vec<&str> = sides
+        .iter()
+        .flat_map(|(_, o)| o.spec.cmdline.split_whitespace())
+        .filter(|w| !k.spec.cmdline.split_whitespace().any(|x| x == *w))
+        .collect();
+    let words: Vec<&str> = cmdline.split_whitespace().collect();
+    if !k
+        .spec
+        .cmdline
+        .split_whitespace()
+        .all(|w| words.contains(&w))
+        || others.iter().any(|w| words.contains(w))
+    {
+        bail!("{side} run {i} booted with the wrong command line: {cmdline}");
+    }
+    let release = fs::read_to_string(out_dir.join("release"))?;
+    // An image whose release could not be read is named `own`.
+    if k.release != "own" && release.trim() != k.release {
+        bail!(
+            "{side} run {i} booted {} instead of {}",
+            release.trim(),
+            k.release
+        );
+    }
+    Ok(())
 }

@@ -527,18 +527,9 @@ fn qemu_program(arch: Arch) -> Result<&'static str> {
     Ok(qemu)
 }
 
-/// The command running `qemu` to boot `kernel` with initramfs `cpio` as `spec` says: `/out`
-/// comes back in `data`; with injected NMIs, QMP listens on `qmp`.
-fn qemu_command(
-    qemu: &str,
-    kernel: &Kernel,
-    spec: &VmSpec,
-    cpio: &Path,
-    data: &Path,
-    qmp: &Path,
-) -> Result<Command> {
-    let arch = kernel.spec.arch;
-    let mut cmd = Command::new(qemu);
+/// The accelerator and CPU model of `cmd`, a `qemu` booting `spec` on `arch`: TCG (with the
+/// instruction-counted clock where asked for), or KVM where it runs the guest's architecture.
+fn accelerate(cmd: &mut Command, qemu: &str, spec: &VmSpec, arch: Arch) -> Result<()> {
     match (spec.accel, arch) {
         (Accel::Tcg, _) => {
             let cpu = match arch {
@@ -566,6 +557,22 @@ fn qemu_command(
             cmd.args(["-accel", "tcg,thread=single", "-cpu", ARM64_CPU]);
         }
     }
+    Ok(())
+}
+
+/// The command running `qemu` to boot `kernel` with initramfs `cpio` as `spec` says: `/out`
+/// comes back in `data`; with injected NMIs, QMP listens on `qmp`.
+fn qemu_command(
+    qemu: &str,
+    kernel: &Kernel,
+    spec: &VmSpec,
+    cpio: &Path,
+    data: &Path,
+    qmp: &Path,
+) -> Result<Command> {
+    let arch = kernel.spec.arch;
+    let mut cmd = Command::new(qemu);
+    accelerate(&mut cmd, qemu, spec, arch)?;
 
     // arm64: QEMU's generic board; its one UART is the console, and /out comes back over a
     // virtio console (the board has no second UART).

@@ -3,6 +3,92 @@
 
 use super::*;
 
+/// What sets a kernel of the matrix apart: facts of Debian's build that the checks depend on,
+/// and the scenarios run on it besides the common recordings (each where it shows what it
+/// tests; the comments in `vm_matrix` say why).
+#[derive(Clone, Copy, Default)]
+struct Quirks {
+    /// Before 5.19: the legacy object; no per-CPU section in its BTF (the no-split run).
+    legacy: bool,
+    /// Before 5.16: the kernel counts no verified instructions (`check_verified`).
+    no_verified_insns: bool,
+    /// The build preempts (6.18 and 7.3 on both architectures, the RT builds): `auto` takes
+    /// kprobe there, fentry elsewhere.
+    preemptible: bool,
+    /// A PREEMPT_RT build: softirqs counted in the task (the loopback TCP scenario).
+    rt: bool,
+    /// `charge` resolves to the slab hook, which is `slab_post_alloc` too (7.x).
+    charge_is_slab_hook: bool,
+    /// Scenarios: the workload beside another charger, and moved below its own cgroup.
+    moved: bool,
+    /// Scenario: every probe (`--all`), no function traced twice.
+    all: bool,
+    /// Scenario: the dynamic preemption model changed while the programs run.
+    repreempt: bool,
+    /// Scenario: charges inside a BPF map update system call (kprobe runs skipped).
+    skips: bool,
+    /// Scenario: the switch witness proving a kprobe's deferred pairs (before 6.7, preemptible).
+    witness: bool,
+    /// Scenario: kallsyms' addresses hidden on arm64 (no per-CPU offset).
+    hidden_percpu: bool,
+}
+
+/// The quirks of kernel `short` (see [`Quirks`]).
+fn quirks(short: &str) -> Quirks {
+    let none = Quirks::default();
+    match short {
+        "5.10" => Quirks {
+            legacy: true,
+            no_verified_insns: true,
+            moved: true,
+            ..none
+        },
+        "6.1" => Quirks {
+            skips: true,
+            ..none
+        },
+        "6.12" => Quirks {
+            moved: true,
+            all: true,
+            skips: true,
+            ..none
+        },
+        "6.18" => Quirks {
+            preemptible: true,
+            ..none
+        },
+        "7.3" => Quirks {
+            preemptible: true,
+            charge_is_slab_hook: true,
+            moved: true,
+            all: true,
+            repreempt: true,
+            ..none
+        },
+        "6.1-rt" => Quirks {
+            preemptible: true,
+            rt: true,
+            witness: true,
+            ..none
+        },
+        "6.12-rt" => Quirks {
+            preemptible: true,
+            rt: true,
+            ..none
+        },
+        "arm64-6.12" => Quirks {
+            hidden_percpu: true,
+            ..none
+        },
+        "arm64-7.3" => Quirks {
+            preemptible: true,
+            charge_is_slab_hook: true,
+            ..none
+        },
+        other => panic!("kernel {other}: no quirks listed for it in the matrix"),
+    }
+}
+
 fn vm_matrix(short: &str) {
     let name = format!("vm_matrix_{}", short.replace(['.', '-'], "_"));
     let vm_name = name.as_str();
@@ -22,7 +108,8 @@ fn vm_matrix(short: &str) {
     let accel = accel();
     let spec = kernels::select(short).expect("known kernel")[0];
     let kernel = kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}"));
-    let legacy = short == "5.10";
+    let quirks = quirks(short);
+    let legacy = quirks.legacy;
     let arch = spec.arch;
     let arm64 = arch == kernels::Arch::Arm64;
     let mut script = xtask::record_script("auto fentry kprobe", "-g 2 -l 100", true);
@@ -52,7 +139,7 @@ fn vm_matrix(short: &str) {
     // and container runtimes do): its CPU time stays in its cgroup's cpu.stat, so its calls
     // must stay the workload's. 5.10 runs the legacy object, which reads the cgroup's
     // `ancestor_ids[]` itself (its kernel refuses the ancestor helper to tracing programs).
-    let moved = matches!(short, "5.10" | "6.12" | "7.3");
+    let moved = quirks.moved;
     // The workload beside another charger: a hackbench pair (one sender, one receiver) in a
     // memcg of its own (the root cgroup's tasks charge nothing) that outlasts the recording,
     // two levels down (`other/leaf`: deeper than the workload's cgroup, so the test of a task
@@ -79,7 +166,7 @@ fn vm_matrix(short: &str) {
     // Every probe (`--all`): no function traced twice. On 7.3 `charge` resolves to the slab
     // hook, which is `slab_post_alloc` too: that one is refused, saying where its calls are.
     // (6.12 for a kernel where all are distinct.)
-    let all = matches!(short, "6.12" | "7.3");
+    let all = quirks.all;
     if all {
         script.push_str(
             "memcg-trace record --all -q -o /out/all.json -- hackbench -g 1 -l 10 >/out/all.txt 2>&1 || { cat /out/all.txt; exit 1; }\n",
@@ -87,7 +174,7 @@ fn vm_matrix(short: &str) {
     }
     // A dynamic kernel's preemption model changed while the programs run, and changed back
     // before the end: the recording says it, and keeps the model they were set for.
-    if short == "7.3" {
+    if quirks.repreempt {
         script.push_str(
             "memcg-trace record -q -p stat --tick 100ms -o /out/repreempt.json -- sh -c 'echo full >/sys/kernel/debug/sched/preempt && hackbench -g 1 -l 10 && sleep 0.5; echo lazy >/sys/kernel/debug/sched/preempt' >/out/repreempt.txt 2>&1 || { cat /out/repreempt.txt; exit 1; }\n",
         );
@@ -102,7 +189,7 @@ fn vm_matrix(short: &str) {
     // its programs counted); from 6.7 as the programs' misses. The workload makes an LPM trie
     // (its nodes are allocated and charged to the map's memcg, the workload's, at each new
     // key) and inserts UPDATES keys in one bpftool process.
-    let skips = matches!(short, "6.1" | "6.12");
+    let skips = quirks.skips;
     if skips {
         script.push_str(&format!(
             "i=0; : >/tmp/updates\n\
@@ -116,7 +203,7 @@ fn vm_matrix(short: &str) {
     // memory in NET_RX, which the sending task serves as it re-enables bottom halves; bpftrace,
     // beside the recording, counts the stat function's calls by that task field (the kernel's
     // own `in_serving_softirq()` there).
-    let rt = short.ends_with("-rt");
+    let rt = quirks.rt;
     if rt {
         script.push_str(RT_SOCKETS);
     }
@@ -132,7 +219,7 @@ fn vm_matrix(short: &str) {
     // once the bpftool loop has, and the loop makes at least one round and stops only after
     // hackbench ended (a loop that tested first, starved on CPU 0 by a busy loop and
     // hackbench, once made no round at all).
-    let witness = short == "6.1-rt";
+    let witness = quirks.witness;
     if witness {
         script.push_str(&format!("i=0; : >/tmp/updates\n\
              while [ $i -lt {UPDATES} ]; do echo \"map update pinned /sys/fs/bpf/mt_trie key 32 0 0 0 10 $((i / 256)) $((i % 256)) 0 value 0 0 0 0 0 0 0 0\" >>/tmp/updates; i=$((i + 1)); done\n\
@@ -144,7 +231,7 @@ fn vm_matrix(short: &str) {
              rm -f /sys/fs/bpf/mt_trie\n"
         ));
     }
-    if short == "arm64-6.12" {
+    if quirks.hidden_percpu {
         // kallsyms' addresses hidden from root too: arm64's per-CPU offset (from
         // __per_cpu_start) is then unknown, and the recording must say how fentry's interrupt
         // pairs are decided instead.
@@ -239,7 +326,7 @@ fn vm_matrix(short: &str) {
     if arm64 {
         check_arm64(&r, &selftest);
     }
-    if short == "arm64-6.12" {
+    if quirks.hidden_percpu {
         let doc = load_recording(&r.out_dir.join("hidden.json"));
         let summary = fs::read_to_string(r.out_dir.join("hidden.txt")).expect("summary");
         check_invariants(&doc, &summary);
@@ -270,7 +357,7 @@ fn vm_matrix(short: &str) {
             n,
             "{short}: --all traces a function twice\n{summary}"
         );
-        if short == "7.3" {
+        if quirks.charge_is_slab_hook {
             assert_eq!(probe(&doc, "charge").target, "__memcg_slab_post_alloc_hook");
             let refused = doc
                 .not_attached
@@ -346,7 +433,7 @@ fn vm_matrix(short: &str) {
             .as_bytes(),
         );
     }
-    if short == "7.3" {
+    if quirks.repreempt {
         let doc = load_recording(&r.out_dir.join("repreempt.json"));
         let summary = fs::read_to_string(r.out_dir.join("repreempt.txt")).expect("summary");
         check_invariants(&doc, &summary);
@@ -450,7 +537,7 @@ fn vm_matrix(short: &str) {
     // auto: fentry where programs cannot be preempted, kprobe where they can.
     // (Debian's configs: 6.18 and 7.3 preemptible on both architectures, PREEMPT_LAZY on
     // arm64 7.3; 6.12 voluntary; the RT builds preemptible by definition.)
-    let preemptible = rt || matches!(short, "6.18" | "7.3" | "arm64-7.3");
+    let preemptible = quirks.preemptible;
     for run in ["auto", "fentry", "kprobe"] {
         let doc = load_recording(&r.out_dir.join(format!("{run}.json")));
         let summary = fs::read_to_string(r.out_dir.join(format!("{run}.txt"))).expect("summary");
@@ -1035,7 +1122,7 @@ fn check_verified(out: &Path, short: &str) {
                 .any(|(n, _)| n.starts_with("fexit_") || n.starts_with("kretprobe_")),
             "{short}: no {backend} exit program among the loaded ones: {ours:?}"
         );
-        if short == "5.10" {
+        if quirks(short).no_verified_insns {
             continue;
         }
         assert!(

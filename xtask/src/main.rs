@@ -1077,85 +1077,111 @@ fn totals(
 /// its binary, unpacked, runs here: `--version` names the version and the commit, `probes`
 /// resolves on this kernel; the man page renders with `man -l`; SHA256SUMS checks.
 fn check_dist(d: &xtask::dist::Dist) -> Result<()> {
-    use xtask::dist::{deb_name, tarball_name, GLIBC_FLOOR, VERSION};
-    let out = |cmd: &mut Command| -> Result<String> {
-        let o = cmd.output().with_context(|| format!("{cmd:?}"))?;
-        if !o.status.success() {
-            bail!("{cmd:?}: {}", String::from_utf8_lossy(&o.stderr).trim());
-        }
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    };
-    out(Command::new("sha256sum")
-        .current_dir(&d.dir)
-        .args(["-c", "SHA256SUMS"]))?;
+    output(
+        Command::new("sha256sum")
+            .current_dir(&d.dir)
+            .args(["-c", "SHA256SUMS"]),
+    )?;
     for arch in [Arch::X86_64, Arch::Arm64] {
-        let list = out(Command::new("tar")
+        check_packed(d, arch)?;
+    }
+    check_installed(d)?;
+    eprintln!("dist: {} checked", d.dir.display());
+    Ok(())
+}
+
+/// The standard output of `cmd`, which must succeed (its standard error in the error).
+fn output(cmd: &mut Command) -> Result<String> {
+    let o = cmd.output().with_context(|| format!("{cmd:?}"))?;
+    if !o.status.success() {
+        bail!("{cmd:?}: {}", String::from_utf8_lossy(&o.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// The tarball and the Debian package of `arch` hold the files they must, and the package
+/// depends on the C library it was built against at least.
+fn check_packed(d: &xtask::dist::Dist, arch: Arch) -> Result<()> {
+    use xtask::dist::{deb_name, tarball_name, GLIBC_FLOOR};
+    let list = output(
+        Command::new("tar")
             .arg("-tzf")
-            .arg(d.dir.join(tarball_name(arch))))?;
-        for want in [
-            "/bin/memcg-trace",
-            "/share/man/man1/memcg-trace.1",
-            "/share/man/man1/memcg-trace-record.1",
-            "/share/bash-completion/completions/memcg-trace",
-            "/share/zsh/site-functions/_memcg-trace",
-            "/share/fish/vendor_completions.d/memcg-trace.fish",
-            "/contrib/memcg-trace.service",
-            "/LICENSE-MIT",
-            "/LICENSE-APACHE",
-            "/LICENSE-GPL-2.0",
-            "/contrib/prometheus/memcg-trace.rules.yml",
-        ] {
-            if !list.lines().any(|l| l.ends_with(want)) {
-                bail!("{} lacks {want}:\n{list}", tarball_name(arch));
-            }
-        }
-        let deb = d.dir.join(deb_name(arch));
-        let contents = out(Command::new("dpkg-deb").arg("--contents").arg(&deb))?;
-        for want in [
-            "./usr/bin/memcg-trace",
-            "./usr/share/man/man1/memcg-trace.1.gz",
-            "./usr/share/bash-completion/completions/memcg-trace",
-            "./lib/systemd/system/memcg-trace.service",
-            "./usr/share/doc/memcg-trace/copyright",
-        ] {
-            if !contents.lines().any(|l| l.ends_with(want)) {
-                bail!("{} lacks {want}:\n{contents}", deb_name(arch));
-            }
-        }
-        let depends = out(Command::new("dpkg-deb")
-            .args(["--field"])
-            .arg(&deb)
-            .arg("Depends"))?;
-        if depends.trim() != format!("libc6 (>= {GLIBC_FLOOR})") {
-            bail!("{}: Depends: {depends}", deb_name(arch));
+            .arg(d.dir.join(tarball_name(arch))),
+    )?;
+    for want in [
+        "/bin/memcg-trace",
+        "/share/man/man1/memcg-trace.1",
+        "/share/man/man1/memcg-trace-record.1",
+        "/share/bash-completion/completions/memcg-trace",
+        "/share/zsh/site-functions/_memcg-trace",
+        "/share/fish/vendor_completions.d/memcg-trace.fish",
+        "/contrib/memcg-trace.service",
+        "/LICENSE-MIT",
+        "/LICENSE-APACHE",
+        "/LICENSE-GPL-2.0",
+        "/contrib/prometheus/memcg-trace.rules.yml",
+    ] {
+        if !list.lines().any(|l| l.ends_with(want)) {
+            bail!("{} lacks {want}:\n{list}", tarball_name(arch));
         }
     }
-    // The x86_64 package's files, unpacked, as an installation would place them.
+    let deb = d.dir.join(deb_name(arch));
+    let contents = output(Command::new("dpkg-deb").arg("--contents").arg(&deb))?;
+    for want in [
+        "./usr/bin/memcg-trace",
+        "./usr/share/man/man1/memcg-trace.1.gz",
+        "./usr/share/bash-completion/completions/memcg-trace",
+        "./lib/systemd/system/memcg-trace.service",
+        "./usr/share/doc/memcg-trace/copyright",
+    ] {
+        if !contents.lines().any(|l| l.ends_with(want)) {
+            bail!("{} lacks {want}:\n{contents}", deb_name(arch));
+        }
+    }
+    let depends = output(
+        Command::new("dpkg-deb")
+            .args(["--field"])
+            .arg(&deb)
+            .arg("Depends"),
+    )?;
+    if depends.trim() != format!("libc6 (>= {GLIBC_FLOOR})") {
+        bail!("{}: Depends: {depends}", deb_name(arch));
+    }
+    Ok(())
+}
+
+/// The x86_64 package's files, unpacked as an installation would place them: the binary runs
+/// and says its version, the unit starts the server, the manual page reads.
+fn check_installed(d: &xtask::dist::Dist) -> Result<()> {
+    use xtask::dist::{deb_name, VERSION};
     let root = d.dir.join("unpacked");
     let _ = fs::remove_dir_all(&root);
-    out(Command::new("dpkg-deb")
-        .arg("-x")
-        .arg(d.dir.join(deb_name(Arch::X86_64)))
-        .arg(&root))?;
+    output(
+        Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(d.dir.join(deb_name(Arch::X86_64)))
+            .arg(&root),
+    )?;
     let bin = root.join("usr/bin/memcg-trace");
-    let version = out(Command::new(&bin).arg("--version"))?;
+    let version = output(Command::new(&bin).arg("--version"))?;
     if !version.contains(VERSION) || !version.contains("commit ") || !version.contains("legacy") {
         bail!("--version says {version:?}");
     }
-    out(Command::new(&bin).arg("probes"))?;
+    output(Command::new(&bin).arg("probes"))?;
     let unit = fs::read_to_string(root.join("lib/systemd/system/memcg-trace.service"))?;
     if !unit.contains("ExecStart=/usr/bin/memcg-trace serve") {
         bail!("the packaged unit: {unit}");
     }
-    let page = out(Command::new("man")
-        .args(["-l", "-P", "cat"])
-        .arg(root.join("usr/share/man/man1/memcg-trace-record.1.gz"))
-        .env("MANWIDTH", "80"))?;
+    let page = output(
+        Command::new("man")
+            .args(["-l", "-P", "cat"])
+            .arg(root.join("usr/share/man/man1/memcg-trace-record.1.gz"))
+            .env("MANWIDTH", "80"),
+    )?;
     if !page.contains("record") || !page.contains("--duration") {
         bail!("man -l memcg-trace-record.1: {page}");
     }
     fs::remove_dir_all(&root)?;
-    eprintln!("dist: {} checked", d.dir.display());
     Ok(())
 }
 

@@ -263,6 +263,41 @@ pub fn find_config(image: &Path, release: Option<&str>) -> Result<PathBuf> {
         })
 }
 
+/// The architecture of kernel image `image` (its bytes `bytes`, its config at `config` with text
+/// `text`): its header's and its config's, which must agree with each other and with `arch`,
+/// the one asked for (`--arch`), which decides where neither says.
+fn image_architecture(
+    image: &Path,
+    bytes: &[u8],
+    config: &Path,
+    text: &str,
+    arch: Option<Arch>,
+) -> Result<Arch> {
+    let found = match (image_arch(bytes), config_arch(text)) {
+        (Some(a), Some(c)) if a != c => bail!(
+            "--kernel-image {} is an {} image, its config {} is for {}",
+            image.display(),
+            a.gnu(),
+            config.display(),
+            c.gnu()
+        ),
+        (a, c) => a.or(c),
+    };
+    Ok(match (found, arch) {
+        (Some(a), Some(b)) if a != b => bail!(
+            "--kernel-image {} is an {} image, not {}",
+            image.display(),
+            a.gnu(),
+            b.gnu()
+        ),
+        (Some(a), _) | (None, Some(a)) => a,
+        (None, None) => bail!(
+            "cannot tell the architecture of {} (neither its header nor its config says): give --arch",
+            image.display()
+        ),
+    })
+}
+
 /// A kernel the user built, ready to boot: `image` (bzImage or vmlinuz; an arm64 Image), its
 /// `config` (found beside it if not given) and its architecture (from the image, else from the
 /// config; `arch`, where given, must agree). Refused, before anything boots, when its
@@ -287,29 +322,7 @@ pub fn own_kernel(
             config.display()
         );
     }
-    let found = match (image_arch(&bytes), config_arch(&text)) {
-        (Some(a), Some(c)) if a != c => bail!(
-            "--kernel-image {} is an {} image, its config {} is for {}",
-            image.display(),
-            a.gnu(),
-            config.display(),
-            c.gnu()
-        ),
-        (a, c) => a.or(c),
-    };
-    let arch = match (found, arch) {
-        (Some(a), Some(b)) if a != b => bail!(
-            "--kernel-image {} is an {} image, not {}",
-            image.display(),
-            a.gnu(),
-            b.gnu()
-        ),
-        (Some(a), _) | (None, Some(a)) => a,
-        (None, None) => bail!(
-            "cannot tell the architecture of {} (neither its header nor its config says): give --arch",
-            image.display()
-        ),
-    };
+    let arch = image_architecture(image, &bytes, &config, &text, arch)?;
     let missing = check_config(&text, arch);
     let refused: Vec<String> = missing
         .iter()

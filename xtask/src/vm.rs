@@ -617,8 +617,12 @@ fn qemu_command(
         .arg(cpio)
         .arg("-append")
         .arg(format!(
-            "console={console} rdinit=/init panic=-1 quiet {}",
-            kernel.spec.cmdline
+            "console={console} rdinit=/init panic=-1 quiet {}{}",
+            kernel.spec.cmdline,
+            // More kernel parameters, for experiments (xtask/jit-profile.py's `nokaslr`).
+            std::env::var("MEMCG_TRACE_KERNEL_APPEND")
+                .map(|a| format!(" {a}"))
+                .unwrap_or_default()
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -4,7 +4,7 @@
 # kernel's text symbols (the guest boots with nokaslr: the same addresses every boot) and its
 # clocksource, so that the functions the programs call can be followed.
 if [ "${HELPERS:-0}" = 1 ]; then
-  grep -i " t " /proc/kallsyms >/out/kernel-symbols.txt
+  grep -iE " (t|w) " /proc/kallsyms >/out/kernel-symbols.txt
   cat /sys/devices/system/clocksource/clocksource0/current_clocksource >/out/clocksource.txt
 fi
 memcg-trace record --attach "$ATTACH" $FLAGS -p "$PROBE" -q -o /out/profiled.json -- \

@@ -845,8 +845,6 @@ impl Peer<'_> {
             .collect()
     }
 
-    /// Step 2: the runs again and killed, the call counts' agreement, and memcg-trace's cost
-    /// against bpftrace's.
     /// The rounds' boots run again and bpftrace runs killed, as reported rows; the killed runs'
     /// lines (`round N: B`).
     fn boot_rows(&self, rows: &mut Vec<Row>) -> String {
@@ -881,6 +879,8 @@ impl Peer<'_> {
         hangs
     }
 
+    /// Step 2: the runs again and killed, the call counts' agreement, and memcg-trace's cost
+    /// against bpftrace's.
     fn bpftrace_rows(
         &self,
         rows: &mut Vec<Row>,

@@ -12,8 +12,8 @@ struct Quirks {
     legacy: bool,
     /// Before 5.16: the kernel counts no verified instructions (`check_verified`).
     no_verified_insns: bool,
-    /// The build preempts (6.18 and 7.3 on both architectures, the RT builds): `auto` takes
-    /// kprobe there, fentry elsewhere.
+    /// The build preempts (6.18, 7.3 and arm64 7.3, the RT builds): `auto` takes kprobe there,
+    /// fentry elsewhere.
     preemptible: bool,
     /// A PREEMPT_RT build: softirqs counted in the task (the loopback TCP scenario).
     rt: bool,
@@ -27,6 +27,8 @@ struct Quirks {
     repreempt: bool,
     /// Scenario: charges inside a BPF map update system call (kprobe runs skipped).
     skips: bool,
+    /// The kernel counts a kprobe program's skipped runs as its misses (6.7+).
+    kprobe_misses_counted: bool,
     /// Scenario: the switch witness proving a kprobe's deferred pairs (before 6.7, preemptible).
     witness: bool,
     /// Scenario: kallsyms' addresses hidden on arm64 (no per-CPU offset).
@@ -48,16 +50,19 @@ fn quirks(short: &str) -> Quirks {
             ..none
         },
         "6.12" => Quirks {
+            kprobe_misses_counted: true,
             moved: true,
             all: true,
             skips: true,
             ..none
         },
         "6.18" => Quirks {
+            kprobe_misses_counted: true,
             preemptible: true,
             ..none
         },
         "7.3" => Quirks {
+            kprobe_misses_counted: true,
             preemptible: true,
             charge_is_slab_hook: true,
             moved: true,
@@ -72,15 +77,18 @@ fn quirks(short: &str) -> Quirks {
             ..none
         },
         "6.12-rt" => Quirks {
+            kprobe_misses_counted: true,
             preemptible: true,
             rt: true,
             ..none
         },
         "arm64-6.12" => Quirks {
+            kprobe_misses_counted: true,
             hidden_percpu: true,
             ..none
         },
         "arm64-7.3" => Quirks {
+            kprobe_misses_counted: true,
             preemptible: true,
             charge_is_slab_hook: true,
             ..none
@@ -485,7 +493,7 @@ fn vm_matrix(short: &str) {
         );
         // From 6.7 the kernel counts them itself, as the programs' misses; before, only the
         // hits less the runs tell them.
-        let kernel_counts = short != "6.1";
+        let kernel_counts = quirks.kprobe_misses_counted;
         assert_eq!(
             p.recursion_misses >= UPDATES,
             kernel_counts,

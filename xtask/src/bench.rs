@@ -441,21 +441,12 @@ fn loss_run(bin: &Path, out: &Path, size: Size, accel: Accel) -> Result<()> {
         );
         let r = vm::run(
             &k,
-            &VmSpec {
-                name: format!("{}-loss", spec.short),
+            &VmSpec::plain(
+                format!("{}-loss", spec.short),
                 script,
-                bins: vec![bin.to_path_buf(), crate::hackbench()?],
+                vec![bin.to_path_buf(), crate::hackbench()?],
                 accel,
-                timeout: Duration::from_secs(900),
-                echo: false,
-                modules: Vec::new(),
-                mem_mb: 0,
-                cpus: 0,
-                icount: None,
-                packages: Vec::new(),
-                files: Vec::new(),
-                nmis: None,
-            },
+            ),
         )?;
         if !r.success {
             bail!(

@@ -8,7 +8,6 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    time::Duration,
 };
 
 use anyhow::{bail, Result};
@@ -91,26 +90,17 @@ pub fn ab_runs(
             );
             let r = vm::run(
                 k,
-                &VmSpec {
-                    name: format!(
+                &VmSpec::plain(
+                    format!(
                         "{}-{side}",
                         out.file_name()
                             .map(|n| n.to_string_lossy().into_owned())
                             .unwrap_or_else(|| "compare".into())
                     ),
-                    script: script.clone(),
-                    bins: bins.to_vec(),
+                    script.clone(),
+                    bins.to_vec(),
                     accel,
-                    timeout: Duration::from_secs(900),
-                    echo: false,
-                    modules: Vec::new(),
-                    mem_mb: 0,
-                    cpus: 0,
-                    icount: None,
-                    packages: Vec::new(),
-                    files: Vec::new(),
-                    nmis: None,
-                },
+                ),
             )?;
             if !r.success {
                 bail!(

@@ -552,21 +552,12 @@ fn demo_vm(
     eprintln!("demo: booting {whose} {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", k.release);
     let r = vm::run(
         k,
-        &VmSpec {
-            name: format!("{}-demo", spec.short),
-            script: record_script("fentry kprobe", hackbench, false),
-            bins: vec![guest_bin, xtask::hackbench()?],
+        &VmSpec::plain(
+            format!("{}-demo", spec.short),
+            record_script("fentry kprobe", hackbench, false),
+            vec![guest_bin, xtask::hackbench()?],
             accel,
-            timeout: Duration::from_secs(900),
-            echo: false,
-            modules: Vec::new(),
-            mem_mb: 0,
-            cpus: 0,
-            icount: None,
-            packages: Vec::new(),
-            files: Vec::new(),
-            nmis: None,
-        },
+        ),
     )?;
     if !r.success {
         bail!(

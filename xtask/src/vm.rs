@@ -74,6 +74,29 @@ pub struct VmSpec {
     pub nmis: Option<Duration>,
 }
 
+impl VmSpec {
+    /// A boot of `script` with `bins` under `accel`, otherwise as most boots are: 15 minutes at
+    /// most, console not echoed, no modules or packages or files, 1 GiB and 2 vCPUs, the host's
+    /// clock, no injected NMIs.
+    pub fn plain(name: String, script: String, bins: Vec<PathBuf>, accel: Accel) -> Self {
+        VmSpec {
+            name,
+            script,
+            bins,
+            accel,
+            timeout: Duration::from_secs(900),
+            echo: false,
+            modules: Vec::new(),
+            mem_mb: 0,
+            cpus: 0,
+            icount: None,
+            packages: Vec::new(),
+            files: Vec::new(),
+            nmis: None,
+        }
+    }
+}
+
 /// The outcome of one boot.
 #[derive(Debug)]
 pub struct VmResult {

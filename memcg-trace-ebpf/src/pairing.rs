@@ -3,6 +3,9 @@
 
 use crate::*;
 
+#[macro_use]
+mod steps;
+
 /// Hands a pair to userspace for confirmation; false when the ring buffer is full.
 #[inline(always)]
 pub(crate) fn defer(
@@ -186,30 +189,9 @@ pub(crate) fn pair_entry<E: Env>(
     if !env.plain() {
         stack(ctx);
     }
+    // An interrupt context's call: its context's own slot (the step ends the run).
     if ctx != CTX_TASK {
-        // One call in flight per interrupt context: what is left there is stale.
-        let Some(p) = set.calls.get_mut(irq_slot(ctx)) else {
-            return;
-        };
-        if p.key != 0 {
-            cs.stale += 1;
-        }
-        p.ctx = ctx as u16;
-        // fentry: the entry program's misses on this CPU now; an exit that finds them moved
-        // may be pairing with a stale entry (see pair_exit).
-        let (flags, misses) = match fentry.then(|| env.entry_misses(probe)).flatten() {
-            Some(m) => (PENDING_MISSES_KNOWN, m),
-            None => (0, 0),
-        };
-        let workload =
-            !env.plain() && config().workload_memcg != 0 && memcg_in_workload(probe, memcg);
-        p.flags = flags | if workload { PENDING_WORKLOAD } else { 0 };
-        p.misses = misses as u32;
-        set_origin(p, caller, memcg.id);
-        p.key = key;
-        nest_enter(env, p, NEST_IRQ, ctx, || env.task());
-        p.ts = env.now();
-        return;
+        enter_interrupt!(env, probe, key, ctx, fentry, caller, memcg, set, cs);
     }
     let task = env.task();
     // Threads that do interrupt work: task context by the kernel's definition, counted apart.
@@ -238,58 +220,8 @@ pub(crate) fn pair_entry<E: Env>(
             misses = m;
         }
     }
-    // A pending call at the same frame is stale: frames are unique among calls in flight. Else
-    // take a free slot, or evict the oldest call.
-    let mut free = TASK_SLOTS;
-    let mut oldest = 0;
-    let mut oldest_ts = u64::MAX;
-    // No slot taken: nothing stale, the first choice is free (the usual case); no search.
-    // `used` alone may read 0 with the first choice still taken: another CPU's exit that
-    // freed a call here clears its bit and only then looks whether the slot was taken again
-    // meanwhile (`vacate`), so its key is read too.
-    let hint = k.hint & (TASK_SLOTS - 1);
-    // SAFETY: aligned u64s in a map value.
-    let none_taken = unsafe {
-        core::ptr::read_volatile(&set.used) == 0
-            && core::ptr::read_volatile(&set.calls[hint].key) == 0
-    };
-    if none_taken {
-        free = hint;
-    }
-    // Stale entries and evictions leave the slot's bit set: it is taken again at once.
-    for j in 0..TASK_SLOTS {
-        if none_taken {
-            break;
-        }
-        let i = (k.hint + j) & (TASK_SLOTS - 1);
-        let p = &mut set.calls[i];
-        let k = p.key;
-        if k == key {
-            if claim(&mut p.key, k, 0) {
-                add(&mut cs.stale, 1, atomic);
-            }
-            free = i;
-            break;
-        }
-        if k == 0 {
-            if free == TASK_SLOTS {
-                free = i;
-            }
-        } else if p.ts < oldest_ts {
-            oldest = i;
-            oldest_ts = p.ts;
-        }
-    }
-    if free == TASK_SLOTS {
-        let p = &mut set.calls[oldest & (TASK_SLOTS - 1)];
-        let k = p.key;
-        let victim = p.task;
-        if k != 0 && claim(&mut p.key, k, 0) {
-            add(&mut cs.evicted, 1, atomic);
-            remember_evicted(set, k, victim);
-        }
-        free = oldest;
-    }
+    // A task's call: the slot it takes.
+    take_task_slot!(k, key, atomic, set, cs; free);
     let p = &mut set.calls[free & (TASK_SLOTS - 1)];
     // Written before the key: the slot is only found once its key is set.
     p.task = task;
@@ -436,17 +368,26 @@ pub(crate) const FOUND_EVICTED: u32 = 2;
 /// `defer_irq`: the exit program has a recursion guard of its own (fexit), so an interrupt pair
 /// is confirmed by userspace.
 ///
-/// In steps, each headed "Step N" below: (1) the exit's own interrupt slot; (2) else the task's
-/// slot, unless the task migrated since and its own entry waits on another CPU (the legacy
-/// object, which cannot look, counts such an exit ambiguous or an orphan and stops); (3) the
-/// slot read in place; (4) else every CPU's pending and then evicted calls (the legacy object:
-/// this CPU's evicted ones), or the exit is counted unpaired; (5) the pair counted (an fentry
-/// interrupt pair whose entry's CPU missed a run meanwhile counted ambiguous instead); (6) for
-/// a task call that left the CPU, its time off it and whether it is proven here or deferred;
-/// (7) timed here, or handed to userspace. One
-/// function, not seven: the steps share the search buffer and the slot copy on the program's
-/// small stack, and moving them into functions of their own changed the compiled programs
-/// (by -2% to +2% of their instructions, tried), which must stay the same for this change.
+/// In steps, each a macro of `steps.rs` named for what it does: (1) the exit's own interrupt
+/// slot; (2) else the task's slot, unless the task migrated since and its own entry waits on
+/// another CPU (the legacy object, which cannot look, counts such an exit ambiguous or an
+/// orphan and stops); (3) the slot read in place; (4) else every CPU's pending and then
+/// evicted calls (the legacy object: this CPU's evicted ones), or the exit is counted
+/// unpaired; (5) the pair counted (an fentry interrupt pair whose entry's CPU missed a run
+/// meanwhile counted ambiguous instead); (6) for a task call that left the CPU, its time off it
+/// and whether it is proven here or deferred; (7) timed here, or handed to userspace. Each
+/// step's arguments are the locals it reads, then after `;` those it sets.
+///
+/// What could write the call's slot between its claim and this run's end:
+/// - another CPU: only a migrated call's exit (`search_cpu`), which claims task slots holding
+///   its own key and task, never a freed slot or an interrupt slot;
+/// - this CPU, task context: another run only by preemption (`atomic`);
+/// - this CPU, an interrupt: its entry program writes the slot of its own context only (an
+///   interrupt context does not nest within itself; so NMIs must be classified as NMIs), and a
+///   kprobe's programs do not run at all while one runs (`bpf_prog_active`);
+/// - a traced function reached from this run: none, as long as nothing below allocates
+///   accounted memory (the hash maps are preallocated: a map without preallocation can charge
+///   its elements to a memcg, through `obj_cgroup_charge` on some kernels).
 #[inline(always)]
 pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     let key = k.frame;
@@ -459,18 +400,9 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     // Read on every path, so that the value reaching `switches` is always the task pointer.
     let task = env.task();
     // The call's slot is read in place after it is freed where nothing can take it before
-    // this run ends; where runs interleave (`atomic`: fentry on a preemptible kernel), from a
-    // copy made before it is freed (in `s.call`). What could write the slot meanwhile:
-    // - another CPU: only a migrated call's exit (`search_cpu`), which claims task slots
-    //   holding its own key and task, never a freed slot or an interrupt slot;
-    // - this CPU, task context: another run only by preemption (`atomic`);
-    // - this CPU, an interrupt: its entry program writes the slot of its own context only (an
-    //   interrupt context does not nest within itself; so NMIs must be classified as NMIs),
-    //   and a kprobe's programs do not run at all while one runs (`bpf_prog_active`);
-    // - a traced function reached from this run: none, as long as nothing below allocates
-    //   accounted memory (the hash maps are preallocated: a map without preallocation can
-    //   charge its elements to a memcg, through `obj_cgroup_charge` on some kernels).
-    // Its fields are written only where it is used: the copy (`call`), or a search.
+    // this run ends (see the doc above); where runs interleave (`atomic`: fentry on a
+    // preemptible kernel), from a copy made before it is freed (in `s.call`). Its fields are
+    // written only where it is used: the copy (`call`), or a search.
     let mut s = core::mem::MaybeUninit::<Search>::uninit();
     let sp = s.as_mut_ptr();
     // SAFETY: the address of a field of a local, not a read of it.
@@ -486,119 +418,20 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     // 6.x refuse to read (5.10 did, for this function).
     let mut own_ctx: u32 = CTX_NOT_READ;
 
-    // Step 1. Interrupt contexts first: their calls are the innermost. A slot holding this
-    // frame is this exit's only if it is the slot of the exit's own context: on x86_64
-    // hardirqs and the softirqs run at their end share the irq stack, so a hardirq entry whose
-    // exit was skipped can sit at the frame a later softirq call exits at (that entry is
-    // stale: the hardirq context's next entry counts it).
-    let mut irq_frame = false;
-    for ctx in [CTX_NMI, CTX_HARDIRQ, CTX_SOFTIRQ] {
-        if let Some(p) = set.calls.get(irq_slot(ctx)) {
-            irq_frame |= p.key == key;
-        }
-    }
-    if irq_frame {
-        let c = env.context();
-        own_ctx = c.unwrap_or(CTX_UNKNOWN);
-        if let Some(c) = c.filter(|&c| c != CTX_TASK) {
-            if let Some(p) = set.calls.get_mut(irq_slot(c)) {
-                if p.key == key {
-                    if atomic {
-                        // SAFETY: the copy buffer, a local.
-                        unsafe { copy.write(*p) };
-                    }
-                    p.key = 0;
-                    slot = irq_slot(c);
-                    found = true;
-                }
-            }
-        }
-    }
+    // Step 1. The exit's own interrupt slot.
+    find_interrupt_slot!(env, key, atomic, set, copy; own_ctx, slot, found);
 
-    // Step 2. The task slot holding this task and frame (where the task migrated since that
-    // entry, the legacy object ends the run here). The task's switch count now, where one does
-    // (`switches_read`).
+    // Step 2. The task slot holding this task and frame. The task's switch count now, where
+    // one was read (`switches_read`).
     let mut switches_now: u64 = 0;
     let mut switches_read = false;
     // Whether that count differs from the entry's (read with it; see Step 5).
     let mut moved = false;
     if !found {
-        // The task slot holding this task and frame (`TASK_SLOTS`: none).
-        let mut found_at = TASK_SLOTS;
-        for j in 0..TASK_SLOTS {
-            let i = (k.hint + j) & (TASK_SLOTS - 1);
-            let p = &set.calls[i];
-            if p.key == key && p.task == task {
-                found_at = i;
-                break;
-            }
-        }
-        // fentry searches from slot 0 (`Key::fentry`): each iteration's match would reach the
-        // rest of the function with its own constant index, every path explored once per slot.
-        let mut have = found_at < TASK_SLOTS;
-        let local = opaque_index(set, found_at) & (TASK_SLOTS - 1);
-        if have {
-            let p = &set.calls[local];
-            let sw = env.switches(task);
-            switches_now = sw;
-            switches_read = true;
-            moved = sw != p.switches;
-            // The task moved to another CPU since this entry: the entry may be stale (its
-            // call exited there, or its exit was lost) while this exit's own entry waits on
-            // the CPU the call began on. The newer entry there wins; with none, this is a
-            // call that left and came back.
-            if moved && env.migrations(task) != p.migrations {
-                let after = p.ts;
-                let workload = p.flags & PENDING_WORKLOAD != 0;
-                let mut own_elsewhere = false;
-                if !LEGACY {
-                    // SAFETY: the search's buffer, a local.
-                    own_elsewhere =
-                        unsafe { search_all(sp, probe, key, task, cpu as u64, after, 0) } != 0;
-                }
-                if own_elsewhere || LEGACY {
-                    // The key the match was made on: an interleaved run may have taken the
-                    // slot for another call since.
-                    let claimed = claim(&mut set.calls[local].key, key, 0);
-                    if claimed {
-                        vacate(set, local);
-                        if own_elsewhere {
-                            if let Some(c) = counters(cpu, probe, CTX_TASK) {
-                                add(&mut c.stale, 1, atomic);
-                            }
-                        }
-                    }
-                    if !own_elsewhere {
-                        // The legacy object cannot look: neither half is timed (counted where
-                        // the call's exit would have been).
-                        if let Some(c) = cell_of(cpu, probe, CTX_TASK, workload, env.plain()) {
-                            add(&mut c.counters.exits, 1, atomic);
-                            if claimed {
-                                add(&mut c.counters.ambiguous, 1, atomic);
-                            } else {
-                                add(&mut c.counters.orphans, 1, atomic);
-                            }
-                        }
-                        return;
-                    }
-                    found = true;
-                    migrated = true;
-                    have = false;
-                }
-            }
-        }
-        if have {
-            let p = &mut set.calls[local];
-            if atomic {
-                // SAFETY: the copy buffer, a local.
-                unsafe { copy.write(*p) };
-            }
-            if claim(&mut p.key, key, 0) {
-                vacate(set, local);
-                slot = local;
-                found = true;
-            }
-        }
+        find_task_slot!(
+            env, probe, cpu, k, key, task, atomic, set, sp, copy;
+            slot, found, migrated, switches_now, switches_read, moved
+        );
     }
 
     // Step 3. Found here, runs not interleaving: the slot read in place.
@@ -614,67 +447,7 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     // Step 4. Not pending here: a task call that migrated (found on another CPU), an evicted
     // call's exit, or an exit whose entry was lost (counted unpaired).
     if !found {
-        let read = if own_ctx == CTX_NOT_READ {
-            env.context()
-        } else if own_ctx == CTX_UNKNOWN {
-            None
-        } else {
-            Some(own_ctx)
-        };
-        let ctx = match read {
-            Some(c) => c,
-            None => {
-                if let Some(c) = counters(cpu, probe, CTX_TASK) {
-                    add(&mut c.no_context_exits, 1, atomic);
-                }
-                return;
-            }
-        };
-        // The call may have been pushed out of a full set (on this CPU, or on the one it began
-        // on): it is lost, counted once, as evicted.
-        let mut evicted = false;
-        if ctx == CTX_TASK && !LEGACY {
-            // The pending calls of every CPU, then (an exit of a call pending anywhere is that
-            // call's) the evicted ones.
-            for pass in 0..2u64 {
-                // SAFETY: the search's buffer, a local.
-                let found_as = unsafe { search_all(sp, probe, key, task, u64::MAX, 0, pass) };
-                if found_as == FOUND_PENDING {
-                    found = true;
-                    migrated = true;
-                    break;
-                }
-                if found_as == FOUND_EVICTED {
-                    evicted = true;
-                    break;
-                }
-            }
-        } else if ctx == CTX_TASK {
-            // The legacy object cannot look at other CPUs: this one's only.
-            evicted = take_evicted(set, key, task);
-        }
-        if evicted {
-            if let Some(c) = counters(cpu, probe, ctx) {
-                add(&mut c.exits, 1, atomic);
-                add(&mut c.evicted_exits, 1, atomic);
-            }
-            return;
-        }
-        if !found {
-            // An exit without its entry while the entry program is not attached is a call that
-            // began (or ends) outside the tracing window, not a lost one.
-            // SAFETY: pointer from a successful map lookup.
-            let open = WINDOW.get_ptr(probe).map(|w| unsafe { *w }) == Some(WINDOW_OPEN);
-            if let Some(c) = counters(cpu, probe, ctx) {
-                add(&mut c.exits, 1, atomic);
-                if open || env.testing() {
-                    add(&mut c.orphans, 1, atomic);
-                } else {
-                    add(&mut c.outside, 1, atomic);
-                }
-            }
-            return;
-        }
+        search_elsewhere!(env, probe, cpu, key, task, atomic, set, sp, own_ctx; found, migrated);
     }
 
     // Step 5. The pair, counted (an fentry interrupt pair whose entry's CPU missed a run
@@ -694,17 +467,18 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     };
     let cs = &mut c.counters;
     add(&mut cs.exits, 1, atomic);
-    // A task call that left the CPU: other tasks ran there meanwhile. Found in its own slot
-    // here with runs not interleaving, `call` is the slot Step 2 compared: its answer holds.
-    let switched = ctx == CTX_TASK
-        && (migrated
-            || if switches_read && !atomic {
-                moved
-            } else if switches_read {
-                switches_now != call.switches
-            } else {
-                env.switches(task) != call.switches
-            });
+    // A task call that left the CPU: other tasks ran there meanwhile.
+    let switched = left_the_cpu!(
+        env,
+        ctx,
+        call,
+        task,
+        atomic,
+        migrated,
+        switches_now,
+        switches_read,
+        moved
+    );
     // This CPU's nesting sums are set back whatever happens below; the call's duration is
     // added for the enclosing call only if the call is counted.
     let nested = nest_exit(env, call, !migrated);
@@ -727,130 +501,24 @@ pub(crate) fn pair_exit<E: Env>(env: &E, probe: u32, k: Key, defer_irq: bool) {
     }
     let mut deferred = false;
     if ctx != CTX_TASK && defer_irq {
-        // An fentry interrupt pair is a stale entry joined with another call's exit only if the
-        // entry program skipped that call's entry on this CPU in between, which moves its
-        // misses there. Unmoved: this is the call's own entry. Moved: not counted. Unknown:
-        // userspace decides (coarser).
-        match (call.flags & PENDING_MISSES_KNOWN != 0)
-            .then(|| env.entry_misses(probe))
-            .flatten()
-        {
-            Some(m) if m as u32 == call.misses => {}
-            Some(_) => {
-                add(&mut cs.ambiguous, 1, atomic);
-                return;
-            }
-            None => deferred = true,
-        }
+        check_interrupt_entry!(env, probe, call, atomic, cs; deferred);
     }
 
     // Step 6. A task call that left the CPU: its time off it, proven here or deferred.
     let mut off = 0;
     if ctx == CTX_TASK {
-        if switched {
-            flags |= DEFERRED_SWITCHED;
-            add(&mut cs.switched, 1, atomic);
-            if migrated {
-                flags |= DEFERRED_MIGRATED;
-                add(&mut cs.migrated, 1, atomic);
-                if !env.cross_cpu_clock() {
-                    flags |= DEFERRED_OFF_UNKNOWN;
-                }
-            }
-            if flags & DEFERRED_OFF_UNKNOWN == 0 {
-                match off_cpu(call.clock, env.clock(task), ns) {
-                    Some(o) => off = o,
-                    None => flags |= DEFERRED_OFF_UNKNOWN,
-                }
-            }
-            // `defer_irq`: the fexit program (whose runs can interleave where `preemptible`).
-            deferred = if defer_irq {
-                env.fentry_preemptible()
-            } else {
-                config().kprobe_defers != 0
-            };
-            // Proven here instead: an entry of this task skipped while the call was in flight
-            // was skipped on a CPU the task ran on. Never moved: only this one, whose count of
-            // the entry program's missed runs did not move either. (A migrated call's other
-            // CPUs are not known: deferred.)
-            if deferred
-                && !migrated
-                && call.flags & PENDING_MISSES_KNOWN != 0
-                && env.migrations(task) == call.migrations
-                && env.entry_misses(probe).map(|m| m as u32) == Some(call.misses)
-            {
-                deferred = false;
-                add(&mut cs.proven_on_cpu, 1, atomic);
-            }
-            if !deferred {
-                if flags & DEFERRED_OFF_UNKNOWN != 0 {
-                    add(&mut cs.off_cpu_unknown, 1, atomic);
-                } else {
-                    add(&mut cs.off_cpu_ns, off, atomic);
-                    raise(&mut cs.off_cpu_max_ns, off, atomic);
-                }
-            }
-        }
+        time_off_cpu!(
+            env, probe, task, atomic, defer_irq, call, cs, ns, migrated, switched;
+            flags, off, deferred
+        );
     }
 
     // Step 7. Timed here, or handed to userspace.
-    // Its enclosing call's time holds this one's, once it is counted here or handed to
-    // userspace (a deferred call's too: its pairing is rejected only when a stale entry joined
-    // another call's exit, both traced calls inside the enclosing one; userspace reports what
-    // such a call took from its enclosing call's self time). A pair lost on the way (the ring
-    // buffer full) takes nothing from it.
-    if !nested.enclosed {
-        flags |= DEFERRED_OUTERMOST;
-    }
-    // What its nested calls spent off the CPU: part of its own time off it (at most all of
-    // it), known where its self time and time off are.
-    let child_off = if child == u64::MAX || off == 0 {
-        0
-    } else {
-        nested.child_off.min(off)
-    };
-    if deferred {
-        if defer(
-            probe,
-            ctx,
-            call.ts,
-            now,
-            flags,
-            off,
-            call,
-            child,
-            child_calls,
-            child_off,
-        ) {
-            add(&mut cs.deferred, 1, atomic);
-            if nested.enclosed {
-                nest_done(env, ns, off);
-            }
-        } else {
-            add(&mut cs.deferred_lost, 1, atomic);
-        }
-        return;
-    }
-    if nested.enclosed {
-        nest_done(env, ns, off);
-    }
-    add(&mut cs.paired, 1, atomic);
-    if flags & DEFERRED_OUTERMOST != 0 {
-        add(&mut cs.outermost_ns, ns, atomic);
-    }
-    let (self_ns, nested) = if child == u64::MAX {
-        add(&mut cs.self_unknown, 1, atomic);
-        (ns, 0)
-    } else {
-        (ns - child, child_calls)
-    };
-    record(&mut c.hist, ns, self_ns, nested, off, child_off, atomic);
-    if !env.plain() && config().callers != 0 {
-        count_caller(cs, cpu, probe, ctx, call.caller, ns);
-    }
-    if !env.plain() && config().by_memcg != 0 {
-        count_memcg(cs, cpu, probe, ctx, call.memcg, ns, true);
-    }
+    time_or_defer!(
+        env, probe, cpu, ctx, now, atomic, call, c, cs,
+        nested, ns, child, child_calls, off, deferred;
+        flags
+    );
 }
 
 /// Every CPU's pending calls (`evicted` 0) or evicted ones (1) but CPU `skip`'s (`u64::MAX`:

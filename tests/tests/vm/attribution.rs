@@ -4,11 +4,13 @@ use super::*;
 
 /// The programs an opt-in mode (`--callers`, `--by-memcg`) takes with `backend` on kernel
 /// `short`: the patched fentry build where fentry runs do not interleave (6.12), the general
-/// one on a preemptible kernel (7.3); never the lean one (tracer::fentry_build).
+/// one on a preemptible kernel (7.3) and with the legacy object; never the lean one
+/// (tracer::fentry_build).
 fn opt_in_programs(backend: &str, short: &str) -> [&'static str; 2] {
-    match (backend, short) {
-        ("fentry", "6.12") => ["fentry_patched_", "fexit_patched_"],
-        ("fentry", _) => ["fentry_", "fexit_"],
+    let q = quirks(short);
+    match backend {
+        "fentry" if !q.preemptible && !q.legacy => ["fentry_patched_", "fexit_patched_"],
+        "fentry" => ["fentry_", "fexit_"],
         _ => ["kprobe_", "kretprobe_"],
     }
 }

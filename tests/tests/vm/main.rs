@@ -23,7 +23,10 @@ mod compare;
 mod matrix;
 mod oracle;
 mod profile;
+mod quirks;
 mod workloads;
+
+use quirks::{quirks, Quirks};
 
 const DEFAULT_PROBES: [&str; 3] = ["charge", "stat", "rstat"];
 

@@ -90,10 +90,9 @@ fn at_least(buckets: &[memcg_trace::export::Bucket], ns: u64) -> (u64, u64) {
 /// tool sees as slower than the other are on the side of whichever window is the wider, both
 /// ways round. A tracer that made up slow samples would have them in the narrower window too.
 fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &str, flip: bool) {
-    // kprobe on a preemptible kernel: the pairs of calls that left the CPU are confirmed in
-    // userspace (7.3 in the matrix).
-    // Before 6.7 (6.1-rt) by the switch witness.
-    let confirm_deferred = attach == "kprobe" && matches!(short, "7.3" | "6.1-rt");
+    // kprobe on a preemptible kernel (7.3, 6.1-rt here): the pairs of calls that left the CPU
+    // are confirmed in userspace; before 6.7 (6.1-rt) by the switch witness.
+    let confirm_deferred = attach == "kprobe" && quirks(short).preemptible;
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };

@@ -56,7 +56,7 @@ fn profile_on(name: &str, short: &str) {
     };
     // fentry loses most calls on preemptible kernels (what `auto` avoids), and a lost call's
     // time is in nobody's share: there, kprobe only.
-    let backends: &[&str] = if short == "7.3" {
+    let backends: &[&str] = if quirks(short).preemptible {
         &["kprobe"]
     } else {
         &["fentry", "kprobe"]

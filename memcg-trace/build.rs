@@ -1,19 +1,48 @@
-use std::{env, fs, path::PathBuf};
+use std::{
+    env, fs,
+    hash::{Hash as _, Hasher as _},
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::Context as _;
 use aya_build::{Package, Toolchain};
 
 /// Builds memcg-trace-ebpf for bpfel-unknown-none with the nightly toolchain and bpf-linker and
-/// leaves the object in OUT_DIR. With AYA_BUILD_SKIP=1 (clippy, cargo check, machines without
+/// leaves the object in OUT_DIR (or copies the objects built before from the same inputs:
+/// `Cache`). With AYA_BUILD_SKIP=1 (clippy, cargo check, machines without
 /// bpf-linker) an empty object is written instead and the binary says so when it starts.
 /// The object is built twice: with the feature `legacy` (kernels before 5.19, see the eBPF
 /// crate) into `memcg-trace-legacy`, then without it into `memcg-trace`. aya-build names its
 /// output after the binary, so the first is moved aside before the second is built.
 fn main() -> anyhow::Result<()> {
-    const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../memcg-trace-ebpf");
     stamp_commit();
     println!("cargo:rerun-if-changed=../memcg-trace-common/src");
     let dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
+    let cache = Cache::find(&dir);
+    if let Some(c) = &cache {
+        if c.take(&dir)? {
+            // What aya-build says when it builds: the eBPF crate's files.
+            println!("cargo:rerun-if-changed={ROOT}");
+            println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
+            return Ok(());
+        }
+    }
+    build(&dir)?;
+    if let Some(c) = &cache {
+        c.keep(&dir);
+    }
+    Ok(())
+}
+
+/// The eBPF crate.
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../memcg-trace-ebpf");
+
+/// The two objects, in the build's directory and in the cache.
+const OBJECTS: [&str; 2] = ["memcg-trace", "memcg-trace-legacy"];
+
+/// Builds both objects into `dir`.
+fn build(dir: &Path) -> anyhow::Result<()> {
     let out = dir.join("memcg-trace");
     let legacy = dir.join("memcg-trace-legacy");
     // One bytecode for every architecture: aya-build names the eBPF target's architecture
@@ -36,6 +65,135 @@ fn main() -> anyhow::Result<()> {
         strip_dwarf(&out)?;
         if dest != &out {
             fs::rename(&out, dest).context("move the legacy eBPF object aside")?;
+        }
+    }
+    Ok(())
+}
+
+/// The eBPF objects built before from the same inputs, shared by every build of the binary:
+/// each profile and target has a build directory of its own, so clippy, the tests and the
+/// x86_64 and arm64 releases would otherwise build the same bytecode four times (about a
+/// minute each, and the eBPF crate's dependencies again on a fresh machine). Kept in the
+/// target directory's `ebpf-cache/<key>`, the key a hash of every file of the eBPF and common
+/// crates, the workspace's manifest and lockfile, this build script, and the versions of the
+/// nightly rustc and bpf-linker that build them. No cache where one of those cannot be read, or with
+/// `AYA_BUILD_SKIP` (the stub object is never kept).
+struct Cache {
+    /// `ebpf-cache` in the target directory.
+    root: PathBuf,
+    key: String,
+}
+
+impl Cache {
+    /// The cache for the objects this build would make, if their inputs can be read.
+    fn find(out_dir: &Path) -> Option<Cache> {
+        if env::var_os("AYA_BUILD_SKIP").is_some() {
+            return None;
+        }
+        // The target directory: the outermost above OUT_DIR that cargo tagged as its own
+        // (it tags each target triple's directory inside it too).
+        let target = out_dir
+            .ancestors()
+            .filter(|d| d.join("CACHEDIR.TAG").exists())
+            .last()?;
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for crate_dir in ["memcg-trace-ebpf", "memcg-trace-common"] {
+            hash_tree(&workspace.join(crate_dir), &mut h).ok()?;
+        }
+        // This file too: it strips the objects it keeps.
+        for file in [
+            "Cargo.toml",
+            "Cargo.lock",
+            ".cargo/config.toml",
+            "memcg-trace/build.rs",
+        ] {
+            fs::read(workspace.join(file))
+                .unwrap_or_default()
+                .hash(&mut h);
+        }
+        for (tool, args) in [
+            ("rustc", ["+nightly", "-vV"]),
+            ("bpf-linker", ["--version", ""]),
+        ] {
+            let o = Command::new(tool)
+                .args(args.iter().filter(|a| !a.is_empty()))
+                .output()
+                .ok()
+                .filter(|o| o.status.success())?;
+            o.stdout.hash(&mut h);
+        }
+        Some(Cache {
+            root: target.join("ebpf-cache"),
+            key: format!("{:016x}", h.finish()),
+        })
+    }
+
+    /// Copies the kept objects into `dir`; false when none are kept for this key.
+    fn take(&self, dir: &Path) -> anyhow::Result<bool> {
+        let kept = self.root.join(&self.key);
+        if !OBJECTS.iter().all(|o| kept.join(o).is_file()) {
+            return Ok(false);
+        }
+        for o in OBJECTS {
+            fs::copy(kept.join(o), dir.join(o)).context("copy a kept eBPF object")?;
+        }
+        println!(
+            "cargo:warning=memcg-trace-ebpf unchanged: its objects from {}",
+            kept.display()
+        );
+        Ok(true)
+    }
+
+    /// Keeps the objects just built in `dir` (written aside, then renamed into place: builds
+    /// may run at once), and the four newest keys only. Best effort: a failure only means the
+    /// next build builds them again.
+    fn keep(&self, dir: &Path) {
+        let tmp = self
+            .root
+            .join(format!("{}.tmp-{}", self.key, std::process::id()));
+        // An empty object is the stub of a build without bpf-linker: never kept.
+        let built = OBJECTS
+            .iter()
+            .all(|o| fs::metadata(dir.join(o)).is_ok_and(|m| m.len() > 0));
+        let copied = built
+            && fs::create_dir_all(&tmp).is_ok()
+            && OBJECTS
+                .iter()
+                .all(|o| fs::copy(dir.join(o), tmp.join(o)).is_ok());
+        if !copied || fs::rename(&tmp, self.root.join(&self.key)).is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return;
+        };
+        let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().contains(".tmp-"))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        kept.sort();
+        for (_, old) in kept.iter().rev().skip(4) {
+            let _ = fs::remove_dir_all(old);
+        }
+    }
+}
+
+/// Hashes the paths and contents of the files below `dir`, in a fixed order (a `target`
+/// directory left out).
+fn hash_tree(dir: &Path, h: &mut impl std::hash::Hasher) -> std::io::Result<()> {
+    let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let path = e.path();
+        let name = e.file_name();
+        name.hash(h);
+        if e.file_type()?.is_dir() {
+            if name != "target" {
+                hash_tree(&path, h)?;
+            }
+        } else {
+            fs::read(&path)?.hash(h);
         }
     }
     Ok(())

@@ -368,7 +368,8 @@ pub(crate) const FOUND_EVICTED: u32 = 2;
 /// `defer_irq`: the exit program has a recursion guard of its own (fexit), so an interrupt pair
 /// is confirmed by userspace.
 ///
-/// In steps, each a macro of `steps.rs` named for what it does: (1) the exit's own interrupt
+/// In steps, those longer than a few lines macros of `steps.rs` named for what they do (Step 3
+/// and most of Step 5 are here): (1) the exit's own interrupt
 /// slot; (2) else the task's slot, unless the task migrated since and its own entry waits on
 /// another CPU (the legacy object, which cannot look, counts such an exit ambiguous or an
 /// orphan and stops); (3) the slot read in place; (4) else every CPU's pending and then

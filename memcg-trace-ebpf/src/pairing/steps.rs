@@ -150,9 +150,9 @@ macro_rules! find_interrupt_slot {
 /// `pair_exit` Step 2. The task slot holding this task and frame; where the task migrated
 /// since that entry, the entry may be stale while this exit's own entry waits on the CPU the
 /// call began on (found there: `migrated`; the legacy object, which cannot look, counts the
-/// exit ambiguous or an orphan and ends the run). Sets the task's switch count now where it
-/// reads one (`switches_now`, `switches_read`) and whether it differs from the entry's
-/// (`moved`).
+/// exit ambiguous or an orphan and ends the run). Sets `slot` and `found` where it claims the
+/// call here, the task's switch count now where it reads one (`switches_now`,
+/// `switches_read`) and whether it differs from the entry's (`moved`).
 macro_rules! find_task_slot {
     (
         $env:ident,
@@ -253,7 +253,8 @@ macro_rules! find_task_slot {
 
 /// `pair_exit` Step 4. Not pending here: a task call that migrated (found on another CPU:
 /// `found`, `migrated`), an evicted call's exit, or an exit whose entry was lost (counted
-/// unpaired); the last two end the run.
+/// unpaired); the last two end the run, as does an exit whose context cannot be read (counted
+/// as such).
 macro_rules! search_elsewhere {
     (
         $env:ident,
@@ -444,11 +445,12 @@ macro_rules! time_off_cpu {
     };
 }
 
-/// `pair_exit` Step 7. Timed here, or handed to userspace. Its enclosing call's time holds
-/// this one's, once it is counted here or handed to userspace (a deferred call's too: its
-/// pairing is rejected only when a stale entry joined another call's exit, both traced calls
-/// inside the enclosing one; userspace reports what such a call took from its enclosing
-/// call's self time). A pair lost on the way (the ring buffer full) takes nothing from it.
+/// `pair_exit` Step 7. Timed here, or handed to userspace (which ends the run there). Its
+/// enclosing call's time holds this one's, once it is counted here or handed to userspace (a
+/// deferred call's too: its pairing is rejected only when a stale entry joined another call's
+/// exit, both traced calls inside the enclosing one; userspace reports what such a call took
+/// from its enclosing call's self time). A pair lost on the way (the ring buffer full) takes
+/// nothing from it.
 macro_rules! time_or_defer {
     (
         $env:ident,
@@ -507,7 +509,7 @@ macro_rules! time_or_defer {
         if $flags & DEFERRED_OUTERMOST != 0 {
             add(&mut $cs.outermost_ns, $ns, $atomic);
         }
-        let (self_ns, $nested) = if $child == u64::MAX {
+        let (self_ns, nested_calls) = if $child == u64::MAX {
             add(&mut $cs.self_unknown, 1, $atomic);
             ($ns, 0)
         } else {
@@ -517,7 +519,7 @@ macro_rules! time_or_defer {
             &mut $c.hist,
             $ns,
             self_ns,
-            $nested,
+            nested_calls,
             $off,
             child_off,
             $atomic,

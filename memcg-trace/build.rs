@@ -74,10 +74,9 @@ fn build(dir: &Path) -> anyhow::Result<()> {
 /// each profile and target has a build directory of its own, so clippy, the tests and the
 /// x86_64 and arm64 releases would otherwise build the same bytecode four times (about a
 /// minute each, and the eBPF crate's dependencies again on a fresh machine). Kept in the
-/// target directory's `ebpf-cache/<key>`, the key a hash of every file of the eBPF and common
-/// crates, the workspace's manifest and lockfile, this build script, and the versions of the
-/// nightly rustc and bpf-linker that build them. No cache where one of those cannot be read, or with
-/// `AYA_BUILD_SKIP` (the stub object is never kept).
+/// target directory's `ebpf-cache/<key>`, the key a hash of what the build reads (`key`).
+/// No cache where the toolchain's versions cannot be read, or with `AYA_BUILD_SKIP` (the stub
+/// object is never kept).
 struct Cache {
     /// `ebpf-cache` in the target directory.
     root: PathBuf,
@@ -96,48 +95,24 @@ impl Cache {
             .ancestors()
             .filter(|d| d.join("CACHEDIR.TAG").exists())
             .last()?;
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for crate_dir in ["memcg-trace-ebpf", "memcg-trace-common"] {
-            hash_tree(&workspace.join(crate_dir), &mut h).ok()?;
-        }
-        // This file too: it strips the objects it keeps.
-        for file in [
-            "Cargo.toml",
-            "Cargo.lock",
-            ".cargo/config.toml",
-            "memcg-trace/build.rs",
-        ] {
-            fs::read(workspace.join(file))
-                .unwrap_or_default()
-                .hash(&mut h);
-        }
-        for (tool, args) in [
-            ("rustc", ["+nightly", "-vV"]),
-            ("bpf-linker", ["--version", ""]),
-        ] {
-            let o = Command::new(tool)
-                .args(args.iter().filter(|a| !a.is_empty()))
-                .output()
-                .ok()
-                .filter(|o| o.status.success())?;
-            o.stdout.hash(&mut h);
-        }
         Some(Cache {
             root: target.join("ebpf-cache"),
-            key: format!("{:016x}", h.finish()),
+            key: key()?,
         })
     }
 
-    /// Copies the kept objects into `dir`; false when none are kept for this key.
+    /// Copies the kept objects into `dir` (and marks them used, for the pruning); false when
+    /// none are kept for this key, or they could not be copied (another build's pruning may
+    /// remove them meanwhile): then they are built.
     fn take(&self, dir: &Path) -> anyhow::Result<bool> {
         let kept = self.root.join(&self.key);
-        if !OBJECTS.iter().all(|o| kept.join(o).is_file()) {
+        let copied = OBJECTS
+            .iter()
+            .all(|o| kept.join(o).is_file() && fs::copy(kept.join(o), dir.join(o)).is_ok());
+        if !copied {
             return Ok(false);
         }
-        for o in OBJECTS {
-            fs::copy(kept.join(o), dir.join(o)).context("copy a kept eBPF object")?;
-        }
+        let _ = fs::File::open(&kept).and_then(|d| d.set_modified(std::time::SystemTime::now()));
         println!(
             "cargo:warning=memcg-trace-ebpf unchanged: its objects from {}",
             kept.display()
@@ -146,18 +121,22 @@ impl Cache {
     }
 
     /// Keeps the objects just built in `dir` (written aside, then renamed into place: builds
-    /// may run at once), and the four newest keys only. Best effort: a failure only means the
-    /// next build builds them again.
+    /// may run at once), unless the inputs changed while they were built; then the four keys
+    /// used last only, and no copy left aside by a build that stopped. Best effort: a failure
+    /// only means the next build builds them again.
     fn keep(&self, dir: &Path) {
-        let tmp = self
-            .root
-            .join(format!("{}.tmp-{}", self.key, std::process::id()));
-        // An empty object is the stub of a build without bpf-linker: never kept.
+        // An empty object is the stub of a build without bpf-linker: never kept. Objects built
+        // while the sources changed (an edit, a checkout) may not be those of either key.
         let built = OBJECTS
             .iter()
             .all(|o| fs::metadata(dir.join(o)).is_ok_and(|m| m.len() > 0));
-        let copied = built
-            && fs::create_dir_all(&tmp).is_ok()
+        if !built || key().as_ref() != Some(&self.key) {
+            return;
+        }
+        let tmp = self
+            .root
+            .join(format!("{}.tmp-{}", self.key, std::process::id()));
+        let copied = fs::create_dir_all(&tmp).is_ok()
             && OBJECTS
                 .iter()
                 .all(|o| fs::copy(dir.join(o), tmp.join(o)).is_ok());
@@ -167,16 +146,92 @@ impl Cache {
         let Ok(entries) = fs::read_dir(&self.root) else {
             return;
         };
-        let mut kept: Vec<(std::time::SystemTime, PathBuf)> = entries
-            .flatten()
-            .filter(|e| !e.file_name().to_string_lossy().contains(".tmp-"))
-            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-            .collect();
+        let now = std::time::SystemTime::now();
+        let mut kept = Vec::new();
+        for e in entries.flatten() {
+            let Some(modified) = e.metadata().ok().and_then(|m| m.modified().ok()) else {
+                continue;
+            };
+            if e.file_name().to_string_lossy().contains(".tmp-") {
+                // Left by a build that stopped between its copy and its rename.
+                let stale = now
+                    .duration_since(modified)
+                    .is_ok_and(|age| age.as_secs() > 3600);
+                if stale {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            } else {
+                kept.push((modified, e.path()));
+            }
+        }
         kept.sort();
         for (_, old) in kept.iter().rev().skip(4) {
             let _ = fs::remove_dir_all(old);
         }
     }
+}
+
+/// The cache's key: a hash of every file of the eBPF and common crates, the workspace's
+/// manifest, lockfile and cargo configuration (and cargo's own), this build script, the
+/// environment the eBPF build inherits that could change it (the target's endianness, which
+/// picks bpfel or bpfeb; a rustc wrapper; cargo's settings of the release profile, of the BPF
+/// targets and of builds), and the nightly rustc's version and bpf-linker's (its version, and
+/// the path, size and time of the binary: a rebuild against another LLVM keeps the version).
+/// None where the toolchain cannot be asked.
+fn key() -> Option<String> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for crate_dir in ["memcg-trace-ebpf", "memcg-trace-common"] {
+        hash_tree(&workspace.join(crate_dir), &mut h).ok()?;
+    }
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .unwrap_or_default();
+    // This file too: it strips the objects it keeps.
+    let files = ["Cargo.toml", "Cargo.lock", "memcg-trace/build.rs"]
+        .map(|f| workspace.join(f))
+        .into_iter()
+        // Cargo's configuration in every directory above, and its home's.
+        .chain(workspace.ancestors().map(|d| d.join(".cargo/config.toml")))
+        .chain(workspace.ancestors().map(|d| d.join(".cargo/config")))
+        .chain([cargo_home.join("config.toml"), cargo_home.join("config")]);
+    for file in files {
+        file.hash(&mut h);
+        fs::read(&file).unwrap_or_default().hash(&mut h);
+    }
+    let mut vars: Vec<(String, String)> = env::vars()
+        .filter(|(k, _)| {
+            [
+                "CARGO_CFG_TARGET_ENDIAN",
+                "RUSTC_WRAPPER",
+                "RUSTC_BOOTSTRAP",
+            ]
+            .contains(&k.as_str())
+                || ["CARGO_PROFILE_RELEASE_", "CARGO_TARGET_BPF", "CARGO_BUILD_"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+        })
+        .collect();
+    vars.sort();
+    vars.hash(&mut h);
+    for (tool, args) in [
+        ("rustc", &["+nightly", "-vV"][..]),
+        ("bpf-linker", &["--version"][..]),
+    ] {
+        let o = Command::new(tool)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())?;
+        o.stdout.hash(&mut h);
+    }
+    let linker = env::split_paths(&env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("bpf-linker"))
+        .find(|p| p.is_file())?;
+    let meta = fs::metadata(&linker).ok()?;
+    (linker, meta.len(), meta.modified().ok()).hash(&mut h);
+    Some(format!("{:016x}", h.finish()))
 }
 
 /// Hashes the paths and contents of the files below `dir`, in a fixed order (a `target`

@@ -8,7 +8,7 @@ use std::{
     process::{Command, Output},
 };
 
-use memcg_trace::export::Document;
+use memcg_trace::export::{ContextOut, Document, Latency, ProbeOut};
 use serde_json::Value;
 
 /// The memcg-trace binary under test: `$MEMCG_TRACE_BIN`, else the workspace's release build.
@@ -158,260 +158,14 @@ pub fn load_recording(path: &Path) -> Document {
 pub fn check_invariants(doc: &Document, summary: &str) {
     check_shares_bounds(doc, summary);
     for p in &doc.probes {
-        let sum = |f: fn(&memcg_trace::export::ContextOut) -> u64| -> u64 {
-            p.contexts.iter().map(f).sum()
-        };
-        let entries = sum(|c| c.entries);
-        let exits = sum(|c| c.exits);
-        let timed = p.backend.to_string() != "tracepoint";
-        // memcg-trace/1 did not account for every entry (no stale or evicted counts).
-        let v1 = doc.upgraded_from.is_some();
-        if timed {
-            let ended = sum(|c| {
-                c.paired + c.ambiguous + c.deferred + c.deferred_lost + c.stale + c.evicted
-            }) + p.pending_at_end;
-            assert!(
-                v1 || entries == ended,
-                "{}: {entries} entry runs, but paired + ambiguous + deferred + deferred_lost + stale + evicted + pending = {ended}",
-                p.name
-            );
-            let matched = sum(|c| {
-                c.paired
-                    + c.ambiguous
-                    + c.deferred
-                    + c.deferred_lost
-                    + c.orphans
-                    + c.evicted_exits
-                    + c.outside
-            });
-            assert_eq!(
-                exits, matched,
-                "{}: {exits} exit runs, but paired + ambiguous + deferred + deferred_lost + orphans + evicted exits + outside = {matched}",
-                p.name
-            );
-            // An evicted call's exit is found among the evicted at most once.
-            assert!(
-                sum(|c| c.evicted_exits) <= sum(|c| c.evicted),
-                "{}: more exits of evicted calls ({}) than calls evicted ({})",
-                p.name,
-                sum(|c| c.evicted_exits),
-                sum(|c| c.evicted)
-            );
-            for c in &p.contexts {
-                assert_eq!(
-                    c.deferred,
-                    c.confirmed + c.rejected,
-                    "{} {}: every deferred pair decided",
-                    p.name,
-                    c.context
-                );
-                assert_eq!(
-                    c.count,
-                    c.paired + c.confirmed,
-                    "{} {}: calls counted are the paired and confirmed ones",
-                    p.name,
-                    c.context
-                );
-            }
-        } else {
-            // The hits are the kernel's count of program runs (below), not a figure derived
-            // from them: a recording of the counts-only backend must carry the kernel's stats.
-            assert!(
-                doc.meta.bpf_stats,
-                "{}: a tracepoint recording without --bpf-stats cannot be cross-checked",
-                p.name
-            );
-        }
-        if doc.meta.bpf_stats {
-            let entry = p.programs.first().expect("programs listed");
-            assert_eq!(
-                entry.run_cnt,
-                entries + sum(|c| c.no_context_entries),
-                "{}: the kernel ran {} {} times, the programs counted {entries} entries",
-                p.name,
-                entry.name,
-                entry.run_cnt
-            );
-            if timed {
-                let exit = p.programs.last().expect("programs listed");
-                assert_eq!(
-                    exit.run_cnt,
-                    exits + sum(|c| c.no_context_exits),
-                    "{}: the kernel ran {} {} times, the programs counted {exits} exits",
-                    p.name,
-                    exit.name,
-                    exit.run_cnt
-                );
-            }
-        }
-        // By memcg (`--by-memcg`): every call counted is under one memcg or "other", with its
-        // time.
-        if !p.memcgs.is_empty() || p.contexts.iter().any(|c| c.memcgs_other > 0) {
-            for c in &p.contexts {
-                let rows = p.memcgs.iter().filter(|m| m.context == c.context);
-                let calls: u64 = rows.clone().map(|m| m.calls).sum();
-                assert_eq!(
-                    calls + c.memcgs_other,
-                    c.count,
-                    "{} {}: memcgs {calls} + other {} vs {} calls",
-                    p.name,
-                    c.context,
-                    c.memcgs_other,
-                    c.count
-                );
-                // The "other" row has no time: equal without one, at most with one.
-                let ns: u64 = rows.map(|m| m.sum_ns).sum();
-                let timed_ns = c.latency.as_ref().map_or(0, |l| l.sum_ns);
-                assert!(
-                    ns == timed_ns || (c.memcgs_other > 0 && ns < timed_ns),
-                    "{} {}: memcgs' time {ns} vs {timed_ns} (other {})",
-                    p.name,
-                    c.context,
-                    c.memcgs_other
-                );
-            }
-        }
-        for c in &p.contexts {
-            assert_eq!(
-                c.lost,
-                c.orphans
-                    + c.stale
-                    + c.evicted
-                    + c.ambiguous
-                    + c.deferred_lost
-                    + c.rejected
-                    + c.no_context_entries
-                    + c.no_context_exits,
-                "{} {}: lost",
-                p.name,
-                c.context
-            );
-        }
-        for c in &p.contexts {
-            // Time off the CPU: only task calls that left it have any, and only they can have
-            // it unknown.
-            assert!(
-                c.off_cpu_unknown <= c.switched && c.migrated <= c.switched,
-                "{} {}: off-CPU unknown {} / migrated {} / switched {}",
-                p.name,
-                c.context,
-                c.off_cpu_unknown,
-                c.migrated,
-                c.switched
-            );
-            // Proven by the programs: switched calls that never moved, timed in the kernel
-            // (paired), never deferred too. In the task row of a kernel that defers the
-            // switched calls, each is proven or deferred (sent or lost in the ring): once.
-            if c.context == "task" && c.proven_on_cpu + c.deferred + c.deferred_lost > 0 {
-                assert_eq!(
-                    c.proven_on_cpu + c.deferred + c.deferred_lost,
-                    c.switched,
-                    "{} task: proven on their CPU {} + deferred {} + lost in the ring {} is not the calls that left the CPU",
-                    p.name,
-                    c.proven_on_cpu,
-                    c.deferred,
-                    c.deferred_lost
-                );
-            }
-            assert!(
-                c.proven_on_cpu + c.migrated <= c.switched && c.proven_on_cpu <= c.paired,
-                "{} {}: proven on their CPU {} / migrated {} / switched {} / paired {}",
-                p.name,
-                c.context,
-                c.proven_on_cpu,
-                c.migrated,
-                c.switched,
-                c.paired
-            );
-            if c.switched == 0 {
-                assert_eq!(
-                    (c.off_cpu_ns, c.off_cpu_max_ns),
-                    (0, 0),
-                    "{} {}: time off the CPU without a call that left it",
-                    p.name,
-                    c.context
-                );
-            }
-            // A recording that says how it told time off the CPU has the on-CPU time of every
-            // timed row where none of it is unknown.
-            if c.latency.is_some() && doc.meta.off_cpu.is_some() {
-                assert_eq!(
-                    c.on_cpu_ns.is_some(),
-                    c.off_cpu_unknown == 0,
-                    "{} {}: on-CPU time {:?} with {} unknown",
-                    p.name,
-                    c.context,
-                    c.on_cpu_ns,
-                    c.off_cpu_unknown
-                );
-            }
-        }
-        assert_eq!(p.lost, sum(|c| c.lost), "{}: lost", p.name);
-        assert_eq!(p.count, sum(|c| c.count), "{}: count", p.name);
+        check_accounting(doc, p);
+        check_run_counts(doc, p);
+        check_memcg_rows(p);
+        check_lost(p);
+        check_off_cpu(doc, p);
         for c in &p.contexts {
             if let Some(l) = &c.latency {
-                let in_buckets: u64 = l.buckets.iter().map(|b| b.count).sum();
-                assert_eq!(
-                    in_buckets, c.count,
-                    "{} {}: bucket total",
-                    p.name, c.context
-                );
-                let qs: Vec<u64> = l.percentiles.iter().map(|q| q.ns).collect();
-                assert!(
-                    qs.windows(2).all(|w| w[0] <= w[1]),
-                    "{} {}: percentiles not ordered {qs:?}",
-                    p.name,
-                    c.context
-                );
-                if c.count > 0 {
-                    // The kernel's min and max against its buckets: each lies in the first or
-                    // last non-empty bucket.
-                    let (first, last) = (&l.buckets[0], &l.buckets[l.buckets.len() - 1]);
-                    assert!(
-                        (first.min_ns..first.max_ns).contains(&l.min_ns)
-                            && (last.min_ns..last.max_ns).contains(&l.max_ns),
-                        "{} {}: min {} / max {} outside their buckets {first:?} / {last:?}",
-                        p.name,
-                        c.context,
-                        l.min_ns,
-                        l.max_ns
-                    );
-                    // Each percentile recomputed from the buckets: it lies in the bucket that
-                    // holds its rank (narrowed to [min, max]).
-                    let bucket_of = |rank: u64| {
-                        let mut seen = 0;
-                        l.buckets
-                            .iter()
-                            .find(|b| {
-                                seen += b.count;
-                                seen >= rank
-                            })
-                            .expect("rank within the count")
-                    };
-                    for q in &l.percentiles {
-                        // The rank, rounded up or to the nearest (HDR's convention).
-                        let n = c.count as f64;
-                        let ranks = [(q.q * n).ceil() as u64, (q.q * n + 0.5) as u64]
-                            .map(|r| r.clamp(1, c.count));
-                        let ok = ranks.iter().any(|&r| {
-                            let b = bucket_of(r);
-                            (b.min_ns.max(l.min_ns)..b.max_ns.min(l.max_ns + 1)).contains(&q.ns)
-                        });
-                        assert!(
-                            ok,
-                            "{} {}: p{} = {} ns is not in the bucket of rank {ranks:?} of {}: {:?}",
-                            p.name,
-                            c.context,
-                            q.q * 100.0,
-                            q.ns,
-                            c.count,
-                            ranks.map(bucket_of)
-                        );
-                    }
-                }
-                for (raw, net) in l.percentiles.iter().zip(&l.percentiles_floor_corrected) {
-                    assert!(net.ns <= raw.ns && net.q == raw.q);
-                }
+                check_latency(p, c, l);
             }
         }
         let line = memcg_trace::table::probe_footnote(p);
@@ -421,6 +175,294 @@ pub fn check_invariants(doc: &Document, summary: &str) {
         );
     }
     check_self_times(doc);
+}
+
+/// A figure of probe `p` added over its contexts.
+fn sum(p: &ProbeOut, f: impl Fn(&ContextOut) -> u64) -> u64 {
+    p.contexts.iter().map(f).sum()
+}
+
+/// Every entry and exit program run of probe `p` accounted for (a timed backend), or the
+/// kernel's stats carried (the counts-only one).
+fn check_accounting(doc: &Document, p: &ProbeOut) {
+    let (entries, exits) = (sum(p, |c| c.entries), sum(p, |c| c.exits));
+    // memcg-trace/1 did not account for every entry (no stale or evicted counts).
+    let v1 = doc.upgraded_from.is_some();
+    if p.backend.to_string() != "tracepoint" {
+        let ended = sum(p, |c| {
+            c.paired + c.ambiguous + c.deferred + c.deferred_lost + c.stale + c.evicted
+        }) + p.pending_at_end;
+        assert!(
+            v1 || entries == ended,
+            "{}: {entries} entry runs, but paired + ambiguous + deferred + deferred_lost + stale + evicted + pending = {ended}",
+            p.name
+        );
+        let matched = sum(p, |c| {
+            c.paired
+                + c.ambiguous
+                + c.deferred
+                + c.deferred_lost
+                + c.orphans
+                + c.evicted_exits
+                + c.outside
+        });
+        assert_eq!(
+            exits, matched,
+            "{}: {exits} exit runs, but paired + ambiguous + deferred + deferred_lost + orphans + evicted exits + outside = {matched}",
+            p.name
+        );
+        // An evicted call's exit is found among the evicted at most once.
+        assert!(
+            sum(p, |c| c.evicted_exits) <= sum(p, |c| c.evicted),
+            "{}: more exits of evicted calls ({}) than calls evicted ({})",
+            p.name,
+            sum(p, |c| c.evicted_exits),
+            sum(p, |c| c.evicted)
+        );
+        for c in &p.contexts {
+            assert_eq!(
+                c.deferred,
+                c.confirmed + c.rejected,
+                "{} {}: every deferred pair decided",
+                p.name,
+                c.context
+            );
+            assert_eq!(
+                c.count,
+                c.paired + c.confirmed,
+                "{} {}: calls counted are the paired and confirmed ones",
+                p.name,
+                c.context
+            );
+        }
+    } else {
+        // The hits are the kernel's count of program runs (below), not a figure derived
+        // from them: a recording of the counts-only backend must carry the kernel's stats.
+        assert!(
+            doc.meta.bpf_stats,
+            "{}: a tracepoint recording without --bpf-stats cannot be cross-checked",
+            p.name
+        );
+    }
+}
+
+/// With bpf stats on, the kernel's own run counts of probe `p`'s programs are ours.
+fn check_run_counts(doc: &Document, p: &ProbeOut) {
+    let timed = p.backend.to_string() != "tracepoint";
+    let (entries, exits) = (sum(p, |c| c.entries), sum(p, |c| c.exits));
+    if doc.meta.bpf_stats {
+        let entry = p.programs.first().expect("programs listed");
+        assert_eq!(
+            entry.run_cnt,
+            entries + sum(p, |c| c.no_context_entries),
+            "{}: the kernel ran {} {} times, the programs counted {entries} entries",
+            p.name,
+            entry.name,
+            entry.run_cnt
+        );
+        if timed {
+            let exit = p.programs.last().expect("programs listed");
+            assert_eq!(
+                exit.run_cnt,
+                exits + sum(p, |c| c.no_context_exits),
+                "{}: the kernel ran {} {} times, the programs counted {exits} exits",
+                p.name,
+                exit.name,
+                exit.run_cnt
+            );
+        }
+    }
+}
+
+/// By memcg (`--by-memcg`): every call counted is under one memcg or "other", with its time.
+fn check_memcg_rows(p: &ProbeOut) {
+    if !p.memcgs.is_empty() || p.contexts.iter().any(|c| c.memcgs_other > 0) {
+        for c in &p.contexts {
+            let rows = p.memcgs.iter().filter(|m| m.context == c.context);
+            let calls: u64 = rows.clone().map(|m| m.calls).sum();
+            assert_eq!(
+                calls + c.memcgs_other,
+                c.count,
+                "{} {}: memcgs {calls} + other {} vs {} calls",
+                p.name,
+                c.context,
+                c.memcgs_other,
+                c.count
+            );
+            // The "other" row has no time: equal without one, at most with one.
+            let ns: u64 = rows.map(|m| m.sum_ns).sum();
+            let timed_ns = c.latency.as_ref().map_or(0, |l| l.sum_ns);
+            assert!(
+                ns == timed_ns || (c.memcgs_other > 0 && ns < timed_ns),
+                "{} {}: memcgs' time {ns} vs {timed_ns} (other {})",
+                p.name,
+                c.context,
+                c.memcgs_other
+            );
+        }
+    }
+}
+
+/// Each context's calls lost are the sum of their kinds; the probe's lost and counted calls
+/// are its contexts'.
+fn check_lost(p: &ProbeOut) {
+    for c in &p.contexts {
+        assert_eq!(
+            c.lost,
+            c.orphans
+                + c.stale
+                + c.evicted
+                + c.ambiguous
+                + c.deferred_lost
+                + c.rejected
+                + c.no_context_entries
+                + c.no_context_exits,
+            "{} {}: lost",
+            p.name,
+            c.context
+        );
+    }
+    assert_eq!(p.lost, sum(p, |c| c.lost), "{}: lost", p.name);
+    assert_eq!(p.count, sum(p, |c| c.count), "{}: count", p.name);
+}
+
+/// Time off the CPU: only task calls that left it have any; each proven on its CPU or
+/// deferred once.
+fn check_off_cpu(doc: &Document, p: &ProbeOut) {
+    for c in &p.contexts {
+        // Time off the CPU: only task calls that left it have any, and only they can have
+        // it unknown.
+        assert!(
+            c.off_cpu_unknown <= c.switched && c.migrated <= c.switched,
+            "{} {}: off-CPU unknown {} / migrated {} / switched {}",
+            p.name,
+            c.context,
+            c.off_cpu_unknown,
+            c.migrated,
+            c.switched
+        );
+        // Proven by the programs: switched calls that never moved, timed in the kernel
+        // (paired), never deferred too. In the task row of a kernel that defers the
+        // switched calls, each is proven or deferred (sent or lost in the ring): once.
+        if c.context == "task" && c.proven_on_cpu + c.deferred + c.deferred_lost > 0 {
+            assert_eq!(
+                c.proven_on_cpu + c.deferred + c.deferred_lost,
+                c.switched,
+                "{} task: proven on their CPU {} + deferred {} + lost in the ring {} is not the calls that left the CPU",
+                p.name,
+                c.proven_on_cpu,
+                c.deferred,
+                c.deferred_lost
+            );
+        }
+        assert!(
+            c.proven_on_cpu + c.migrated <= c.switched && c.proven_on_cpu <= c.paired,
+            "{} {}: proven on their CPU {} / migrated {} / switched {} / paired {}",
+            p.name,
+            c.context,
+            c.proven_on_cpu,
+            c.migrated,
+            c.switched,
+            c.paired
+        );
+        if c.switched == 0 {
+            assert_eq!(
+                (c.off_cpu_ns, c.off_cpu_max_ns),
+                (0, 0),
+                "{} {}: time off the CPU without a call that left it",
+                p.name,
+                c.context
+            );
+        }
+        // A recording that says how it told time off the CPU has the on-CPU time of every
+        // timed row where none of it is unknown.
+        if c.latency.is_some() && doc.meta.off_cpu.is_some() {
+            assert_eq!(
+                c.on_cpu_ns.is_some(),
+                c.off_cpu_unknown == 0,
+                "{} {}: on-CPU time {:?} with {} unknown",
+                p.name,
+                c.context,
+                c.on_cpu_ns,
+                c.off_cpu_unknown
+            );
+        }
+    }
+}
+
+/// A context's latency: every call in a bucket, percentiles ordered and each in the bucket of
+/// its rank, min and max in the first and last buckets, the floor-corrected ones lower.
+fn check_latency(probe: &ProbeOut, ctx: &ContextOut, latency: &Latency) {
+    let in_buckets: u64 = latency.buckets.iter().map(|b| b.count).sum();
+    assert_eq!(
+        in_buckets, ctx.count,
+        "{} {}: bucket total",
+        probe.name, ctx.context
+    );
+    let qs: Vec<u64> = latency.percentiles.iter().map(|q| q.ns).collect();
+    assert!(
+        qs.windows(2).all(|w| w[0] <= w[1]),
+        "{} {}: percentiles not ordered {qs:?}",
+        probe.name,
+        ctx.context
+    );
+    if ctx.count > 0 {
+        // The kernel's min and max against its buckets: each lies in the first or
+        // last non-empty bucket.
+        let (first, last) = (
+            &latency.buckets[0],
+            &latency.buckets[latency.buckets.len() - 1],
+        );
+        assert!(
+            (first.min_ns..first.max_ns).contains(&latency.min_ns)
+                && (last.min_ns..last.max_ns).contains(&latency.max_ns),
+            "{} {}: min {} / max {} outside their buckets {first:?} / {last:?}",
+            probe.name,
+            ctx.context,
+            latency.min_ns,
+            latency.max_ns
+        );
+        // Each percentile recomputed from the buckets: it lies in the bucket that
+        // holds its rank (narrowed to [min, max]).
+        let bucket_of = |rank: u64| {
+            let mut seen = 0;
+            latency
+                .buckets
+                .iter()
+                .find(|b| {
+                    seen += b.count;
+                    seen >= rank
+                })
+                .expect("rank within the count")
+        };
+        for q in &latency.percentiles {
+            // The rank, rounded up or to the nearest (HDR's convention).
+            let n = ctx.count as f64;
+            let ranks =
+                [(q.q * n).ceil() as u64, (q.q * n + 0.5) as u64].map(|r| r.clamp(1, ctx.count));
+            let ok = ranks.iter().any(|&r| {
+                let b = bucket_of(r);
+                (b.min_ns.max(latency.min_ns)..b.max_ns.min(latency.max_ns + 1)).contains(&q.ns)
+            });
+            assert!(
+                ok,
+                "{} {}: p{} = {} ns is not in the bucket of rank {ranks:?} of {}: {:?}",
+                probe.name,
+                ctx.context,
+                q.q * 100.0,
+                q.ns,
+                ctx.count,
+                ranks.map(bucket_of)
+            );
+        }
+    }
+    for (raw, net) in latency
+        .percentiles
+        .iter()
+        .zip(&latency.percentiles_floor_corrected)
+    {
+        assert!(net.ns <= raw.ns && net.q == raw.q);
+    }
 }
 
 /// Self times (issue "Where the workload's CPU goes"): no context's self time exceeds its

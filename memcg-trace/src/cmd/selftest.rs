@@ -360,9 +360,26 @@ fn off_cpu(o: &Outcome, want: &[u64]) -> Result<(), String> {
     }
 }
 
+/// The cases, by what they test, in the order they run.
 fn cases() -> Vec<Case> {
+    [
+        pairing_cases(),
+        nesting_cases(),
+        interrupts_cases(),
+        left_the_cpu_cases(),
+        migrated_cases(),
+        evicted_cases(),
+        no_split_and_workload_cases(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// A call paired with its own entry, and what is not: skipped entries and exits, fentry's
+/// hardirq pairs.
+fn pairing_cases() -> Vec<Case> {
     let task = CTX_TASK;
-    let soft = CTX_SOFTIRQ;
     let hard = CTX_HARDIRQ;
     vec![
         Case {
@@ -454,6 +471,16 @@ fn cases() -> Vec<Case> {
                 deferred(o, &[])
             },
         },
+    ]
+}
+
+/// Calls inside calls: the same function and another probe's, in task context and in
+/// interrupts, asleep or not; what an enclosing call's self time keeps.
+fn nesting_cases() -> Vec<Case> {
+    let task = CTX_TASK;
+    let soft = CTX_SOFTIRQ;
+    let hard = CTX_HARDIRQ;
+    vec![
         Case {
             name: "the same function nested in task context",
             cpus: 1,
@@ -700,6 +727,15 @@ fn cases() -> Vec<Case> {
                 deferred(o, &[(1200, 1250, CTX_HARDIRQ, 0)])
             },
         },
+    ]
+}
+
+/// A full ring, and the interrupt calls whose exit was skipped.
+fn interrupts_cases() -> Vec<Case> {
+    let task = CTX_TASK;
+    let soft = CTX_SOFTIRQ;
+    let hard = CTX_HARDIRQ;
+    vec![
         Case {
             name: "a full ring: the pairs it cannot take are counted lost, each run still accounted for",
             cpus: 1,
@@ -804,6 +840,14 @@ fn cases() -> Vec<Case> {
                 timed(o, CTX_SOFTIRQ, 1, 100)
             },
         },
+    ]
+}
+
+/// Task calls that left the CPU: timed wall-clock with their time off it, proven in the kernel
+/// or deferred to userspace.
+fn left_the_cpu_cases() -> Vec<Case> {
+    let task = CTX_TASK;
+    vec![
         Case {
             name: "a task call that left the CPU is timed wall-clock with its time off the CPU, confirmed by userspace",
             cpus: 1,
@@ -895,6 +939,13 @@ fn cases() -> Vec<Case> {
                 deferred(o, &[(1000, 9000, CTX_TASK, DEFERRED_SWITCHED)])
             },
         },
+    ]
+}
+
+/// Calls that migrated, runs that interleave, and the task clocks that time off the CPU.
+fn migrated_cases() -> Vec<Case> {
+    let task = CTX_TASK;
+    vec![
         Case {
             name: "a task call that migrated: its exit finds the entry on the other CPU",
             cpus: 2,
@@ -1049,6 +1100,15 @@ fn cases() -> Vec<Case> {
                 expect("off-CPU unknown", c.off_cpu_unknown, 1)
             },
         },
+    ]
+}
+
+/// Orphan exits, a full set of pending calls evicting the oldest, and stale interrupt entries.
+fn evicted_cases() -> Vec<Case> {
+    let task = CTX_TASK;
+    let soft = CTX_SOFTIRQ;
+    let hard = CTX_HARDIRQ;
+    vec![
         Case {
             name: "another task's exit at a reused frame is an orphan",
             cpus: 1,
@@ -1241,6 +1301,13 @@ fn cases() -> Vec<Case> {
                 deferred(o, &[])
             },
         },
+    ]
+}
+
+/// No context split where the kernel does not preempt, and the workload's calls apart.
+fn no_split_and_workload_cases() -> Vec<Case> {
+    let task = CTX_TASK;
+    vec![
         Case {
             name: "no context split on a kernel that does not preempt: a kprobe call that left the CPU is timed in the kernel, an fexit one deferred",
             cpus: 1,

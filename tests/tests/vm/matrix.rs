@@ -649,7 +649,7 @@ fn check_meta<'r>(b: &Boot, run: &'r str, doc: &memcg_trace::export::Document) -
     let backend = match run {
         "auto" if preemptible => "kprobe",
         "auto" => "fentry",
-        b => b,
+        other => other,
     };
     assert!(
         doc.meta
@@ -849,6 +849,8 @@ fn check_exit_and_term(b: &Boot) {
     assert_eq!(leftover.trim(), "0", "memcg left behind after SIGTERM");
 }
 
+/// The guest's part of the RT check (`rt_softirq`): bpftrace on the function `stat` resolves
+/// to, counting its calls by the running task's softirq count, while memcg-trace records `stat`
 /// across a loopback TCP stream in the workload's memcg (busybox nc: 50 MiB).
 const RT_SOCKETS: &str = r#"echo "guest: loopback stream beside bpftrace"
 ifconfig lo 127.0.0.1 up

@@ -99,158 +99,18 @@ fn profile_on(name: &str, short: &str) {
         // interrupts land inside the timed windows in proportion to their time, and the
         // floor (measured without them) does not take them out. Of the rounds, the one whose
         // own time per call is the median stands for the backend.
-        let mut runs: Vec<(f64, memcg_trace::export::Document)> = (1..=rounds)
-            .map(|i| {
-                let alone = load_recording(&r.out_dir.join(format!("alone-{backend}-{i}.json")));
-                let text = fs::read_to_string(r.out_dir.join(format!("alone-{backend}-{i}.txt")))
-                    .unwrap_or_default();
-                check_invariants(&alone, &text);
-                (own_ns_per_call(&alone), alone)
-            })
-            .collect();
-        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut runs = alone_runs(&r.out_dir, backend, rounds);
         let round_figures: Vec<String> = runs.iter().map(|(ns, _)| format!("{ns:.1}")).collect();
-        // What each run's figure is made of, for the message should the backends disagree
-        // (one boot in nine of the full test read kprobe 58.6 ns against fentry 66.8, its
-        // rounds not kept): the self time, the floor taken out, the calls and CPU.
-        details.push(format!(
-            "{backend}: {}",
-            runs.iter()
-                .map(|(ns, d)| {
-                    let p = &d.probes[0];
-                    let w = p.workload.as_ref();
-                    let floor = d.meta.floor(p.backend);
-                    format!(
-                        "{ns:.1} ns (self {} ns over {} calls, floor p50 {} p90 {} min {} ns, workload CPU {} ns, {} left the CPU)",
-                        w.and_then(|w| w.latency.as_ref()).and_then(|l| l.self_ns).unwrap_or(0),
-                        w.map_or(0, |w| w.count),
-                        floor.map_or(0, |f| f.p50_ns),
-                        floor.map_or(0, |f| f.p90_ns),
-                        floor.map_or(0, |f| f.min_ns),
-                        d.meta.workload.as_ref().and_then(|w| w.cpu_ns).unwrap_or(0),
-                        p.contexts[0].switched,
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("; ")
-        ));
-        // How far the floor taken out moved between this backend's runs in one boot (its p50,
-        // instructions under the counted clock): the resolution of the own time per call.
-        let floors: Vec<u64> = runs
-            .iter()
-            .filter_map(|(_, d)| d.meta.floor(d.probes[0].backend).map(|f| f.p50_ns))
-            .collect();
-        floor_spread += floors
-            .iter()
-            .max()
-            .zip(floors.iter().min())
-            .map_or(0, |(hi, lo)| hi - lo) as f64;
+        details.push(describe_rounds(backend, &runs));
+        floor_spread += floors_apart(&runs);
         let (_, alone) = runs.swap_remove(runs.len() / 2);
-        let ap = &alone.probes[0];
-        assert_eq!(ap.backend.to_string(), backend, "without perf");
-        let aw = ap.workload.as_ref().expect("workload row without perf");
-        let (alone_self_less_floor, alone_cpu, _) = own_share(&alone);
-        let alone_net = aw
-            .net_self_share_of_workload_cpu
-            .expect("net share without perf");
-        let calls = aw.count.max(1) as f64;
-        let ns_per_call = |share: f64| share * alone_cpu as f64 / calls;
         per_call.push((backend, own_ns_per_call(&alone)));
-        // The floor's spread: how far one call's instrumentation may be from the p50 taken
-        // out, as a share (0 where the clock counts instructions: the floor's calls then all
-        // take the same).
-        let floor = alone
-            .meta
-            .floor(ap.backend)
-            .expect("the floor of the backend");
-        let spread = (floor.p90_ns - floor.p50_ns) as f64 * aw.count as f64 / alone_cpu as f64;
-        // The calls that left the CPU (hackbench's tasks are preempted inside the function on
-        // a preemptible kernel): memcg-trace takes out their time off the CPU from the
-        // scheduler's clock, which starts at the clock update of the `__schedule` that switches
-        // the task out and stops at that of the `__schedule` (run by the task before it) that
-        // switches it back in: the two tails of `__schedule` after the updates, which perf
-        // sees on those tasks' stacks, differ by at most one context switch's cost each.
-        let switched = ap.contexts[0].switched as f64;
-        let handoff = switched * switch_ns / alone_cpu as f64;
-        // perf's side, once per sampling rate, each beside a recording of memcg-trace.
-        let rates: Vec<PerfRun> = PROFILE_FREQS
-            .iter()
-            .map(|&freq| perf_run(&r.out_dir, backend, freq))
-            .collect();
-        // Under the instruction-counted clock perf's share of the function moves with its
-        // sampling rate by more than its sampling error (6.12, fentry, one boot: 1.42% at
-        // 4,000 Hz, 1.86% at 7,919, 2.04% at 10,007, 1.82% at 10,000; kprobe 1.00-1.35%;
-        // memcg-trace 1.49% and 1.24%): the timer's ticks and its handler's cost (it unwinds
-        // through the trampoline or the kprobe machinery) fall in step with the deterministic
-        // workload, and no single rate can say which is right (a second timer at 3,989 Hz
-        // beside 10,007 in one perf session, which breaks the lock-step, read 1.56-1.57% in two
-        // runs where 10,000 Hz alone read 1.92-1.97%). memcg-trace's share must lie
-        // within the range perf's rates span, each widened by its own sampling error (4
-        // sigma), plus the floor's spread and the switches' handoff.
-        let lo = rates
-            .iter()
-            .map(|p| p.function - p.four_sigma)
-            .fold(f64::INFINITY, f64::min);
-        let hi = rates
-            .iter()
-            .map(|p| p.function + p.four_sigma)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let slack = spread + handoff;
-        let shown: Vec<String> = rates
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} (about {:.1} ns a call, by the calls and CPU of the run without perf)",
-                    p.describe(),
-                    ns_per_call(p.function)
-                )
-            })
-            .collect();
-        assert!(
-            alone_self_less_floor >= lo - slack && alone_self_less_floor <= hi + slack,
-            "{backend}: memcg-trace's self share less the instrumentation {alone_self_less_floor:.4} is not within perf's shares of {} at its sampling rates [{lo:.4}, {hi:.4}] (each 4 sigma, the batches' excess over the binomial included) widened by the floor's spread {spread:.4} and {switched} switches of at most {switch_ns} ns {handoff:.4}:\n{}",
-            ap.target,
-            shown.join("\n"),
-        );
-        // Beside perf, the timed window holds the function, the floor, and perf's
-        // interrupts that land in it: at least perf's share of the function plus the floor's
-        // (a tracer that shortened its windows would be below); and at most all perf saw of
-        // the function and of the instrumentation (one that counted time twice, above). The
-        // function's share is perf's lowest and highest over the rates, as above.
-        let lowest = rates
-            .iter()
-            .map(|p| p.function)
-            .fold(f64::INFINITY, f64::min);
-        let highest = rates.iter().map(|p| p.function).fold(0.0, f64::max);
-        for p in &rates {
-            assert!(
-                p.total + p.four_sigma >= lowest + p.floor_share,
-                "{backend} at {} Hz: memcg-trace's total {:.4} is below perf's lowest share of {} {lowest:.4} + the floor's {:.4} - 4 sigma {:.4}",
-                p.freq,
-                p.total,
-                ap.target,
-                p.floor_share,
-                p.four_sigma,
-            );
-            assert!(
-                p.total <= highest + p.instrumentation + p.four_sigma_with_instrumentation,
-                "{backend} at {} Hz: memcg-trace's total {:.4} is above perf's highest share of the function {highest:.4} + its instrumentation {:.4} + 4 sigma {:.4}",
-                p.freq,
-                p.total,
-                p.instrumentation,
-                p.four_sigma_with_instrumentation,
-            );
-        }
-        report.push_str(&format!(
-            "{backend} {}: share of the workload's CPU: memcg-trace self less the instrumentation {:.2}% ({:.1} ns a call; runs {}; {} calls left the CPU; net of the tracer's cost {:.2}%; workload CPU {:.3}s); perf {}; ",
-            ap.target,
-            alone_self_less_floor * 100.0,
-            ns_per_call(alone_self_less_floor),
-            round_figures.join(", "),
-            switched,
-            alone_net * 100.0,
-            alone_cpu as f64 / 1e9,
-            shown.join(", "),
+        report.push_str(&check_shares(
+            backend,
+            &alone,
+            &r.out_dir,
+            switch_ns,
+            &round_figures,
         ));
     }
     // The same function traced two ways: its own instructions per call do not depend on how
@@ -283,6 +143,183 @@ fn profile_on(name: &str, short: &str) {
         &mut std::io::stderr(),
         format!("{name}: {report}\n").as_bytes(),
     );
+}
+
+/// A backend's rounds without perf beside it, each checked and with its own time per call,
+/// from the lowest.
+fn alone_runs(out: &Path, backend: &str, rounds: u32) -> Vec<(f64, memcg_trace::export::Document)> {
+    let mut runs: Vec<(f64, memcg_trace::export::Document)> = (1..=rounds)
+        .map(|i| {
+            let alone = load_recording(&out.join(format!("alone-{backend}-{i}.json")));
+            let text = fs::read_to_string(out.join(format!("alone-{backend}-{i}.txt")))
+                .unwrap_or_default();
+            check_invariants(&alone, &text);
+            (own_ns_per_call(&alone), alone)
+        })
+        .collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    runs
+}
+
+/// What each round's figure is made of, for the message should the backends disagree (one boot
+/// in nine of the full test read kprobe 58.6 ns against fentry 66.8, its rounds not kept): the
+/// self time, the floor taken out, the calls and CPU.
+fn describe_rounds(backend: &str, runs: &[(f64, memcg_trace::export::Document)]) -> String {
+    format!(
+        "{backend}: {}",
+        runs.iter()
+            .map(|(ns, d)| {
+                let p = &d.probes[0];
+                let w = p.workload.as_ref();
+                let floor = d.meta.floor(p.backend);
+                format!(
+                    "{ns:.1} ns (self {} ns over {} calls, floor p50 {} p90 {} min {} ns, workload CPU {} ns, {} left the CPU)",
+                    w.and_then(|w| w.latency.as_ref()).and_then(|l| l.self_ns).unwrap_or(0),
+                    w.map_or(0, |w| w.count),
+                    floor.map_or(0, |f| f.p50_ns),
+                    floor.map_or(0, |f| f.p90_ns),
+                    floor.map_or(0, |f| f.min_ns),
+                    d.meta.workload.as_ref().and_then(|w| w.cpu_ns).unwrap_or(0),
+                    p.contexts[0].switched,
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    )
+}
+
+/// How far the floor taken out moved between a backend's rounds in one boot (its p50,
+/// instructions under the counted clock): the resolution of the own time per call.
+fn floors_apart(runs: &[(f64, memcg_trace::export::Document)]) -> f64 {
+    let floors: Vec<u64> = runs
+        .iter()
+        .filter_map(|(_, d)| d.meta.floor(d.probes[0].backend).map(|f| f.p50_ns))
+        .collect();
+    floors
+        .iter()
+        .max()
+        .zip(floors.iter().min())
+        .map_or(0, |(hi, lo)| hi - lo) as f64
+}
+
+/// The shares of the workload's CPU of one backend's run without perf (`alone`) against
+/// perf's, at each sampling rate (see `profile_on`); returns the report's part.
+fn check_shares(
+    backend: &str,
+    alone: &memcg_trace::export::Document,
+    out: &Path,
+    switch_ns: f64,
+    round_figures: &[String],
+) -> String {
+    let ap = &alone.probes[0];
+    assert_eq!(ap.backend.to_string(), backend, "without perf");
+    let aw = ap.workload.as_ref().expect("workload row without perf");
+    let (alone_self_less_floor, alone_cpu, _) = own_share(alone);
+    let alone_net = aw
+        .net_self_share_of_workload_cpu
+        .expect("net share without perf");
+    let calls = aw.count.max(1) as f64;
+    let ns_per_call = |share: f64| share * alone_cpu as f64 / calls;
+    // The floor's spread: how far one call's instrumentation may be from the p50 taken
+    // out, as a share (0 where the clock counts instructions: the floor's calls then all
+    // take the same).
+    let floor = alone
+        .meta
+        .floor(ap.backend)
+        .expect("the floor of the backend");
+    let spread = (floor.p90_ns - floor.p50_ns) as f64 * aw.count as f64 / alone_cpu as f64;
+    // The calls that left the CPU (hackbench's tasks are preempted inside the function on
+    // a preemptible kernel): memcg-trace takes out their time off the CPU from the
+    // scheduler's clock, which starts at the clock update of the `__schedule` that switches
+    // the task out and stops at that of the `__schedule` (run by the task before it) that
+    // switches it back in: the two tails of `__schedule` after the updates, which perf
+    // sees on those tasks' stacks, differ by at most one context switch's cost each.
+    let switched = ap.contexts[0].switched as f64;
+    let handoff = switched * switch_ns / alone_cpu as f64;
+    // perf's side, once per sampling rate, each beside a recording of memcg-trace.
+    let rates: Vec<PerfRun> = PROFILE_FREQS
+        .iter()
+        .map(|&freq| perf_run(out, backend, freq))
+        .collect();
+    // Under the instruction-counted clock perf's share of the function moves with its
+    // sampling rate by more than its sampling error (6.12, fentry, one boot: 1.42% at
+    // 4,000 Hz, 1.86% at 7,919, 2.04% at 10,007, 1.82% at 10,000; kprobe 1.00-1.35%;
+    // memcg-trace 1.49% and 1.24%): the timer's ticks and its handler's cost (it unwinds
+    // through the trampoline or the kprobe machinery) fall in step with the deterministic
+    // workload, and no single rate can say which is right (a second timer at 3,989 Hz
+    // beside 10,007 in one perf session, which breaks the lock-step, read 1.56-1.57% in two
+    // runs where 10,000 Hz alone read 1.92-1.97%). memcg-trace's share must lie
+    // within the range perf's rates span, each widened by its own sampling error (4
+    // sigma), plus the floor's spread and the switches' handoff.
+    let lo = rates
+        .iter()
+        .map(|p| p.function - p.four_sigma)
+        .fold(f64::INFINITY, f64::min);
+    let hi = rates
+        .iter()
+        .map(|p| p.function + p.four_sigma)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let slack = spread + handoff;
+    let shown: Vec<String> = rates
+        .iter()
+        .map(|p| {
+            format!(
+                "{} (about {:.1} ns a call, by the calls and CPU of the run without perf)",
+                p.describe(),
+                ns_per_call(p.function)
+            )
+        })
+        .collect();
+    assert!(
+        alone_self_less_floor >= lo - slack && alone_self_less_floor <= hi + slack,
+        "{backend}: memcg-trace's self share less the instrumentation {alone_self_less_floor:.4} is not within perf's shares of {} at its sampling rates [{lo:.4}, {hi:.4}] (each 4 sigma, the batches' excess over the binomial included) widened by the floor's spread {spread:.4} and {switched} switches of at most {switch_ns} ns {handoff:.4}:\n{}",
+        ap.target,
+        shown.join("\n"),
+    );
+    check_totals(backend, &rates, &ap.target);
+    format!(
+        "{backend} {}: share of the workload's CPU: memcg-trace self less the instrumentation {:.2}% ({:.1} ns a call; runs {}; {} calls left the CPU; net of the tracer's cost {:.2}%; workload CPU {:.3}s); perf {}; ",
+        ap.target,
+        alone_self_less_floor * 100.0,
+        ns_per_call(alone_self_less_floor),
+        round_figures.join(", "),
+        switched,
+        alone_net * 100.0,
+        alone_cpu as f64 / 1e9,
+        shown.join(", "),
+    )
+}
+
+/// Beside perf, the timed window holds the function, the floor, and perf's
+/// interrupts that land in it: at least perf's share of the function plus the floor's
+/// (a tracer that shortened its windows would be below); and at most all perf saw of
+/// the function and of the instrumentation (one that counted time twice, above). The
+/// function's share is perf's lowest and highest over the rates, as above.
+fn check_totals(backend: &str, rates: &[PerfRun], target: &str) {
+    let lowest = rates
+        .iter()
+        .map(|p| p.function)
+        .fold(f64::INFINITY, f64::min);
+    let highest = rates.iter().map(|p| p.function).fold(0.0, f64::max);
+    for p in rates {
+        assert!(
+            p.total + p.four_sigma >= lowest + p.floor_share,
+            "{backend} at {} Hz: memcg-trace's total {:.4} is below perf's lowest share of {} {lowest:.4} + the floor's {:.4} - 4 sigma {:.4}",
+            p.freq,
+            p.total,
+            target,
+            p.floor_share,
+            p.four_sigma,
+        );
+        assert!(
+            p.total <= highest + p.instrumentation + p.four_sigma_with_instrumentation,
+            "{backend} at {} Hz: memcg-trace's total {:.4} is above perf's highest share of the function {highest:.4} + its instrumentation {:.4} + 4 sigma {:.4}",
+            p.freq,
+            p.total,
+            p.instrumentation,
+            p.four_sigma_with_instrumentation,
+        );
+    }
 }
 
 /// The profiler comparison's workload and perf's sampling rates (per CPU): about 3,000 and

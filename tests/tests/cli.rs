@@ -114,6 +114,34 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
         String::from_utf8(out.stdout).unwrap()
     };
     let json: serde_json::Value = serde_json::from_str(&run_with("json")).unwrap();
+    check_diff_json(&json, &base);
+    // The table and the markdown say the same.
+    let table = run_with("table");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("charge") && l.contains(" task ") && l.contains("calls/s"))
+        .expect("charge task calls/s row");
+    assert!(
+        row.contains("+15.0%") && row.contains("beyond noise") && row.contains("±1.0%"),
+        "{row}"
+    );
+    let md = run_with("markdown");
+    assert!(
+        md.lines()
+            .any(|l| l.starts_with("| charge | task | calls/s |") && l.contains("| beyond noise |")),
+        "{md}"
+    );
+    // A side without its other half is one clear line.
+    let out = run(&["diff", &a[0]]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("diff compares two sides"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+/// `diff`'s JSON of the runs of `diff_of_runs_tells_a_change_from_the_noise` (`base`: the
+/// recording they were made from): the verdicts, statistics and per-operation figures.
+fn check_diff_json(json: &serde_json::Value, base: &serde_json::Value) {
     let figs = json["figures"].as_array().unwrap();
     let find = |probe: &str, ctx: &str, fig: &str| {
         figs.iter()
@@ -166,28 +194,6 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
         "calls/op or time/op of a system-wide row: {json}"
     );
     assert_eq!(json["a_files"].as_array().unwrap().len(), 3);
-    // The table and the markdown say the same.
-    let table = run_with("table");
-    let row = table
-        .lines()
-        .find(|l| l.starts_with("charge") && l.contains(" task ") && l.contains("calls/s"))
-        .expect("charge task calls/s row");
-    assert!(
-        row.contains("+15.0%") && row.contains("beyond noise") && row.contains("±1.0%"),
-        "{row}"
-    );
-    let md = run_with("markdown");
-    assert!(
-        md.lines()
-            .any(|l| l.starts_with("| charge | task | calls/s |") && l.contains("| beyond noise |")),
-        "{md}"
-    );
-    // A side without its other half is one clear line.
-    let out = run(&["diff", &a[0]]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("diff compares two sides"), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
 /// The text of every `<text>` element of an SVG, which must be well-formed XML.

@@ -138,6 +138,9 @@ fn unix_now() -> f64 {
         .as_secs_f64()
 }
 
+/// The series of stat's task-context calls, as Prometheus selects it.
+const STAT_TASK_SELECTOR: &str = "memcg_trace_calls_total{probe=\"stat\",context=\"task\"}";
+
 #[test]
 fn serve_is_scraped_by_a_real_prometheus() {
     let name = "serve_is_scraped_by_a_real_prometheus";
@@ -157,6 +160,54 @@ fn serve_is_scraped_by_a_real_prometheus() {
         return;
     };
     let dir = scratch(name);
+    let (port, mut serve) = start_serve(&hb);
+    let listen = format!("127.0.0.1:{port}");
+    let prom_port = free_port();
+    assert_ne!(prom_port, port);
+    let (text, starting) = scrape_through_start_up(port, &mut serve);
+    check_http_thread_has_no_capability(&serve);
+    assert_eq!(get(port, "/nothing").map(|r| r.0), Some(404));
+    check_with_promtool(promtool, &text);
+    let series = "memcg_trace_calls_total{probe=\"stat\",context=\"task\"";
+    assert!(text.contains(series), "{text}");
+    let _prom = scraped_by_prometheus(prometheus, &dir, &listen, prom_port);
+    let sel = STAT_TASK_SELECTOR;
+    // memcg-trace's own rate over a window, from two scrapes of ours, and Prometheus's over
+    // the same window.
+    let ours = |t: &str| sample(t, series).expect("the stat task series");
+    let (ta, a) = (unix_now(), ours(&get(port, "/metrics").unwrap().1));
+    thread::sleep(Duration::from_secs(12));
+    let (tb, b) = (unix_now(), ours(&get(port, "/metrics").unwrap().1));
+    let own = (b - a) / (tb - ta);
+    // Let the scrape after tb land.
+    thread::sleep(Duration::from_secs(2));
+    let window = (tb - ta).round() as u64;
+    let prom_rate =
+        query(prom_port, &format!("rate({sel}[{window}s])"), tb).expect("prometheus's rate");
+    assert!(own > 0.0, "no calls counted: {a} -> {b}");
+    let diff = (prom_rate - own).abs() / own;
+    summary(
+        name,
+        &format!("calls/s over {window} s: memcg-trace {own:.0}, Prometheus rate() {prom_rate:.0} ({:+.1}%); scrape {} bytes, {} series; {starting} scrapes answered during start-up (up 0)", (prom_rate - own) / own * 100.0, text.len(), text.lines().filter(|l| !l.starts_with('#')).count()),
+    );
+    assert!(
+        diff <= 0.10,
+        "Prometheus's rate {prom_rate:.1}/s vs memcg-trace's {own:.1}/s: {:.1}% apart",
+        diff * 100.0
+    );
+    // Shutdown: SIGTERM ends serve cleanly (0), its memcg removed.
+    let st = serve.stop();
+    assert_eq!(st.code(), Some(0), "serve's exit");
+    assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
+    assert!(
+        get(port, "/metrics").is_none(),
+        "still listening after exit"
+    );
+}
+
+/// `memcg-trace serve` beside a looping hackbench, start-up held for 3 s once it listens, on a
+/// free port: its port and process once it answers.
+fn start_serve(hb: &str) -> (u16, Killed) {
     let spawn = |port: u16| {
         let serve = Command::new(bin())
             .args([
@@ -183,7 +234,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
     // A free port can be taken by another process before serve binds it: then serve ends
     // with "cannot listen there" and another port is tried.
     let mut tries = 0;
-    let (port, mut serve) = loop {
+    loop {
         let port = free_port();
         let mut serve = spawn(port);
         let t = Instant::now();
@@ -206,10 +257,13 @@ fn serve_is_scraped_by_a_real_prometheus() {
             "serve never listened (after {:?})\n{why}",
             t.elapsed()
         );
-    };
-    let listen = format!("127.0.0.1:{port}");
-    let prom_port = free_port();
-    assert_ne!(prom_port, port);
+    }
+}
+
+/// Scrapes from start-up until `memcg_trace_up` is 1: every scrape answered at once, with up 0
+/// and nothing else during start-up. Returns the first scrape with up 1, and how many were
+/// answered during start-up (at least one).
+fn scrape_through_start_up(port: u16, serve: &mut Killed) -> (String, u32) {
     // Start-up and then serving: every scrape is answered; up turns 1.
     let t0 = Instant::now();
     let mut starting = 0;
@@ -260,7 +314,11 @@ fn serve_is_scraped_by_a_real_prometheus() {
         thread::sleep(Duration::from_millis(100));
     };
     assert!(starting > 0, "no scrape was answered during start-up");
-    // The thread that talks to the network holds no capability at all.
+    (text, starting)
+}
+
+/// The thread that talks to the network holds no capability at all.
+fn check_http_thread_has_no_capability(serve: &Killed) {
     let pid = serve.0.as_ref().unwrap().id();
     let http = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
@@ -279,8 +337,10 @@ fn serve_is_scraped_by_a_real_prometheus() {
             .trim();
         assert_eq!(v, "0000000000000000", "{set} of the HTTP thread");
     }
-    assert_eq!(get(port, "/nothing").map(|r| r.0), Some(404));
-    // promtool accepts a scrape.
+}
+
+/// promtool accepts a scrape.
+fn check_with_promtool(promtool: &Path, text: &str) {
     let mut check = Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -301,9 +361,11 @@ fn serve_is_scraped_by_a_real_prometheus() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let series = "memcg_trace_calls_total{probe=\"stat\",context=\"task\"";
-    assert!(text.contains(series), "{text}");
-    // A real Prometheus scraping every second.
+}
+
+/// A real Prometheus scraping `listen` every second, once it has scraped it 4 times (stopped when
+/// the returned value is dropped).
+fn scraped_by_prometheus(prometheus: &Path, dir: &Path, listen: &str, prom_port: u16) -> Killed {
     let cfg = dir.join("prometheus.yml");
     std::fs::write(
         &cfg,
@@ -323,8 +385,8 @@ fn serve_is_scraped_by_a_real_prometheus() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start prometheus");
-    let _prom = Killed(Some(prom));
-    let sel = "memcg_trace_calls_total{probe=\"stat\",context=\"task\"}";
+    let prom = Killed(Some(prom));
+    let sel = STAT_TASK_SELECTOR;
     let t0 = Instant::now();
     loop {
         let n = query(
@@ -341,37 +403,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
         );
         thread::sleep(Duration::from_millis(500));
     }
-    // memcg-trace's own rate over a window, from two scrapes of ours, and Prometheus's over
-    // the same window.
-    let ours = |t: &str| sample(t, series).expect("the stat task series");
-    let (ta, a) = (unix_now(), ours(&get(port, "/metrics").unwrap().1));
-    thread::sleep(Duration::from_secs(12));
-    let (tb, b) = (unix_now(), ours(&get(port, "/metrics").unwrap().1));
-    let own = (b - a) / (tb - ta);
-    // Let the scrape after tb land.
-    thread::sleep(Duration::from_secs(2));
-    let window = (tb - ta).round() as u64;
-    let prom_rate =
-        query(prom_port, &format!("rate({sel}[{window}s])"), tb).expect("prometheus's rate");
-    assert!(own > 0.0, "no calls counted: {a} -> {b}");
-    let diff = (prom_rate - own).abs() / own;
-    summary(
-        name,
-        &format!("calls/s over {window} s: memcg-trace {own:.0}, Prometheus rate() {prom_rate:.0} ({:+.1}%); scrape {} bytes, {} series; {starting} scrapes answered during start-up (up 0)", (prom_rate - own) / own * 100.0, text.len(), text.lines().filter(|l| !l.starts_with('#')).count()),
-    );
-    assert!(
-        diff <= 0.10,
-        "Prometheus's rate {prom_rate:.1}/s vs memcg-trace's {own:.1}/s: {:.1}% apart",
-        diff * 100.0
-    );
-    // Shutdown: SIGTERM ends serve cleanly (0), its memcg removed.
-    let st = serve.stop();
-    assert_eq!(st.code(), Some(0), "serve's exit");
-    assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
-    assert!(
-        get(port, "/metrics").is_none(),
-        "still listening after exit"
-    );
+    prom
 }
 
 #[test]

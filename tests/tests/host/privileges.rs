@@ -104,6 +104,47 @@ fn host_after_attach_only_dac_override_and_kill_are_kept() {
     );
 }
 
+/// The service account `nobody` (uid and gid 65534), with a copy of the binary it can run and a
+/// directory it can write: under /tmp, whatever the checkout's directories allow.
+struct Nobody {
+    exe: std::path::PathBuf,
+    out_dir: std::path::PathBuf,
+}
+
+impl Nobody {
+    fn new(name: &str) -> Nobody {
+        let dir = std::env::temp_dir().join(format!("{name}.{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("memcg-trace");
+        fs::copy(bin(), &exe).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+        let out_dir = dir.join("out");
+        fs::create_dir_all(&out_dir).unwrap();
+        std::os::unix::fs::chown(&out_dir, Some(65534), Some(65534)).unwrap();
+        Nobody { exe, out_dir }
+    }
+
+    /// Runs the binary as nobody with `caps` only (e.g. `+bpf,+perfmon`), inherited, ambient
+    /// and bounding.
+    fn run(&self, caps: &str, args: &[&str]) -> std::process::Output {
+        let set = format!("-all,{caps}");
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(format!("--inh-caps={set}"))
+            .arg(format!("--ambient-caps={set}"))
+            .arg(format!("--bounding-set={set}"))
+            .arg(&self.exe)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+/// A service account with CAP_BPF and CAP_PERFMON traces system-wide; a workload's memcg
+/// needs CAP_DAC_OVERRIDE besides, and bpf stats CAP_SYS_ADMIN, each said in one line.
 #[test]
 fn host_a_service_account_with_bpf_and_perfmon_traces() {
     let name = "host_a_service_account_with_bpf_and_perfmon_traces";
@@ -114,31 +155,9 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
         skip(name, "setpriv (util-linux) is missing");
         return;
     }
-    // nobody must be able to run the binary and write the recording: under /tmp, whatever
-    // the checkout's directories allow.
-    let dir = std::env::temp_dir().join(format!("{name}.{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
-    let exe = dir.join("memcg-trace");
-    fs::copy(bin(), &exe).unwrap();
-    use std::os::unix::fs::PermissionsExt as _;
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
-    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
-    let out_dir = dir.join("out");
-    fs::create_dir_all(&out_dir).unwrap();
-    std::os::unix::fs::chown(&out_dir, Some(65534), Some(65534)).unwrap();
-    let as_nobody = |caps: &str, args: &[&str]| {
-        let set = format!("-all,{caps}");
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(format!("--inh-caps={set}"))
-            .arg(format!("--ambient-caps={set}"))
-            .arg(format!("--bounding-set={set}"))
-            .arg(&exe)
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let nobody = Nobody::new(name);
+    let as_nobody = |caps: &str, args: &[&str]| nobody.run(caps, args);
+    let out_dir = &nobody.out_dir;
     // System-wide: CAP_BPF and CAP_PERFMON are all it takes.
     let sys = out_dir.join("system.json");
     let o = as_nobody(

@@ -514,25 +514,9 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
     let Some(hb) = hackbench_or_skip(name) else {
         return;
     };
-    let h = match memcg_trace::workload::find_hierarchy() {
-        Ok(h) => h,
-        Err(e) => {
-            skip(name, &format!("{e:#}"));
-            return;
-        }
-    };
-    if !h.v2 {
-        // The scenario the flag is for: a database in a v1 memcg.
-    } else if !fs::read_to_string(h.root.join("cgroup.subtree_control"))
-        .unwrap_or_default()
-        .contains("memory")
-    {
-        skip(
-            name,
-            "the v2 root does not enable the memory controller for its children",
-        );
+    let Some(h) = hierarchy_for_by_memcg(name) else {
         return;
-    }
+    };
     let a = TestMemcg::new(&h.root, "mt-test-a");
     let b = TestMemcg::new(&h.root, "mt-test-b");
     let json = scratch(name).join("by-memcg.json");
@@ -564,7 +548,51 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
     );
     let doc = load_recording(&json);
     check_invariants(&doc, &stdout);
-    let stat = probe(&doc, "stat");
+    let mut report = check_calls_by_memcg(&doc, &stdout, &h, [&a, &b]);
+    if !h.v2 {
+        let own = v1_cgroup_without_the_flag(name, &hb, &a);
+        report.push_str(&format!("; v1 --cgroup without the flag: workload {own}"));
+    }
+    summary(name, &report);
+}
+
+/// This host's memcg hierarchy, where the test can run (v1, the scenario the flag is for; or v2
+/// with the memory controller enabled for the root's children); None with the skip said.
+fn hierarchy_for_by_memcg(name: &str) -> Option<memcg_trace::workload::Hierarchy> {
+    let h = match memcg_trace::workload::find_hierarchy() {
+        Ok(h) => h,
+        Err(e) => {
+            skip(name, &format!("{e:#}"));
+            return None;
+        }
+    };
+    if !h.v2 {
+        // The scenario the flag is for: a database in a v1 memcg.
+    } else if !fs::read_to_string(h.root.join("cgroup.subtree_control"))
+        .unwrap_or_default()
+        .contains("memory")
+    {
+        skip(
+            name,
+            "the v2 root does not enable the memory controller for its children",
+        );
+        return None;
+    }
+    Some(h)
+}
+
+/// Each call of `--by-memcg`'s recording under the memcg it charges (`memcgs`: A, the
+/// workload's, and B), A and B named by their paths, B about three times A's task calls,
+/// interrupt-context calls charging them seen, the workload's row exactly A's calls; returns
+/// the report.
+fn check_calls_by_memcg(
+    doc: &memcg_trace::export::Document,
+    stdout: &str,
+    h: &memcg_trace::workload::Hierarchy,
+    memcgs: [&TestMemcg; 2],
+) -> String {
+    let [a, b] = memcgs;
+    let stat = probe(doc, "stat");
     let rel = |m: &TestMemcg| format!("/{}", m.0.strip_prefix(&h.root).unwrap().display());
     let id = |m: &TestMemcg| memcg_trace::memcgs::id_of(&m.0).unwrap();
     let calls = |m: &TestMemcg, ctx: Option<&str>| -> u64 {
@@ -574,7 +602,7 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
             .map(|r| r.calls)
             .sum()
     };
-    for m in [&a, &b] {
+    for m in [a, b] {
         for r in stat.memcgs.iter().filter(|r| r.id == id(m)) {
             assert_eq!(
                 r.cgroup,
@@ -584,12 +612,12 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
             );
         }
     }
-    let (ta, tb) = (calls(&a, Some("task")), calls(&b, Some("task")));
+    let (ta, tb) = (calls(a, Some("task")), calls(b, Some("task")));
     assert!(
         ta > 0 && tb > 2 * ta && tb < 5 * ta,
         "task-context calls charging A {ta}, B {tb} (B ran three times A's hackbench)\n{stdout}"
     );
-    let irq = calls(&a, None) + calls(&b, None) - ta - tb;
+    let irq = calls(a, None) + calls(b, None) - ta - tb;
     assert!(
         irq > 0,
         "no interrupt-context call charging A or B (RCU frees of their objects)\n{stdout}"
@@ -599,55 +627,55 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
     let own = stat.workload.as_ref().expect("workload figures").count;
     assert_eq!(
         own,
-        calls(&a, None),
+        calls(a, None),
         "the workload's calls are those charging A, in every context\n{stdout}"
     );
     assert!(
-        stdout.contains("stat task memcgs") && stdout.contains(&rel(&b)),
+        stdout.contains("stat task memcgs") && stdout.contains(&rel(b)),
         "{stdout}"
     );
-    let mut report = format!(
+    format!(
         "{} hierarchy: task A {ta}, B {tb}; interrupt contexts {irq}; workload {own}",
         if h.v2 { "v2" } else { "v1" }
+    )
+}
+
+/// Without the flag: a v1 memcg's tasks have no v2 id, so the workload is still told by the
+/// memcg charged. Returns the workload's calls.
+fn v1_cgroup_without_the_flag(name: &str, hb: &str, a: &TestMemcg) -> u64 {
+    let json = scratch(name).join("v1-cgroup.json");
+    let out = run(&[
+        "record",
+        "--attach",
+        "tracepoint",
+        "--bpf-stats",
+        "--cgroup",
+        a.0.to_str().unwrap(),
+        "-o",
+        json.to_str().unwrap(),
+        "--",
+        hb,
+        "-g",
+        "1",
+        "-l",
+        "100",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}");
+    let doc = load_recording(&json);
+    check_invariants(&doc, &stdout);
+    let stat = probe(&doc, "stat");
+    assert!(
+        doc.meta.workload.as_ref().is_some_and(|w| w.by_memcg),
+        "{:?}",
+        doc.meta.workload
     );
-    if !h.v2 {
-        // Without the flag: a v1 memcg's tasks have no v2 id, so the workload is still told by
-        // the memcg charged.
-        let json = scratch(name).join("v1-cgroup.json");
-        let out = run(&[
-            "record",
-            "--attach",
-            "tracepoint",
-            "--bpf-stats",
-            "--cgroup",
-            a.0.to_str().unwrap(),
-            "-o",
-            json.to_str().unwrap(),
-            "--",
-            &hb,
-            "-g",
-            "1",
-            "-l",
-            "100",
-        ]);
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "{stdout}");
-        let doc = load_recording(&json);
-        check_invariants(&doc, &stdout);
-        let stat = probe(&doc, "stat");
-        assert!(
-            doc.meta.workload.as_ref().is_some_and(|w| w.by_memcg),
-            "{:?}",
-            doc.meta.workload
-        );
-        assert!(stat.memcgs.is_empty(), "no per-memcg rows without the flag");
-        let own = stat.workload.as_ref().map_or(0, |w| w.count);
-        assert!(
-            own > 0 && own <= stat.count,
-            "v1 --cgroup: workload {own} of {}\n{stdout}",
-            stat.count
-        );
-        report.push_str(&format!("; v1 --cgroup without the flag: workload {own}"));
-    }
-    summary(name, &report);
+    assert!(stat.memcgs.is_empty(), "no per-memcg rows without the flag");
+    let own = stat.workload.as_ref().map_or(0, |w| w.count);
+    assert!(
+        own > 0 && own <= stat.count,
+        "v1 --cgroup: workload {own} of {}\n{stdout}",
+        stat.count
+    );
+    own
 }

@@ -141,102 +141,21 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
     // (beyond noise, the row) where the runs alone decide it (`verdict_from_runs`).
     let mut verdicts = Vec::new();
     for p in DEFAULT_PROBES {
-        let target = |d: &memcg_trace::export::Document| probe(d, p).target.clone();
-        let (ta, tb) = (target(&da[0]), target(&db[0]));
         let rows: Vec<&serde_json::Value> = figs.iter().filter(|f| f["probe"] == p).collect();
         assert!(!rows.is_empty(), "{name}: no row of {p}\n{table}");
-        let said = format!("{}: {ta} -> {}: {tb}", ka.release, kb.release);
-        // `auto` may take another backend on the other kernel (kprobe on preemptible 7.3).
-        let backend = |d: &memcg_trace::export::Document| probe(d, p).backend.to_string();
-        let (ba, bb) = (backend(&da[0]), backend(&db[0]));
-        for r in &rows {
-            if ta == tb {
-                assert!(
-                    r.get("functions").is_none(),
-                    "{name}: {p} ({ta} on both) says: {r}"
-                );
-            } else {
-                assert_eq!(
-                    r["functions"].as_str(),
-                    Some(said.as_str()),
-                    "{name}: {p}: {r}"
-                );
-            }
-            if ba == bb {
-                assert!(
-                    r.get("backends").is_none(),
-                    "{name}: {p} ({ba} on both) says: {r}"
-                );
-            } else {
-                assert_eq!(
-                    r["backends"].as_str(),
-                    Some(format!("{ba} -> {bb}").as_str()),
-                    "{name}: {p}: {r}"
-                );
-            }
+        let sides = [(&ka.release, &da[0]), (&kb.release, &db[0])];
+        if let Some(said) = check_what_changed(name, p, sides, &rows, &table) {
+            changed.push(said);
         }
-        if ta != tb {
-            assert!(
-                table.contains(&format!("* {p}: {said}")),
-                "{name}: the table does not say {p}'s function changed\n{table}"
-            );
-            changed.push(said.clone());
-        }
-        let per_op = rows
-            .iter()
-            .find(|r| r["context"] == "workload" && r["figure"] == "calls/op")
-            .unwrap_or_else(|| panic!("{name}: {p}: no calls/op row\n{table}"));
-        for side in ["a", "b"] {
-            let s = &per_op[side];
-            assert!(
-                s["n"].as_u64() == Some(2) && s["mean"].as_f64().unwrap_or(0.0) > 0.0,
-                "{name}: {p} calls/op, side {side}: {per_op}"
-            );
-        }
-        if p == "charge" {
-            // The kmem charges of a hackbench message repeat run to run on one kernel.
-            for side in ["a", "b"] {
-                let rsd = per_op[side]["rsd"].as_f64().unwrap_or(1.0);
-                assert!(
-                    rsd <= 0.05,
-                    "{name}: charge calls/op side {side} rsd {rsd}: {per_op}"
-                );
-            }
-        }
-        for r in &rows {
-            if let Some(v) = verdict_from_runs(r) {
-                // (Not beyond noise: "within noise", or no verdict where nothing spreads.)
-                assert_eq!(
-                    r["beyond_noise"].as_bool() == Some(true),
-                    v,
-                    "{name}: {p}: the verdict is not what the runs say\n{r}\n{table}"
-                );
-                verdicts.push((v, format!("{p} {} {}", r["context"], r["figure"])));
-            }
-        }
+        check_calls_per_op(name, p, &rows, &table);
+        verdicts.extend(decided_verdicts(name, p, &rows, &table));
     }
     // Between two kernels the runs alone may decide no row at all: 6.12 -> 7.3 once had every
     // row's two ranges apart, none of them repeating exactly. (A change that is not to zero,
     // where the runs repeat exactly on each side, is decided when there: 6.1 -> 6.12's charge
     // calls per message, 2.168 -> 2.225 in every run.) So a side against itself, its runs
     // swapped, where every row's ranges are the same and the runs decide it: within noise.
-    let swapped: Vec<std::path::PathBuf> = runs.a.iter().rev().cloned().collect();
-    let same: serde_json::Value =
-        serde_json::from_str(&diff_sides(&runs.a, &swapped, "json")).unwrap();
-    let mut same_rows = 0;
-    for r in same["figures"].as_array().unwrap() {
-        if let Some(v) = verdict_from_runs(r) {
-            assert!(
-                !v && r["beyond_noise"].as_bool() != Some(true),
-                "{name}: side a against itself, a row beyond noise: {r}"
-            );
-            same_rows += 1;
-        }
-    }
-    assert!(
-        same_rows > 0,
-        "{name}: side a against itself: no row with two runs a side"
-    );
+    check_side_against_itself(name, &runs.a);
     let told: Vec<&String> = verdicts.iter().filter(|v| v.0).map(|v| &v.1).collect();
     // 6.1 and 6.12 trace the same three functions; 7.3 moved all three.
     assert_eq!(
@@ -254,6 +173,130 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
             verdicts.len()
         )
         .as_bytes(),
+    );
+}
+
+/// Probe `p`'s rows say where its function (or backend: `auto` decides per kernel) changed
+/// between the kernels (`sides`: each release and a run's recording), naming both, and say
+/// nothing where they stayed; returns what the table says of a changed function.
+fn check_what_changed(
+    name: &str,
+    p: &str,
+    sides: [(&String, &memcg_trace::export::Document); 2],
+    rows: &[&serde_json::Value],
+    table: &str,
+) -> Option<String> {
+    let [(ra, da), (rb, db)] = sides;
+    let target = |d: &memcg_trace::export::Document| probe(d, p).target.clone();
+    let (ta, tb) = (target(da), target(db));
+    let said = format!("{ra}: {ta} -> {rb}: {tb}");
+    // `auto` may take another backend on the other kernel (kprobe on preemptible 7.3).
+    let backend = |d: &memcg_trace::export::Document| probe(d, p).backend.to_string();
+    let (ba, bb) = (backend(da), backend(db));
+    for r in rows {
+        if ta == tb {
+            assert!(
+                r.get("functions").is_none(),
+                "{name}: {p} ({ta} on both) says: {r}"
+            );
+        } else {
+            assert_eq!(
+                r["functions"].as_str(),
+                Some(said.as_str()),
+                "{name}: {p}: {r}"
+            );
+        }
+        if ba == bb {
+            assert!(
+                r.get("backends").is_none(),
+                "{name}: {p} ({ba} on both) says: {r}"
+            );
+        } else {
+            assert_eq!(
+                r["backends"].as_str(),
+                Some(format!("{ba} -> {bb}").as_str()),
+                "{name}: {p}: {r}"
+            );
+        }
+    }
+    if ta != tb {
+        assert!(
+            table.contains(&format!("* {p}: {said}")),
+            "{name}: the table does not say {p}'s function changed\n{table}"
+        );
+        return Some(said);
+    }
+    None
+}
+
+/// Probe `p`'s calls per hackbench message, two runs a side, on both; charge's repeat within
+/// a side (the kmem charges of a message are the kernel's, not the run's).
+fn check_calls_per_op(name: &str, p: &str, rows: &[&serde_json::Value], table: &str) {
+    let per_op = rows
+        .iter()
+        .find(|r| r["context"] == "workload" && r["figure"] == "calls/op")
+        .unwrap_or_else(|| panic!("{name}: {p}: no calls/op row\n{table}"));
+    for side in ["a", "b"] {
+        let s = &per_op[side];
+        assert!(
+            s["n"].as_u64() == Some(2) && s["mean"].as_f64().unwrap_or(0.0) > 0.0,
+            "{name}: {p} calls/op, side {side}: {per_op}"
+        );
+    }
+    if p == "charge" {
+        // The kmem charges of a hackbench message repeat run to run on one kernel.
+        for side in ["a", "b"] {
+            let rsd = per_op[side]["rsd"].as_f64().unwrap_or(1.0);
+            assert!(
+                rsd <= 0.05,
+                "{name}: charge calls/op side {side} rsd {rsd}: {per_op}"
+            );
+        }
+    }
+}
+
+/// The rows the runs alone decide (`verdict_from_runs`) have that verdict; returns them,
+/// (beyond noise, the row).
+fn decided_verdicts(
+    name: &str,
+    p: &str,
+    rows: &[&serde_json::Value],
+    table: &str,
+) -> Vec<(bool, String)> {
+    let mut verdicts = Vec::new();
+    for r in rows {
+        if let Some(v) = verdict_from_runs(r) {
+            // (Not beyond noise: "within noise", or no verdict where nothing spreads.)
+            assert_eq!(
+                r["beyond_noise"].as_bool() == Some(true),
+                v,
+                "{name}: {p}: the verdict is not what the runs say\n{r}\n{table}"
+            );
+            verdicts.push((v, format!("{p} {} {}", r["context"], r["figure"])));
+        }
+    }
+    verdicts
+}
+
+/// A side against itself, its runs swapped: every row the runs decide is within noise, and
+/// there is such a row.
+fn check_side_against_itself(name: &str, side: &[std::path::PathBuf]) {
+    let swapped: Vec<std::path::PathBuf> = side.iter().rev().cloned().collect();
+    let same: serde_json::Value =
+        serde_json::from_str(&diff_sides(side, &swapped, "json")).unwrap();
+    let mut same_rows = 0;
+    for r in same["figures"].as_array().unwrap() {
+        if let Some(v) = verdict_from_runs(r) {
+            assert!(
+                !v && r["beyond_noise"].as_bool() != Some(true),
+                "{name}: side a against itself, a row beyond noise: {r}"
+            );
+            same_rows += 1;
+        }
+    }
+    assert!(
+        same_rows > 0,
+        "{name}: side a against itself: no row with two runs a side"
     );
 }
 

@@ -882,15 +882,35 @@ memcg-trace record -q -p charge -o /out/irqname.json -- sh -c 'printf irq/9-fake
 ///   hackbench run (`witness`): the witness saw switches with the section held, and the
 ///   deferred calls in flight then are rejected.
 fn check_witness(short: &str, out: &Path) {
-    let task = |p: &memcg_trace::export::ProbeOut,
-                f: fn(&memcg_trace::export::ContextOut) -> u64|
-     -> u64 {
-        p.contexts
-            .iter()
-            .filter(|c| c.context == "task")
-            .map(f)
-            .sum()
-    };
+    let (proven, deferred, rejected, off) = check_witness_proves(short, out);
+    let witness_cost = witness_cost(short, out);
+    let (held, skipped, proven_held, deferred_held, rejected_held) =
+        check_witness_beside_map_update(short, out);
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "{short}: switch witness: auto {proven} proven on their CPU, {deferred} deferred, {rejected} rejected, {off} ns off the CPU, the witness itself {witness_cost}; beside a preempted map update {held} held switches, {skipped} kprobe hits not run, {proven_held} proven, {deferred_held} deferred, {rejected_held} rejected\n"
+        )
+        .as_bytes(),
+    );
+}
+
+/// A figure of probe `p`'s task context.
+fn task_sum(
+    p: &memcg_trace::export::ProbeOut,
+    f: fn(&memcg_trace::export::ContextOut) -> u64,
+) -> u64 {
+    p.contexts
+        .iter()
+        .filter(|c| c.context == "task")
+        .map(f)
+        .sum()
+}
+
+/// `auto` (kprobe here), nobody in a map system call: the calls that left the CPU proven or
+/// confirmed, at most 1% rejected, the witness among the programs attached. Returns the task
+/// calls proven on their CPU, deferred and rejected, and their time off the CPU.
+fn check_witness_proves(short: &str, out: &Path) -> (u64, u64, u64, u64) {
     let doc = load_recording(&out.join("auto.json"));
     let summary = fs::read_to_string(out.join("auto.txt")).expect("summary");
     let (mut deferred, mut proven, mut rejected, mut off) = (0, 0, 0, 0);
@@ -907,10 +927,10 @@ fn check_witness(short: &str, out: &Path) {
             "{short}: {}'s deferred pairs not proven by the switch witness\n{summary}",
             p.name
         );
-        deferred += task(p, |c| c.deferred);
-        proven += task(p, |c| c.proven_on_cpu);
-        rejected += task(p, |c| c.rejected);
-        off += task(p, |c| c.off_cpu_ns);
+        deferred += task_sum(p, |c| c.deferred);
+        proven += task_sum(p, |c| c.proven_on_cpu);
+        rejected += task_sum(p, |c| c.rejected);
+        off += task_sum(p, |c| c.off_cpu_ns);
     }
     // The calls that left the CPU without moving off it are proven by the programs from the
     // witness's count on their CPU; the others are deferred and checked per tick.
@@ -933,6 +953,12 @@ fn check_witness(short: &str, out: &Path) {
             && summary.contains("also attached: held_switch"),
         "{short}: auto: the switch witness is not among the programs attached\n{summary}"
     );
+    (proven, deferred, rejected, off)
+}
+
+/// The witness's own cost, one run per context switch, told beside the daemon's (the kprobe
+/// recording, with the kernel's bpf stats on).
+fn witness_cost(short: &str, out: &Path) -> String {
     let kdoc = load_recording(&out.join("kprobe.json"));
     let ksummary = fs::read_to_string(out.join("kprobe.txt")).expect("summary");
     let witness = kdoc
@@ -958,21 +984,27 @@ fn check_witness(short: &str, out: &Path) {
         .iter()
         .filter_map(|p| p.ns_per_run)
         .sum();
-    let witness_cost = format!(
+    format!(
         "{} runs, {:.0} ns a run (charge's programs {charge_ns:.0} ns a call, {} calls)",
         witness.run_cnt,
         witness.ns_per_run.unwrap_or(f64::NAN),
         probe(&kdoc, "charge").count
-    );
+    )
+}
+
+/// A bpftool process preempted inside its map updates on CPU 0 (`witness`): switches found the
+/// section held, and the deferred calls in flight then rejected. Returns the held switches,
+/// the kprobe hits not run, and the task calls proven, deferred and rejected.
+fn check_witness_beside_map_update(short: &str, out: &Path) -> (u64, u64, u64, u64, u64) {
     let doc = load_recording(&out.join("witness.json"));
     let summary = fs::read_to_string(out.join("witness.txt")).expect("summary");
     check_invariants(&doc, &summary);
     let p = probe(&doc, "charge");
     let held = p.held_switches.unwrap_or(0);
     let (deferred_held, rejected_held, proven_held) = (
-        task(p, |c| c.deferred),
-        task(p, |c| c.rejected),
-        task(p, |c| c.proven_on_cpu),
+        task_sum(p, |c| c.deferred),
+        task_sum(p, |c| c.rejected),
+        task_sum(p, |c| c.proven_on_cpu),
     );
     // (bpftool's own charges, made inside its map updates, are kprobe hits not run whether or
     // not it is preempted: the witness is the switches.)
@@ -993,14 +1025,13 @@ fn check_witness(short: &str, out: &Path) {
         deferred_held + proven_held >= 10 && rejected_held >= 1 && rejected_held * 10 >= deferred_held * 9,
         "{short}: beside a preempted map update: {proven_held} proven on their CPU, {deferred_held} deferred, {rejected_held} rejected: at least 10 in all, some rejected and at least 90% of the deferred expected\n{summary}"
     );
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!(
-            "{short}: switch witness: auto {proven} proven on their CPU, {deferred} deferred, {rejected} rejected, {off} ns off the CPU, the witness itself {witness_cost}; beside a preempted map update {held} held switches, {} kprobe hits not run, {proven_held} proven, {deferred_held} deferred, {rejected_held} rejected\n",
-            p.kprobe_skipped
-        )
-        .as_bytes(),
-    );
+    (
+        held,
+        p.kprobe_skipped,
+        proven_held,
+        deferred_held,
+        rejected_held,
+    )
 }
 
 /// On PREEMPT_RT the context split takes softirq from the task's count, says so, and sees the

@@ -130,48 +130,89 @@ fn vm_serve_6_12() {
         .find(|c| c.context == "task")
         .expect("charge task");
     let workload = charge.workload.as_ref().expect("charge's workload row");
-    // The contexts' series, or (context "workload") the workload's families.
-    let series = |suffix: &str, context: &str, extra: &str| {
-        if context == "workload" {
-            format!(
-                "memcg_trace_workload_{suffix}{{probe=\"charge\",symbol=\"{}\",backend=\"{}\"{extra}}} ",
-                charge.target, charge.backend
-            )
-        } else {
-            format!(
-                "memcg_trace_{suffix}{{probe=\"charge\",context=\"{context}\",symbol=\"{}\",backend=\"{}\"{extra}}} ",
-                charge.target, charge.backend
-            )
-        }
-    };
-    let value = |s: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(s))
-            .unwrap_or_else(|| panic!("{s} not in the scrape:\n{text}"))
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let scraped = value(&series("calls_total", "workload", ""));
+    let series = |suffix: &str, context: &str| charge_series(charge, suffix, context);
+    let value = |s: &str| scraped_value(&text, s);
+    let scraped = value(&series("calls_total", "workload"));
     assert!(
         scraped > 0.0 && scraped == workload.count as f64,
         "workload: scraped {scraped} vs recorded {}",
         workload.count
     );
-    let scraped_task = value(&series("calls_total", "task", ""));
+    let scraped_task = value(&series("calls_total", "task"));
     assert!(
         scraped_task >= scraped && scraped_task <= task.count as f64,
         "task: scraped {scraped_task} vs recorded {} (workload {scraped})",
         task.count
     );
-    // histogram_quantile as Prometheus computes it: the bucket where the rank falls, linear
-    // inside it.
+    let prefix = series("latency_seconds_bucket", "workload").replace("\"} ", "\",");
+    let (lo, hi, quantile) = histogram_quantile_99(&text, &prefix);
+    let p99 = workload
+        .latency
+        .as_ref()
+        .expect("workload latency")
+        .percentiles
+        .iter()
+        .find(|x| (x.q - 0.99).abs() < 1e-9)
+        .expect("p99")
+        .ns as f64
+        / 1e9;
+    assert!(
+        lo < p99 && p99 <= hi * 1.0000001 && lo <= quantile && quantile <= hi,
+        "histogram_quantile(0.99) {quantile:e} s in ({lo:e}, {hi:e}], the recording's p99 {p99:e} s"
+    );
+    assert!(text.lines().any(|l| l == "memcg_trace_up 1"), "{text}");
+    let sites = check_caller_series(&doc, &text);
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "{name}: scrape {} bytes, {} series ({sites} call-site series); charge workload: {scraped} calls scraped, {} recorded (task: {scraped_task} scraped, {} recorded at the stop); histogram_quantile(0.99) {:.2} us, recording's p99 {:.2} us, both in ({:.2}, {:.2}] us\n",
+            text.len(),
+            text.lines().filter(|l| !l.starts_with('#')).count(),
+            workload.count,
+            task.count,
+            quantile * 1e6,
+            p99 * 1e6,
+            lo * 1e6,
+            hi * 1e6
+        )
+        .as_bytes(),
+    );
+}
+
+/// The scrape's series of `suffix` for charge in `context`, or (context "workload") the
+/// workload's family; with the space before its value.
+fn charge_series(charge: &memcg_trace::export::ProbeOut, suffix: &str, context: &str) -> String {
+    if context == "workload" {
+        format!(
+            "memcg_trace_workload_{suffix}{{probe=\"charge\",symbol=\"{}\",backend=\"{}\"}} ",
+            charge.target, charge.backend
+        )
+    } else {
+        format!(
+            "memcg_trace_{suffix}{{probe=\"charge\",context=\"{context}\",symbol=\"{}\",backend=\"{}\"}} ",
+            charge.target, charge.backend
+        )
+    }
+}
+
+/// The value of series `s` (its name, labels and the space after them) in the scrape.
+fn scraped_value(text: &str, s: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(s))
+        .unwrap_or_else(|| panic!("{s} not in the scrape:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// histogram_quantile(0.99, ...) as Prometheus computes it on the scrape's buckets (`prefix`:
+/// the family's name and labels up to `le`): the bucket where the rank falls, linear inside
+/// it. Returns the bucket's bounds and the quantile, in seconds.
+fn histogram_quantile_99(text: &str, prefix: &str) -> (f64, f64, f64) {
     let les: Vec<(f64, f64)> = text
         .lines()
         .filter_map(|l| {
-            let rest = l.strip_prefix(
-                &series("latency_seconds_bucket", "workload", "").replace("\"} ", "\","),
-            )?;
+            let rest = l.strip_prefix(prefix)?;
             let (le, v) = rest.strip_prefix("le=\"")?.split_once("\"} ")?;
             Some((
                 if le == "+Inf" {
@@ -194,23 +235,13 @@ fn vm_serve_6_12() {
     };
     let (hi, at) = les[bucket];
     let quantile = lo + (hi - lo) * (rank - below) / (at - below);
-    let p99 = workload
-        .latency
-        .as_ref()
-        .expect("workload latency")
-        .percentiles
-        .iter()
-        .find(|x| (x.q - 0.99).abs() < 1e-9)
-        .expect("p99")
-        .ns as f64
-        / 1e9;
-    assert!(
-        lo < p99 && p99 <= hi * 1.0000001 && lo <= quantile && quantile <= hi,
-        "histogram_quantile(0.99) {quantile:e} s in ({lo:e}, {hi:e}], the recording's p99 {p99:e} s"
-    );
-    assert!(text.lines().any(|l| l == "memcg_trace_up 1"), "{text}");
-    // `--callers`: the top sites of each probe and context as counters; each is a site of the
-    // recording, with no more calls than the recording has there at the stop.
+    (lo, hi, quantile)
+}
+
+/// `--callers` in the scrape: the top sites of each probe and context as counters; each is a
+/// site of the recording, with no more calls than the recording has there at the stop. Returns
+/// how many (at least 3).
+fn check_caller_series(doc: &memcg_trace::export::Document, text: &str) -> usize {
     let mut sites = 0;
     for l in text
         .lines()
@@ -225,7 +256,7 @@ fn vm_serve_6_12() {
                 .unwrap_or("")
                 .to_string()
         };
-        let scraped_probe = probe(&doc, &get("probe"));
+        let scraped_probe = probe(doc, &get("probe"));
         let site = scraped_probe
             .callers
             .iter()
@@ -240,21 +271,7 @@ fn vm_serve_6_12() {
         sites += 1;
     }
     assert!(sites >= 3, "call-site series: {sites}\n{text}");
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!(
-            "{name}: scrape {} bytes, {} series ({sites} call-site series); charge workload: {scraped} calls scraped, {} recorded (task: {scraped_task} scraped, {} recorded at the stop); histogram_quantile(0.99) {:.2} us, recording's p99 {:.2} us, both in ({:.2}, {:.2}] us\n",
-            text.len(),
-            text.lines().filter(|l| !l.starts_with('#')).count(),
-            workload.count,
-            task.count,
-            quantile * 1e6,
-            p99 * 1e6,
-            lo * 1e6,
-            hi * 1e6
-        )
-        .as_bytes(),
-    );
+    sites
 }
 
 /// The built-in workloads of the upstream debates (`--workload open-loop`, `--workload
@@ -689,10 +706,16 @@ fn vm_reclaim_6_12() {
         )
         .as_bytes(),
     );
-    // charge (obj_cgroup_charge) calls try_charge_memcg whenever its per-CPU stock of bytes
-    // runs out: the files' kernel objects make a thousand or so such calls. They are seen
-    // nested: in charge's self time, not outermost (each probe's calls nest in the other's).
-    let c = &probe(&doc, "charge").contexts[0];
+    check_try_charge_nested_in_charge(name, &doc);
+}
+
+/// charge (obj_cgroup_charge) calls try_charge_memcg whenever its per-CPU stock of bytes runs
+/// out: the files' kernel objects make a thousand or so such calls. They are seen nested: in
+/// charge's self time, not outermost (each probe's calls nest in the other's); and their time
+/// off the CPU is told apart within charge's own.
+fn check_try_charge_nested_in_charge(name: &str, doc: &memcg_trace::export::Document) {
+    let task = &probe(doc, "try_charge").contexts[0];
+    let c = &probe(doc, "charge").contexts[0];
     let l = c.latency.as_ref().expect("charge latency");
     assert!(
         l.nested_calls.unwrap_or(0) > 0 && l.self_ns.unwrap_or(u64::MAX) < l.sum_ns,
@@ -700,7 +723,7 @@ fn vm_reclaim_6_12() {
         l.nested_calls,
         l.self_ns,
         l.sum_ns,
-        memcg_trace::table::probe_footnote(probe(&doc, "charge"))
+        memcg_trace::table::probe_footnote(probe(doc, "charge"))
     );
     let tc = task.latency.as_ref().expect("try_charge latency");
     assert!(

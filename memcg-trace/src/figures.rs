@@ -324,7 +324,7 @@ mod tests {
             programs_ns: None,
             per_call_ns: Some(1_500.0),
         };
-        let mut snap = crate::tui::app::tests::snap(1, 100, 10_000, 0);
+        let mut snap = crate::snapshot::for_tests::snap(1, 100, 10_000, 0);
         snap.probes[0].workload = Some(calls.clone());
         let floors = std::slice::from_ref(&floor);
         let cpu = WorkloadCpu::of(&snap, floors, Some(10_000_000));

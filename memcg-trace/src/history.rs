@@ -253,7 +253,7 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tui::app::tests::snap;
+    use crate::snapshot::for_tests::snap;
 
     #[test]
     fn ticks_hold_interval_calls_and_percentiles() {

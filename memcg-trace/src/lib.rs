@@ -38,6 +38,8 @@ pub mod kernel;
 pub mod memcgs;
 pub mod metrics;
 pub mod model;
+#[cfg(test)]
+mod outputs_tests;
 pub mod plot;
 pub mod probes;
 pub mod session;

@@ -433,6 +433,53 @@ pub(crate) mod counters_for_tests {
     }
 }
 
+/// Snapshots for tests of the modules that read them.
+#[cfg(test)]
+pub(crate) mod for_tests {
+    use std::time::Duration;
+
+    use memcg_trace_common::bucket_index;
+
+    use super::{Backend, CtxStats, ProbeStats, Snapshot};
+
+    /// A snapshot with one fentry probe whose task context saw `calls` calls of `ns` each and
+    /// whose softirq context saw `soft` calls, at `secs` seconds.
+    pub(crate) fn snap(secs: u64, calls: u64, ns: u64, soft: u64) -> Snapshot {
+        let mut task = CtxStats::default();
+        task.hist.count = calls;
+        task.hist.sum_ns = calls * ns;
+        task.hist.min_ns = if calls > 0 { ns } else { 0 };
+        task.hist.max_ns = if calls > 0 { ns } else { 0 };
+        task.hist.buckets[bucket_index(ns)] = calls;
+        let mut softirq = CtxStats::default();
+        softirq.hist.count = soft;
+        softirq.hist.sum_ns = soft * 2 * ns;
+        softirq.hist.min_ns = 2 * ns;
+        softirq.hist.max_ns = 2 * ns;
+        softirq.hist.buckets[bucket_index(2 * ns)] = soft;
+        Snapshot {
+            elapsed: Duration::from_secs(secs),
+            probes: vec![ProbeStats {
+                name: "charge".into(),
+                target: "obj_cgroup_charge".into(),
+                backend: Backend::Fentry,
+                contexts: [task, softirq, CtxStats::default(), CtxStats::default()],
+                programs: vec![],
+                workload: None,
+                kprobe_missed: 0,
+                kprobe_skipped: 0,
+                held_switches: None,
+                window: None,
+                callers: Vec::new(),
+                memcgs: Vec::new(),
+                stacks: Vec::new(),
+                stack_sample: 1,
+            }],
+            ..Default::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

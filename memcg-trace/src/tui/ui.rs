@@ -748,7 +748,8 @@ mod tests {
     use ratatui::{backend::TestBackend, Terminal};
 
     use super::*;
-    use crate::tui::app::{tests::snap, App, Header, Key};
+    use crate::snapshot::for_tests::snap;
+    use crate::tui::app::{App, Header, Key};
 
     fn render(app: &App, w: u16, h: u16) -> String {
         let mut t = Terminal::new(TestBackend::new(w, h)).expect("test terminal");

@@ -726,74 +726,7 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
     };
     let no_context = no_context_split.is_some();
     let arm64 = cfg!(target_arch = "aarch64");
-    let preempt = preempt_at(btf, &percpu, no_context, arm64)?;
-    let runqueues = match percpu.get("runqueues") {
-        Some(o) => *o,
-        None if no_context => 0,
-        None => bail!("per-CPU variable runqueues not found (BTF, kallsyms)"),
-    };
-    let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
-    let (task_softirq, task_comm) = interrupt_work_in_tasks(btf, no_context)?;
-    let task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
-    let task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
-    // The task's off-CPU clock (see memcg_trace_common::off_cpu).
-    let task_exec_start = field_path_offset(btf, "task_struct", &["se", "exec_start"])?;
-    let task_sum_exec = field_path_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?;
-    let task_migrations = field_path_offset(btf, "task_struct", &["se", "nr_migrations"])?;
-    let cross_cpu_clock = task_clocks_agree(btf);
-    // Where a BPF program keeps its per-CPU recursion-miss counter (0: not found; the fentry
-    // interrupt pairs are then confirmed in userspace instead).
-    let off = |s: &str, f: &str| field_path_offset(btf, s, &[f]).unwrap_or(0);
-    let this_cpu_off = this_cpu_off(btf, &percpu);
-    let cgroup = cgroup_reads(btf);
-    let cast = rdonly_cast_ids(btf);
-    let task_cast = current_task_cast(btf, &percpu, cast);
-    let offsets = KernelLayout {
-        this_cpu_off,
-        prog_aux: off("bpf_prog", "aux"),
-        prog_stats: off("bpf_prog", "stats"),
-        prog_aux_id: off("bpf_prog_aux", "id"),
-        stats_misses: off("bpf_prog_stats", "misses"),
-        clock_adjacent: (task_sum_exec == task_exec_start + 8) as u32,
-        // Set by the loader once it has patched the programs (tracer::load_object).
-        direct_preempt: 0,
-        preempt_member: preempt.member,
-        direct_task: 0,
-        // The verifier finds the variable's address by name in kallsyms, where data symbols
-        // are only with CONFIG_KALLSYMS_ALL (Debian has it; this sandbox's kernel does not).
-        preempt_var_id: if !no_context && !arm64 && kallsyms_has(preempt.var) {
-            var_id(btf, preempt.var).unwrap_or(0)
-        } else {
-            0
-        },
-        task_cgroups: cgroup.id_path.0,
-        cset_dfl_cgrp: cgroup.id_path.1,
-        cgroup_kn: cgroup.id_path.2,
-        kn_id: cgroup.id_path.3,
-        direct_cgroup: (cgroup.id_path != (0, 0, 0, 0)) as u32,
-        cross_cpu_clock: cross_cpu_clock as u32,
-        switches_adjacent: (task_nivcsw == task_nvcsw + 8) as u32,
-        // Set by the loader once it has patched the programs.
-        direct_untrusted: 0,
-        cast_type_id: cast.map_or(0, |c| c.1),
-        cast_kfunc_id: cast.map_or(0, |c| c.0),
-        cast_u64_type_id: task_cast.map_or(0, |t| t.0),
-        cast_task_type_id: task_cast.map_or(0, |t| t.1),
-        current_task: task_cast.map_or(0, |t| t.2),
-        task_nvcsw,
-        task_nivcsw,
-        preempt_count: preempt.offset,
-        runqueues,
-        task_se_cfs_rq: field_path_offset(btf, "task_struct", &["se", "cfs_rq"])
-            .context("task_struct.se.cfs_rq (needs CONFIG_FAIR_GROUP_SCHED)")?,
-        cfs_rq_rq: field_path_offset(btf, "cfs_rq", &["rq"])?,
-        rq_cpu: field_path_offset(btf, "rq", &["cpu"])?,
-        task_exec_start,
-        task_sum_exec,
-        task_migrations,
-        nmi_mask,
-        hardirq_mask,
-        softirq_offset,
+    let mut offsets = KernelLayout {
         valid: 1,
         percpu_from_kallsyms: percpu_from_kallsyms as u64,
         no_context: no_context as u64,
@@ -802,30 +735,111 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
         } else {
             memcg_trace_common::ARCH_X86_64
         },
-        task_softirq,
-        task_comm,
-        // Where the switch witness reads whether a BPF section is held (0: nowhere).
-        prog_active: if no_context {
-            0
-        } else {
-            percpu.get("bpf_prog_active").copied().unwrap_or(0)
-        },
-        percpu_start: if arm64 {
-            kallsyms_addr("__per_cpu_start").unwrap_or(0)
-        } else {
-            0
-        },
-        cgroup_level: off("cgroup", "level"),
-        cgroup_ancestors: cgroup.ancestors.map_or(0, |a| a.0),
-        ancestors_are_ids: cgroup.ancestors.is_some_and(|a| a.1) as u64,
-        // Set by the loader once it has patched the programs.
-        direct_reads: 0,
-        interrupt_masks: (nmi_mask | hardirq_mask | softirq_offset) as u64,
+        // The loader sets `direct_preempt`, `direct_task`, `direct_untrusted` and
+        // `direct_reads` once it has patched the programs (tracer::load_object): 0 here.
+        ..KernelLayout::default()
     };
+
+    context_offsets(btf, &percpu, no_context, arm64, &mut offsets)?;
+    task_offsets(btf, no_context, &mut offsets)?;
+    prog_offsets(btf, &mut offsets);
+    cgroup_offsets(btf, &percpu, &mut offsets);
+
     Ok(Layout {
         offsets,
         no_context_split,
     })
+}
+
+/// `layout`'s fields for a call's context: the preempt count (where, and its masks) and the
+/// per-CPU variables read beside it.
+fn context_offsets(
+    btf: &Btf,
+    percpu: &HashMap<String, u64>,
+    no_context: bool,
+    arm64: bool,
+    o: &mut KernelLayout,
+) -> Result<()> {
+    let preempt = preempt_at(btf, percpu, no_context, arm64)?;
+    o.runqueues = match percpu.get("runqueues") {
+        Some(o) => *o,
+        None if no_context => 0,
+        None => bail!("per-CPU variable runqueues not found (BTF, kallsyms)"),
+    };
+    o.this_cpu_off = this_cpu_off(btf, percpu);
+    o.preempt_member = preempt.member;
+    o.preempt_count = preempt.offset;
+    // The verifier finds the variable's address by name in kallsyms, where data symbols
+    // are only with CONFIG_KALLSYMS_ALL (Debian has it; this sandbox's kernel does not).
+    o.preempt_var_id = if !no_context && !arm64 && kallsyms_has(preempt.var) {
+        var_id(btf, preempt.var).unwrap_or(0)
+    } else {
+        0
+    };
+    let (nmi_mask, hardirq_mask, softirq_offset) = PREEMPT_MASKS;
+    o.nmi_mask = nmi_mask;
+    o.hardirq_mask = hardirq_mask;
+    o.softirq_offset = softirq_offset;
+    o.interrupt_masks = (nmi_mask | hardirq_mask | softirq_offset) as u64;
+    // Where the switch witness reads whether a BPF section is held (0: nowhere).
+    o.prog_active = if no_context {
+        0
+    } else {
+        percpu.get("bpf_prog_active").copied().unwrap_or(0)
+    };
+    o.percpu_start = if arm64 {
+        kallsyms_addr("__per_cpu_start").unwrap_or(0)
+    } else {
+        0
+    };
+    Ok(())
+}
+
+/// `layout`'s fields of the task: its interrupt work, switch counts, off-CPU clock (see
+/// memcg_trace_common::off_cpu), migrations, and its CPU's runqueue.
+fn task_offsets(btf: &Btf, no_context: bool, o: &mut KernelLayout) -> Result<()> {
+    (o.task_softirq, o.task_comm) = interrupt_work_in_tasks(btf, no_context)?;
+    o.task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
+    o.task_nivcsw = field_path_offset(btf, "task_struct", &["nivcsw"])?;
+    o.switches_adjacent = (o.task_nivcsw == o.task_nvcsw + 8) as u32;
+    o.task_exec_start = field_path_offset(btf, "task_struct", &["se", "exec_start"])?;
+    o.task_sum_exec = field_path_offset(btf, "task_struct", &["se", "sum_exec_runtime"])?;
+    o.clock_adjacent = (o.task_sum_exec == o.task_exec_start + 8) as u32;
+    o.task_migrations = field_path_offset(btf, "task_struct", &["se", "nr_migrations"])?;
+    o.cross_cpu_clock = task_clocks_agree(btf) as u32;
+    o.task_se_cfs_rq = field_path_offset(btf, "task_struct", &["se", "cfs_rq"])
+        .context("task_struct.se.cfs_rq (needs CONFIG_FAIR_GROUP_SCHED)")?;
+    o.cfs_rq_rq = field_path_offset(btf, "cfs_rq", &["rq"])?;
+    o.rq_cpu = field_path_offset(btf, "rq", &["cpu"])?;
+    Ok(())
+}
+
+/// `layout`'s fields of a BPF program: where it keeps its per-CPU recursion-miss counter
+/// (0: not found; the fentry interrupt pairs are then confirmed in userspace instead).
+fn prog_offsets(btf: &Btf, o: &mut KernelLayout) {
+    let off = |s: &str, f: &str| field_path_offset(btf, s, &[f]).unwrap_or(0);
+    o.prog_aux = off("bpf_prog", "aux");
+    o.prog_stats = off("bpf_prog", "stats");
+    o.prog_aux_id = off("bpf_prog_aux", "id");
+    o.stats_misses = off("bpf_prog_stats", "misses");
+}
+
+/// `layout`'s fields for the cgroup chase (a task's cgroup id, a cgroup's ancestors) and the
+/// typed reads of the current task.
+fn cgroup_offsets(btf: &Btf, percpu: &HashMap<String, u64>, o: &mut KernelLayout) {
+    let cgroup = cgroup_reads(btf);
+    (o.task_cgroups, o.cset_dfl_cgrp, o.cgroup_kn, o.kn_id) = cgroup.id_path;
+    o.direct_cgroup = (cgroup.id_path != (0, 0, 0, 0)) as u32;
+    o.cgroup_level = field_path_offset(btf, "cgroup", &["level"]).unwrap_or(0);
+    o.cgroup_ancestors = cgroup.ancestors.map_or(0, |a| a.0);
+    o.ancestors_are_ids = cgroup.ancestors.is_some_and(|a| a.1) as u64;
+    let cast = rdonly_cast_ids(btf);
+    let task_cast = current_task_cast(btf, percpu, cast);
+    o.cast_type_id = cast.map_or(0, |c| c.1);
+    o.cast_kfunc_id = cast.map_or(0, |c| c.0);
+    o.cast_u64_type_id = task_cast.map_or(0, |t| t.0);
+    o.cast_task_type_id = task_cast.map_or(0, |t| t.1);
+    o.current_task = task_cast.map_or(0, |t| t.2);
 }
 
 /// Whether the running kernel is a PREEMPT_RT build: its version string says so (`#1 SMP

@@ -138,6 +138,79 @@ fn spawn_workload(m: &Memcg, argv: &[String], dashboard: bool) -> Result<tokio::
         .map_err(|e| workload::cannot_run(argv, e))
 }
 
+/// What start-up makes before any program is loaded: the first steps of [`Session::start`].
+/// (Its fields are dropped in this order on a failed start: the workload's memcg removed
+/// first, the signal handlers last, as when they were the start-up's locals.)
+struct Prepared {
+    phases: Vec<Phase>,
+    workload_memcg: bool,
+    memcg: Option<Memcg>,
+    argv: Vec<String>,
+    hdr_log: Option<HdrLog>,
+    /// Raised for start-up; set back (dropped) once every program is attached.
+    priority: Option<StartupPriority>,
+    signals: Signals,
+    t0: Instant,
+}
+
+impl Prepared {
+    /// Signal handlers, the privileges checked, the start-up priority raised, the interval
+    /// log's file and the workload's memcg created.
+    fn new(args: &LiveArgs, opts: &Options) -> Result<Prepared> {
+        let t0 = Instant::now();
+        let signals = Signals::install()?;
+        check_privileges()?;
+        let priority = Some(StartupPriority::raise());
+        // Before anything is created: a path that cannot be written fails here.
+        let hdr_log = args.hdr_log.as_deref().map(HdrLog::create).transpose()?;
+        let argv = args.argv()?;
+        let memcg = if argv.is_empty() {
+            None
+        } else {
+            Some(workload::prepare(args.cgroup.as_deref(), opts.dashboard)?)
+        };
+        let phases = vec![phase("memcg", t0)];
+        let workload_memcg = workload_told_by_memcg(args, memcg.as_ref());
+        Ok(Prepared {
+            phases,
+            workload_memcg,
+            memcg,
+            argv,
+            hdr_log,
+            priority,
+            signals,
+            t0,
+        })
+    }
+
+    /// The programs loaded and attached (calibration and the floors with them), the
+    /// workload's memcg given to them, `extra`'s programs attached; then start-up's priority
+    /// set back.
+    fn attach(
+        &mut self,
+        args: &LiveArgs,
+        opts: &Options,
+        extra: impl FnOnce(&mut Tracer) -> Result<()>,
+    ) -> Result<Attached> {
+        let memcg = self.memcg.as_ref();
+        let mut attached = attach(
+            &args.sel,
+            attach_options(args, opts, memcg, self.workload_memcg),
+        )?;
+        if let Some(m) = memcg.filter(|_| self.workload_memcg) {
+            attached.tracer.set_workload_memcg(&m.path)?;
+        }
+        self.phases.append(&mut attached.phases);
+        let t_extra = Instant::now();
+        extra(&mut attached.tracer)?;
+        attached.tracer.done_attaching();
+        // Back to its own priority before the workload starts.
+        self.priority = None;
+        self.phases.push(phase("extra", t_extra));
+        Ok(attached)
+    }
+}
+
 impl Session {
     /// [`Session::start`] for the commands whose exit status tells a start-up stopped by a
     /// signal: then `Ok(Err(code))`, said on stderr.
@@ -167,45 +240,41 @@ impl Session {
         opts: Options,
         extra: impl FnOnce(&mut Tracer) -> Result<()>,
     ) -> Result<Session> {
-        let t0 = Instant::now();
-        let mut signals = Signals::install()?;
-        check_privileges()?;
-        let priority = StartupPriority::raise();
-        // Before anything is created: a path that cannot be written fails here.
-        let mut hdr_log = args.hdr_log.as_deref().map(HdrLog::create).transpose()?;
-        let argv = args.argv()?;
-        let memcg = if argv.is_empty() {
-            None
-        } else {
-            Some(workload::prepare(args.cgroup.as_deref(), opts.dashboard)?)
-        };
-        let mut phases = vec![phase("memcg", t0)];
-        let workload_memcg = workload_told_by_memcg(args, memcg.as_ref());
-        not_stopped(&mut signals).await?;
+        let mut prepared = Prepared::new(args, &opts)?;
+        not_stopped(&mut prepared.signals).await?;
 
+        let attached = prepared.attach(args, &opts, extra)?;
+        not_stopped(&mut prepared.signals).await?;
+
+        Session::begin(args, &opts, prepared, attached)
+    }
+
+    /// The last step of [`Session::start`]: the collector, then the workload, then the
+    /// privileges dropped.
+    fn begin(
+        args: &LiveArgs,
+        opts: &Options,
+        prepared: Prepared,
+        attached: Attached,
+    ) -> Result<Session> {
+        let Prepared {
+            t0,
+            signals,
+            mut hdr_log,
+            argv,
+            memcg,
+            workload_memcg,
+            phases,
+            ..
+        } = prepared;
         let Attached {
-            mut tracer,
+            tracer,
             notes,
             floors,
             calibration,
-            phases: attach_phases,
             preemption_model,
-        } = attach(
-            &args.sel,
-            attach_options(args, &opts, memcg.as_ref(), workload_memcg),
-        )?;
-        if let Some(m) = memcg.as_ref().filter(|_| workload_memcg) {
-            tracer.set_workload_memcg(&m.path)?;
-        }
-        phases.extend(attach_phases);
-        let t_extra = Instant::now();
-        extra(&mut tracer)?;
-        tracer.done_attaching();
-        // Back to its own priority before the workload starts.
-        drop(priority);
-        phases.push(phase("extra", t_extra));
-        not_stopped(&mut signals).await?;
-
+            ..
+        } = attached;
         let said = TracerSaid::of(&tracer);
         let startup = t0.elapsed();
         let cpu0 = cpu_time();

@@ -342,6 +342,31 @@ impl Breakdowns {
     }
 }
 
+/// The eBPF log's reader (`--ebpf-log`), or none.
+fn ebpf_logger(ebpf: &mut Ebpf, on: bool) -> Result<Option<EbpfLogger<StderrLog>>> {
+    if !on {
+        return Ok(None);
+    }
+    let logger =
+        EbpfLogger::init_with_logger(ebpf, StderrLog).map_err(|e| anyhow!("eBPF log: {e}"))?;
+    Ok(Some(logger))
+}
+
+/// The ring buffer the programs hand deferred pairs to userspace through.
+fn deferred_ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
+    let map = ebpf
+        .take_map(names::MAP_DEFERRED)
+        .ok_or_else(|| anyhow!("map {} missing", names::MAP_DEFERRED))?;
+    RingBuf::try_from(map).context("the ring buffer of deferred pairs")
+}
+
+/// Why the programs' recursion-miss counters cannot be read here, or None.
+fn misses_unreachable(layout: &KernelLayout) -> Option<String> {
+    (layout.arch == memcg_trace_common::ARCH_ARM64 && layout.percpu_start == 0).then(|| {
+        "arm64: __per_cpu_start is not in kallsyms (kptr_restrict hides addresses), so no per-CPU offset".to_string()
+    })
+}
+
 impl Tracer {
     /// Loads the object and maps its shared arrays. `targets` are the functions and
     /// tracepoints that may be attached to (the kernel's BTF ids of those are kept until
@@ -353,24 +378,13 @@ impl Tracer {
     ) -> Result<Self> {
         let (mut ebpf, loaded, loader_btf, front) = load_object(layout, opts)?;
         let fentry_build = fentry_build(opts, &loaded);
-        let logger = if opts.features.ebpf_log {
-            Some(
-                EbpfLogger::init_with_logger(&mut ebpf, StderrLog)
-                    .map_err(|e| anyhow!("eBPF log: {e}"))?,
-            )
-        } else {
-            None
-        };
+        let logger = ebpf_logger(&mut ebpf, opts.features.ebpf_log)?;
         let cpus = possible_cpus();
         let probes = opts.probes.max(1);
         let workload_contexts = workload_contexts(opts.features.workload_memcg);
         let (shared_cells, workload_cells, held_switches) =
             map_shared_arrays(&ebpf, cpus, probes as usize, workload_contexts as usize)?;
-        let ring = RingBuf::try_from(
-            ebpf.take_map(names::MAP_DEFERRED)
-                .ok_or_else(|| anyhow!("map {} missing", names::MAP_DEFERRED))?,
-        )
-        .context("the ring buffer of deferred pairs")?;
+        let ring = deferred_ring(&mut ebpf)?;
         let tp_percpu = opts.no_kprobes;
         let mut calibration = Vec::new();
         let object = front.object;
@@ -413,15 +427,14 @@ impl Tracer {
             memcg_names,
             stacks,
             stack_sample: opts.features.stack_sample.max(1),
-            stack_shown: opts.features.stack_depth.min(memcg_trace_common::STACK_SHOWN),
+            stack_shown: opts
+                .features
+                .stack_depth
+                .min(memcg_trace_common::STACK_SHOWN),
             cpus,
             probes,
             misses_offset: layout.stats_misses,
-            misses_unreachable: (layout.arch == memcg_trace_common::ARCH_ARM64
-                && layout.percpu_start == 0)
-                .then(|| {
-                    "arm64: __per_cpu_start is not in kallsyms (kptr_restrict hides addresses), so no per-CPU offset".to_string()
-                }),
+            misses_unreachable: misses_unreachable(layout),
             cells: shared_cells,
             workload_cells,
             held_switches,

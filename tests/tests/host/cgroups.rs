@@ -113,50 +113,9 @@ fn host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls(
     // namespace root's children, after which (on a host whose cgroup v2 has it) no process
     // may join the root itself as the next run's wrapper does.
     let ns_root = Path::new(&v2).join("mt-cgns-test");
-    // Joins the namespace's root cgroup, unshares the cgroup and mount namespaces, mounts
-    // cgroup v2 afresh (its root is the namespace's), moves into a leaf (a cgroup with
-    // processes cannot offer the memory controller to its children) and runs the rest.
-    let wrapper = dir.join("in-cgroup-namespace.sh");
-    fs::write(
-        &wrapper,
-        r#"set -e
-v2=$1; shift
-echo $$ > "$v2/mt-cgns-test/cgroup.procs"
-exec unshare --cgroup --mount sh -c '
-set -e
-v2=$1; shift
-umount "$v2" 2>/dev/null || true
-mount -t cgroup2 cgroup2 "$v2"
-mkdir -p "$v2/daemon"
-echo $$ > "$v2/daemon/cgroup.procs"
-exec "$@"' sh "$v2" "$@"
-"#,
-    )
-    .expect("write the wrapper");
-    let wrapper = wrapper.display().to_string();
-    let ns = NamespaceRoot::make(ns_root.clone());
-    let tried = Command::new("sh")
-        .args([&wrapper, &v2, "sh", "-c", "cat /proc/self/cgroup"])
-        .output();
-    drop(ns);
-    match tried {
-        Ok(o)
-            if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("0::/daemon") => {}
-        Ok(o) => {
-            skip(
-                name,
-                &format!(
-                    "cannot run in a cgroup namespace with cgroup v2 mounted afresh: {}{}",
-                    String::from_utf8_lossy(&o.stdout).trim(),
-                    String::from_utf8_lossy(&o.stderr).trim()
-                ),
-            );
-            return;
-        }
-        Err(e) => {
-            skip(name, &format!("cannot run sh: {e}"));
-            return;
-        }
+    let wrapper = namespace_wrapper(&dir);
+    if !runs_in_a_namespace(name, &wrapper, &v2, &ns_root) {
+        return;
     }
     let mut report = Vec::new();
     for object in ["full", "legacy"] {
@@ -195,6 +154,62 @@ exec "$@"' sh "$v2" "$@"
         "-",
     );
     summary(name, &report.join("; "));
+}
+
+/// A script that runs its arguments in a cgroup namespace: joins the namespace's root cgroup, unshares the cgroup and mount namespaces, mounts
+/// cgroup v2 afresh (its root is the namespace's), moves into a leaf (a cgroup with
+/// processes cannot offer the memory controller to its children) and runs the rest.
+fn namespace_wrapper(dir: &Path) -> String {
+    let wrapper = dir.join("in-cgroup-namespace.sh");
+    fs::write(
+        &wrapper,
+        r#"set -e
+v2=$1; shift
+echo $$ > "$v2/mt-cgns-test/cgroup.procs"
+exec unshare --cgroup --mount sh -c '
+set -e
+v2=$1; shift
+umount "$v2" 2>/dev/null || true
+mount -t cgroup2 cgroup2 "$v2"
+mkdir -p "$v2/daemon"
+echo $$ > "$v2/daemon/cgroup.procs"
+exec "$@"' sh "$v2" "$@"
+"#,
+    )
+    .expect("write the wrapper");
+    wrapper.display().to_string()
+}
+
+/// Whether the wrapper runs a command in a namespace whose cgroup v2 is mounted afresh
+/// (said as a skip where it cannot).
+fn runs_in_a_namespace(name: &str, wrapper: &str, v2: &str, ns_root: &Path) -> bool {
+    let ns = NamespaceRoot::make(ns_root.to_path_buf());
+    let tried = Command::new("sh")
+        .args([wrapper, v2, "sh", "-c", "cat /proc/self/cgroup"])
+        .output();
+    drop(ns);
+    match tried {
+        Ok(o)
+            if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("0::/daemon") =>
+        {
+            true
+        }
+        Ok(o) => {
+            skip(
+                name,
+                &format!(
+                    "cannot run in a cgroup namespace with cgroup v2 mounted afresh: {}{}",
+                    String::from_utf8_lossy(&o.stdout).trim(),
+                    String::from_utf8_lossy(&o.stderr).trim()
+                ),
+            );
+            false
+        }
+        Err(e) => {
+            skip(name, &format!("cannot run sh: {e}"));
+            false
+        }
+    }
 }
 
 /// What the moved-workload tests share: the host's serial lock, hackbench, the cgroup v2

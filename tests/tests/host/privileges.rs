@@ -43,15 +43,46 @@ fn host_after_attach_only_dac_override_and_kill_are_kept() {
     wait_for_workload(Duration::from_secs(60));
     // The workload joins its memcg before exec, and the session drops its capabilities just
     // after starting it: wait for the drop (or fail after 10 s).
+    wait_for_capabilities(pid, KEPT);
+    let threads = check_every_thread_keeps_only_kept(pid);
+    // The workload keeps what it was started with.
+    let w = wait_for_pid_of(&["sleep", "2.31"]);
+    let wst = fs::read_to_string(format!("/proc/{w}/status")).unwrap();
+    let mine = fs::read_to_string("/proc/self/status").unwrap();
+    assert_eq!(
+        status_field(&wst, "CapEff:"),
+        status_field(&mine, "CapEff:")
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc = load_recording(&json);
+    assert!(doc.probes.iter().any(|p| p.count > 0));
+    assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
+    summary(
+        name,
+        &format!("{threads} thread(s) at CapEff {KEPT:#x}, no_new_privs; workload untouched"),
+    );
+}
+
+/// Waits until the effective capabilities of `pid` are `want` (at most 10 s).
+fn wait_for_capabilities(pid: u32, want: u64) {
     let t = Instant::now();
     while fs::read_to_string(format!("/proc/{pid}/status"))
-        .map(|st| status_field(&st, "CapEff:") != KEPT)
+        .map(|st| status_field(&st, "CapEff:") != want)
         .unwrap_or(false)
         && t.elapsed() < Duration::from_secs(10)
     {
         thread::sleep(Duration::from_millis(20));
     }
-    // Every thread of the session.
+}
+
+/// Checks that every thread of `pid` has only KEPT (effective, permitted, bounding), nothing
+/// to inherit and no_new_privs; the number of threads.
+fn check_every_thread_keeps_only_kept(pid: u32) -> usize {
     let mut threads = 0;
     for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
         let st = fs::read_to_string(t.path().join("status")).unwrap();
@@ -72,36 +103,21 @@ fn host_after_attach_only_dac_override_and_kill_are_kept() {
             );
         }
     }
-    // The workload keeps what it was started with.
+    threads
+}
+
+/// The pid of the process running `argv` (waits for it at most 10 s).
+fn wait_for_pid_of(argv: &[&str]) -> i32 {
     let t = Instant::now();
-    let w = loop {
-        match pid_of(&["sleep", "2.31"]) {
-            Some(w) => break w,
+    loop {
+        match pid_of(argv) {
+            Some(w) => return w,
             None if t.elapsed() < Duration::from_secs(10) => {
                 thread::sleep(Duration::from_millis(20))
             }
             None => panic!("the workload never ran"),
         }
-    };
-    let wst = fs::read_to_string(format!("/proc/{w}/status")).unwrap();
-    let mine = fs::read_to_string("/proc/self/status").unwrap();
-    assert_eq!(
-        status_field(&wst, "CapEff:"),
-        status_field(&mine, "CapEff:")
-    );
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc = load_recording(&json);
-    assert!(doc.probes.iter().any(|p| p.count > 0));
-    assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
-    summary(
-        name,
-        &format!("{threads} thread(s) at CapEff {KEPT:#x}, no_new_privs; workload untouched"),
-    );
+    }
 }
 
 /// The service account `nobody` (uid and gid 65534), with a copy of the binary it can run and a
@@ -141,6 +157,12 @@ impl Nobody {
             .output()
             .unwrap()
     }
+
+    /// `record -q --attach tracepoint` with `args`, as [`Nobody::run`].
+    fn record(&self, caps: &str, args: &[&str]) -> std::process::Output {
+        let record = ["record", "-q", "--attach", "tracepoint"];
+        self.run(caps, &[&record[..], args].concat())
+    }
 }
 
 /// A service account with CAP_BPF and CAP_PERFMON traces system-wide; a workload's memcg
@@ -156,23 +178,11 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
         return;
     }
     let nobody = Nobody::new(name);
-    let as_nobody = |caps: &str, args: &[&str]| nobody.run(caps, args);
+    let record = |caps: &str, args: &[&str]| nobody.record(caps, args);
     let out_dir = &nobody.out_dir;
     // System-wide: CAP_BPF and CAP_PERFMON are all it takes.
     let sys = out_dir.join("system.json");
-    let o = as_nobody(
-        "+bpf,+perfmon",
-        &[
-            "record",
-            "-q",
-            "--attach",
-            "tracepoint",
-            "-d",
-            "1s",
-            "-o",
-            sys.to_str().unwrap(),
-        ],
-    );
+    let o = record("+bpf,+perfmon", &["-d", "1s", "-o", sys.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let doc = load_recording(&sys);
     assert!(doc.probes.iter().any(|p| p.count > 0));
@@ -184,10 +194,7 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
     );
     // A workload's memcg is created in root's hierarchy: without CAP_DAC_OVERRIDE, one line
     // that says what is missing, and nothing left behind.
-    let o = as_nobody(
-        "+bpf,+perfmon",
-        &["record", "-q", "--attach", "tracepoint", "--", "true"],
-    );
+    let o = record("+bpf,+perfmon", &["--", "true"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
@@ -196,13 +203,9 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
     );
     // With it, the workload's rows.
     let wl = out_dir.join("workload.json");
-    let o = as_nobody(
+    let o = record(
         "+bpf,+perfmon,+dac_override",
         &[
-            "record",
-            "-q",
-            "--attach",
-            "tracepoint",
             "-o",
             wl.to_str().unwrap(),
             "--",
@@ -219,18 +222,7 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
         .iter()
         .any(|p| p.workload.as_ref().is_some_and(|w| w.count > 0)));
     // bpf stats need CAP_SYS_ADMIN, and say so.
-    let o = as_nobody(
-        "+bpf,+perfmon",
-        &[
-            "record",
-            "-q",
-            "--attach",
-            "tracepoint",
-            "-d",
-            "1s",
-            "--bpf-stats",
-        ],
-    );
+    let o = record("+bpf,+perfmon", &["-d", "1s", "--bpf-stats"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && err.contains("CAP_SYS_ADMIN"),

@@ -251,6 +251,24 @@ fn host_bad_input_gives_one_clear_line() {
         return;
     };
     let dir = scratch(name);
+    check_bad_names_paths_and_files(&dir);
+    check_untraceable_functions_and_probes();
+    check_a_cgroup_without_the_memory_controller();
+    check_not_root();
+    assert!(
+        leftover_memcgs().is_empty(),
+        "bad input left memcgs: {:?}",
+        leftover_memcgs()
+    );
+    // clap's own errors (malformed duration) are one usage error with exit 2.
+    let out = run(&["record", "--duration", "ten"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid duration \"ten\""));
+}
+
+/// Unknown probes and functions, outputs that cannot be written, recordings that cannot be
+/// read, a cgroup or a workload that does not exist.
+fn check_bad_names_paths_and_files(dir: &Path) {
     assert_clean_error(
         &["record", "--probe", "nonsense", "-d", "1s"],
         "unknown probe \"nonsense\"; valid probes: charge, stat, rstat",
@@ -299,7 +317,12 @@ fn host_bad_input_gives_one_clear_line() {
         &["record", "-q", "--", "/nonexistent/command"],
         "cannot run \"/nonexistent/command\"",
     );
-    // Present in this kernel but refused by every backend here: each backend says why.
+}
+
+/// A function present in this kernel but refused by every backend, and a probe named with
+/// `--probe` that cannot attach: each said, nothing traced.
+fn check_untraceable_functions_and_probes() {
+    // Each backend says why.
     let out = run(&["record", "-q", "--func", "obj_cgroup_charge", "-d", "1s"]);
     let err = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
@@ -327,7 +350,10 @@ fn host_bad_input_gives_one_clear_line() {
         assert!(err.contains("cannot trace charge"), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
-    // A cgroup without the memory controller.
+}
+
+/// A cgroup without the memory controller (where the host has one).
+fn check_a_cgroup_without_the_memory_controller() {
     for dir in ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/systemd"] {
         if Path::new(dir).join("cgroup.procs").exists()
             && !Path::new(dir).join("memory.current").exists()
@@ -339,7 +365,10 @@ fn host_bad_input_gives_one_clear_line() {
             break;
         }
     }
-    // Not root: the missing capabilities are named.
+}
+
+/// Not root: the missing capabilities are named.
+fn check_not_root() {
     let out = Command::new("setpriv")
         .args([
             "--reuid=65534",
@@ -362,15 +391,6 @@ fn host_bad_input_gives_one_clear_line() {
         }
         _ => skip_case("host_bad_input (not root)", "setpriv is missing"),
     }
-    assert!(
-        leftover_memcgs().is_empty(),
-        "bad input left memcgs: {:?}",
-        leftover_memcgs()
-    );
-    // clap's own errors (malformed duration) are one usage error with exit 2.
-    let out = run(&["record", "--duration", "ten"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid duration \"ten\""));
 }
 
 #[test]

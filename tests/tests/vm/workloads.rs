@@ -285,7 +285,92 @@ fn workloads_on(name: &str, short: &str) {
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };
-    let script = r#"
+    // perf (linux-perf, which `cargo xtask setup` installs) for its `bench sched messaging`.
+    let perf = xtask::which("perf").ok();
+    let r = boot_on(
+        &kernel,
+        format!("{short}-workloads"),
+        WORKLOADS_SCRIPT.into(),
+        Vec::new(),
+        perf.iter().cloned().collect(),
+        0,
+        None,
+    );
+    let mut said = Vec::new();
+    // Measured on 6.12 and 7.3: 2.01 charges and 1.01 slab frees by the workload an open (the
+    // struct file and one more object charged; the rest of the 0.01 is memcg-trace's own start
+    // as the workload), 6.03-6.04 charges and 6.04-6.06 frees a pipe (pipe_inode_info, its
+    // buffers, two files, an inode, a dentry). Held to 0.9x of that, and to at most 1.25x.
+    for (file, unit, ops, charges, frees) in [
+        ("open", "opens", 20_000u64, 2.0, 1.0),
+        ("kmalloc", "pipes", 5_000, 6.0, 6.0),
+    ] {
+        said.push(check_operations(
+            name, &r.out_dir, file, unit, ops, charges, frees,
+        ));
+    }
+    said.push(check_sockets(name, &r.out_dir));
+    check_sockets_stopped(name, &r.out_dir);
+    if perf.is_some() {
+        said.push(check_perf_messaging(name, &r.out_dir));
+    } else {
+        skip(
+            &format!("{name} (perf bench sched messaging)"),
+            "perf (linux-perf) is missing",
+        );
+    }
+    let left = fs::read_to_string(r.out_dir.join("left.txt")).unwrap_or_default();
+    assert_eq!(left.trim(), "0", "{name}: memcgs left behind");
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("{name}: {}\n", said.join("; ")).as_bytes(),
+    );
+}
+
+/// One `--workload` run that reports its operations (`file`.json and .txt in `out`): its
+/// `ops` operations of `unit` recorded, and `charges` charges and `frees` slab frees by the
+/// workload an operation (within 0.9-1.25x), given per operation by the table.
+fn check_operations(
+    name: &str,
+    out: &Path,
+    file: &str,
+    unit: &str,
+    ops: u64,
+    charges: f64,
+    frees: f64,
+) -> String {
+    let doc = load_recording(&out.join(format!("{file}.json")));
+    let summary = fs::read_to_string(out.join(format!("{file}.txt"))).expect("summary");
+    check_invariants(&doc, &summary);
+    let w = doc.meta.workload.as_ref().expect("the workload");
+    assert_eq!(w.exit_status, Some(0), "{name}: {file}\n{summary}");
+    let o = w.operations.as_ref().expect("the workload's operations");
+    assert_eq!((o.count, o.unit.as_str()), (ops, unit), "{name}: {file}");
+    let charge = probe(&doc, "charge");
+    let free = probe(&doc, "slab_free");
+    let per_op = |n: u64| n as f64 / ops as f64;
+    let charged = per_op(charge.workload.as_ref().map_or(0, |w| w.count));
+    let freed_by_it = per_op(free.workload.as_ref().map_or(0, |w| w.count));
+    let freed = per_op(free.count);
+    let near = |v: f64, want: f64| v >= 0.9 * want && v <= 1.25 * want;
+    assert!(
+        near(charged, charges) && near(freed_by_it, frees) && freed >= freed_by_it,
+        "{name}: {file}: {charged:.3} charges ({}) and {freed_by_it:.3} slab frees ({}) of the workload an operation, {charges} and {frees} expected (within 0.9-1.25x); {freed:.3} frees an operation in all contexts\n{summary}",
+        charge.target,
+        free.target
+    );
+    assert!(
+        summary.contains(&format!("per operation ({ops} {unit}): charge ")),
+        "{name}: {file}: the table does not give the calls per operation\n{summary}"
+    );
+    format!(
+        "{file}: charge ({}, {}) {charged:.3}/op by the workload, slab_free ({}) {freed_by_it:.3}/op by it, {freed:.3}/op in all",
+        charge.target, charge.backend, free.target
+    )
+}
+
+/// The guest script of `workloads_on`.
+const WORKLOADS_SCRIPT: &str = r#"
 echo "guest: open-loop"
 memcg-trace record -p charge,slab_free --workload open-loop:20000 -o /out/open.json >/out/open.txt 2>&1
 echo "guest: kmalloc"
@@ -309,72 +394,6 @@ if command -v perf >/dev/null; then
 fi
 ls -d /sys/fs/cgroup/memcg-trace.* 2>/dev/null | wc -l >/out/left.txt
 "#;
-    // perf (linux-perf, which `cargo xtask setup` installs) for its `bench sched messaging`.
-    let perf = xtask::which("perf").ok();
-    let r = boot_on(
-        &kernel,
-        format!("{short}-workloads"),
-        script.into(),
-        Vec::new(),
-        perf.iter().cloned().collect(),
-        0,
-        None,
-    );
-    let mut said = Vec::new();
-    // Measured on 6.12 and 7.3: 2.01 charges and 1.01 slab frees by the workload an open (the
-    // struct file and one more object charged; the rest of the 0.01 is memcg-trace's own start
-    // as the workload), 6.03-6.04 charges and 6.04-6.06 frees a pipe (pipe_inode_info, its
-    // buffers, two files, an inode, a dentry). Held to 0.9x of that, and to at most 1.25x.
-    for (file, unit, ops, charges, frees) in [
-        ("open", "opens", 20_000u64, 2.0, 1.0),
-        ("kmalloc", "pipes", 5_000, 6.0, 6.0),
-    ] {
-        let doc = load_recording(&r.out_dir.join(format!("{file}.json")));
-        let summary = fs::read_to_string(r.out_dir.join(format!("{file}.txt"))).expect("summary");
-        check_invariants(&doc, &summary);
-        let w = doc.meta.workload.as_ref().expect("the workload");
-        assert_eq!(w.exit_status, Some(0), "{name}: {file}\n{summary}");
-        let o = w.operations.as_ref().expect("the workload's operations");
-        assert_eq!((o.count, o.unit.as_str()), (ops, unit), "{name}: {file}");
-        let charge = probe(&doc, "charge");
-        let free = probe(&doc, "slab_free");
-        let per_op = |n: u64| n as f64 / ops as f64;
-        let charged = per_op(charge.workload.as_ref().map_or(0, |w| w.count));
-        let freed_by_it = per_op(free.workload.as_ref().map_or(0, |w| w.count));
-        let freed = per_op(free.count);
-        let near = |v: f64, want: f64| v >= 0.9 * want && v <= 1.25 * want;
-        assert!(
-            near(charged, charges) && near(freed_by_it, frees) && freed >= freed_by_it,
-            "{name}: {file}: {charged:.3} charges ({}) and {freed_by_it:.3} slab frees ({}) of the workload an operation, {charges} and {frees} expected (within 0.9-1.25x); {freed:.3} frees an operation in all contexts\n{summary}",
-            charge.target,
-            free.target
-        );
-        assert!(
-            summary.contains(&format!("per operation ({ops} {unit}): charge ")),
-            "{name}: {file}: the table does not give the calls per operation\n{summary}"
-        );
-        said.push(format!(
-            "{file}: charge ({}, {}) {charged:.3}/op by the workload, slab_free ({}) {freed_by_it:.3}/op by it, {freed:.3}/op in all",
-            charge.target, charge.backend, free.target
-        ));
-    }
-    said.push(check_sockets(name, &r.out_dir));
-    check_sockets_stopped(name, &r.out_dir);
-    if perf.is_some() {
-        said.push(check_perf_messaging(name, &r.out_dir));
-    } else {
-        skip(
-            &format!("{name} (perf bench sched messaging)"),
-            "perf (linux-perf) is missing",
-        );
-    }
-    let left = fs::read_to_string(r.out_dir.join("left.txt")).unwrap_or_default();
-    assert_eq!(left.trim(), "0", "{name}: memcgs left behind");
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!("{name}: {}\n", said.join("; ")).as_bytes(),
-    );
-}
 
 /// The sockets workload (`--by-memcg`): 4,000 messages of 64 KiB over loopback TCP to 4
 /// clients, each in a memcg of its own below the workload's. Its calls of `try_charge` and
@@ -413,55 +432,8 @@ fn check_sockets(name: &str, out: &Path) -> String {
         .to_string();
     let mut said = Vec::new();
     for p in ["try_charge", "stat"] {
-        let pr = probe(&doc, p);
-        let below = |c: &str| c == root || c.starts_with(&format!("{root}/"));
-        // A memcg removed before it was named is the workload's: nothing else in the guest
-        // makes or removes memcgs during this run (the earlier runs' memcgs were gone before
-        // it began).
-        let of_workload = |c: &str| below(c) || c.starts_with("removed cgroup");
-        let in_rows: u64 = pr
-            .memcgs
-            .iter()
-            .filter(|m| of_workload(&m.cgroup))
-            .map(|m| m.calls)
-            .sum();
-        let workload = pr.workload.as_ref().map_or(0, |w| w.count);
-        assert!(
-            workload == in_rows && workload > 0,
-            "{name}: sockets: {p}: the workload's row has {workload} calls, the per-memcg rows below its memcg {root} {in_rows}\n{summary}"
-        );
-        let softirq: u64 = pr
-            .contexts
-            .iter()
-            .filter(|c| c.context == "softirq")
-            .map(|c| c.count)
-            .sum();
-        let to_clients: u64 = pr
-            .memcgs
-            .iter()
-            .filter(|m| m.context == "softirq" && m.cgroup.contains("/sockets-client-"))
-            .map(|m| m.calls)
-            .sum();
-        // Charges only: `stat` also counts the uncharges, and the server's socket is
-        // uncharged in softirq when the clients' acknowledgements free its send queue (7.3:
-        // 919 of 4,539 softirq stat calls).
-        assert!(
-            softirq > 0 && (p != "try_charge" || to_clients * 10 >= softirq * 9),
-            "{name}: sockets: {p}: {to_clients} of {softirq} softirq calls charge the clients' memcgs\n{summary}"
-        );
-        let per_op = workload as f64 / ops.count as f64;
-        let softirq_per_op = softirq as f64 / ops.count as f64;
-        if p == "try_charge" {
-            assert!(
-                per_op >= 1.0 && softirq_per_op >= 0.5,
-                "{name}: sockets: {per_op:.3} try_charge calls a message, {softirq_per_op:.3} in softirq\n{summary}"
-            );
-        }
-        said.push(format!(
-            "{p} ({}, {}) {per_op:.3}/message by the workload, {softirq_per_op:.3} in softirq ({:.1}% of {p}'s calls)",
-            pr.target,
-            pr.backend,
-            100.0 * softirq as f64 / pr.count.max(1) as f64
+        said.push(check_sockets_probe(
+            name, &doc, p, &root, ops.count, &summary,
         ));
     }
     assert!(
@@ -469,6 +441,68 @@ fn check_sockets(name: &str, out: &Path) -> String {
         "{name}: sockets: the table does not give the calls per message\n{summary}"
     );
     format!("sockets: {}", said.join(", "))
+}
+
+/// `check_sockets` for probe `p`: the workload's row against the per-memcg rows below its
+/// memcg `root`, the softirq charges of the clients' memcgs, the calls a message (of `ops`).
+fn check_sockets_probe(
+    name: &str,
+    doc: &memcg_trace::export::Document,
+    p: &str,
+    root: &str,
+    ops: u64,
+    summary: &str,
+) -> String {
+    let pr = probe(doc, p);
+    let below = |c: &str| c == root || c.starts_with(&format!("{root}/"));
+    // A memcg removed before it was named is the workload's: nothing else in the guest
+    // makes or removes memcgs during this run (the earlier runs' memcgs were gone before
+    // it began).
+    let of_workload = |c: &str| below(c) || c.starts_with("removed cgroup");
+    let in_rows: u64 = pr
+        .memcgs
+        .iter()
+        .filter(|m| of_workload(&m.cgroup))
+        .map(|m| m.calls)
+        .sum();
+    let workload = pr.workload.as_ref().map_or(0, |w| w.count);
+    assert!(
+        workload == in_rows && workload > 0,
+        "{name}: sockets: {p}: the workload's row has {workload} calls, the per-memcg rows below its memcg {root} {in_rows}\n{summary}"
+    );
+    let softirq: u64 = pr
+        .contexts
+        .iter()
+        .filter(|c| c.context == "softirq")
+        .map(|c| c.count)
+        .sum();
+    let to_clients: u64 = pr
+        .memcgs
+        .iter()
+        .filter(|m| m.context == "softirq" && m.cgroup.contains("/sockets-client-"))
+        .map(|m| m.calls)
+        .sum();
+    // Charges only: `stat` also counts the uncharges, and the server's socket is
+    // uncharged in softirq when the clients' acknowledgements free its send queue (7.3:
+    // 919 of 4,539 softirq stat calls).
+    assert!(
+        softirq > 0 && (p != "try_charge" || to_clients * 10 >= softirq * 9),
+        "{name}: sockets: {p}: {to_clients} of {softirq} softirq calls charge the clients' memcgs\n{summary}"
+    );
+    let per_op = workload as f64 / ops as f64;
+    let softirq_per_op = softirq as f64 / ops as f64;
+    if p == "try_charge" {
+        assert!(
+            per_op >= 1.0 && softirq_per_op >= 0.5,
+            "{name}: sockets: {per_op:.3} try_charge calls a message, {softirq_per_op:.3} in softirq\n{summary}"
+        );
+    }
+    format!(
+        "{p} ({}, {}) {per_op:.3}/message by the workload, {softirq_per_op:.3} in softirq ({:.1}% of {p}'s calls)",
+        pr.target,
+        pr.backend,
+        100.0 * softirq as f64 / pr.count.max(1) as f64
+    )
 }
 
 /// The sockets workload in a memcg given with `--cgroup`, stopped by `--duration` (the

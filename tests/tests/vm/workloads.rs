@@ -32,8 +32,28 @@ fn vm_own_kernel_image_6_12() {
         missing.is_empty(),
         "{name}: said missing on Debian's 6.12: {missing:?}"
     );
+    let charge_calls = check_own_kernel_traces(name, &own, &stock.release);
+    let Some(refused) = check_refused_without_btf(name, &stock, &tree, &image) else {
+        return;
+    };
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "{name}: {} read from the image, config found at {}; charge {} calls by fentry; without BTF: {}\n",
+            own.release,
+            own.config.display(),
+            charge_calls,
+            refused
+        )
+        .as_bytes(),
+    );
+    let _ = fs::remove_dir_all(&tree);
+}
+
+/// Boots the user's kernel `own` and records the charges by fentry there: its calls.
+fn check_own_kernel_traces(name: &str, own: &kernels::Kernel, release: &str) -> u64 {
     let r = boot(
-        &own,
+        own,
         "own-6.12-test".into(),
         // One recording: the matrix's other steps (the selftest, `probes`, the failing
         // workload, the signal) are 6.12's own, checked by vm_matrix_6_12 on the same image.
@@ -45,7 +65,7 @@ fn vm_own_kernel_image_6_12() {
     let doc = load_recording(&r.out_dir.join("fentry.json"));
     let summary = fs::read_to_string(r.out_dir.join("fentry.txt")).expect("summary");
     check_invariants(&doc, &summary);
-    assert_eq!(doc.meta.kernel_release, stock.release, "{name}\n{summary}");
+    assert_eq!(doc.meta.kernel_release, release, "{name}\n{summary}");
     let charge = probe(&doc, "charge");
     assert!(
         charge.backend.to_string() == "fentry" && charge.count > 0,
@@ -53,6 +73,17 @@ fn vm_own_kernel_image_6_12() {
         charge.backend,
         charge.count
     );
+    charge.count
+}
+
+/// The same image beside a config without BTF: `cargo xtask vm --kernel-image` refuses it
+/// before booting, in one line naming the option (that line; None where xtask is not built).
+fn check_refused_without_btf(
+    name: &str,
+    stock: &kernels::Kernel,
+    tree: &Path,
+    image: &Path,
+) -> Option<String> {
     // Without BTF: refused before booting, one line naming the option.
     let config = fs::read_to_string(&stock.config).unwrap();
     fs::write(
@@ -65,16 +96,16 @@ fn vm_own_kernel_image_6_12() {
     .unwrap();
     let xtask_bin = xtask::workspace_root().join("target/debug/xtask");
     if !xtask_bin.exists() {
-        let _ = fs::remove_dir_all(&tree);
+        let _ = fs::remove_dir_all(tree);
         skip_case(
             name,
             "the refusal through the command: target/debug/xtask not built (cargo xtask builds it)",
         );
-        return;
+        return None;
     }
     let out = std::process::Command::new(&xtask_bin)
         .args(["vm", "--kernel-image"])
-        .arg(&image)
+        .arg(image)
         .output()
         .expect("run xtask");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -88,18 +119,7 @@ fn vm_own_kernel_image_6_12() {
         "{name}: a config without BTF: exit {:?}, stderr:\n{err}",
         out.status.code()
     );
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!(
-            "{name}: {} read from the image, config found at {}; charge {} calls by fentry; without BTF: {}\n",
-            own.release,
-            own.config.display(),
-            charge.count,
-            lines[0]
-        )
-        .as_bytes(),
-    );
-    let _ = fs::remove_dir_all(&tree);
+    Some(lines[0].to_string())
 }
 
 /// `serve` in a VM, where latencies exist: one scrape after the workload ended, then the

@@ -1099,8 +1099,23 @@ fn check_rt_softirq(short: &str, out: &Path) {
         "{short}: stat: memcg-trace {all} calls, bpftrace {} over a longer window",
         bt_soft + bt_other
     );
-    // The thread's name read by the programs: a shell named as an interrupt thread, whose
-    // forks charge (its first calls, before it renamed itself, are not the thread's).
+    check_irq_thread_named(short, out);
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "vm_matrix_{}: loopback stream, {} ({}): softirq {soft} of {all} calls (lost at most {lost}), {irq_thread} by interrupt threads; bpftrace by softirq_disable_cnt: softirq {bt_soft}, other {bt_other}; by interrupt threads {bt_irq_thread}\n",
+            short.replace(['.', '-'], "_"),
+            p.target,
+            p.backend
+        )
+        .as_bytes(),
+    );
+}
+
+/// The thread's name read by the programs: a shell named as an interrupt thread
+/// (irq/9-fake), whose forks charge (its first calls, before it renamed itself, are not the
+/// thread's).
+fn check_irq_thread_named(short: &str, out: &Path) {
     let named = load_recording(&out.join("irqname.json"));
     let summary = fs::read_to_string(out.join("irqname.txt")).expect("summary");
     check_invariants(&named, &summary);
@@ -1116,16 +1131,6 @@ fn check_rt_softirq(short: &str, out: &Path) {
         format!(
             "vm_matrix_{}: a shell named irq/9-fake: {by_irq} of its {own} charges as an interrupt thread's\n",
             short.replace(['.', '-'], "_")
-        )
-        .as_bytes(),
-    );
-    let _ = std::io::Write::write_all(
-        &mut std::io::stderr(),
-        format!(
-            "vm_matrix_{}: loopback stream, {} ({}): softirq {soft} of {all} calls (lost at most {lost}), {irq_thread} by interrupt threads; bpftrace by softirq_disable_cnt: softirq {bt_soft}, other {bt_other}; by interrupt threads {bt_irq_thread}\n",
-            short.replace(['.', '-'], "_"),
-            p.target,
-            p.backend
         )
         .as_bytes(),
     );

@@ -113,36 +113,50 @@ fn profile_on(name: &str, short: &str) {
             &round_figures,
         ));
     }
-    // The same function traced two ways: its own instructions per call do not depend on how
-    // it is traced, while the instrumentation taken out differs 2-3x between the backends
-    // (the floors on 6.12: 232 instructions a call inside the window for fentry, 588 for
-    // kprobe). A floor measured wrong, time lost or made up by one backend's pairing, shows
-    // here at the resolution of a few instructions a call, where perf's sampling (above)
-    // resolves tens. Seen on 6.12: fentry 65.9-67.3 ns, kprobe 65.0-66.0 ns over six runs
-    // each, fentry above kprobe by up to 1.6 ns in five of six boots (what the instrumentation
-    // in place leaves beyond the floor; the workload's paths through the function also vary a
-    // little with the tracer's timing).
-    // The floor itself reads a few instructions apart between runs of one boot at times (kprobe
-    // 593-599 while the self time stayed within 0.02%: one boot in nine failed the 5% alone,
-    // e.g. kprobe 59.2 ns against fentry 66.8 with its floor at 599 in two of three runs, 594
-    // in the third): that spread is added to the 5%, as the own time cannot be told closer.
-    if let [(a, a_ns), (b, b_ns)] = per_call[..] {
-        let mean = (a_ns + b_ns) / 2.0;
-        assert!(
-            (a_ns - b_ns).abs() <= PROFILE_BACKENDS_AGREE * mean + floor_spread,
-            "the function's own time per call traced by {a} {a_ns:.1} ns and by {b} {b_ns:.1} ns differ by more than {:.0}% and the floors' spread between runs ({floor_spread:.0} ns); the runs: {}",
-            PROFILE_BACKENDS_AGREE * 100.0,
-            details.join(" | ")
-        );
-        report.push_str(&format!(
-            "own time per call: {a} {a_ns:.1} ns, {b} {b_ns:.1} ns (at most {:.0}% apart)",
-            PROFILE_BACKENDS_AGREE * 100.0
-        ));
+    if let Some(agreed) = check_backends_agree(&per_call, floor_spread, &details) {
+        report.push_str(&agreed);
     }
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!("{name}: {report}\n").as_bytes(),
     );
+}
+
+/// Where two backends were run: the function's own time per call by each, within
+/// PROFILE_BACKENDS_AGREE of their mean plus the floors' spread (`details`: the rounds, for
+/// the message). The same function traced two ways: its own instructions per call do not
+/// depend on how it is traced, while the instrumentation taken out differs 2-3x between the
+/// backends
+/// (the floors on 6.12: 232 instructions a call inside the window for fentry, 588 for
+/// kprobe). A floor measured wrong, time lost or made up by one backend's pairing, shows
+/// here at the resolution of a few instructions a call, where perf's sampling (`check_shares`)
+/// resolves tens. Seen on 6.12: fentry 65.9-67.3 ns, kprobe 65.0-66.0 ns over six runs
+/// each, fentry above kprobe by up to 1.6 ns in five of six boots (what the instrumentation
+/// in place leaves beyond the floor; the workload's paths through the function also vary a
+/// little with the tracer's timing).
+/// The floor itself reads a few instructions apart between runs of one boot at times (kprobe
+/// 593-599 while the self time stayed within 0.02%: one boot in nine failed the 5% alone,
+/// e.g. kprobe 59.2 ns against fentry 66.8 with its floor at 599 in two of three runs, 594
+/// in the third): that spread is added to the 5%, as the own time cannot be told closer.
+fn check_backends_agree(
+    per_call: &[(&str, f64)],
+    floor_spread: f64,
+    details: &[String],
+) -> Option<String> {
+    let [(a, a_ns), (b, b_ns)] = per_call[..] else {
+        return None;
+    };
+    let mean = (a_ns + b_ns) / 2.0;
+    assert!(
+        (a_ns - b_ns).abs() <= PROFILE_BACKENDS_AGREE * mean + floor_spread,
+        "the function's own time per call traced by {a} {a_ns:.1} ns and by {b} {b_ns:.1} ns differ by more than {:.0}% and the floors' spread between runs ({floor_spread:.0} ns); the runs: {}",
+        PROFILE_BACKENDS_AGREE * 100.0,
+        details.join(" | ")
+    );
+    Some(format!(
+        "own time per call: {a} {a_ns:.1} ns, {b} {b_ns:.1} ns (at most {:.0}% apart)",
+        PROFILE_BACKENDS_AGREE * 100.0
+    ))
 }
 
 /// A backend's rounds without perf beside it, each checked and with its own time per call,
@@ -241,24 +255,7 @@ fn check_shares(
         .iter()
         .map(|&freq| perf_run(out, backend, freq))
         .collect();
-    // Under the instruction-counted clock perf's share of the function moves with its
-    // sampling rate by more than its sampling error (6.12, fentry, one boot: 1.42% at
-    // 4,000 Hz, 1.86% at 7,919, 2.04% at 10,007, 1.82% at 10,000; kprobe 1.00-1.35%;
-    // memcg-trace 1.49% and 1.24%): the timer's ticks and its handler's cost (it unwinds
-    // through the trampoline or the kprobe machinery) fall in step with the deterministic
-    // workload, and no single rate can say which is right (a second timer at 3,989 Hz
-    // beside 10,007 in one perf session, which breaks the lock-step, read 1.56-1.57% in two
-    // runs where 10,000 Hz alone read 1.92-1.97%). memcg-trace's share must lie
-    // within the range perf's rates span, each widened by its own sampling error (4
-    // sigma), plus the floor's spread and the switches' handoff.
-    let lo = rates
-        .iter()
-        .map(|p| p.function - p.four_sigma)
-        .fold(f64::INFINITY, f64::min);
-    let hi = rates
-        .iter()
-        .map(|p| p.function + p.four_sigma)
-        .fold(f64::NEG_INFINITY, f64::max);
+    let (lo, hi) = perf_share_range(&rates);
     let slack = spread + handoff;
     let shown: Vec<String> = rates
         .iter()
@@ -288,6 +285,29 @@ fn check_shares(
         alone_cpu as f64 / 1e9,
         shown.join(", "),
     )
+}
+
+/// The range perf's shares of the function span over its sampling rates, each widened by
+/// its own sampling error (4 sigma). Why a range: under the instruction-counted clock perf's
+/// share of the function moves with its
+/// sampling rate by more than its sampling error (6.12, fentry, one boot: 1.42% at
+/// 4,000 Hz, 1.86% at 7,919, 2.04% at 10,007, 1.82% at 10,000; kprobe 1.00-1.35%;
+/// memcg-trace 1.49% and 1.24%): the timer's ticks and its handler's cost (it unwinds
+/// through the trampoline or the kprobe machinery) fall in step with the deterministic
+/// workload, and no single rate can say which is right (a second timer at 3,989 Hz
+/// beside 10,007 in one perf session, which breaks the lock-step, read 1.56-1.57% in two
+/// runs where 10,000 Hz alone read 1.92-1.97%). memcg-trace's share must lie within this
+/// range, widened by the floor's spread and the switches' handoff (`check_shares`).
+fn perf_share_range(rates: &[PerfRun]) -> (f64, f64) {
+    let lo = rates
+        .iter()
+        .map(|p| p.function - p.four_sigma)
+        .fold(f64::INFINITY, f64::min);
+    let hi = rates
+        .iter()
+        .map(|p| p.function + p.four_sigma)
+        .fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
 }
 
 /// Beside perf, the timed window holds the function, the floor, and perf's
@@ -413,6 +433,51 @@ fn perf_run(out: &Path, backend: &str, freq: u32) -> PerfRun {
     let doc = load_recording(&out.join(format!("profile-{run}.json")));
     let text = fs::read_to_string(out.join(format!("profile-{run}.txt"))).unwrap_or_default();
     check_invariants(&doc, &text);
+    let (cpu, total, instr) = check_beside_perf(&run, &doc, backend, &text);
+    let p = &doc.probes[0];
+    let shares =
+        fs::read_to_string(out.join(format!("perf-shares-{run}.txt"))).expect("perf's counts");
+    let perf = PerfShares::parse(&shares, &p.target)
+        .unwrap_or_else(|| panic!("{run}: perf's counts unreadable:\n{shares}"));
+    check_perf_saw_the_workload(&run, &perf, cpu, &p.target, &shares);
+    let share = |ns: u64| ns as f64 / perf.ns as f64;
+    let (function, instrumentation) =
+        (share(perf.function_self_ns), share(perf.instrumentation_ns));
+    // The standard error of a share of perf's weighted samples: binomial over the effective
+    // number of samples, (sum of weights)^2 / sum of squared weights (the number of samples
+    // where all weigh the same, fewer where some weigh more), widened where batches of
+    // consecutive samples vary more than independent samples would (the sampler's ticks
+    // falling in step with the workload). Four of them: a run makes about ten comparisons,
+    // so that noise fails one less than once in a thousand.
+    let effective = (perf.ns as f64).powi(2) / perf.ns2;
+    let binomial = |q: f64| (q * (1.0 - q) / effective).sqrt();
+    let inflation = perf
+        .batch_se()
+        .map(|b| (b / binomial(function)).max(1.0))
+        .unwrap_or(1.0);
+    PerfRun {
+        freq,
+        samples: perf.samples,
+        throttled: perf.throttled,
+        effective,
+        inflation,
+        function,
+        instrumentation,
+        four_sigma: 4.0 * inflation * binomial(function),
+        four_sigma_with_instrumentation: 4.0 * inflation * binomial(function + instrumentation),
+        total,
+        floor_share: instr,
+    }
+}
+
+/// The recording made beside perf (`run`): the workload's CPU from its cgroup, the shares
+/// consistent (see the assert); its CPU time, total share and instrumentation share.
+fn check_beside_perf(
+    run: &str,
+    doc: &memcg_trace::export::Document,
+    backend: &str,
+    text: &str,
+) -> (u64, f64, f64) {
     let w = doc.meta.workload.as_ref().expect("workload");
     let cpu = w.cpu_ns.expect("the workload's CPU time");
     assert!(
@@ -448,10 +513,12 @@ fn perf_run(out: &Path, backend: &str, freq: u32) -> PerfRun {
         text.contains("workload CPU: "),
         "{run}: the table lacks the workload's CPU\n{text}"
     );
-    let shares =
-        fs::read_to_string(out.join(format!("perf-shares-{run}.txt"))).expect("perf's counts");
-    let perf = PerfShares::parse(&shares, &p.target)
-        .unwrap_or_else(|| panic!("{run}: perf's counts unreadable:\n{shares}"));
+    (cpu, total, instr)
+}
+
+/// perf's samples of the workload: enough of them, their time its cgroup's CPU usage, some
+/// in the function.
+fn check_perf_saw_the_workload(run: &str, perf: &PerfShares, cpu: u64, target: &str, shares: &str) {
     let n = perf.samples as f64;
     assert!(n >= 2000.0, "{run}: perf took {n} samples\n{shares}");
     assert!(
@@ -464,36 +531,8 @@ fn perf_run(out: &Path, backend: &str, freq: u32) -> PerfRun {
     assert!(
         perf.function_self > 0,
         "{run}: perf saw no sample in {}\n{shares}",
-        p.target
+        target
     );
-    let share = |ns: u64| ns as f64 / perf.ns as f64;
-    let (function, instrumentation) =
-        (share(perf.function_self_ns), share(perf.instrumentation_ns));
-    // The standard error of a share of perf's weighted samples: binomial over the effective
-    // number of samples, (sum of weights)^2 / sum of squared weights (the number of samples
-    // where all weigh the same, fewer where some weigh more), widened where batches of
-    // consecutive samples vary more than independent samples would (the sampler's ticks
-    // falling in step with the workload). Four of them: a run makes about ten comparisons,
-    // so that noise fails one less than once in a thousand.
-    let effective = (perf.ns as f64).powi(2) / perf.ns2;
-    let binomial = |q: f64| (q * (1.0 - q) / effective).sqrt();
-    let inflation = perf
-        .batch_se()
-        .map(|b| (b / binomial(function)).max(1.0))
-        .unwrap_or(1.0);
-    PerfRun {
-        freq,
-        samples: perf.samples,
-        throttled: perf.throttled,
-        effective,
-        inflation,
-        function,
-        instrumentation,
-        four_sigma: 4.0 * inflation * binomial(function),
-        four_sigma_with_instrumentation: 4.0 * inflation * binomial(function + instrumentation),
-        total,
-        floor_share: instr,
-    }
 }
 
 /// What the profile guest script counted of the workload's samples (`perf-shares-*.txt`):

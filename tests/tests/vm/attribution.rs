@@ -286,6 +286,52 @@ fn main_task_sites(
     main
 }
 
+/// A probe's sampled stacks, link by link against the kernel image's call graph (each link
+/// weighed by its stack's samples).
+#[derive(Default)]
+struct StackLinks {
+    links: u64,
+    /// Links whose caller calls the callee directly (or by a tail call).
+    proven: u64,
+    /// Links through a function pointer: calls, but the image cannot say which.
+    indirect: u64,
+    /// Stacks the programs could not unwind.
+    unwound_not: u64,
+    all: u64,
+    /// Stacks with a link the image has no call for.
+    wrong: Vec<String>,
+}
+
+impl StackLinks {
+    fn add(
+        &mut self,
+        s: &memcg_trace::export::StackOut,
+        graph: &memcg_trace_tests::callgraph::CallGraph,
+    ) {
+        self.all += s.sampled;
+        if s.frames.get(1).map(String::as_str) == Some("(not unwound)") {
+            self.unwound_not += s.sampled;
+            return;
+        }
+        let addrs: Vec<u64> = s
+            .addresses
+            .iter()
+            .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap())
+            .collect();
+        for w in addrs.windows(2) {
+            self.links += s.sampled;
+            let callee = graph.function_at(w[0]).map_or(0, |f| f.0);
+            match graph.link(w[1], callee) {
+                Link::Direct | Link::Tail => self.proven += s.sampled,
+                Link::Indirect => self.indirect += s.sampled,
+                Link::Wrong => self
+                    .wrong
+                    .push(format!("{:?} ({} sampled)", s.frames, s.sampled)),
+            }
+        }
+    }
+}
+
 /// A `--callers-depth 4` recording's stacks (see `callers_on`).
 fn check_stacks(
     backend: &str,
@@ -298,9 +344,7 @@ fn check_stacks(
     check_invariants(&doc, &text);
     for p in &doc.probes {
         assert_eq!(p.stack_sample, Some(1), "{backend} {}", p.name);
-        let (mut links, mut proven, mut indirect) = (0u64, 0u64, 0u64);
-        let (mut unwound_not, mut all) = (0u64, 0u64);
-        let mut wrong = Vec::new();
+        let mut tally = StackLinks::default();
         for c in &p.contexts {
             let stacks: Vec<_> = p.stacks.iter().filter(|s| s.context == c.context).collect();
             let sampled: u64 = stacks.iter().map(|s| s.sampled).sum();
@@ -310,7 +354,6 @@ fn check_stacks(
                 p.name, c.context, c.entries
             );
             for s in stacks {
-                all += s.sampled;
                 assert!(
                     p.callers
                         .iter()
@@ -320,28 +363,17 @@ fn check_stacks(
                     s.context,
                     s.frames
                 );
-                if s.frames.get(1).map(String::as_str) == Some("(not unwound)") {
-                    unwound_not += s.sampled;
-                    continue;
-                }
-                let addrs: Vec<u64> = s
-                    .addresses
-                    .iter()
-                    .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap())
-                    .collect();
-                for w in addrs.windows(2) {
-                    links += s.sampled;
-                    let callee = graph.function_at(w[0]).map_or(0, |f| f.0);
-                    match graph.link(w[1], callee) {
-                        Link::Direct | Link::Tail => proven += s.sampled,
-                        Link::Indirect => indirect += s.sampled,
-                        Link::Wrong => {
-                            wrong.push(format!("{:?} ({} sampled)", s.frames, s.sampled))
-                        }
-                    }
-                }
+                tally.add(s, graph);
             }
         }
+        let StackLinks {
+            links,
+            proven,
+            indirect,
+            unwound_not,
+            all,
+            wrong,
+        } = tally;
         // Indirect calls (through a function pointer: the image cannot say which) are
         // calls still, but most links must be proven.
         assert!(

@@ -2,6 +2,7 @@
 //! need neither root nor a kernel feature.
 
 use memcg_trace_tests::*;
+use std::path::Path;
 
 fn fixture() -> std::path::PathBuf {
     xtask::workspace_root().join("tests/fixtures/6.12-fentry.json")
@@ -220,17 +221,7 @@ fn plot_overlays_recordings_with_their_labels() {
     let f = fixture();
     let dir = scratch("plot_overlays_recordings_with_their_labels");
     // B: the same recording under another name, its charge calls twice as slow.
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
-    let l = &mut v["probes"][0]["contexts"][0]["latency"];
-    for k in ["min_ns", "max_ns"] {
-        l[k] = serde_json::json!(l[k].as_u64().unwrap() * 2);
-    }
-    for b in l["buckets"].as_array_mut().unwrap() {
-        for k in ["min_ns", "max_ns"] {
-            b[k] = serde_json::json!(b[k].as_u64().unwrap() * 2);
-        }
-    }
+    let v = twice_as_slow(&f);
     let b = dir.join("slower.json");
     std::fs::write(&b, serde_json::to_string(&v).unwrap()).unwrap();
     let out_dir = dir.join("plots");
@@ -280,7 +271,28 @@ fn plot_overlays_recordings_with_their_labels() {
         texts.iter().any(|t| t.ends_with("us") || t.ends_with("ns")),
         "{texts:?}"
     );
-    // Bad input: one clear line each.
+    check_plot_refuses_bad_input(&v, &dir, &out_dir);
+}
+
+/// The recording `f` with its first probe's task calls twice as slow (their buckets' bounds,
+/// minimum and maximum doubled).
+fn twice_as_slow(f: &Path) -> serde_json::Value {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+    let l = &mut v["probes"][0]["contexts"][0]["latency"];
+    for k in ["min_ns", "max_ns"] {
+        l[k] = serde_json::json!(l[k].as_u64().unwrap() * 2);
+    }
+    for b in l["buckets"].as_array_mut().unwrap() {
+        for k in ["min_ns", "max_ns"] {
+            b[k] = serde_json::json!(b[k].as_u64().unwrap() * 2);
+        }
+    }
+    v
+}
+
+/// `plot` without recordings, or of recordings without latency: one clear line each.
+fn check_plot_refuses_bad_input(v: &serde_json::Value, dir: &Path, out_dir: &Path) {
     let out = run(&["plot"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

@@ -185,21 +185,10 @@ fn patched_pairs_load_every_lean_field_by_marker_and_general_ones_none() {
     }
 }
 
+/// Each build's programs of a probe slot, by name.
 #[test]
-fn fentry_builds_only_where_what_they_fold_away_holds() {
+fn each_build_names_its_programs() {
     use FentryBuild::*;
-    let direct = KernelLayout {
-        direct_task: 1,
-        direct_cgroup: 1,
-        ..Default::default()
-    };
-    let usual = LoadOptions {
-        workload_cgroup: 7,
-        workload_owned: true,
-        probes: 3,
-        ..Default::default()
-    };
-    assert_eq!(fentry_build(&usual, &direct), Lean);
     assert_eq!(
         slot_programs(Backend::Fentry, 3, Lean),
         ["fentry_lean_3", "fexit_lean_3"]
@@ -220,6 +209,23 @@ fn fentry_builds_only_where_what_they_fold_away_holds() {
         );
         assert_eq!(slot_programs(Backend::Tracepoint, 3, b), ["tp_3"]);
     }
+}
+
+#[test]
+fn fentry_builds_only_where_what_they_fold_away_holds() {
+    use FentryBuild::*;
+    let direct = KernelLayout {
+        direct_task: 1,
+        direct_cgroup: 1,
+        ..Default::default()
+    };
+    let usual = LoadOptions {
+        workload_cgroup: 7,
+        workload_owned: true,
+        probes: 3,
+        ..Default::default()
+    };
+    assert_eq!(fentry_build(&usual, &direct), Lean);
     // Any setting the lean programs fold away as off takes the patched ones.
     let opt_in = [
         LoadOptions {

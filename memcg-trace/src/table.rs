@@ -36,26 +36,52 @@ const HEADER: [&str; 16] = [
     "lost",
 ];
 
+/// A column's alignment and width.
+#[derive(Clone, Copy)]
+enum Col {
+    Left(usize),
+    Right(usize),
+}
+
+/// `cells` in columns of `cols`, one space apart.
+fn columns(cells: &[String], cols: &[Col]) -> String {
+    let cell = |(c, col): (&String, &Col)| match *col {
+        Col::Left(w) => format!("{c:<w$}"),
+        Col::Right(w) => format!("{c:>w$}"),
+    };
+    cells
+        .iter()
+        .zip(cols)
+        .map(cell)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The columns of [`HEADER`].
+const COLS: [Col; 16] = {
+    use Col::*;
+    [
+        Left(16),
+        Left(8),
+        Left(10),
+        Right(9),
+        Right(9),
+        Right(8),
+        Right(9),
+        Right(8),
+        Right(8),
+        Right(8),
+        Right(8),
+        Right(8),
+        Right(9),
+        Right(9),
+        Right(6),
+        Right(7),
+    ]
+};
+
 fn line(cells: &[String]) -> String {
-    format!(
-        "{:<16} {:<8} {:<10} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6} {:>7}",
-        cells[0],
-        cells[1],
-        cells[2],
-        cells[3],
-        cells[4],
-        cells[5],
-        cells[6],
-        cells[7],
-        cells[8],
-        cells[9],
-        cells[10],
-        cells[11],
-        cells[12],
-        cells[13],
-        cells[14],
-        cells[15]
-    )
+    columns(cells, &COLS)
 }
 
 /// What a row says beside its figures.
@@ -712,25 +738,29 @@ const DIFF_COLUMNS: [&str; 13] = [
     "B mean",
 ];
 
-/// One line of [`diff`]'s table, in the widths of its columns.
+/// The columns of [`diff`]'s table.
+const DIFF_COLS: [Col; 13] = {
+    use Col::*;
+    [
+        Left(16),
+        Left(8),
+        Right(9),
+        Right(9),
+        Right(8),
+        Right(8),
+        Right(8),
+        Right(8),
+        Right(8),
+        Right(8),
+        Right(8),
+        Right(8),
+        Right(8),
+    ]
+};
+
+/// One line of [`diff`]'s table.
 fn diff_line(out: &mut String, cells: &[String; 13]) {
-    let _ = writeln!(
-        out,
-        "{:<16} {:<8} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        cells[0],
-        cells[1],
-        cells[2],
-        cells[3],
-        cells[4],
-        cells[5],
-        cells[6],
-        cells[7],
-        cells[8],
-        cells[9],
-        cells[10],
-        cells[11],
-        cells[12]
-    );
+    let _ = writeln!(out, "{}", columns(cells, &DIFF_COLS));
 }
 
 /// The A/B comparison of two recordings: per probe and context present in either, calls/s,

@@ -347,6 +347,25 @@ fn workloads_on(name: &str, short: &str) {
     );
 }
 
+/// A `--workload` run's recording (`file`.json and .txt in `out`), checked: the workload
+/// exited 0 after `ops` operations of `unit`. The recording and its table.
+fn workload_run(
+    name: &str,
+    out: &Path,
+    file: &str,
+    ops: u64,
+    unit: &str,
+) -> (memcg_trace::export::Document, String) {
+    let doc = load_recording(&out.join(format!("{file}.json")));
+    let summary = fs::read_to_string(out.join(format!("{file}.txt"))).expect("summary");
+    check_invariants(&doc, &summary);
+    let w = doc.meta.workload.as_ref().expect("the workload");
+    assert_eq!(w.exit_status, Some(0), "{name}: {file}\n{summary}");
+    let o = w.operations.as_ref().expect("the workload's operations");
+    assert_eq!((o.count, o.unit.as_str()), (ops, unit), "{name}: {file}");
+    (doc, summary)
+}
+
 /// One `--workload` run that reports its operations (`file`.json and .txt in `out`): its
 /// `ops` operations of `unit` recorded, and `charges` charges and `frees` slab frees by the
 /// workload an operation (within 0.9-1.25x), given per operation by the table.
@@ -359,13 +378,7 @@ fn check_operations(
     charges: f64,
     frees: f64,
 ) -> String {
-    let doc = load_recording(&out.join(format!("{file}.json")));
-    let summary = fs::read_to_string(out.join(format!("{file}.txt"))).expect("summary");
-    check_invariants(&doc, &summary);
-    let w = doc.meta.workload.as_ref().expect("the workload");
-    assert_eq!(w.exit_status, Some(0), "{name}: {file}\n{summary}");
-    let o = w.operations.as_ref().expect("the workload's operations");
-    assert_eq!((o.count, o.unit.as_str()), (ops, unit), "{name}: {file}");
+    let (doc, summary) = workload_run(name, out, file, ops, unit);
     let charge = probe(&doc, "charge");
     let free = probe(&doc, "slab_free");
     let per_op = |n: u64| n as f64 / ops as f64;
@@ -566,18 +579,12 @@ fn check_perf_messaging(name: &str, out: &Path) -> String {
         ("hackbench", "hackbench messages"),
         ("perf", "perf messaging messages"),
     ] {
-        let doc = load_recording(&out.join(format!("{file}.json")));
-        let summary = fs::read_to_string(out.join(format!("{file}.txt"))).expect("summary");
-        check_invariants(&doc, &summary);
-        let w = doc.meta.workload.as_ref().expect("the workload");
-        assert_eq!(w.exit_status, Some(0), "{name}: {file}\n{summary}");
-        let o = w.operations.as_ref().expect("the workload's operations");
-        assert_eq!((o.count, o.unit.as_str()), (20_000, unit), "{name}: {file}");
+        let (doc, _) = workload_run(name, out, file, 20_000, unit);
         let charged = probe(&doc, "charge")
             .workload
             .as_ref()
             .map_or(0, |w| w.count);
-        per_op.push(charged as f64 / o.count as f64);
+        per_op.push(charged as f64 / 20_000.0);
     }
     let ratio = per_op[1] / per_op[0].max(1e-9);
     assert!(

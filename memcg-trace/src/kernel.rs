@@ -1049,6 +1049,15 @@ pub struct ModelWrites {
 }
 
 impl ModelWrites {
+    /// [`ModelWrites::watch`] where the preemption model (`kernel::preemption_model`) is
+    /// dynamic and the programs were set for the one it runs as; else nothing to watch.
+    pub fn watch_where_dynamic(model: &str) -> Option<ModelWrites> {
+        model
+            .contains("PREEMPT_DYNAMIC, running as")
+            .then(ModelWrites::watch)
+            .flatten()
+    }
+
     /// Watches the model file, where there is one and inotify works on it.
     pub fn watch() -> Option<ModelWrites> {
         use std::os::fd::FromRawFd as _;

@@ -46,13 +46,13 @@ const DE_BRUIJN: u64 = 0x022f_dd63_cc95_386d;
 
 /// The exponent `p` for each top six bits of `DE_BRUIJN << p` (see [`ilog2`]).
 const LOG2_OF_TOP_BITS: [u8; 64] = {
-    let mut t = [0u8; 64];
+    let mut table = [0u8; 64];
     let mut p = 0;
     while p < 64 {
-        t[((DE_BRUIJN << p) >> 58) as usize] = p as u8;
+        table[((DE_BRUIJN << p) >> 58) as usize] = p as u8;
         p += 1;
     }
-    t
+    table
 };
 
 /// Floor of log2 for `v > 0` (0 for 0), without loops, branches or `leading_zeros`, so that it
@@ -62,14 +62,14 @@ const LOG2_OF_TOP_BITS: [u8; 64] = {
 /// its position is read from the de Bruijn table.
 #[inline(always)]
 pub const fn ilog2(v: u64) -> u32 {
-    let mut x = v;
-    x |= x >> 1;
-    x |= x >> 2;
-    x |= x >> 4;
-    x |= x >> 8;
-    x |= x >> 16;
-    x |= x >> 32;
-    let top = x ^ (x >> 1);
+    let mut bits = v;
+    bits |= bits >> 1;
+    bits |= bits >> 2;
+    bits |= bits >> 4;
+    bits |= bits >> 8;
+    bits |= bits >> 16;
+    bits |= bits >> 32;
+    let top = bits ^ (bits >> 1);
     LOG2_OF_TOP_BITS[(top.wrapping_mul(DE_BRUIJN) >> 58) as usize & 63] as u32
 }
 
@@ -100,17 +100,17 @@ pub const SHORT_BUCKETS: [u8; SHORT_NS as usize] = short_table(false);
 /// The table of the buckets of the latencies below [`SHORT_NS`]: the call-site histograms'
 /// (`callers`) or the latency histograms'.
 const fn short_table(callers: bool) -> [u8; SHORT_NS as usize] {
-    let mut t = [0u8; SHORT_NS as usize];
+    let mut table = [0u8; SHORT_NS as usize];
     let mut ns = 0;
     while ns < SHORT_NS {
-        t[ns as usize] = if callers {
+        table[ns as usize] = if callers {
             caller_bucket_by_log(ns)
         } else {
             bucket_by_log(ns)
         } as u8;
         ns += 1;
     }
-    t
+    table
 }
 const _: () = assert!(bucket_by_log(SHORT_NS - 1) < 256);
 
@@ -126,13 +126,13 @@ pub const MID_BASE: usize = bucket_by_log(SHORT_NS);
 /// The bucket of each latency from [`SHORT_NS`] to [`MID_NS`] less [`MID_BASE`], by `ns >>
 /// MID_SHIFT` (the entries below `SHORT_NS >> MID_SHIFT` are not used); a byte each.
 pub const MID_BUCKETS: [u8; SHORT_NS as usize] = {
-    let mut t = [0u8; SHORT_NS as usize];
+    let mut table = [0u8; SHORT_NS as usize];
     let mut i = SHORT_NS >> MID_SHIFT;
     while i < SHORT_NS {
-        t[i as usize] = (bucket_by_log(i << MID_SHIFT) - MID_BASE) as u8;
+        table[i as usize] = (bucket_by_log(i << MID_SHIFT) - MID_BASE) as u8;
         i += 1;
     }
-    t
+    table
 };
 const _: () = assert!(bucket_by_log(MID_NS - 1) - MID_BASE < 256);
 
@@ -761,17 +761,17 @@ pub const DEFERRED_OUTERMOST: u8 = 16;
 /// (`exec_start` = the switch-in time, the sum unchanged).
 #[inline(always)]
 pub const fn off_cpu(entry: u64, exit: u64, wall: u64) -> Option<u64> {
-    let d = exit.wrapping_sub(entry) as i64;
-    if d < 0 {
+    let delta = exit.wrapping_sub(entry) as i64;
+    if delta < 0 {
         None
-    } else if d as u64 > wall {
-        if d as u64 - wall <= off_cpu_slack(wall) {
+    } else if delta as u64 > wall {
+        if delta as u64 - wall <= off_cpu_slack(wall) {
             Some(wall)
         } else {
             None
         }
     } else {
-        Some(d as u64)
+        Some(delta as u64)
     }
 }
 
@@ -1078,17 +1078,17 @@ pub const fn caller_bucket_by_log(ns: u64) -> usize {
 /// one ends at `u64::MAX`).
 pub const fn caller_bucket_bounds(i: usize) -> (u64, u64) {
     let sub = 1u64 << CALLER_SUB_BITS;
-    let i = i as u64;
-    if i < sub {
-        return (i, i + 1);
+    let bucket = i as u64;
+    if bucket < sub {
+        return (bucket, bucket + 1);
     }
-    let p = (i - sub) / sub + CALLER_SUB_BITS as u64;
-    if p >= 64 {
+    let pow = (bucket - sub) / sub + CALLER_SUB_BITS as u64;
+    if pow >= 64 {
         return (u64::MAX, u64::MAX);
     }
-    let s = (i - sub) % sub;
-    let width = 1u64 << (p - CALLER_SUB_BITS as u64);
-    let lo = (1u64 << p) + s * width;
+    let s = (bucket - sub) % sub;
+    let width = 1u64 << (pow - CALLER_SUB_BITS as u64);
+    let lo = (1u64 << pow) + s * width;
     (lo, lo.saturating_add(width))
 }
 
@@ -1722,12 +1722,12 @@ mod tests {
             assert_eq!(ilog2(v | 1), p, "2^{p} + 1");
         }
         // And against the standard library over a spread of values.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..100_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let v = x >> (x % 64);
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let v = state >> (state % 64);
             if v != 0 {
                 assert_eq!(ilog2(v), v.ilog2(), "{v:#x}");
             }
@@ -1742,24 +1742,24 @@ mod tests {
         index: fn(u64) -> usize,
         by_log: fn(u64) -> usize,
     ) -> usize {
-        let mut i = 0;
+        let mut bucket = 0;
         for ns in 0..1u64 << 20 {
-            while bounds(i).1 <= ns {
-                i += 1;
+            while bounds(bucket).1 <= ns {
+                bucket += 1;
             }
-            let (lo, hi) = bounds(i);
-            assert!(lo <= ns && ns < hi, "{ns}: bucket {i} is [{lo}, {hi})");
-            assert_eq!(index(ns), i, "{ns}");
-            assert_eq!(by_log(ns), i, "{ns}");
+            let (lo, hi) = bounds(bucket);
+            assert!(lo <= ns && ns < hi, "{ns}: bucket {bucket} is [{lo}, {hi})");
+            assert_eq!(index(ns), bucket, "{ns}");
+            assert_eq!(by_log(ns), bucket, "{ns}");
         }
-        i
+        bucket
     }
 
     #[test]
     fn latency_buckets_hold_their_values_and_tile_the_range() {
-        let i = every_short_value_in_its_bucket(bucket_bounds, bucket_index, bucket_by_log);
+        let start = every_short_value_in_its_bucket(bucket_bounds, bucket_index, bucket_by_log);
         // Above, each bucket's ends; the last holds everything from 2^MAX_POW on.
-        for i in i..NUM_BUCKETS - 1 {
+        for i in start..NUM_BUCKETS - 1 {
             let (lo, hi) = bucket_bounds(i);
             assert_eq!(
                 (bucket_index(lo), bucket_index(hi - 1)),

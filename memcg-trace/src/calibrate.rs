@@ -19,16 +19,21 @@ pub fn masks(found: kernel::Layout) -> (KernelLayout, kernel::ContextMasks) {
     let mut layout = found.offsets;
     if let Some(why) = found.no_context_split {
         // Nothing to calibrate: the preempt count cannot be read (see `kernel::layout`).
-        let mut m = kernel::ContextMasks::classic(&format!(
+        let mut no_split = kernel::ContextMasks::classic(&format!(
             "none: no context split, every call is counted under context \"all\" (interrupt-context calls made while a workload task runs count as the workload's): {why}"
         ));
-        (m.nmi_mask, m.hardirq_mask, m.softirq_offset) = (0, 0, 0);
-        m.nmi = "none".into();
-        m.percpu = "none".into();
+        (
+            no_split.nmi_mask,
+            no_split.hardirq_mask,
+            no_split.softirq_offset,
+        ) = (0, 0, 0);
+        no_split.nmi = "none".into();
+        no_split.percpu = "none".into();
         layout.set_context_masks(0, 0, 0);
-        m.threads = layout.task_comm != 0;
-        return (layout, m);
+        no_split.threads = layout.task_comm != 0;
+        return (layout, no_split);
     }
+
     let check = checks::context_check(
         &layout,
         &[CtxUse::Calibration],
@@ -61,9 +66,11 @@ pub fn masks(found: kernel::Layout) -> (KernelLayout, kernel::ContextMasks) {
     if layout.percpu_from_kallsyms != 0 {
         masks.percpu = "kallsyms".into();
     }
+
     if layout.task_softirq != 0 {
         masks.softirq = "task".into();
     }
+
     masks.threads = layout.task_comm != 0;
     layout.set_context_masks(masks.nmi_mask, masks.hardirq_mask, masks.softirq_offset);
     (layout, masks)

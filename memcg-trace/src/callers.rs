@@ -61,12 +61,14 @@ impl Site {
         if total == 0 {
             return None;
         }
+
         let rank = (q.clamp(0.0, 1.0) * total as f64).max(1.0);
         let mut below = 0u64;
         for (i, &n) in self.buckets.iter().enumerate() {
             if n == 0 {
                 continue;
             }
+
             if (below + n) as f64 >= rank {
                 let (lo, hi) = caller_bucket_bounds(i);
                 let f = (rank - below as f64) / n as f64;
@@ -116,6 +118,7 @@ pub fn strip_tracer_frames(raw: Vec<(u64, String)>) -> Vec<(u64, String)> {
             after_bpf = true;
             continue;
         }
+
         let patched_call = after_bpf
             && offset(&n).is_some_and(|o| o < 0x20)
             && out.last().is_some_and(|(_, prev)| func(prev) == func(&n));
@@ -190,6 +193,7 @@ impl Names {
         if new.is_empty() {
             return;
         }
+
         let names = match &self.copy {
             Some(fd) => {
                 use std::os::fd::AsRawFd as _;
@@ -208,6 +212,7 @@ impl Names {
         if addr == 0 {
             return "unknown".into();
         }
+
         self.known
             .get(&addr)
             .cloned()
@@ -222,17 +227,20 @@ fn kallsyms_copy() -> anyhow::Result<std::os::fd::OwnedFd> {
         io::{BufRead as _, Write as _},
         os::fd::FromRawFd as _,
     };
+
     // SAFETY: memfd_create with a NUL-terminated name; the fd is owned from here on.
     let fd = unsafe { libc::memfd_create(c"memcg-trace-kallsyms".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         anyhow::bail!("memfd_create: {}", std::io::Error::last_os_error());
     }
+
     // SAFETY: a fresh fd nobody else owns.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     let src = std::fs::File::open("/proc/kallsyms")
         .map_err(|e| anyhow::anyhow!("/proc/kallsyms: {e}"))?;
     let mut out = std::io::BufWriter::new(std::fs::File::from(fd.try_clone()?));
     let mut shown = false;
+
     // Text symbols only: the call sites are code.
     for line in std::io::BufReader::new(src).lines() {
         let line = line?;
@@ -245,6 +253,7 @@ fn kallsyms_copy() -> anyhow::Result<std::os::fd::OwnedFd> {
             writeln!(out, "{line}")?;
         }
     }
+
     out.flush()?;
     if !shown {
         anyhow::bail!("/proc/kallsyms shows no addresses (kptr_restrict)");
@@ -275,6 +284,7 @@ fn symbolize(kallsyms: &str, addrs: &[u64]) -> Vec<String> {
     if syms.len() != addrs.len() {
         return fallback();
     }
+
     syms.into_iter()
         .zip(addrs)
         .map(|(s, a)| match s {
@@ -299,38 +309,39 @@ mod tests {
 
     #[test]
     fn a_site_quantile_falls_in_the_bucket_of_that_rank() {
-        let mut s = Site::new(0, 1);
+        let mut site = Site::new(0, 1);
         for ns in 1..=100u64 {
-            s.add(ns * 10);
+            site.add(ns * 10);
         }
-        assert_eq!(s.count, 100);
-        let p50 = s.quantile(0.5).unwrap();
+
+        assert_eq!(site.count, 100);
+        let p50 = site.quantile(0.5).unwrap();
         let (lo, hi) = caller_bucket_bounds(caller_bucket_index(500));
         assert!(lo <= p50 && p50 < hi, "p50 {p50} in [{lo}, {hi})");
-        let p99 = s.quantile(0.99).unwrap();
+        let p99 = site.quantile(0.99).unwrap();
         assert!((896..1280).contains(&p99), "p99 {p99}");
         assert_eq!(Site::new(0, 1).quantile(0.5), None);
     }
 
     #[test]
     fn confirmed_calls_are_kept_per_probe_and_site() {
-        let mut c = Confirmed::default();
-        c.add(0, 0, 0x10, 5);
-        c.add(0, 0, 0x10, 7);
-        c.add(0, 1, 0x10, 7);
-        c.add(1, 0, 0x20, 9);
-        let mut p0: Vec<_> = c
+        let mut confirmed = Confirmed::default();
+        confirmed.add(0, 0, 0x10, 5);
+        confirmed.add(0, 0, 0x10, 7);
+        confirmed.add(0, 1, 0x10, 7);
+        confirmed.add(1, 0, 0x20, 9);
+        let mut p0: Vec<_> = confirmed
             .of(0)
             .map(|s| (s.ctx, s.addr, s.count, s.sum_ns))
             .collect();
         p0.sort();
         assert_eq!(p0, vec![(0, 0x10, 2, 12), (1, 0x10, 1, 7)]);
-        assert_eq!(c.of(1).count(), 1);
+        assert_eq!(confirmed.of(1).count(), 1);
     }
 
     #[test]
     fn the_tracers_own_frames_are_left_out_of_stacks() {
-        let f = |v: &[&str]| -> Vec<String> {
+        let stripped = |v: &[&str]| -> Vec<String> {
             strip_tracer_frames(
                 v.iter()
                     .enumerate()
@@ -341,9 +352,10 @@ mod tests {
             .map(|x| x.1)
             .collect()
         };
+
         // fentry on the caller too, call layout: its trampoline, then its patched call.
         assert_eq!(
-            f(&[
+            stripped(&[
                 "__mod_memcg_state+0x7f",
                 "bpf_trampoline_6442521123+0x70 [bpf]",
                 "__mod_memcg_state+0x9",
@@ -351,19 +363,21 @@ mod tests {
             ]),
             ["__mod_memcg_state+0x7f", "mod_memcg_state+0x15"]
         );
+
         // Jump layout: no patched call above the trampoline; a caller a few bytes into
         // another function stays.
         assert_eq!(
-            f(&[
+            stripped(&[
                 "obj_cgroup_charge+0xf2",
                 "bpf_trampoline_6442521123+0x70 [bpf]",
                 "kmalloc_reserve+0x10",
             ]),
             ["obj_cgroup_charge+0xf2", "kmalloc_reserve+0x10"]
         );
+
         // Nothing of the tracer: unchanged.
         assert_eq!(
-            f(&["a+0x5", "b+0x9", "c+0x100"]),
+            stripped(&["a+0x5", "b+0x9", "c+0x100"]),
             ["a+0x5", "b+0x9", "c+0x100"]
         );
     }

@@ -117,7 +117,9 @@ fn generate(dir: &std::path::Path) -> Result<i32> {
     for d in [&man, &completions] {
         std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
     }
+
     let cmd = Cli::command();
+
     // One page for the command and one per visible subcommand (`memcg-trace-record.1`).
     let mut pages = vec![(String::from("memcg-trace"), cmd.clone())];
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
@@ -126,6 +128,7 @@ fn generate(dir: &std::path::Path) -> Result<i32> {
             Box::leak(format!("memcg-trace-{}", sub.get_name()).into_boxed_str());
         pages.push((name.to_string(), sub.clone().name(name)));
     }
+
     for (name, c) in pages {
         let mut out = Vec::new();
         clap_mangen::Man::new(c)
@@ -133,6 +136,7 @@ fn generate(dir: &std::path::Path) -> Result<i32> {
             .with_context(|| format!("render the man page of {name}"))?;
         crate::export::write_file_atomic(&man.join(format!("{name}.1")), &out)?;
     }
+
     for (shell, file) in [
         (clap_complete::Shell::Bash, "memcg-trace.bash"),
         (clap_complete::Shell::Zsh, "_memcg-trace"),
@@ -142,6 +146,7 @@ fn generate(dir: &std::path::Path) -> Result<i32> {
         clap_complete::generate(shell, &mut Cli::command(), "memcg-trace", &mut out);
         crate::export::write_file_atomic(&completions.join(file), &out)?;
     }
+
     println!(
         "memcg-trace: man pages in {}, completions in {}",
         man.display(),
@@ -166,7 +171,7 @@ async fn dispatch(command: Command) -> Result<i32> {
         Command::Generate { dir } => generate(&dir),
         Command::Workload { name, count } => {
             // (Not a live command: main has unblocked the stop signals for it.)
-            let n = match count {
+            let times = match count {
                 Some(n) => n,
                 None => crate::workload::BUILTIN
                     .iter()
@@ -179,7 +184,7 @@ async fn dispatch(command: Command) -> Result<i32> {
                         )
                     })?,
             };
-            crate::workload::run_builtin(&name, n).map(|_| 0)
+            crate::workload::run_builtin(&name, times).map(|_| 0)
         }
     }
 }
@@ -189,6 +194,7 @@ pub fn main() -> i32 {
     // First of all: a stop signal from here until a session listens waits in the kernel.
     crate::session::block_stop_signals(true);
     crate::tracer::large_allocations_mapped();
+
     // A bug's panic: one line saying so, then the unwinding drops what the session holds
     // (workload and memcg, programs and links; the dashboard's terminal is restored first by
     // ratatui's own hook, which calls this one). The process exits 101.
@@ -216,11 +222,13 @@ pub fn main() -> i32 {
             return code;
         }
     };
+
     // A bad override of the eBPF object is refused before anything is loaded.
     if let Err(e) = crate::tracer::Object::chosen() {
         eprintln!("memcg-trace: error: {e}");
         return 2;
     }
+
     // No subcommand: the dashboard with its own defaults.
     let command = cli
         .command
@@ -233,6 +241,7 @@ pub fn main() -> i32 {
     ) {
         crate::session::block_stop_signals(false);
     }
+
     let r = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -106,6 +106,7 @@ async fn run(
         tokio::select! {
             _ = ticks.tick() => {
                 tracer.flush_log();
+
                 // A reader that went away does not stop the collection.
                 let _ = tx.send(Arc::new(tracer.snapshot()?));
             }
@@ -121,6 +122,7 @@ async fn run(
             },
         }
     }
+
     let t = Instant::now();
     let snapshot = tracer.finish()?;
     Ok(Final {

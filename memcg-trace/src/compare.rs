@@ -38,18 +38,19 @@ pub struct Spread {
 impl Spread {
     /// The spread of `v`; None when empty.
     pub fn of(v: &[f64]) -> Option<Spread> {
-        let n = v.len();
-        if n == 0 {
+        let count = v.len();
+        if count == 0 {
             return None;
         }
-        let mean = v.iter().sum::<f64>() / n as f64;
-        let sd = if n > 1 {
-            (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+
+        let mean = v.iter().sum::<f64>() / count as f64;
+        let sd = if count > 1 {
+            (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (count - 1) as f64).sqrt()
         } else {
             0.0
         };
         Some(Spread {
-            n,
+            n: count,
             mean,
             sd,
             rsd: (mean != 0.0).then(|| sd / mean.abs()),
@@ -76,6 +77,7 @@ pub fn welch(a: &Spread, b: &Spread) -> Option<Welch> {
     if a.n < 2 || b.n < 2 {
         return None;
     }
+
     let (va, vb) = (a.sd.powi(2) / a.n as f64, b.sd.powi(2) / b.n as f64);
     let se2 = va + vb;
     let diff = b.mean - a.mean;
@@ -86,9 +88,11 @@ pub fn welch(a: &Spread, b: &Spread) -> Option<Welch> {
             p: 1.0,
         });
     }
+
     let t = diff / se2.sqrt();
     let df = se2.powi(2) / (va.powi(2) / (a.n - 1) as f64 + vb.powi(2) / (b.n - 1) as f64);
     let dist = StudentsT::new(0.0, 1.0, df).ok()?;
+
     // The upper tail directly (1 - cdf loses the small p-values).
     let p = (2.0 * dist.sf(t.abs())).clamp(0.0, 1.0);
     Some(Welch { t, df, p })
@@ -165,27 +169,28 @@ pub struct Comparison {
 
 /// What a side is: kernel, command line, workload.
 fn about(docs: &[Document]) -> String {
-    let d = &docs[0];
-    let w = d
+    let first = &docs[0];
+    let workload = first
         .meta
         .workload
         .as_ref()
         .map(|w| w.argv.join(" "))
         .unwrap_or_else(|| "system-wide".into());
-    let mut s = format!("{} ({w})", d.meta.kernel_release);
+    let mut out = format!("{} ({workload})", first.meta.kernel_release);
     if docs
         .iter()
-        .any(|x| x.meta.kernel_release != d.meta.kernel_release)
+        .any(|x| x.meta.kernel_release != first.meta.kernel_release)
     {
-        s.push_str("; runs on different kernels");
+        out.push_str("; runs on different kernels");
     }
+
     // Backends differ in their floor (hundreds of ns under emulation): their latencies do not
     // compare.
     let backends = |x: &Document| x.probes.iter().map(|p| p.backend).collect::<Vec<_>>();
-    if docs.iter().any(|x| backends(x) != backends(d)) {
-        s.push_str("; runs with different backends");
+    if docs.iter().any(|x| backends(x) != backends(first)) {
+        out.push_str("; runs with different backends");
     }
-    s
+    out
 }
 
 fn pct(l: &Latency, q: f64) -> Option<f64> {
@@ -272,14 +277,17 @@ pub fn compare(
             {
                 continue;
             }
+
             let per_run = |d: &Document| context_figures(d, name, ctx);
             figures.extend(compared_row(a, b, name, ctx, &functions, &per_run));
         }
+
         if a.iter().chain(b).any(|d| workload_row(d, name).is_some()) {
             let per_run = |d: &Document| workload_figures(d, name);
             figures.extend(compared_row(a, b, name, "workload", &functions, &per_run));
         }
     }
+
     let duration = |d: &Document| {
         vec![RunFigure::new(
             "duration",
@@ -334,16 +342,18 @@ fn compared_row(
         if sa.is_none() && sb.is_none() {
             continue;
         }
+
         let change = match (&sa, &sb) {
             (Some(x), Some(y)) if x.mean != 0.0 => Some((y.mean - x.mean) / x.mean),
             _ => None,
         };
-        let w = match (&sa, &sb) {
+        let welch_test = match (&sa, &sb) {
             (Some(x), Some(y)) => welch(x, y),
             _ => None,
         };
+
         // Decided by `adjust_for_the_tests_made` for the tested figures, once every p is known.
-        let beyond_noise = w
+        let beyond_noise = welch_test
             .as_ref()
             .map(|_| false)
             .or_else(|| counts_apart(*unit, sa.as_ref()?, sb.as_ref()?));
@@ -358,7 +368,7 @@ fn compared_row(
             a: sa,
             b: sb,
             change,
-            welch: w,
+            welch: welch_test,
             q: None,
         });
     }
@@ -376,17 +386,19 @@ fn context_row<'a>(d: &'a Document, name: &str, ctx: &str) -> Option<&'a Context
 
 /// The figures of probe `name`'s row of context `ctx` in run `d`.
 fn context_figures(d: &Document, name: &str, ctx: &str) -> Vec<RunFigure> {
-    let c = context_row(d, name, ctx);
+    let row = context_row(d, name, ctx);
+
     // A run where the probe was attached but saw no call here: 0 calls/s (kmem accounting
     // off, say), not a missing run.
     let attached = d.probes.iter().any(|p| p.name == name);
+
     // Calls per operation of the workload: of its own calls only (the workload row), not of
     // the system's.
     row_figures(
-        c.and_then(|c| c.rate_per_s).or(attached.then_some(0.0)),
-        c.map(|c| c.count).or(attached.then_some(0)),
+        row.and_then(|c| c.rate_per_s).or(attached.then_some(0.0)),
+        row.map(|c| c.count).or(attached.then_some(0)),
         None,
-        c.and_then(|c| c.latency.as_ref()),
+        row.and_then(|c| c.latency.as_ref()),
     )
 }
 
@@ -401,16 +413,16 @@ fn workload_row<'a>(d: &'a Document, name: &str) -> Option<&'a WorkloadOut> {
 
 /// The figures of probe `name`'s workload row in run `d`, calls per operation among them.
 fn workload_figures(d: &Document, name: &str) -> Vec<RunFigure> {
-    let w = workload_row(d, name);
+    let row = workload_row(d, name);
     let attached = d
         .probes
         .iter()
         .any(|p| p.name == name && p.workload.is_some());
     row_figures(
-        w.and_then(|w| w.rate_per_s).or(attached.then_some(0.0)),
-        w.map(|w| w.count).or(attached.then_some(0)),
+        row.and_then(|w| w.rate_per_s).or(attached.then_some(0.0)),
+        row.map(|w| w.count).or(attached.then_some(0)),
         ops(d),
-        w.and_then(|w| w.latency.as_ref()),
+        row.and_then(|w| w.latency.as_ref()),
     )
 }
 
@@ -456,6 +468,7 @@ fn change(
             f.iter().cloned().collect::<Vec<_>>().join(", ")
         }
     };
+
     // Two builds of one release (a patch against its base) are told by side.
     let (ra, rb) = if ra == rb {
         ("A".to_string(), "B".to_string())
@@ -479,14 +492,17 @@ fn function_notes(c: &Comparison) -> Vec<String> {
         if let Some(x) = &f.functions {
             said.push(format!("{x} (the function behind the probe changed: calls/op compare the work, latencies different functions)"));
         }
+
         if let Some(x) = &f.backends {
             said.push(format!(
                 "traced by {x} (the backend changed: latencies hold different floors)"
             ));
         }
+
         if said.is_empty() {
             continue;
         }
+
         let line = format!("* {}: {}", f.probe, said.join("; "));
         if !out.contains(&line) {
             out.push(line);
@@ -507,16 +523,16 @@ fn probe_cell(f: &Figure) -> String {
 /// Benjamini-Hochberg adjusted p values (q), in the order given: q of the i-th smallest p of m is
 /// the least `p_j * m / j` over j >= i, at most 1.
 pub fn benjamini_hochberg(ps: &[f64]) -> Vec<f64> {
-    let m = ps.len();
-    let mut order: Vec<usize> = (0..m).collect();
+    let count = ps.len();
+    let mut order: Vec<usize> = (0..count).collect();
     order.sort_by(|&i, &j| ps[i].total_cmp(&ps[j]));
-    let mut q = vec![1.0; m];
+    let mut adjusted = vec![1.0; count];
     let mut least: f64 = 1.0;
     for (rank, &i) in order.iter().enumerate().rev() {
-        least = least.min(ps[i] * m as f64 / (rank + 1) as f64);
-        q[i] = least;
+        least = least.min(ps[i] * count as f64 / (rank + 1) as f64);
+        adjusted[i] = least;
     }
-    q
+    adjusted
 }
 
 /// The operations the run's workload reports (see `workload::operations`).
@@ -630,6 +646,7 @@ pub fn table(c: &Comparison) -> String {
             ])
         );
     }
+
     for n in function_notes(c) {
         let _ = writeln!(out, "{n}");
     }
@@ -642,6 +659,7 @@ pub fn markdown(c: &Comparison) -> String {
     for l in preamble(c).lines() {
         let _ = writeln!(out, "{l}  ");
     }
+
     let _ = writeln!(out);
     let _ = writeln!(out, "| {} |", HEADER.join(" | "));
     let _ = writeln!(out, "|{}", "---|".repeat(HEADER.len()));
@@ -655,10 +673,12 @@ pub fn markdown(c: &Comparison) -> String {
             f.figure
         );
     }
+
     let notes = function_notes(c);
     if !notes.is_empty() {
         let _ = writeln!(out);
     }
+
     for n in notes {
         let _ = writeln!(out, "{}  ", n.replacen('*', "\\*", 1));
     }
@@ -676,6 +696,7 @@ mod tests {
         for (got, want) in q.iter().zip([0.02, 0.04, 0.04, 0.02]) {
             assert!((got - want).abs() < 1e-12, "{q:?}");
         }
+
         assert_eq!(benjamini_hochberg(&[0.9, 1.0]), vec![1.0, 1.0]);
         assert!(benjamini_hochberg(&[]).is_empty());
     }
@@ -715,6 +736,7 @@ mod tests {
             raw_alarms += ps.iter().any(|&p| p < 0.05) as u32;
             alarms += benjamini_hochberg(&ps).iter().any(|&q| q < 0.05) as u32;
         }
+
         let share = alarms as f64 / comparisons as f64;
         let raw = raw_alarms as f64 / comparisons as f64;
         assert!(raw > 0.6, "unadjusted: {raw}");
@@ -745,7 +767,9 @@ mod tests {
             assert!(w.t.abs() <= 2f64.sqrt() + 1e-9, "{a:?} {b:?}: {w:?}");
             lowest_p = lowest_p.min(w.p);
         }
+
         assert!(lowest_p > 0.15, "lowest p {lowest_p}");
+
         // Touching ranges of equal length: the bound is reached.
         let w = welch(
             &Spread::of(&[0.0, 1.0]).unwrap(),
@@ -765,23 +789,24 @@ mod tests {
             "/../tests/fixtures/6.12-fentry.json"
         )))
         .expect("the committed recording");
-        let mut a = fixture.clone();
-        a.meta.kernel_release = "6.1.0-57-amd64".into();
-        let mut b = fixture;
-        b.meta.kernel_release = "7.3.4+deb13-amd64".into();
-        let charge_a = a
+        let mut run_a = fixture.clone();
+        run_a.meta.kernel_release = "6.1.0-57-amd64".into();
+        let mut run_b = fixture;
+        run_b.meta.kernel_release = "7.3.4+deb13-amd64".into();
+        let charge_a = run_a
             .probes
             .iter()
             .find(|p| p.name == "charge")
             .unwrap()
             .target
             .clone();
-        b.probes
+        run_b
+            .probes
             .iter_mut()
             .find(|p| p.name == "charge")
             .unwrap()
             .target = "__memcg_slab_post_alloc_hook".into();
-        let (a, b) = (vec![a.clone(), a], vec![b.clone(), b]);
+        let (a, b) = (vec![run_a.clone(), run_a], vec![run_b.clone(), run_b]);
         let files = |n: &str| vec![format!("{n}-1.json"), format!("{n}-2.json")];
         let compared = compare(&a, &b, files("a"), files("b"), 0.05);
         let said = format!(
@@ -823,23 +848,27 @@ mod tests {
             "{json}"
         );
         assert!(!json.contains("\"backends\""), "{json}");
+
         // Two builds of one release: the sides are named A and B.
         let mut b1 = b.clone();
         for d in &mut b1 {
             d.meta.kernel_release = "6.1.0-57-amd64".into();
         }
+
         let c1 = compare(&a, &b1, files("a"), files("b"), 0.05);
         let figure = c1.figures.iter().find(|f| f.probe == "charge").unwrap();
         assert_eq!(
             figure.functions.as_deref(),
             Some(format!("A: {charge_a} -> B: __memcg_slab_post_alloc_hook").as_str())
         );
+
         // auto took kprobe for stat on B's kernel: its rows say so, the others do not.
         let mut b2 = b.clone();
         for d in &mut b2 {
             let stat = d.probes.iter_mut().find(|p| p.name == "stat").unwrap();
             stat.backend = crate::probes::Backend::Kprobe;
         }
+
         let compared = compare(&a, &b2, files("a"), files("b"), 0.05);
         assert!(compared
             .figures
@@ -863,6 +892,7 @@ mod tests {
     fn spread_is_the_sample_standard_deviation() {
         let s = Spread::of(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]).unwrap();
         assert_eq!(s.mean, 5.0);
+
         // Sample sd (n - 1): sqrt(32 / 7).
         assert!((s.sd - (32.0f64 / 7.0).sqrt()).abs() < 1e-12);
         assert!(Spread::of(&[]).is_none());
@@ -890,12 +920,15 @@ mod tests {
         assert_eq!(welch(&a, &b), None);
         assert_eq!(counts_apart(Unit::CallsPerOp, &a, &b), Some(true));
         assert_eq!(counts_apart(Unit::CallsPerS, &a, &b), Some(true));
+
         // Percentiles fall on bucket values: equal runs are no evidence of no noise.
         assert_eq!(counts_apart(Unit::Ns, &a, &b), None);
+
         // One run a side, or the same count both sides: nothing to call.
         let one = Spread::of(&[2.222]).unwrap();
         assert_eq!(counts_apart(Unit::CallsPerOp, &one, &b), None);
         assert_eq!(counts_apart(Unit::CallsPerOp, &a, &a), None);
+
         // Any spread: Welch decides.
         let noisy = Spread::of(&[2.0, 2.2, 2.4]).unwrap();
         assert_eq!(counts_apart(Unit::CallsPerOp, &noisy, &b), None);
@@ -908,8 +941,10 @@ mod tests {
         let up = Spread::of(&[113.0, 114.5, 113.8]).unwrap();
         assert!(welch(&a, &same).unwrap().p > 0.5);
         assert!(welch(&a, &up).unwrap().p < 0.01);
+
         // One run a side: no verdict.
         assert!(welch(&Spread::of(&[1.0]).unwrap(), &up).is_none());
+
         // No spread at all: equal means are the same, different ones differ.
         let c = Spread::of(&[5.0, 5.0]).unwrap();
         assert_eq!(welch(&c, &c).unwrap().p, 1.0);

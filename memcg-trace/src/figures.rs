@@ -112,6 +112,7 @@ pub const INTERCHANGE_DIGITS: u8 = 1;
 /// bucket.
 pub fn hdr_with(h: &HistData, digits: u8) -> Histogram<u64> {
     let mut out = Histogram::<u64>::new_with_bounds(1, 1 << 40, digits).expect("valid hdr bounds");
+
     // A recording from elsewhere may say min > max; a call may take longer than the 18
     // minutes (2^40 ns) the histogram tracks: kept in range, never a panic.
     let (min, max) = (h.min_ns.max(1), h.max_ns.max(h.min_ns).max(1));
@@ -121,11 +122,13 @@ pub fn hdr_with(h: &HistData, digits: u8) -> Histogram<u64> {
         if n == 0 {
             continue;
         }
+
         let (lo, hi) = bucket_bounds(i);
-        let mut v = lo + (hi - 1 - lo) / 2;
+        let mut value = lo + (hi - 1 - lo) / 2;
         let mut rest = n;
         if h.max_ns > 0 {
-            v = v.clamp(min, max);
+            value = value.clamp(min, max);
+
             // The extremes, where they lie in their buckets (a recording from elsewhere may
             // put them elsewhere: then only the midpoint).
             for (at, x) in [(first, min), (last, max)] {
@@ -135,7 +138,8 @@ pub fn hdr_with(h: &HistData, digits: u8) -> Histogram<u64> {
                 }
             }
         }
-        let v = v.clamp(1, out.high());
+
+        let v = value.clamp(1, out.high());
         if rest > 0 && out.record_n(v, rest).is_err() {
             // Only a count beyond u64 fails; the rest of the histogram still stands.
             break;
@@ -199,6 +203,7 @@ pub fn latency(h: &HistData, window: Duration, quantiles: &[f64]) -> Option<Late
     if timed == 0 {
         return None;
     }
+
     let hdr = hdr(h);
     let (lo, hi) = (h.min_ns, h.max_ns.max(h.min_ns));
     Some(Latency {
@@ -268,6 +273,7 @@ fn cost_of<'a>(
         time = time.saturating_add(p.run_time_ns);
         runs = runs.saturating_add(p.run_cnt);
     }
+
     cost(time, runs, calls, window)
 }
 
@@ -328,6 +334,7 @@ mod tests {
         snap.probes[0].workload = Some(calls.clone());
         let floors = std::slice::from_ref(&floor);
         let cpu = WorkloadCpu::of(&snap, floors, Some(10_000_000));
+
         // 100 workload calls at 1,500 ns each in all.
         assert_eq!(
             cpu,
@@ -337,8 +344,10 @@ mod tests {
             })
         );
         let shares = cpu_shares(&calls, Some(&floor), cpu.as_ref());
+
         // Self on the CPU: 800,000 less its own sleep (200,000 - 50,000 nested).
         let own = 650_000.0;
+
         // 100 calls x 500 + 10 nested x (1,500 - 500).
         let instrumentation = 60_000.0;
         assert_eq!(
@@ -356,6 +365,7 @@ mod tests {
             (None, None)
         );
         assert_eq!(without_floor.own, shares.own);
+
         // The tracer's cost is the whole CPU time: no net share.
         let all = WorkloadCpu::of(&snap, floors, Some(150_000)).unwrap();
         assert_eq!(all.untraced_ns, None);
@@ -385,36 +395,38 @@ mod tests {
                 })
                 .collect()
         };
+
         // Up to 25 s, quadratically spread.
         let heavy: Vec<u64> = (1..5_000u64).map(|i| 1_000 * i * i + 33).collect();
         for mut values in [spread, edges(false), edges(true), heavy] {
             values.sort_unstable();
-            let h = HistData::of(&values);
-            let l = latency(&h, Duration::from_secs(1), &QUANTILES).unwrap();
+            let hist = HistData::of(&values);
+            let lat = latency(&hist, Duration::from_secs(1), &QUANTILES).unwrap();
             for q in [0.5, 0.9, 0.99, 0.999, 0.9999] {
                 let exact =
                     values[((q * values.len() as f64).ceil() as usize).saturating_sub(1)] as f64;
-                let got = l.at(q).unwrap() as f64;
+                let got = lat.at(q).unwrap() as f64;
                 let err = (got - exact).abs() / exact;
                 assert!(
                     err <= 1.0 / 64.0,
                     "q={q}: got {got}, exact {exact}, error {err:.5} (more than half a bucket)"
                 );
             }
-            assert_eq!(hdr(&h).len(), values.len() as u64);
-            assert_eq!(l.at(1.0), Some(*values.last().unwrap()));
+
+            assert_eq!(hdr(&hist).len(), values.len() as u64);
+            assert_eq!(lat.at(1.0), Some(*values.last().unwrap()));
         }
     }
 
     #[test]
     fn single_value_is_reported_exactly_through_min_max_clamp() {
-        let l = latency(
+        let lat = latency(
             &HistData::of(&[1234, 1234, 1234]),
             Duration::from_secs(1),
             &QUANTILES,
         )
         .unwrap();
-        for (_, ns) in &l.percentiles {
+        for (_, ns) in &lat.percentiles {
             assert_eq!(*ns, 1234);
         }
     }
@@ -422,13 +434,13 @@ mod tests {
     #[test]
     fn percentiles_are_clamped_to_the_observed_range() {
         // 3000 and 3050 share a bucket whose midpoint and top lie above 3050.
-        let l = latency(
+        let lat = latency(
             &HistData::of(&[3000, 3050]),
             Duration::from_secs(1),
             &QUANTILES,
         )
         .unwrap();
-        for (q, ns) in &l.percentiles {
+        for (q, ns) in &lat.percentiles {
             assert!((3000..=3050).contains(ns), "q={q}: {ns}");
         }
     }

@@ -51,6 +51,7 @@ fn rows(snap: &Snapshot) -> Vec<(String, &HistData)> {
         for (i, c) in p.contexts.iter().enumerate() {
             out.push((format!("{}.{}", p.name, snap.ctx_name(i)), &c.hist));
         }
+
         if let Some(w) = &p.workload {
             out.push((format!("{}.workload", p.name), w));
         }
@@ -68,6 +69,7 @@ impl HdrLog {
         if dest.is_dir() {
             return Err(anyhow!("{}: is a directory", dest.display()));
         }
+
         refuse_special(dest)?;
         let tmp = temp_name(&parent_dir(dest), name);
         let f = create_new(&tmp).map_err(|e| anyhow!("cannot write {}: {e}", dest.display()))?;
@@ -90,7 +92,7 @@ impl HdrLog {
     /// Writes the header for a run that started at `start` (the snapshots' elapsed time counts
     /// from there): format version, `about`, StartTime and BaseTime, the legend.
     pub fn begin(&mut self, start: SystemTime, about: &str) {
-        let r = (|| -> std::io::Result<()> {
+        let result = (|| -> std::io::Result<()> {
             let Some(f) = self.file.as_mut() else {
                 return Ok(());
             };
@@ -109,7 +111,7 @@ impl HdrLog {
             )?;
             f.flush()
         })();
-        if let Err(e) = r {
+        if let Err(e) = result {
             self.error = Some(format!("cannot write {}: {e}", self.dest.display()));
         }
     }
@@ -120,39 +122,43 @@ impl HdrLog {
         if self.error.is_some() || snap.elapsed <= self.last_end {
             return;
         }
+
         let start = self.last_end;
         let length = snap.elapsed - start;
-        let r = (|| -> Result<()> {
-            let f = self.file.as_mut().ok_or_else(|| anyhow!("closed"))?;
-            let mut w = IntervalLogWriterBuilder::new().begin_log_with(f, &mut self.ser)?;
+        let result = (|| -> Result<()> {
+            let file = self.file.as_mut().ok_or_else(|| anyhow!("closed"))?;
+            let mut writer = IntervalLogWriterBuilder::new().begin_log_with(file, &mut self.ser)?;
             for (tag, h) in rows(snap) {
                 let before = self.last.get(&tag);
                 if h.count == 0 && before.is_none() {
                     continue;
                 }
-                let d = match before {
+
+                let delta = match before {
                     Some(b) => h.since(b),
                     None => h.clone(),
                 };
-                let t =
+                let hdr_tag =
                     Tag::new(&tag).ok_or_else(|| anyhow!("tag {tag:?} has a comma or space"))?;
-                w.write_histogram(
-                    &figures::hdr_with(&d, figures::INTERCHANGE_DIGITS),
-                    start,
-                    length,
-                    Some(t),
-                )
-                .map_err(|e| anyhow!("{e}"))?;
+                writer
+                    .write_histogram(
+                        &figures::hdr_with(&delta, figures::INTERCHANGE_DIGITS),
+                        start,
+                        length,
+                        Some(hdr_tag),
+                    )
+                    .map_err(|e| anyhow!("{e}"))?;
                 self.last.insert(tag, h.clone());
             }
-            drop(w);
+
+            drop(writer);
             if let Some(f) = self.file.as_mut() {
                 f.flush()?;
             }
             Ok(())
         })();
         self.last_end = snap.elapsed;
-        if let Err(e) = r {
+        if let Err(e) = result {
             self.error = Some(format!("cannot write {}: {e:#}", self.dest.display()));
         }
     }
@@ -164,6 +170,7 @@ impl HdrLog {
         if let Some(e) = self.error.take() {
             return Err(anyhow!(e));
         }
+
         let f = self.file.take().ok_or_else(|| anyhow!("closed"))?;
         let commit = || -> std::io::Result<()> {
             let f = f.into_inner().map_err(|e| e.into_error())?;
@@ -251,7 +258,9 @@ mod tests {
                 e.1.push(i.start_timestamp().as_secs_f64());
             }
         }
+
         assert_eq!(per_tag["charge.task"], (5, vec![0.0, 1.0, 2.0]));
+
         // A row appears from its first call on.
         assert_eq!(per_tag["charge.softirq"], (1, vec![2.0]));
         assert!(!per_tag.contains_key("charge.hardirq"));

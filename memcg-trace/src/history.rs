@@ -66,6 +66,7 @@ impl Series {
         if let Some(c) = self.calls.last_mut() {
             *c += p.calls;
         }
+
         for (v, x) in [
             (&mut self.p50_ns, p.p50_ns),
             (&mut self.p99_ns, p.p99_ns),
@@ -111,6 +112,7 @@ fn tick_rows<'a>(
         let h = c.hist.since(before.map_or(&empty, |b| &b.contexts[i].hist));
         rows.push((snap.ctx_name(i), h, calls));
     }
+
     if let Some(w) = &p.workload {
         let h = w.since(before.and_then(|b| b.workload.as_ref()).unwrap_or(&empty));
         let calls = h.count;
@@ -127,6 +129,7 @@ impl Recorder {
                 return;
             }
         }
+
         let ticks = self.history.t_ms.len();
         let now_ms = snap.elapsed.as_millis() as u64;
         let merge = self.joins_last_tick(now_ms);
@@ -164,16 +167,19 @@ impl Recorder {
         } else {
             self.history.t_ms.push(now_ms);
         }
+
         // Rows without a snapshot row this tick (a probe gone) stay aligned.
-        let n = self.history.t_ms.len();
+        let tick_count = self.history.t_ms.len();
         for s in &mut self.history.rows {
-            while s.calls.len() < n {
+            while s.calls.len() < tick_count {
                 s.push(Point::default());
             }
         }
-        if n > MAX_TICKS {
+
+        if tick_count > MAX_TICKS {
             self.halve();
         }
+
         self.last = Some(snap.clone());
     }
 
@@ -181,13 +187,14 @@ impl Recorder {
     /// shorter than half the one before (the final snapshot, taken at the stop, anywhere up to
     /// a tick after the last) joins it: no spiky rate, no zero-length tick.
     fn joins_last_tick(&self, now_ms: u64) -> bool {
-        let t = &self.history.t_ms;
-        let ticks = t.len();
+        let t_ms = &self.history.t_ms;
+        let ticks = t_ms.len();
         if ticks == 0 {
             return false;
         }
-        let last = t[ticks - 1];
-        let before = if ticks > 1 { t[ticks - 2] } else { 0 };
+
+        let last = t_ms[ticks - 1];
+        let before = if ticks > 1 { t_ms[ticks - 2] } else { 0 };
         2 * now_ms.saturating_sub(last) < last - before
     }
 
@@ -225,18 +232,18 @@ impl Recorder {
     /// Merges each pair of ticks into one: calls add, the percentiles of the pair are the
     /// larger of the two (an upper bound: the pair's histograms are not kept).
     fn halve(&mut self) {
-        let h = &mut self.history;
+        let history = &mut self.history;
         let pairs = |v: &[u64], f: fn(u64, u64) -> u64| -> Vec<u64> {
             v.chunks(2)
                 .map(|c| c.iter().copied().reduce(f).unwrap_or(0))
                 .collect()
         };
-        h.t_ms = h
+        history.t_ms = history
             .t_ms
             .chunks(2)
             .map(|c| *c.last().expect("non-empty"))
             .collect();
-        for s in &mut h.rows {
+        for s in &mut history.rows {
             s.calls = pairs(&s.calls, |a, b| a + b);
             s.p50_ns = pairs(&s.p50_ns, u64::max);
             s.p99_ns = pairs(&s.p99_ns, u64::max);
@@ -257,14 +264,16 @@ mod tests {
 
     #[test]
     fn ticks_hold_interval_calls_and_percentiles() {
-        let mut r = Recorder::default();
+        let mut recorder = Recorder::default();
+
         // 45k task calls of 700 ns per second, 30 softirq calls per second.
         for i in 1..=4 {
-            r.push(&snap(i, i * 45_000, 700, i * 30));
+            recorder.push(&snap(i, i * 45_000, 700, i * 30));
         }
-        let h = r.history();
-        assert_eq!(h.t_ms, vec![1000, 2000, 3000, 4000]);
-        let task = h
+
+        let history = recorder.history();
+        assert_eq!(history.t_ms, vec![1000, 2000, 3000, 4000]);
+        let task = history
             .rows
             .iter()
             .find(|s| s.context == "task")
@@ -274,22 +283,24 @@ mod tests {
             task.p50_ns.iter().all(|&p| (512..1024).contains(&p)),
             "{task:?}"
         );
-        assert_eq!(task.rate(h, 2), Some(45_000.0));
-        let soft = h
+        assert_eq!(task.rate(history, 2), Some(45_000.0));
+        let soft = history
             .rows
             .iter()
             .find(|s| s.context == "softirq")
             .expect("softirq");
         assert_eq!(soft.calls.iter().sum::<u64>(), 120);
+
         // A repeated snapshot adds no tick.
-        r.push(&snap(4, 4 * 45_000, 700, 120));
-        assert_eq!(r.history().t_ms.len(), 4);
+        recorder.push(&snap(4, 4 * 45_000, 700, 120));
+        assert_eq!(recorder.history().t_ms.len(), 4);
+
         // The stop's snapshot 1 ms after the last tick joins it: the calls are kept, the
         // tick is not a 1 ms spike.
         let mut last = snap(4, 4 * 45_000 + 50, 700, 120);
         last.elapsed += Duration::from_millis(1);
-        r.push(&last);
-        let h = r.history();
+        recorder.push(&last);
+        let h = recorder.history();
         assert_eq!(h.t_ms, vec![1000, 2000, 3000, 4001]);
         let task = h.rows.iter().find(|s| s.context == "task").unwrap();
         assert_eq!(task.calls, vec![45_000, 45_000, 45_000, 45_050]);
@@ -297,12 +308,13 @@ mod tests {
 
     #[test]
     fn a_long_run_is_halved_not_cut() {
-        let mut r = Recorder::default();
+        let mut recorder = Recorder::default();
         for i in 1..=(MAX_TICKS as u64 + 1) {
-            r.history.t_ms.push(i);
+            recorder.history.t_ms.push(i);
             let _ = i;
         }
-        r.history.rows.push(Series {
+
+        recorder.history.rows.push(Series {
             probe: "x".into(),
             context: "task".into(),
             calls: vec![1; MAX_TICKS + 1],
@@ -310,8 +322,8 @@ mod tests {
             p99_ns: vec![9; MAX_TICKS + 1],
             max_ns: vec![9; MAX_TICKS + 1],
         });
-        r.halve();
-        let h = r.history();
+        recorder.halve();
+        let h = recorder.history();
         assert_eq!(h.t_ms.len(), MAX_TICKS / 2 + 1);
         assert_eq!(h.rows[0].calls.iter().sum::<u64>(), MAX_TICKS as u64 + 1);
         assert_eq!(*h.t_ms.last().unwrap(), MAX_TICKS as u64 + 1);

@@ -58,14 +58,14 @@ impl Symbols {
     /// names in `interest` (function names; tracepoint names as they follow `btf_trace_`):
     /// the full tables are over a hundred thousand names each.
     pub fn load(btf: &Btf, interest: &HashSet<String>) -> Result<Self> {
-        let mut s = Symbols::default();
+        let mut syms = Symbols::default();
         let mut types = btf.type_iter();
         while let Ok(Some(t)) = types.next() {
             match &t {
                 Type::Func(f) => {
                     if let Ok(n) = btf.resolve_name(f) {
                         if interest.contains(&n) {
-                            s.btf_funcs.insert(n);
+                            syms.btf_funcs.insert(n);
                         }
                     }
                 }
@@ -73,7 +73,7 @@ impl Symbols {
                     if let Ok(n) = btf.resolve_name(td) {
                         if let Some(tp) = n.strip_prefix("btf_trace_") {
                             if interest.contains(tp) {
-                                s.btf_tracepoints.insert(tp.to_string());
+                                syms.btf_tracepoints.insert(tp.to_string());
                             }
                         }
                     }
@@ -81,15 +81,17 @@ impl Symbols {
                 _ => {}
             }
         }
+
         // Streamed: with CONFIG_KALLSYMS_ALL the listing is over 10 MiB, which would otherwise
         // be the daemon's peak memory.
         let kallsyms = fs::File::open("/proc/kallsyms").context("read /proc/kallsyms")?;
         for line in BufReader::new(kallsyms).lines() {
-            s.add_kallsyms_line(&line.context("read /proc/kallsyms")?, Some(interest));
+            syms.add_kallsyms_line(&line.context("read /proc/kallsyms")?, Some(interest));
         }
+
         for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
             if let Ok(f) = fs::File::open(format!("{dir}/available_filter_functions")) {
-                s.traceable = Some(
+                syms.traceable = Some(
                     BufReader::new(f)
                         .lines()
                         .map_while(Result::ok)
@@ -104,8 +106,9 @@ impl Symbols {
                 break;
             }
         }
-        s.kprobes = Path::new("/sys/bus/event_source/devices/kprobe").exists();
-        Ok(s)
+
+        syms.kprobes = Path::new("/sys/bus/event_source/devices/kprobe").exists();
+        Ok(syms)
     }
 
     /// Adds the text symbols of a /proc/kallsyms listing (those in `interest`, if given, and
@@ -126,6 +129,7 @@ impl Symbols {
         if !matches!(kind, "t" | "T") {
             return;
         }
+
         match name.split_once('.') {
             Some((base, _)) if !wanted(base) => {}
             None if !wanted(name) => {}
@@ -153,18 +157,22 @@ pub fn open_btf() -> Result<Btf> {
     if !Path::new(VMLINUX_BTF).exists() {
         bail!("{VMLINUX_BTF} is missing: this kernel was built without CONFIG_DEBUG_INFO_BTF, which memcg-trace needs");
     }
+
     // The mmap backend parses lazily: a fraction of the memory of the caching one (tens of MiB
     // for vmlinux). Kernels before 6.16 cannot mmap the sysfs file, so it is copied into a
     // memfd first.
     if let Ok(btf) = Btf::from_file_with_backend(VMLINUX_BTF, Backend::Mmap) {
         return Ok(btf);
     }
+
     let data = fs::read(VMLINUX_BTF).map_err(|e| anyhow!("cannot read {VMLINUX_BTF}: {e}"))?;
+
     // SAFETY: memfd_create with a valid C string; the fd is owned by the File below.
     let fd = unsafe { libc::memfd_create(c"memcg-trace-btf".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Btf::from_bytes(&data).map_err(|e| anyhow!("cannot parse {VMLINUX_BTF}: {e}"));
     }
+
     // SAFETY: fd was just created and is owned by nobody else.
     let mut f = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     std::io::Write::write_all(&mut f, &data)?;
@@ -181,6 +189,7 @@ fn named_struct(btf: &Btf, name: &str) -> Result<btf_rs::Struct> {
             }
         }
     }
+
     bail!("struct {name} not found in BTF")
 }
 
@@ -210,6 +219,7 @@ fn member_offset(btf: &Btf, s: &btf_rs::Struct, field: &str) -> Option<(u64, Typ
         if name == field {
             return Some(((m.bit_offset() / 8) as u64, ty));
         }
+
         if name.is_empty() {
             if let Ok(Type::Struct(inner) | Type::Union(inner)) = strip(btf, ty) {
                 if let Some((off, t)) = member_offset(btf, &inner, field) {
@@ -223,15 +233,15 @@ fn member_offset(btf: &Btf, s: &btf_rs::Struct, field: &str) -> Option<(u64, Typ
 
 /// Offset of a dotted path of fields starting at struct `root`.
 pub fn field_path_offset(btf: &Btf, root: &str, path: &[&str]) -> Result<u64> {
-    let mut s = named_struct(btf, root)?;
+    let mut container = named_struct(btf, root)?;
     let mut total = 0;
     for (i, field) in path.iter().enumerate() {
-        let (off, ty) = member_offset(btf, &s, field)
+        let (off, ty) = member_offset(btf, &container, field)
             .ok_or_else(|| anyhow!("{root}.{} not found in BTF", path[..=i].join(".")))?;
         total += off;
         if i + 1 < path.len() {
             match strip(btf, ty)? {
-                Type::Struct(next) | Type::Union(next) => s = next,
+                Type::Struct(next) | Type::Union(next) => container = next,
                 Type::Ptr(_) => bail!(
                     "{root}.{} is a pointer; split the path",
                     path[..=i].join(".")
@@ -319,6 +329,7 @@ pub fn memcg_path(btf: &Btf, arg: &str) -> Result<memcg_trace_common::MemcgPath>
         ],
         other => bail!("a struct {other} does not lead to a memcg"),
     };
+
     // The way up, for memcgs made below the workload's after userspace last looked: the
     // field is `__parent` from 6.15 (read under RCU there; a fault-safe read here). 0 where
     // neither is found: no climb, such memcgs count from the next tick.
@@ -326,13 +337,14 @@ pub fn memcg_path(btf: &Btf, arg: &str) -> Result<memcg_trace_common::MemcgPath>
         .iter()
         .find_map(|f| field_path_offset(btf, "kernfs_node", &[f]).ok())
         .unwrap_or(0);
-    let mut p = memcg_trace_common::MemcgPath {
+    let mut route = memcg_trace_common::MemcgPath {
         hops: hops.len() as u32,
         id_off: off("kernfs_node", &["id"])? as u32,
         parent_off: u32::try_from(parent_off).unwrap_or(0),
         ..Default::default()
     };
-    p.off[..hops.len()].copy_from_slice(&hops);
+    route.off[..hops.len()].copy_from_slice(&hops);
+
     // A cgroup or css is the memory controller's only if it says so.
     let memory = || {
         enum_value(btf, "cgroup_subsys_id", "memory_cgrp_id")
@@ -340,22 +352,22 @@ pub fn memcg_path(btf: &Btf, arg: &str) -> Result<memcg_trace_common::MemcgPath>
     };
     match arg {
         "cgroup_subsys_state" => {
-            p.check_hops = 1;
-            p.check_off[0] = off("cgroup_subsys_state", &["ss"])?;
-            p.check_field = off("cgroup_subsys", &["id"])? as u32;
-            p.check_mask = u32::MAX;
-            p.check_want = memory()?;
+            route.check_hops = 1;
+            route.check_off[0] = off("cgroup_subsys_state", &["ss"])?;
+            route.check_field = off("cgroup_subsys", &["id"])? as u32;
+            route.check_mask = u32::MAX;
+            route.check_want = memory()?;
         }
         "cgroup" => {
-            p.check_hops = 1;
-            p.check_off[0] = off("cgroup", &["root"])?;
-            p.check_field = off("cgroup_root", &["subsys_mask"])? as u32;
-            p.check_mask = 1 << memory()?;
-            p.check_want = p.check_mask;
+            route.check_hops = 1;
+            route.check_off[0] = off("cgroup", &["root"])?;
+            route.check_field = off("cgroup_root", &["subsys_mask"])? as u32;
+            route.check_mask = 1 << memory()?;
+            route.check_want = route.check_mask;
         }
         _ => {}
     }
-    Ok(p)
+    Ok(route)
 }
 
 /// The value of enumerator `member` of `enum name` in BTF.
@@ -391,6 +403,7 @@ pub fn percpu_vars(btf: &Btf) -> Result<(HashMap<String, u64>, bool)> {
     if !from_btf.is_empty() {
         return Ok((from_btf, false));
     }
+
     let vars = fs::File::open("/proc/kallsyms")
         .map_err(|e| format!("cannot read it: {e}"))
         .and_then(|f| {
@@ -419,8 +432,8 @@ pub fn percpu_from_kallsyms(
     let mut out = HashMap::new();
     let mut nonzero = false;
     for l in lines {
-        let mut f = l.as_ref().split_whitespace();
-        let (Some(addr), Some(kind), Some(name)) = (f.next(), f.next(), f.next()) else {
+        let mut cols = l.as_ref().split_whitespace();
+        let (Some(addr), Some(kind), Some(name)) = (cols.next(), cols.next(), cols.next()) else {
             continue;
         };
         let Ok(addr) = u64::from_str_radix(addr, 16) else {
@@ -432,25 +445,30 @@ pub fn percpu_from_kallsyms(
             // Past the per-CPU area's symbols.
             break;
         }
+
         // A module's symbol (a fourth field, `[module]`) is never a per-CPU one of vmlinux.
-        if !absolute || f.next().is_some() {
+        if !absolute || cols.next().is_some() {
             continue;
         }
+
         if name == "__per_cpu_start" {
             start = Some(addr);
         } else if names.contains(&name) {
             out.insert(name.to_string(), addr);
         }
     }
+
     if !nonzero {
         return Err("its addresses read as zero: kptr_restrict hides them".into());
     }
+
     if out.is_empty() {
         return Err(format!(
             "none of {} listed as a per-CPU symbol (they are only with CONFIG_KALLSYMS_ALL)",
             names.join(", ")
         ));
     }
+
     let start = start.unwrap_or(0);
     for v in out.values_mut() {
         *v = v.wrapping_sub(start);
@@ -540,15 +558,17 @@ fn typedef_struct_with_first(btf: &Btf, name: &str, size: usize) -> Option<u32> 
         return None;
     };
     let first = s.members.first()?;
-    let mut t = btf.resolve_chained_type(first).ok()?;
+    let mut ty = btf.resolve_chained_type(first).ok()?;
+
     // Through typedefs (`s64`), at most a few.
     for _ in 0..8 {
-        match t {
-            Type::Typedef(td) => t = btf.resolve_chained_type(&td).ok()?,
+        match ty {
+            Type::Typedef(td) => ty = btf.resolve_chained_type(&td).ok()?,
             _ => break,
         }
     }
-    let int = matches!(t, Type::Int(i) if i.size() == size);
+
+    let int = matches!(ty, Type::Int(i) if i.size() == size);
     (s.size() == size && first.bit_offset() == 0 && int).then_some(strukt)
 }
 
@@ -585,6 +605,7 @@ fn preempt_at(
     } else {
         None
     };
+
     // x86, up to 6.1 and again from 6.15: `__preempt_count`; 6.2-6.14: `pcpu_hot.preempt_count`.
     let (var, preempt_member) = if no_context || arm64 {
         ("", 0)
@@ -628,6 +649,7 @@ fn cgroup_reads(btf: &Btf) -> CgroupReads {
         ))
     })()
     .unwrap_or((0, 0, 0, 0));
+
     // A cgroup's ancestors by depth: their ids before 6.0 (`ancestor_ids[]`), then pointers.
     let ancestors = match field_path_offset(btf, "cgroup", &["ancestor_ids"]) {
         Ok(o) => Some((o, true)),
@@ -743,7 +765,8 @@ pub fn layout(btf: &Btf) -> Result<Layout> {
     context_offsets(btf, &percpu, no_context, arm64, &mut offsets)?;
     task_offsets(btf, no_context, &mut offsets)?;
     prog_offsets(btf, &mut offsets);
-    cgroup_offsets(btf, &percpu, &mut offsets);
+    cgroup_offsets(btf, &mut offsets);
+    cast_offsets(btf, &percpu, &mut offsets);
 
     Ok(Layout {
         offsets,
@@ -769,6 +792,7 @@ fn context_offsets(
     o.this_cpu_off = this_cpu_off(btf, percpu);
     o.preempt_member = preempt.member;
     o.preempt_count = preempt.offset;
+
     // The verifier finds the variable's address by name in kallsyms, where data symbols
     // are only with CONFIG_KALLSYMS_ALL (Debian has it; this sandbox's kernel does not).
     o.preempt_var_id = if !no_context && !arm64 && kallsyms_has(preempt.var) {
@@ -781,6 +805,7 @@ fn context_offsets(
     o.hardirq_mask = hardirq_mask;
     o.softirq_offset = softirq_offset;
     o.interrupt_masks = (nmi_mask | hardirq_mask | softirq_offset) as u64;
+
     // Where the switch witness reads whether a BPF section is held (0: nowhere).
     o.prog_active = if no_context {
         0
@@ -796,7 +821,8 @@ fn context_offsets(
 }
 
 /// `layout`'s fields of the task: its interrupt work, switch counts, off-CPU clock (see
-/// memcg_trace_common::off_cpu), migrations, and its CPU's runqueue.
+/// memcg_trace_common::off_cpu), migrations, and the chase to its CPU's number (se.cfs_rq ->
+/// rq -> cpu).
 fn task_offsets(btf: &Btf, no_context: bool, o: &mut KernelLayout) -> Result<()> {
     (o.task_softirq, o.task_comm) = interrupt_work_in_tasks(btf, no_context)?;
     o.task_nvcsw = field_path_offset(btf, "task_struct", &["nvcsw"])?;
@@ -824,15 +850,19 @@ fn prog_offsets(btf: &Btf, o: &mut KernelLayout) {
     o.stats_misses = off("bpf_prog_stats", "misses");
 }
 
-/// `layout`'s fields for the cgroup chase (a task's cgroup id, a cgroup's ancestors) and the
-/// typed reads of the current task.
-fn cgroup_offsets(btf: &Btf, percpu: &HashMap<String, u64>, o: &mut KernelLayout) {
+/// `layout`'s fields for the cgroup chase: a task's cgroup id, a cgroup's ancestors.
+fn cgroup_offsets(btf: &Btf, o: &mut KernelLayout) {
     let cgroup = cgroup_reads(btf);
     (o.task_cgroups, o.cset_dfl_cgrp, o.cgroup_kn, o.kn_id) = cgroup.id_path;
     o.direct_cgroup = (cgroup.id_path != (0, 0, 0, 0)) as u32;
     o.cgroup_level = field_path_offset(btf, "cgroup", &["level"]).unwrap_or(0);
     o.cgroup_ancestors = cgroup.ancestors.map_or(0, |a| a.0);
     o.ancestors_are_ids = cgroup.ancestors.is_some_and(|a| a.1) as u64;
+}
+
+/// `layout`'s fields for the typed reads through `bpf_rdonly_cast`: its kfunc and type ids,
+/// and those of the current task's per-CPU pointer.
+fn cast_offsets(btf: &Btf, percpu: &HashMap<String, u64>, o: &mut KernelLayout) {
     let cast = rdonly_cast_ids(btf);
     let task_cast = current_task_cast(btf, percpu, cast);
     o.cast_type_id = cast.map_or(0, |c| c.1);
@@ -933,6 +963,7 @@ pub fn reads_of(layout: &KernelLayout, tp_percpu: bool, chased: Chased) -> Strin
     } else {
         ""
     };
+
     // One clause per thing chased, each saying how it is read.
     let how = if layout.direct_reads != 0 {
         "by plain fault-safe loads (bpf_rdonly_cast)"
@@ -943,10 +974,12 @@ pub fn reads_of(layout: &KernelLayout, tp_percpu: bool, chased: Chased) -> Strin
     if chased.memcg {
         memcg.push_str(&format!("; the charged memcg {how}"));
     }
+
     // arm64's programs take the call site from a register (kprobe) or not at all (fentry).
     if chased.call_sites && layout.arch != memcg_trace_common::ARCH_ARM64 {
         memcg.push_str(&format!("; the call sites (fentry, kprobe) {how}"));
     }
+
     format!("{preempt}; {task}{memcg}{hits}")
 }
 
@@ -1012,6 +1045,7 @@ pub fn parse_config(text: &str) -> BTreeMap<String, String> {
 /// kernel without dynamic preemption (`PREEMPT_VOLUNTARY`, `PREEMPT (full)`, ...).
 pub fn preemption_model(config: Option<&BTreeMap<String, String>>) -> String {
     let model = dynamic_or_built(config);
+
     // A PREEMPT_RT kernel with dynamic preemption (Debian's 6.12-rt) shows only full or lazy
     // in its model file: say RT first.
     if realtime() && !model.contains("PREEMPT_RT") {
@@ -1031,6 +1065,7 @@ fn dynamic_or_built(config: Option<&BTreeMap<String, String>>) -> String {
             }
         }
     }
+
     let cmdline = fs::read_to_string("/proc/cmdline").unwrap_or_default();
     let version = fs::read_to_string("/proc/sys/kernel/version").unwrap_or_default();
     model_from(config, &cmdline, &version)
@@ -1061,15 +1096,18 @@ impl ModelWrites {
     /// Watches the model file, where there is one and inotify works on it.
     pub fn watch() -> Option<ModelWrites> {
         use std::os::fd::FromRawFd as _;
+
         // SAFETY: plain syscall; the descriptor is owned from here on.
         let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
         if fd < 0 {
             return None;
         }
+
         // SAFETY: a descriptor just created and owned by nobody else.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
         let file = PREEMPT_FILES.iter().find(|p| Path::new(p).exists())?;
         let path = std::ffi::CString::new(*file).ok()?;
+
         // SAFETY: a valid descriptor and a NUL-terminated path.
         let wd = unsafe {
             libc::inotify_add_watch(
@@ -1087,14 +1125,14 @@ impl ModelWrites {
         let mut buf = [0u8; 4096];
         loop {
             // SAFETY: reads into a buffer of the length given, from a descriptor we own.
-            let n = unsafe {
+            let got = unsafe {
                 libc::read(
                     std::os::fd::AsRawFd::as_raw_fd(&self.fd),
                     buf.as_mut_ptr().cast(),
                     buf.len(),
                 )
             };
-            if n <= 0 {
+            if got <= 0 {
                 return any;
             }
             any = true;
@@ -1155,6 +1193,7 @@ pub fn model_from(
     if on("CONFIG_PREEMPT_DYNAMIC") {
         return format!("PREEMPT_DYNAMIC, booted as {}", booted().unwrap_or(built));
     }
+
     match built {
         "rt" => "PREEMPT_RT",
         "full" => "PREEMPT (full)",
@@ -1190,6 +1229,7 @@ pub fn preemptible(model: &str) -> bool {
     if model.starts_with("PREEMPT_RT") || model == "unknown" || model.ends_with("mode unknown") {
         return true;
     }
+
     let mode = model.rsplit_once(" as ").map(|(_, m)| m).unwrap_or(model);
     matches!(
         mode,
@@ -1323,6 +1363,7 @@ pub fn derive_masks(softirq_all: u32, hardirq_all: u32, nmi_all: u32) -> Option<
     if soft == 0 || hard == 0 {
         return None;
     }
+
     let softirq_offset = 1u32 << soft.trailing_zeros();
     let shift = hard.trailing_zeros();
     let hardirq_mask = (0xfu32 << shift) & 0x7fff_0000;
@@ -1371,12 +1412,14 @@ mod tests {
         assert_eq!(v.get("runqueues"), Some(&0x33c40));
         assert_eq!(v.get("this_cpu_off"), None, "a module's symbol");
         assert_eq!(v.get("current_task"), None, "past the per-CPU area");
+
         // Relative to the area's start, wherever it is linked and wherever it is listed.
         let moved = "ffffffff82001000 A runqueues\nffffffff82000000 A __per_cpu_start\n";
         assert_eq!(
             percpu_from_kallsyms(moved.lines(), &["runqueues"]).unwrap()["runqueues"],
             0x1000
         );
+
         // kptr_restrict: every address reads 0.
         let hidden = "0000000000000000 A __per_cpu_start\n0000000000000000 A runqueues\n\
                       0000000000000000 T _stext\n";
@@ -1432,20 +1475,24 @@ mod tests {
     /// count; it is task context, not NMI.
     #[test]
     fn a_hardirq_disable_count_is_not_taken_for_nmi() {
-        let m = derive_masks(0x101, 0x100_0000, 0).unwrap();
+        let masks = derive_masks(0x101, 0x100_0000, 0).unwrap();
         assert_eq!(
-            c(0x1_0000, &m),
+            c(0x1_0000, &masks),
             CTX_TASK,
             "task in a hardirq-disabled section"
         );
         assert_eq!(
-            c(0x3_0000, &m),
+            c(0x3_0000, &masks),
             CTX_TASK,
             "nested hardirq-disabled sections"
         );
-        assert_eq!(c(0x1_0100, &m), CTX_SOFTIRQ, "softirq in such a section");
-        assert_eq!(c(0x101_0000, &m), CTX_HARDIRQ);
-        assert_eq!(c(0x1100_0000, &m), CTX_NMI);
+        assert_eq!(
+            c(0x1_0100, &masks),
+            CTX_SOFTIRQ,
+            "softirq in such a section"
+        );
+        assert_eq!(c(0x101_0000, &masks), CTX_HARDIRQ);
+        assert_eq!(c(0x1100_0000, &masks), CTX_NMI);
     }
 
     #[test]
@@ -1460,18 +1507,24 @@ mod tests {
     fn rt_softirq_is_read_from_the_task() {
         let m = ContextMasks::classic("test");
         let ctx = |pc: u32, task: u32| c(memcg_trace_common::rt_context_count(pc, task), &m);
+
         // Serving a softirq in a task (ksoftirqd, or bottom halves re-enabled): the task's
         // count has SOFTIRQ_OFFSET, preempt_count's softirq byte none.
         assert_eq!(ctx(0x0, 0x100), CTX_SOFTIRQ);
+
         // Bottom halves disabled inside the handler: still serving.
         assert_eq!(ctx(0x1, 0x300), CTX_SOFTIRQ);
+
         // Bottom halves disabled, not serving: task, as in_task() says.
         assert_eq!(ctx(0x0, 0x200), CTX_TASK);
+
         // A hardirq over a task serving a softirq is the hardirq's; an NMI the NMI's.
         assert_eq!(ctx(0x1_0000, 0x100), CTX_HARDIRQ);
         assert_eq!(ctx(0x10_0000, 0x100), CTX_NMI);
+
         // Whatever preempt_count's own softirq byte holds, the task's is the one read.
         assert_eq!(ctx(0x100, 0x0), CTX_TASK);
+
         // Only the softirq byte of the task's count counts.
         assert_eq!(ctx(0x0, 0x1_0000), CTX_TASK);
     }
@@ -1510,28 +1563,30 @@ mod tests {
         ] {
             assert_eq!(preemptible(model), want, "{model}");
         }
+
         assert_eq!(version("6.12.117+deb12-amd64"), Some((6, 12)));
         assert_eq!(version("7.3.4+deb13-amd64"), Some((7, 3)));
     }
 
     #[test]
     fn config_parsing_keeps_options_of_interest() {
-        let c = parse_config("CONFIG_PREEMPT_VOLUNTARY=y\n# CONFIG_DEBUG_PREEMPT is not set\nCONFIG_HZ=250\nCONFIG_FOO=y\n");
-        assert_eq!(c.get("CONFIG_PREEMPT_VOLUNTARY").unwrap(), "y");
-        assert_eq!(c.get("CONFIG_DEBUG_PREEMPT").unwrap(), "n");
-        assert_eq!(c.get("CONFIG_HZ").unwrap(), "250");
-        assert!(!c.contains_key("CONFIG_FOO"));
+        let config = parse_config("CONFIG_PREEMPT_VOLUNTARY=y\n# CONFIG_DEBUG_PREEMPT is not set\nCONFIG_HZ=250\nCONFIG_FOO=y\n");
+        assert_eq!(config.get("CONFIG_PREEMPT_VOLUNTARY").unwrap(), "y");
+        assert_eq!(config.get("CONFIG_DEBUG_PREEMPT").unwrap(), "n");
+        assert_eq!(config.get("CONFIG_HZ").unwrap(), "250");
+        assert!(!config.contains_key("CONFIG_FOO"));
+
         // The configuration wins over the version string.
-        let v = "#1 SMP PREEMPT_DYNAMIC Debian 6.12.117-1 (2025-11-22)";
-        assert_eq!(model_from(Some(&c), "", v), "PREEMPT_VOLUNTARY");
-        let mut d = c.clone();
-        d.insert("CONFIG_PREEMPT_DYNAMIC".into(), "y".into());
+        let version = "#1 SMP PREEMPT_DYNAMIC Debian 6.12.117-1 (2025-11-22)";
+        assert_eq!(model_from(Some(&config), "", version), "PREEMPT_VOLUNTARY");
+        let mut dynamic = config.clone();
+        dynamic.insert("CONFIG_PREEMPT_DYNAMIC".into(), "y".into());
         assert_eq!(
-            model_from(Some(&d), "quiet", v),
+            model_from(Some(&dynamic), "quiet", version),
             "PREEMPT_DYNAMIC, booted as voluntary"
         );
         assert_eq!(
-            model_from(Some(&d), "root=/dev/vda preempt=full", v),
+            model_from(Some(&dynamic), "root=/dev/vda preempt=full", version),
             "PREEMPT_DYNAMIC, booted as full"
         );
     }
@@ -1605,13 +1660,13 @@ mod tests {
 
     #[test]
     fn kallsyms_separates_clones() {
-        let mut s = Symbols::default();
+        let mut syms = Symbols::default();
         let text = "ffffffff81000000 T obj_cgroup_charge\nffffffff81000010 t mod_memcg_state.constprop.0\nffffffff82000000 D some_data\nffffffff81000020 T other\n";
-        s.add_kallsyms(text, None);
-        assert!(s.kallsyms.contains("obj_cgroup_charge"));
-        assert!(!s.kallsyms.contains("some_data"));
+        syms.add_kallsyms(text, None);
+        assert!(syms.kallsyms.contains("obj_cgroup_charge"));
+        assert!(!syms.kallsyms.contains("some_data"));
         assert_eq!(
-            s.clones["mod_memcg_state"],
+            syms.clones["mod_memcg_state"],
             vec!["mod_memcg_state.constprop.0"]
         );
     }

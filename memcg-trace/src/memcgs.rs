@@ -54,9 +54,11 @@ impl Names {
         if new.is_empty() {
             return;
         }
+
         if let Some(root) = &self.root {
             walk(root, root, &mut self.known);
         }
+
         self.missing
             .extend(new.into_iter().filter(|id| !self.known.contains_key(id)));
     }
@@ -67,9 +69,11 @@ impl Names {
         if id == 0 {
             return "unknown".into();
         }
+
         if id == memcg_trace_common::NOT_A_MEMCG {
             return "(another controller's cgroup)".into();
         }
+
         self.known
             .get(&id)
             .cloned()
@@ -111,34 +115,34 @@ mod tests {
 
     #[test]
     fn ids_are_named_by_their_path_under_the_root() {
-        let t = std::env::temp_dir().join(format!("memcg-trace-names-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&t);
-        let a = t.join("a");
-        fs::create_dir_all(a.join("b")).unwrap();
-        let mut n = Names::at(&t);
+        let tmp = std::env::temp_dir().join(format!("memcg-trace-names-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        let dir_a = tmp.join("a");
+        fs::create_dir_all(dir_a.join("b")).unwrap();
+        let mut names = Names::at(&tmp);
         let (root, ida, idb) = (
-            id_of(&t).unwrap(),
-            id_of(&a).unwrap(),
-            id_of(&a.join("b")).unwrap(),
+            id_of(&tmp).unwrap(),
+            id_of(&dir_a).unwrap(),
+            id_of(&dir_a.join("b")).unwrap(),
         );
-        n.resolve([ida, idb]);
-        assert_eq!(n.name(root), "/");
-        assert_eq!(n.name(ida), "/a");
-        assert_eq!(n.name(idb), "/a/b");
-        assert_eq!(n.name(0), "unknown");
+        names.resolve([ida, idb]);
+        assert_eq!(names.name(root), "/");
+        assert_eq!(names.name(ida), "/a");
+        assert_eq!(names.name(idb), "/a/b");
+        assert_eq!(names.name(0), "unknown");
         assert_eq!(
-            n.name(u64::MAX - 1),
+            names.name(u64::MAX - 1),
             format!("removed cgroup {}", u64::MAX - 1)
         );
         assert_eq!(
-            n.name(memcg_trace_common::NOT_A_MEMCG),
+            names.name(memcg_trace_common::NOT_A_MEMCG),
             "(another controller's cgroup)"
         );
-        let mut sub = subtree_ids(&a);
+        let mut sub = subtree_ids(&dir_a);
         sub.sort();
         let mut want = vec![ida, idb];
         want.sort();
         assert_eq!(sub, want);
-        fs::remove_dir_all(&t).unwrap();
+        fs::remove_dir_all(&tmp).unwrap();
     }
 }

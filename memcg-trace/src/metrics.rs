@@ -63,6 +63,7 @@ pub fn encode(doc: Option<&Document>, format: Format) -> String {
     if let Some(d) = doc {
         listed.update(d);
     }
+
     encode_listed(doc, &listed, format)
 }
 
@@ -78,6 +79,7 @@ pub fn encode_listed(doc: Option<&Document>, listed: &Listed, format: Format) ->
         Format::Text => prometheus_client::encoding::prometheus_text::encode(&mut out, &registry),
         Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry),
     };
+
     // Writing into a String does not fail.
     r.expect("encode into a String");
     out
@@ -248,7 +250,7 @@ impl Listed {
                 let rows = breakdown.rows(p);
                 for c in crate::export::CTX_ORDER {
                     let Some(v) = merged(&rows, c) else { continue };
-                    let mut n = self
+                    let mut listed = self
                         .series(breakdown, &p.name)
                         .filter(|((x, _), _)| *x == c)
                         .count();
@@ -256,9 +258,9 @@ impl Listed {
                         let key = (breakdown, p.name.clone(), c, m.label.to_string());
                         match self.rows.get_mut(&key) {
                             Some(f) => *f = (f.0.max(m.calls), f.1.max(m.sum_ns)),
-                            None if i < CALLER_SERIES && n < LISTED_MAX => {
+                            None if i < CALLER_SERIES && listed < LISTED_MAX => {
                                 self.rows.insert(key, (m.calls, m.sum_ns));
-                                n += 1;
+                                listed += 1;
                             }
                             None => {}
                         }
@@ -342,13 +344,13 @@ fn encode_build(e: &mut DescriptorEncoder, d: &Document) -> Encoded {
         .map(|m| m.source.clone())
         .unwrap_or_else(|| "none".into());
     {
-        let mut m = e.encode_descriptor(
+        let mut build = e.encode_descriptor(
             "build",
             "The kernel, its preemption model, memcg-trace's version and where the context masks came from",
             None,
             MetricType::Info,
         )?;
-        m.encode_info(&[
+        build.encode_info(&[
             ("kernel_release", d.meta.kernel_release.as_str()),
             ("preemption_model", d.meta.preemption_model.as_str()),
             ("version", d.meta.tool_version.as_str()),
@@ -400,7 +402,7 @@ fn rows_of<'a>(
                         .then_some((c.irq_thread, c.softirq_thread)),
                     latency: c.latency.as_ref(),
                 });
-            let w = p
+            let workload_rows = p
                 .workload
                 .iter()
                 .filter(move |_| workload)
@@ -417,7 +419,7 @@ fn rows_of<'a>(
                     threads: None,
                     latency: w.latency.as_ref(),
                 });
-            ctx.chain(w)
+            ctx.chain(workload_rows)
         })
         .collect()
 }
@@ -539,16 +541,18 @@ fn encode_breakdowns(
         if d.probes.iter().all(|p| breakdown.rows(p).is_empty()) {
             continue;
         }
+
         for (suffix, help, unit, timed) in [
             ("calls", format!("Calls per {what} ({flag}; a row becomes a series while among the top {CALLER_SERIES} of its probe and context, by time (counts only: by calls), and stays one for the run; at most {LISTED_MAX} series each, after which no row joins)"), None, false),
             ("latency", format!("Summed latency of the timed calls per {what} ({flag}; the same rows)"), Some(&Unit::Seconds), true),
         ] {
             let name = format!("{family}_{suffix}");
-            let mut m = e.encode_descriptor(&name, &help, unit, MetricType::Counter)?;
+            let mut counter = e.encode_descriptor(&name, &help, unit, MetricType::Counter)?;
             for (p, b) in d.probes.iter().zip(backends) {
                 if timed && !p.backend.has_latency() {
                     continue;
                 }
+
                 for ((context, value), &(calls, sum_ns)) in listed.series(breakdown, &p.name) {
                     let labels = [
                         ("probe", p.name.as_str()),
@@ -557,16 +561,17 @@ fn encode_breakdowns(
                         ("backend", b.as_str()),
                     ];
                     let v = if timed { sum_ns as f64 / 1e9 } else { calls as f64 };
-                    ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+                    ConstCounter::new(v).encode(counter.encode_family(&labels)?)?;
                 }
             }
         }
+
         // A gauge: a row that becomes a series takes its calls out of it.
         let (name, help) = (
             format!("{family}_unlisted_calls"),
             format!("Calls of the {what}s that are no series of {family}_calls_total, and those that found no room in the kernel's map ({flag}): with them, the series of a probe and context sum to its calls"),
         );
-        let mut m = e.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
+        let mut gauge = e.encode_descriptor(&name, &help, None, MetricType::Gauge)?;
         for (p, b) in d.probes.iter().zip(backends) {
             for c in crate::export::CTX_ORDER {
                 // The calls that found no room in the kernel's map (its `other` row) too.
@@ -580,6 +585,7 @@ fn encode_breakdowns(
                 if rows.is_empty() && other == 0 {
                     continue;
                 }
+
                 let unlisted: u64 = other
                     + rows
                         .iter()
@@ -591,7 +597,7 @@ fn encode_breakdowns(
                     ("context", c),
                     ("backend", b.as_str()),
                 ];
-                ConstGauge::new(unlisted as i64).encode(m.encode_family(&labels)?)?;
+                ConstGauge::new(unlisted as i64).encode(gauge.encode_family(&labels)?)?;
             }
         }
     }
@@ -614,39 +620,39 @@ fn encode_probe_families(e: &mut DescriptorEncoder, d: &Document, backends: &[St
         })
         .collect();
     {
-        let mut m = e.encode_descriptor(
+        let mut misses = e.encode_descriptor(
             "recursion_misses",
             "Runs of the probe's programs the kernel skipped (recursion guard)",
             None,
             MetricType::Counter,
         )?;
         for (p, labels) in d.probes.iter().zip(&probe_labels) {
-            ConstCounter::new(p.recursion_misses).encode(m.encode_family(labels)?)?;
+            ConstCounter::new(p.recursion_misses).encode(misses.encode_family(labels)?)?;
         }
     }
     {
         // A gauge: live, the kernel's hits are read before the programs' runs, and the
         // figure can fall back as the runs catch up.
-        let mut m = e.encode_descriptor(
+        let mut skipped = e.encode_descriptor(
             "kprobe_skipped_calls",
             "Calls of the probe whose kprobe programs the kernel ran at neither end, at most (bpf_prog_active held: counted by the kernel only from 6.7), kprobe backend",
             None,
             MetricType::Gauge,
         )?;
         for (p, labels) in d.probes.iter().zip(&probe_labels) {
-            ConstGauge::new(p.kprobe_skipped as i64).encode(m.encode_family(labels)?)?;
+            ConstGauge::new(p.kprobe_skipped as i64).encode(skipped.encode_family(labels)?)?;
         }
     }
     {
         // Beside the counts, never folded into them: how many calls the figures may lack.
-        let mut m = e.encode_descriptor(
+        let mut lost_at_most = e.encode_descriptor(
             "calls_lost_at_most",
             "Every way a call of the probe can have gone untimed, added up (an upper bound; at the end of a run the calls still pending too)",
             None,
             MetricType::Gauge,
         )?;
         for (p, labels) in d.probes.iter().zip(&probe_labels) {
-            ConstGauge::new(p.lost_upper as i64).encode(m.encode_family(labels)?)?;
+            ConstGauge::new(p.lost_upper as i64).encode(lost_at_most.encode_family(labels)?)?;
         }
     }
     Ok(())
@@ -654,25 +660,26 @@ fn encode_probe_families(e: &mut DescriptorEncoder, d: &Document, backends: &[St
 
 /// The daemon's CPU time and peak memory, and what a traced call costs.
 fn encode_daemon(e: &mut DescriptorEncoder, d: &Document) -> Encoded {
-    let t = &d.meta.tracer;
+    let tracer = &d.meta.tracer;
     {
-        let m = e.encode_descriptor(
+        let cpu = e.encode_descriptor(
             "daemon_cpu",
             "CPU time of the memcg-trace daemon since it started tracing",
             Some(&Unit::Seconds),
             MetricType::Counter,
         )?;
-        ConstCounter::new(t.cpu_ns as f64 / 1e9).encode(m)?;
+        ConstCounter::new(tracer.cpu_ns as f64 / 1e9).encode(cpu)?;
     }
     {
-        let m = e.encode_descriptor(
+        let peak_rss = e.encode_descriptor(
             "daemon_peak_rss",
             "Peak resident memory of the memcg-trace daemon",
             Some(&Unit::Bytes),
             MetricType::Gauge,
         )?;
-        ConstGauge::new(t.peak_rss_kib as i64 * 1024).encode(m)?;
+        ConstGauge::new(tracer.peak_rss_kib as i64 * 1024).encode(peak_rss)?;
     }
+
     if let Some(f) = d
         .meta
         .floors
@@ -680,13 +687,13 @@ fn encode_daemon(e: &mut DescriptorEncoder, d: &Document) -> Encoded {
         .filter_map(|f| f.per_call_ns)
         .reduce(f64::max)
     {
-        let m = e.encode_descriptor(
+        let cost = e.encode_descriptor(
             "tracer_cost_per_call",
             "What one traced call costs in all (programs, trampoline or kprobe), measured at start-up",
             Some(&Unit::Seconds),
             MetricType::Gauge,
         )?;
-        ConstGauge::new(f / 1e9).encode(m)?;
+        ConstGauge::new(f / 1e9).encode(cost)?;
     }
     Ok(())
 }
@@ -707,42 +714,47 @@ mod tests {
     /// are served; elsewhere (where they are not counted) no such family is.
     #[test]
     fn thread_calls_are_served_where_they_are_counted() {
-        let mut d = fixture();
-        d.probes[0].contexts[0].irq_thread = 11;
-        d.probes[0].contexts[0].softirq_thread = 5;
-        let t = encode(Some(&d), Format::Text);
-        assert!(!t.contains("thread_calls"), "{t}");
-        d.meta
+        let mut doc = fixture();
+        doc.probes[0].contexts[0].irq_thread = 11;
+        doc.probes[0].contexts[0].softirq_thread = 5;
+        let text = encode(Some(&doc), Format::Text);
+        assert!(!text.contains("thread_calls"), "{text}");
+        doc.meta
             .context_masks
             .as_mut()
             .expect("the fixture's masks")
             .threads = true;
-        let t = encode(Some(&d), Format::Text);
+        let text = encode(Some(&doc), Format::Text);
         for (name, v) in [("irq_thread_calls", 11), ("softirq_thread_calls", 5)] {
             assert!(
-                t.contains(&format!("# TYPE memcg_trace_{name}_total counter")),
-                "{t}"
+                text.contains(&format!("# TYPE memcg_trace_{name}_total counter")),
+                "{text}"
             );
-            let lines: Vec<&str> = t
+            let lines: Vec<&str> = text
                 .lines()
                 .filter(|l| l.starts_with(&format!("memcg_trace_{name}_total{{")))
                 .collect();
             // One series per probe, its task row only.
-            assert_eq!(lines.len(), d.probes.len(), "{t}");
-            assert!(lines.iter().all(|l| l.contains("context=\"task\"")), "{t}");
+            assert_eq!(lines.len(), doc.probes.len(), "{text}");
+            assert!(
+                lines.iter().all(|l| l.contains("context=\"task\"")),
+                "{text}"
+            );
             assert!(
                 lines.iter().any(|l| l.starts_with(&format!(
                     "memcg_trace_{name}_total{{probe=\"charge\",context=\"task\""
                 )) && l.ends_with(&format!(" {v}"))),
-                "{t}"
+                "{text}"
             );
         }
+
         // Without the context split the task calls are in the row named `all`.
-        let mut all = d.clone();
+        let mut all = doc.clone();
         for p in &mut all.probes {
             p.contexts.retain(|c| c.context == "task");
             p.contexts[0].context = "all".into();
         }
+
         let t = encode(Some(&all), Format::Text);
         assert!(
             t.lines().any(|l| l.starts_with(
@@ -754,20 +766,21 @@ mod tests {
 
     #[test]
     fn censored_calls_are_served_beside_the_histogram() {
-        let mut d = fixture();
-        d.probes[0].contexts[0].censored = 7;
-        let t = encode(Some(&d), Format::Text);
+        let mut doc = fixture();
+        doc.probes[0].contexts[0].censored = 7;
+        let text = encode(Some(&doc), Format::Text);
         assert!(
-            t.contains("# TYPE memcg_trace_censored_total counter"),
-            "{t}"
+            text.contains("# TYPE memcg_trace_censored_total counter"),
+            "{text}"
         );
-        let line = t
+        let line = text
             .lines()
             .find(|l| l.starts_with("memcg_trace_censored_total{probe=\"charge\",context=\"task\""))
-            .unwrap_or_else(|| panic!("{t}"));
+            .unwrap_or_else(|| panic!("{text}"));
         assert!(line.ends_with(" 7"), "{line}");
+
         // Its table row marks the tail figures as lower bounds; the others' rows do not.
-        let table = crate::table::summary(&d);
+        let table = crate::table::summary(&doc);
         let row = table
             .lines()
             .find(|l| l.starts_with("charge") && l.contains(" task "))
@@ -788,16 +801,17 @@ mod tests {
         for p in &d.probes {
             for c in &p.contexts {
                 let Some(l) = &c.latency else { continue };
-                let b = buckets(l);
-                assert_eq!(b.len(), BUCKET_OCTAVES.count() + 1);
+                let exposed = buckets(l);
+                assert_eq!(exposed.len(), BUCKET_OCTAVES.count() + 1);
                 let all: u64 = l.buckets.iter().map(|x| x.count).sum();
                 assert_eq!(
-                    b.iter().map(|x| x.1).sum::<u64>(),
+                    exposed.iter().map(|x| x.1).sum::<u64>(),
                     all,
                     "{} {}",
                     p.name,
                     c.context
                 );
+
                 // The calls below 1.024 us by the in-kernel buckets, and by the exposition.
                 let below: u64 = l
                     .buckets
@@ -805,7 +819,11 @@ mod tests {
                     .filter(|x| x.max_ns <= 1024)
                     .map(|x| x.count)
                     .sum();
-                let upto: u64 = b.iter().take_while(|x| x.0 <= 1.024e-6).map(|x| x.1).sum();
+                let upto: u64 = exposed
+                    .iter()
+                    .take_while(|x| x.0 <= 1.024e-6)
+                    .map(|x| x.1)
+                    .sum();
                 assert_eq!(below, upto, "{} {}", p.name, c.context);
             }
         }
@@ -813,13 +831,13 @@ mod tests {
 
     #[test]
     fn call_sites_are_exposed_only_when_traced_and_at_most_the_top_per_context() {
-        let mut d = fixture();
-        let t = encode(Some(&d), Format::Text);
+        let mut doc = fixture();
+        let text = encode(Some(&doc), Format::Text);
         assert!(
-            !t.contains("memcg_trace_caller_"),
-            "no --callers, no series:\n{t}"
+            !text.contains("memcg_trace_caller_"),
+            "no --callers, no series:\n{text}"
         );
-        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        let charge = doc.probes.iter_mut().find(|p| p.name == "charge").unwrap();
         charge.callers = (0..CALLER_SERIES as u64 + 5)
             .map(|i| crate::export::CallerOut {
                 context: "task".into(),
@@ -834,21 +852,21 @@ mod tests {
                 buckets: Vec::new(),
             })
             .collect();
-        let t = encode(Some(&d), Format::Text);
-        let calls: Vec<&str> = t
+        let text = encode(Some(&doc), Format::Text);
+        let calls: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("memcg_trace_caller_calls_total{"))
             .collect();
-        assert_eq!(calls.len(), CALLER_SERIES, "{t}");
+        assert_eq!(calls.len(), CALLER_SERIES, "{text}");
         assert!(
             calls[0].starts_with("memcg_trace_caller_calls_total{probe=\"charge\",context=\"task\",site=\"caller_0+0x10\",backend=\"fentry\"} 1000"),
             "{}",
             calls[0]
         );
-        assert!(t.contains("memcg_trace_caller_latency_seconds_total{probe=\"charge\",context=\"task\",site=\"caller_0+0x10\",backend=\"fentry\"} 2"), "{t}");
+        assert!(text.contains("memcg_trace_caller_latency_seconds_total{probe=\"charge\",context=\"task\",site=\"caller_0+0x10\",backend=\"fentry\"} 2"), "{text}");
         assert!(
-            !t.contains("caller_14+"),
-            "beyond the top {CALLER_SERIES}: {t}"
+            !text.contains("caller_14+"),
+            "beyond the top {CALLER_SERIES}: {text}"
         );
     }
 
@@ -877,13 +895,14 @@ mod tests {
             p99_ns: None,
             buckets: Vec::new(),
         };
-        let mut d = fixture();
-        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        let mut doc = fixture();
+        let charge = doc.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+
         // 15 sites, the costliest first, as the recording orders them.
         charge.callers = (0..15).map(|i| caller(i, 1000 - i)).collect();
         let mut listed = Listed::default();
-        listed.update(&d);
-        let t1 = encode_listed(Some(&d), &listed, Format::Text);
+        listed.update(&doc);
+        let t1 = encode_listed(Some(&doc), &listed, Format::Text);
         let first = series_of(&t1, "memcg_trace_caller_calls_total", "probe=\"charge\"");
         assert_eq!(first.len(), CALLER_SERIES, "{t1}");
         let unlisted = "memcg_trace_caller_unlisted_calls{probe=\"charge\",context=\"task\",backend=\"fentry\"}";
@@ -892,15 +911,16 @@ mod tests {
             t1.contains(&format!("{unlisted} {rest}")),
             "{unlisted} {rest}\n{t1}"
         );
+
         // Later the ranking turns: caller_14 becomes the costliest and caller_0 has left the
         // recording. Every series of the first scrape is still served (caller_0 at its last
         // figure), caller_14 joins, and the rest is still told.
-        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        let charge = doc.probes.iter_mut().find(|p| p.name == "charge").unwrap();
         charge.callers = std::iter::once(caller(14, 5000))
             .chain((1..14).map(|i| caller(i, 1000 - i)))
             .collect();
-        listed.update(&d);
-        let t2 = encode_listed(Some(&d), &listed, Format::Text);
+        listed.update(&doc);
+        let t2 = encode_listed(Some(&doc), &listed, Format::Text);
         let second = series_of(&t2, "memcg_trace_caller_calls_total", "probe=\"charge\"");
         for (k, v) in &first {
             assert!(
@@ -908,6 +928,7 @@ mod tests {
                 "{k} {v} went away or back:\n{t2}"
             );
         }
+
         assert_eq!(second.len(), CALLER_SERIES + 1, "{t2}");
         assert!(
             second
@@ -920,32 +941,36 @@ mod tests {
             t2.contains(&format!("{unlisted} {told}")),
             "{unlisted} {told}\n{t2}"
         );
+
         // Calls that found no room in the kernel's map are told with the rest.
-        let task = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        let task = doc.probes.iter_mut().find(|p| p.name == "charge").unwrap();
         task.contexts
             .iter_mut()
             .find(|c| c.context == "task")
             .unwrap()
             .callers_other = 77;
-        let t2b = encode_listed(Some(&d), &listed, Format::Text);
+        let t2b = encode_listed(Some(&doc), &listed, Format::Text);
         assert!(
             t2b.contains(&format!("{unlisted} {}", told + 77)),
             "{unlisted} {}\n{t2b}",
             told + 77
         );
+
         // The label set stays bounded: new sites join at most LISTED_MAX a context.
         for round in 0..10u64 {
-            let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+            let charge = doc.probes.iter_mut().find(|p| p.name == "charge").unwrap();
             charge.callers = (0..CALLER_SERIES as u64)
                 .map(|i| caller(100 + round * 100 + i, 10_000 + round * 100 - i))
                 .collect();
-            listed.update(&d);
+            listed.update(&doc);
         }
-        let t3 = encode_listed(Some(&d), &listed, Format::Text);
+
+        let t3 = encode_listed(Some(&doc), &listed, Format::Text);
         let third = series_of(&t3, "memcg_trace_caller_calls_total", "probe=\"charge\"");
         assert_eq!(third.len(), LISTED_MAX, "{t3}");
+
         // A server that chose nothing yet (stateless `encode`): the top of this recording.
-        let fresh = encode(Some(&d), Format::Text);
+        let fresh = encode(Some(&doc), Format::Text);
         assert_eq!(
             series_of(&fresh, "memcg_trace_caller_calls_total", "probe=\"charge\"").len(),
             CALLER_SERIES,
@@ -955,9 +980,9 @@ mod tests {
 
     #[test]
     fn charged_memcgs_are_exposed_only_when_traced_and_at_most_the_top_per_context() {
-        let mut d = fixture();
-        assert!(!encode(Some(&d), Format::Text).contains("memcg_trace_memcg_"));
-        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        let mut doc = fixture();
+        assert!(!encode(Some(&doc), Format::Text).contains("memcg_trace_memcg_"));
+        let charge = doc.probes.iter_mut().find(|p| p.name == "charge").unwrap();
         charge.memcgs = (0..CALLER_SERIES as u64 + 3)
             .map(|i| crate::export::MemcgOut {
                 context: "softirq".into(),
@@ -972,53 +997,58 @@ mod tests {
                 buckets: Vec::new(),
             })
             .collect();
-        let t = encode(Some(&d), Format::Text);
-        let calls: Vec<&str> = t
+        let text = encode(Some(&doc), Format::Text);
+        let calls: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("memcg_trace_memcg_calls_total{"))
             .collect();
-        assert_eq!(calls.len(), CALLER_SERIES, "{t}");
+        assert_eq!(calls.len(), CALLER_SERIES, "{text}");
         assert!(
             calls[0].starts_with("memcg_trace_memcg_calls_total{probe=\"charge\",context=\"softirq\",cgroup=\"/m0\",backend=\"fentry\"} 500"),
             "{}",
             calls[0]
         );
-        assert!(t.contains("memcg_trace_memcg_latency_seconds_total{probe=\"charge\",context=\"softirq\",cgroup=\"/m0\",backend=\"fentry\"} 3"), "{t}");
+        assert!(text.contains("memcg_trace_memcg_latency_seconds_total{probe=\"charge\",context=\"softirq\",cgroup=\"/m0\",backend=\"fentry\"} 3"), "{text}");
         assert!(
-            !t.contains("cgroup=\"/m12\""),
-            "beyond the top {CALLER_SERIES}: {t}"
+            !text.contains("cgroup=\"/m12\""),
+            "beyond the top {CALLER_SERIES}: {text}"
         );
+
         // A memcg re-created at one path: one series, the calls of both.
-        let charge = d.probes.iter_mut().find(|p| p.name == "charge").unwrap();
+        let charge = doc.probes.iter_mut().find(|p| p.name == "charge").unwrap();
         let mut again = charge.memcgs[0].clone();
         again.id = 999;
         again.calls = 7;
         charge.memcgs.push(again);
-        let t = encode(Some(&d), Format::Text);
-        let m0: Vec<&str> = t
+        let text = encode(Some(&doc), Format::Text);
+        let m0: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("memcg_trace_memcg_calls_total{") && l.contains("\"/m0\""))
             .collect();
-        assert_eq!(m0.len(), 1, "{t}");
+        assert_eq!(m0.len(), 1, "{text}");
         assert!(m0[0].ends_with(" 507.0"), "{}", m0[0]);
-        assert!(!t.contains("memcg_trace_caller_"), "{t}");
+        assert!(!text.contains("memcg_trace_caller_"), "{text}");
     }
 
     #[test]
     fn the_recording_as_prometheus_text() {
-        let d = fixture();
-        let t = encode(Some(&d), Format::Text);
-        assert!(t.contains("# TYPE memcg_trace_calls_total counter"), "{t}");
-        // What the counts may lack, beside them.
-        let p = &d.probes[0];
+        let doc = fixture();
+        let text = encode(Some(&doc), Format::Text);
         assert!(
-            t.contains(&format!(
-                "memcg_trace_calls_lost_at_most{{probe=\"{}\",symbol=\"{}\",backend=\"fentry\"}} {}",
-                p.name, p.target, p.lost_upper
-            )) && t.contains("# TYPE memcg_trace_kprobe_skipped_calls gauge"),
-            "{t}"
+            text.contains("# TYPE memcg_trace_calls_total counter"),
+            "{text}"
         );
-        let charge = d.probes.iter().find(|p| p.name == "charge").unwrap();
+
+        // What the counts may lack, beside them.
+        let probe = &doc.probes[0];
+        assert!(
+            text.contains(&format!(
+                "memcg_trace_calls_lost_at_most{{probe=\"{}\",symbol=\"{}\",backend=\"fentry\"}} {}",
+                probe.name, probe.target, probe.lost_upper
+            )) && text.contains("# TYPE memcg_trace_kprobe_skipped_calls gauge"),
+            "{text}"
+        );
+        let charge = doc.probes.iter().find(|p| p.name == "charge").unwrap();
         let task = charge
             .contexts
             .iter()
@@ -1028,10 +1058,11 @@ mod tests {
             "memcg_trace_calls_total{{probe=\"charge\",context=\"task\",symbol=\"{}\",backend=\"fentry\"}} {}",
             charge.target, task.count
         );
-        assert!(t.contains(&line), "{line}\n{t}");
+        assert!(text.contains(&line), "{line}\n{text}");
+
         // Every call once in calls_total, whose series are the contexts': a sum over them
         // is the probe's calls. The workload's calls, some of them, are a family of their own.
-        let summed: u64 = t
+        let summed: u64 = text
             .lines()
             .filter(|l| l.starts_with("memcg_trace_calls_total{probe=\"charge\","))
             .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
@@ -1039,28 +1070,31 @@ mod tests {
         assert_eq!(
             summed,
             charge.contexts.iter().map(|c| c.count).sum::<u64>(),
-            "{t}"
+            "{text}"
         );
-        let w = charge
+        let workload = charge
             .workload
             .as_ref()
             .expect("the recording's workload row");
         let line = format!(
             "memcg_trace_workload_calls_total{{probe=\"charge\",symbol=\"{}\",backend=\"fentry\"}} {}",
-            charge.target, w.count
+            charge.target, workload.count
         );
-        assert!(t.contains(&line), "{line}\n{t}");
+        assert!(text.contains(&line), "{line}\n{text}");
         assert!(
-            t.contains("memcg_trace_workload_latency_seconds_bucket{"),
-            "{t}"
+            text.contains("memcg_trace_workload_latency_seconds_bucket{"),
+            "{text}"
         );
-        assert!(!t.contains("context=\"workload\""), "{t}");
-        assert!(t.contains("memcg_trace_latency_seconds_bucket{"), "{t}");
-        assert!(t.contains("le=\"+Inf\""), "{t}");
-        assert!(t.contains("memcg_trace_build_info{"), "{t}");
-        assert!(t.lines().any(|l| l == "memcg_trace_up 1"), "{t}");
-        assert!(!t.contains("# EOF"), "{t}");
-        let om = encode(Some(&d), Format::OpenMetrics);
+        assert!(!text.contains("context=\"workload\""), "{text}");
+        assert!(
+            text.contains("memcg_trace_latency_seconds_bucket{"),
+            "{text}"
+        );
+        assert!(text.contains("le=\"+Inf\""), "{text}");
+        assert!(text.contains("memcg_trace_build_info{"), "{text}");
+        assert!(text.lines().any(|l| l == "memcg_trace_up 1"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+        let om = encode(Some(&doc), Format::OpenMetrics);
         assert!(om.ends_with("# EOF\n"), "{om}");
         let starting = encode(None, Format::Text);
         assert!(

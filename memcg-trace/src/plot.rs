@@ -90,7 +90,7 @@ struct Series {
 
 /// The histogram a recording holds for a row, from its buckets.
 fn hist_of(count: u64, l: &Latency) -> HistData {
-    let mut h = HistData {
+    let mut hist = HistData {
         count,
         sum_ns: l.sum_ns,
         min_ns: l.min_ns,
@@ -98,10 +98,10 @@ fn hist_of(count: u64, l: &Latency) -> HistData {
         ..Default::default()
     };
     for b in &l.buckets {
-        let c = &mut h.buckets[bucket_index(b.min_ns) & (NUM_BUCKETS - 1)];
+        let c = &mut hist.buckets[bucket_index(b.min_ns) & (NUM_BUCKETS - 1)];
         *c = c.saturating_add(b.count);
     }
-    h
+    hist
 }
 
 /// A short name for a file in a legend.
@@ -136,6 +136,7 @@ fn rows(docs: &[(PathBuf, Document)]) -> BTreeMap<(String, String), Vec<Series>>
                         });
                 }
             }
+
             if let Some(w) = &p.workload {
                 if let (Some(l), true) = (&w.latency, w.count > 0) {
                     out.entry((p.name.clone(), "workload".into()))
@@ -157,26 +158,28 @@ const SPECTRUM_MAX: f64 = 1e6;
 
 fn pct_label(x: f64) -> String {
     let q = 1.0 - 1.0 / x;
-    let p = q * 100.0;
-    if p <= 0.0 {
+    let percent = q * 100.0;
+    if percent <= 0.0 {
         "0%".into()
     } else {
         // As many decimals as the nines need: 90%, 99%, 99.9%, 99.99%.
         let digits = ((x.log10().round() as i32) - 2).max(0) as usize;
-        format!("{p:.digits$}%")
+        format!("{percent:.digits$}%")
     }
 }
 
 /// The spectrum of one histogram: (1 / (1 - q), latency) on a grid of q up to the last call.
 fn spectrum(h: &HistData) -> Vec<(f64, f64)> {
-    let n = h.timed();
-    if n == 0 {
+    let calls = h.timed();
+    if calls == 0 {
         return Vec::new();
     }
+
     let hdr = figures::hdr(h);
     let (lo, hi) = (h.min_ns.max(1), h.max_ns.max(h.min_ns).max(1));
-    // Up to the rank of the last call (q = 1 - 1/n), 40 points per decade.
-    let top = (n as f64).min(SPECTRUM_MAX);
+
+    // Up to the rank of the last call (q = 1 - 1/calls), 40 points per decade.
+    let top = (calls as f64).min(SPECTRUM_MAX);
     let steps = (top.log10() * 40.0).ceil().max(1.0) as usize;
     (0..=steps)
         .map(|step| {
@@ -191,7 +194,7 @@ fn spectrum(h: &HistData) -> Vec<(f64, f64)> {
 /// The histogram as (bucket midpoint, % of calls) points, empty buckets included between the
 /// first and last non-empty one so that the line drops to 0 where there are no calls.
 fn shares(h: &HistData) -> Vec<(f64, f64)> {
-    let n: u64 = h.buckets.iter().sum();
+    let total: u64 = h.buckets.iter().sum();
     let (Some(first), Some(last)) = (
         h.buckets.iter().position(|&c| c > 0),
         h.buckets.iter().rposition(|&c| c > 0),
@@ -202,7 +205,7 @@ fn shares(h: &HistData) -> Vec<(f64, f64)> {
         .map(|i| {
             let (lo, hi) = bucket_bounds(i);
             let mid = (lo as f64 + hi as f64) / 2.0;
-            (mid.max(1.0), h.buckets[i] as f64 * 100.0 / n as f64)
+            (mid.max(1.0), h.buckets[i] as f64 * 100.0 / total as f64)
         })
         .collect()
 }
@@ -300,6 +303,7 @@ fn draw_spectra<DB: DrawingBackend>(
             .label(s.label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
+
     legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     Ok(())
 }
@@ -340,17 +344,20 @@ fn draw_histograms<DB: DrawingBackend>(
         .draw()
         .map_err(err)?;
     for (i, (s, pts)) in series.iter().zip(&hists).enumerate() {
-        let c = COLOURS[i % COLOURS.len()];
+        let colour = COLOURS[i % COLOURS.len()];
         chart
-            .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+            .draw_series(LineSeries::new(pts.iter().copied(), colour.stroke_width(2)))
             .map_err(err)?
             .label(format!(
                 "{}: {} calls",
                 s.file,
                 fmt_count(s.hist.timed() as f64)
             ))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+            });
     }
+
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     Ok(())
 }
@@ -386,11 +393,13 @@ pub fn plot_recordings(
         if probe.is_some_and(|p| p != name) {
             continue;
         }
+
         let path = dir.join(format!("{name}-{row}.{}", format.ext()));
         let title = format!("{name} ({row}): latency per call");
         render(&path, format, &title, &series)?;
         written.push(path);
     }
+
     if written.is_empty() {
         bail!(
             "nothing to plot: no latency histograms{} in these recordings (the tracepoint backend counts calls only)",
@@ -422,16 +431,17 @@ pub fn plot_rates(log: &Path, path: &Path, format: ImageFormat) -> Result<()> {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(i.encoded_histogram())
                 .map_err(|e| anyhow!("{}: bad histogram: {e}", log.display()))?;
-            let h: hdrhistogram::Histogram<u64> = de
+            let hist: hdrhistogram::Histogram<u64> = de
                 .deserialize(&mut &bytes[..])
                 .map_err(|e| anyhow!("{}: bad histogram: {e:?}", log.display()))?;
             let secs = i.duration().as_secs_f64();
             if secs <= 0.0 {
                 continue;
             }
+
             // A step: the interval's rate over the whole interval.
             let t0 = i.start_timestamp().as_secs_f64();
-            let rate = h.len() as f64 / secs;
+            let rate = hist.len() as f64 / secs;
             let tag = i.tag().map(|t| t.as_str().to_string()).unwrap_or_default();
             per_tag
                 .entry(tag)
@@ -439,9 +449,11 @@ pub fn plot_rates(log: &Path, path: &Path, format: ImageFormat) -> Result<()> {
                 .extend([(t0, rate), (t0 + secs, rate)]);
         }
     }
+
     if per_tag.is_empty() {
         bail!("{}: no interval in this log", log.display());
     }
+
     let tmax = per_tag.values().flatten().map(|p| p.0).fold(1.0, f64::max);
     let ymax = per_tag.values().flatten().map(|p| p.1).fold(1.0, f64::max);
     let draw =
@@ -484,6 +496,7 @@ fn draw_rates<DB: DrawingBackend>(
             .label(tag.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
     }
+
     legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present().map_err(err)?;
     Ok(())
@@ -510,19 +523,22 @@ mod tests {
 
     #[test]
     fn the_spectrum_runs_from_the_fastest_call_to_the_slowest() {
-        let h = HistData::of(&[
+        let hist = HistData::of(&[
             500, 600, 700, 800, 900, 1_000, 2_000, 4_000, 8_000, 1_000_000,
         ]);
-        let s = spectrum(&h);
-        assert_eq!(s.first().unwrap().0, 1.0);
+        let points = spectrum(&hist);
+        assert_eq!(points.first().unwrap().0, 1.0);
         assert!(
-            s.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
-            "{s:?}"
+            points
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1),
+            "{points:?}"
         );
-        assert!(s.first().unwrap().1 >= 500.0 && s.last().unwrap().1 <= 1_000_000.0);
+        assert!(points.first().unwrap().1 >= 500.0 && points.last().unwrap().1 <= 1_000_000.0);
+
         // Up to the rank of the last call: 1 / (1 - q) = n.
-        assert!((s.last().unwrap().0 - 10.0).abs() < 1e-9);
-        let shares = shares(&h);
+        assert!((points.last().unwrap().0 - 10.0).abs() < 1e-9);
+        let shares = shares(&hist);
         assert!((shares.iter().map(|p| p.1).sum::<f64>() - 100.0).abs() < 1e-9);
     }
 

@@ -285,24 +285,26 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
     let candidates = candidates_of(req);
     let kernel = Lookup { syms };
     let chosen = kernel.choose(&candidates);
-    let mut r = Resolution {
+    let mut resolution = Resolution {
         plans: Vec::new(),
         notes: kernel.candidate_notes(&candidates, chosen),
     };
     let chosen = chosen.map(|c| c.symbol);
     if let (Request::Probe(p), Some(sym)) = (req, chosen) {
         if let Some(cv) = p.caveat.as_ref().filter(|cv| !kernel.exists(cv.unless)) {
-            r.notes.push(format!("{sym}: {}", cv.note));
+            resolution.notes.push(format!("{sym}: {}", cv.note));
         }
     }
+
     let part = chosen.and_then(|sym| kernel.split_part(sym));
     let mut order = order.to_vec();
     if let (Some(sym), Some(part)) = (chosen, part.filter(|_| order.contains(&Backend::Kprobe))) {
-        r.notes.push(format!(
+        resolution.notes.push(format!(
             "{sym}: split by the compiler: callers in its own file call {part} directly, so kprobe traces {part} (every call past {sym}'s opening check) and fentry on {sym} would see only the calls entering through it"
         ));
         kprobe_before_fentry(&mut order);
     }
+
     for &backend in &order {
         let plan = match backend {
             Backend::Fentry | Backend::Kprobe => match chosen {
@@ -312,11 +314,11 @@ pub fn resolve(req: &Request, order: &[Backend], syms: &Symbols) -> Resolution {
             Backend::Tracepoint => kernel.tracepoint_plan(req),
         };
         match plan {
-            Ok(plan) => r.plans.push(plan),
-            Err(note) => r.notes.push(note),
+            Ok(plan) => resolution.plans.push(plan),
+            Err(note) => resolution.notes.push(note),
         }
     }
-    r
+    resolution
 }
 
 /// A candidate function of a request: borrowed from the static table, or the function the
@@ -402,6 +404,7 @@ impl Lookup<'_> {
                 }
                 continue;
             }
+
             let note = if self.exists(sym) && !self.usable(c) {
                 format!(
                     "{sym}: not used, only stands in on kernels with {}",
@@ -459,6 +462,7 @@ impl Lookup<'_> {
         if backend == Backend::Fentry && !self.syms.btf_funcs.contains(sym) {
             return Err(format!("fentry: {sym} has no BTF description"));
         }
+
         let sym = match part {
             Some(part) if backend == Backend::Kprobe => part,
             _ => sym,
@@ -469,10 +473,12 @@ impl Lookup<'_> {
                     "kprobe: this kernel has no kprobe support (CONFIG_KPROBES off)".into(),
                 );
             }
+
             if !self.syms.kallsyms.contains(sym) && part != Some(sym) {
                 return Err(format!("kprobe: {sym} is not in kallsyms"));
             }
         }
+
         if let Some(t) = &self.syms.traceable {
             if !t.contains(sym) {
                 return Err(format!(
@@ -522,18 +528,19 @@ mod tests {
 
     /// Symbol facts as recorded from the stock kernels in the VM tests (`memcg-trace probes --all`).
     fn kernel(funcs: &[&str], tracepoints: &[&str]) -> Symbols {
-        let mut s = Symbols {
+        let mut syms = Symbols {
             kprobes: true,
             ..Default::default()
         };
         for f in funcs {
-            s.btf_funcs.insert(f.to_string());
-            s.kallsyms.insert(f.to_string());
+            syms.btf_funcs.insert(f.to_string());
+            syms.kallsyms.insert(f.to_string());
         }
+
         for t in tracepoints {
-            s.btf_tracepoints.insert(t.to_string());
+            syms.btf_tracepoints.insert(t.to_string());
         }
-        s
+        syms
     }
 
     fn chosen(s: &Symbols, probe: &str) -> String {
@@ -583,6 +590,7 @@ mod tests {
             ],
             &["mod_memcg_state"],
         );
+
         // 7.3 inlines obj_cgroup_charge_account into the slab hook (seen in its kallsyms).
         let k73 = kernel(
             &[
@@ -680,17 +688,17 @@ mod tests {
             &["mod_memcg_state"],
         );
         host.kprobes = false;
-        let r = resolve(
+        let stat = resolve(
             &Request::Probe(probe_def("stat").unwrap()),
             AttachMode::Auto.order(false),
             &host,
         );
-        let backends: Vec<_> = r.plans.iter().map(|p| p.backend).collect();
+        let backends: Vec<_> = stat.plans.iter().map(|p| p.backend).collect();
         assert_eq!(backends, vec![Backend::Fentry, Backend::Tracepoint]);
         assert!(
-            r.notes.iter().any(|n| n.contains("CONFIG_KPROBES")),
+            stat.notes.iter().any(|n| n.contains("CONFIG_KPROBES")),
             "{:?}",
-            r.notes
+            stat.notes
         );
         let charge = resolve(
             &Request::Probe(probe_def("charge").unwrap()),
@@ -706,43 +714,44 @@ mod tests {
 
     #[test]
     fn inlined_candidates_are_explained() {
-        let mut k = kernel(&["__mod_memcg_state"], &[]);
-        k.clones.insert(
+        let mut host = kernel(&["__mod_memcg_state"], &[]);
+        host.clones.insert(
             "mod_memcg_state".into(),
             vec!["mod_memcg_state.constprop.0".into()],
         );
-        let r = resolve(
+        let resolution = resolve(
             &Request::Probe(probe_def("stat").unwrap()),
             &[Backend::Kprobe],
-            &k,
+            &host,
         );
-        assert_eq!(r.plans[0].target, "__mod_memcg_state");
+        assert_eq!(resolution.plans[0].target, "__mod_memcg_state");
         assert!(
-            r.notes
+            resolution
+                .notes
                 .iter()
                 .any(|n| n.contains("inlined") && n.contains("constprop")),
             "{:?}",
-            r.notes
+            resolution.notes
         );
     }
 
     /// 5.10's __mod_memcg_state: the compiler split it, its file's callers call the part.
     #[test]
     fn a_split_function_is_traced_at_its_part_by_kprobe_first() {
-        let mut k = kernel(&["__mod_memcg_state"], &[]);
-        k.clones.insert(
+        let mut host = kernel(&["__mod_memcg_state"], &[]);
+        host.clones.insert(
             "__mod_memcg_state".into(),
             vec!["__mod_memcg_state.part.0".into()],
         );
-        k.traceable = Some(
+        host.traceable = Some(
             ["__mod_memcg_state", "__mod_memcg_state.part.0"]
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
         );
         let stat = Request::Probe(probe_def("stat").unwrap());
-        let r = resolve(&stat, AttachMode::Auto.order(false), &k);
-        let plans: Vec<(Backend, &str)> = r
+        let resolution = resolve(&stat, AttachMode::Auto.order(false), &host);
+        let plans: Vec<(Backend, &str)> = resolution
             .plans
             .iter()
             .map(|p| (p.backend, p.target.as_str()))
@@ -754,21 +763,25 @@ mod tests {
                 (Backend::Fentry, "__mod_memcg_state")
             ],
             "{:?}",
-            r.notes
+            resolution.notes
         );
         assert!(
-            r.notes.iter().any(|n| n.contains("split by the compiler")),
+            resolution
+                .notes
+                .iter()
+                .any(|n| n.contains("split by the compiler")),
             "{:?}",
-            r.notes
+            resolution.notes
         );
+
         // Forced fentry keeps the function itself, with the note; other clones change nothing.
-        let r = resolve(&stat, &[Backend::Fentry], &k);
-        assert_eq!(r.plans[0].target, "__mod_memcg_state");
-        k.clones.insert(
+        let forced = resolve(&stat, &[Backend::Fentry], &host);
+        assert_eq!(forced.plans[0].target, "__mod_memcg_state");
+        host.clones.insert(
             "__mod_memcg_state".into(),
             vec!["__mod_memcg_state.constprop.0".into()],
         );
-        let r = resolve(&stat, AttachMode::Auto.order(false), &k);
+        let r = resolve(&stat, AttachMode::Auto.order(false), &host);
         assert_eq!(
             (r.plans[0].backend, r.plans[0].target.as_str()),
             (Backend::Fentry, "__mod_memcg_state")
@@ -783,22 +796,24 @@ mod tests {
         let mut x86 = kernel(&["count_memcg_events", "__count_memcg_events"], &[]);
         x86.traceable = Some(["__count_memcg_events".to_string()].into_iter().collect());
         assert_eq!(chosen(&x86, "events"), "__count_memcg_events");
-        let r = resolve(
+        let resolution = resolve(
             &Request::Probe(probe_def("events").unwrap()),
             AttachMode::Auto.order(false),
             &x86,
         );
         assert!(
-            r.notes
+            resolution
+                .notes
                 .iter()
                 .any(|n| n.starts_with("count_memcg_events: not traceable")
                     && n.ends_with("so __count_memcg_events stands in")),
             "{:?}",
-            r.notes
+            resolution.notes
         );
         let mut arm64 = kernel(&["__count_memcg_events"], &[]);
         arm64.traceable = Some(["__count_memcg_events".to_string()].into_iter().collect());
         assert_eq!(chosen(&arm64, "events"), "__count_memcg_events");
+
         // Where both are traceable the preferred one stays (tracing both counts twice).
         x86.traceable = Some(
             ["count_memcg_events", "__count_memcg_events"]
@@ -813,14 +828,15 @@ mod tests {
     fn untraceable_function_is_refused_with_reason() {
         let mut k = kernel(&["obj_cgroup_charge"], &[]);
         k.traceable = Some(Default::default());
-        let r = resolve(
+        let resolution = resolve(
             &Request::Func("obj_cgroup_charge".into()),
             AttachMode::Auto.order(false),
             &k,
         );
-        assert!(r.plans.is_empty());
+        assert!(resolution.plans.is_empty());
         assert_eq!(
-            r.notes
+            resolution
+                .notes
                 .iter()
                 .filter(|n| n.contains("not traceable"))
                 .count(),

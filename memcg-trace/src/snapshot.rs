@@ -68,6 +68,7 @@ impl HistData {
         self.nested += h.nested;
         self.off_ns += h.off_ns;
         self.nested_off_ns += h.nested_off_ns.min(h.off_ns);
+
         // The copy of a CPU's histogram is read while that CPU may record a call: the program
         // writes the extremes before the bucket, and the copy can hold the bucket and not yet
         // the extreme. An extreme outside the buckets' range is taken to the nearest value of
@@ -79,6 +80,7 @@ impl HistData {
         if let Some(i) = last {
             max = max.max(bucket_bounds(i).0);
         }
+
         self.max_ns = self.max_ns.max(max);
         let min = match (h.min_ns_inv, first) {
             (0, None) => None,
@@ -93,6 +95,7 @@ impl HistData {
                 self.min_ns.min(m)
             };
         }
+
         // The kernel keeps no count apart from the buckets' (every call it counts is timed).
         for (a, b) in self.buckets.iter_mut().zip(h.buckets.iter()) {
             *a += b;
@@ -107,16 +110,20 @@ impl HistData {
 
     /// A histogram of exact values, as the kernel would count them (tests and examples).
     pub fn of(values: &[u64]) -> HistData {
-        let mut h = HistData::default();
+        let mut hist = HistData::default();
         for &v in values {
-            h.count += 1;
-            h.sum_ns += v;
-            h.self_ns += v;
-            h.max_ns = h.max_ns.max(v);
-            h.min_ns = if h.min_ns == 0 { v } else { h.min_ns.min(v) };
-            h.buckets[memcg_trace_common::bucket_index(v)] += 1;
+            hist.count += 1;
+            hist.sum_ns += v;
+            hist.self_ns += v;
+            hist.max_ns = hist.max_ns.max(v);
+            hist.min_ns = if hist.min_ns == 0 {
+                v
+            } else {
+                hist.min_ns.min(v)
+            };
+            hist.buckets[memcg_trace_common::bucket_index(v)] += 1;
         }
-        h
+        hist
     }
 
     /// Adds another histogram of the same layout.
@@ -124,6 +131,7 @@ impl HistData {
         if o.count == 0 && o.timed() == 0 {
             return;
         }
+
         self.count += o.count;
         self.sum_ns += o.sum_ns;
         self.self_ns += o.self_ns;
@@ -138,6 +146,7 @@ impl HistData {
                 self.min_ns.min(o.min_ns)
             };
         }
+
         for (a, b) in self.buckets.iter_mut().zip(&o.buckets) {
             *a += b;
         }
@@ -163,6 +172,7 @@ impl HistData {
             min_ns = bucket_bounds(lo).0.max(self.min_ns);
             max_ns = (bucket_end(hi) - 1).min(self.max_ns).max(min_ns);
         }
+
         // Parts within their wholes in the window too. A read torn the other way (a call's
         // total in it, its self time not yet) makes the next window's self time grow more than
         // its total, and the cap drops that call's self time from the windows (at most one
@@ -244,15 +254,15 @@ impl CtxStats {
     /// exit was lost or pushed out, pairs that could not be proven (ambiguous, rejected) or were
     /// lost on the way to userspace, runs whose context could not be read.
     pub fn lost(&self) -> u64 {
-        let c = &self.counters;
-        c.orphans
-            + c.stale
-            + c.evicted
-            + c.ambiguous
-            + c.deferred_lost
+        let counters = &self.counters;
+        counters.orphans
+            + counters.stale
+            + counters.evicted
+            + counters.ambiguous
+            + counters.deferred_lost
             + self.rejected
-            + c.no_context_entries
-            + c.no_context_exits
+            + counters.no_context_entries
+            + counters.no_context_exits
     }
 }
 
@@ -423,6 +433,7 @@ pub(crate) mod counters_for_tests {
         for (i, v) in fields.iter_mut().enumerate() {
             *v = f(i * 8, *v);
         }
+
         // SAFETY: as above; every bit pattern is a valid u64.
         unsafe { std::mem::transmute::<[u64; FIELDS], Counters>(fields) }
     }
@@ -495,6 +506,7 @@ mod tests {
         c.counters.orphans = 1;
         assert_eq!(c.censored(0), 3);
         assert_eq!(c.lost(), 4);
+
         // Interrupt contexts evict nothing; their slot's stale entry is another matter.
         let mut irq = CtxStats::default();
         irq.counters.stale = 1;
@@ -528,6 +540,7 @@ mod tests {
         };
         let d = now.since(&before);
         assert_eq!(d.timed(), 2);
+
         // Not the run's 100 ns and 2 ms: the interval's, within a bucket (1/32 octave).
         assert!((4900..=5000).contains(&d.min_ns), "{}", d.min_ns);
         assert!((6000..=6143).contains(&d.max_ns), "{}", d.max_ns);
@@ -563,19 +576,22 @@ mod tests {
         for v in [700, 5_100_000, 8_202_632] {
             cpu.buckets[bucket_index(v)] += 1;
         }
-        let mut h = HistData::default();
-        h.add_cpu(&cpu);
+
+        let mut hist = HistData::default();
+        hist.add_cpu(&cpu);
         let (lo, hi) = bucket_bounds(bucket_index(8_202_632));
-        assert!((lo..hi).contains(&h.max_ns), "max {}", h.max_ns);
+        assert!((lo..hi).contains(&hist.max_ns), "max {}", hist.max_ns);
         let (lo, hi) = bucket_bounds(bucket_index(700));
-        assert!((lo..hi).contains(&h.min_ns), "min {}", h.min_ns);
+        assert!((lo..hi).contains(&hist.min_ns), "min {}", hist.min_ns);
+
         // The interval log's histogram of it holds the long call in its bucket.
-        let out = crate::figures::hdr_with(&h, crate::figures::INTERCHANGE_DIGITS);
+        let out = crate::figures::hdr_with(&hist, crate::figures::INTERCHANGE_DIGITS);
         assert!(
             out.equivalent(out.max(), 8_202_632),
             "interval max {}",
             out.max()
         );
+
         // An untorn read is left as it is.
         let exact = HistData::of(&[700, 5_100_000, 8_202_632]);
         let mut again = HistData::default();
@@ -613,6 +629,7 @@ mod tests {
             second.self_ns <= second.sum_ns && second.nested_off_ns <= second.off_ns,
             "{second:?}"
         );
+
         // The window between an untorn read and the torn one: the parts' growth without the
         // wholes' (with the whole's growth capped: none), and then the next window, from the
         // torn read to a whole one, gets the call whole.
@@ -632,6 +649,7 @@ mod tests {
             (next.sum_ns, next.self_ns, next.off_ns, next.nested_off_ns),
             (4_000, 4_000, 1_000, 1_000)
         );
+
         // Over both windows nothing is lost.
         let whole = third.since(&first);
         assert_eq!((whole.self_ns, whole.nested_off_ns), (4_000, 1_000));
@@ -671,13 +689,17 @@ mod tests {
             nested_off_ns: 0,
         };
         cpu2.buckets[9] = 1;
-        let mut h = HistData::default();
+        let mut hist = HistData::default();
         for c in [&cpu0, &cpu1, &cpu2] {
-            h.add_cpu(c);
+            hist.add_cpu(c);
         }
-        assert_eq!((h.count, h.min_ns, h.max_ns, h.timed()), (2, 9, 50, 2));
+
         assert_eq!(
-            (h.sum_ns, h.self_ns),
+            (hist.count, hist.min_ns, hist.max_ns, hist.timed()),
+            (2, 9, 50, 2)
+        );
+        assert_eq!(
+            (hist.sum_ns, hist.self_ns),
             (59, 39),
             "self time summed over CPUs"
         );

@@ -45,6 +45,7 @@ enum Col {
 
 /// `cells` in columns of `cols`, one space apart.
 fn columns(cells: &[String], cols: &[Col]) -> String {
+    debug_assert_eq!(cells.len(), cols.len(), "a cell for every column");
     let cell = |(c, col): (&String, &Col)| match *col {
         Col::Left(w) => format!("{c:<w$}"),
         Col::Right(w) => format!("{c:>w$}"),
@@ -106,6 +107,7 @@ fn row(
 ) -> String {
     let Marks { lost, self_at_most } = marks;
     let censored = lost.map_or(0, |l| l.1);
+
     // Calls that left the CPU and are not timed: the tail is missing them.
     let low = |s: String| {
         if censored > 0 && !s.is_empty() {
@@ -147,6 +149,7 @@ fn row(
         ]),
         _ => cells.extend(std::iter::repeat_n(String::new(), 10)),
     }
+
     cells.push(lost.map(|n| fmt_count(n.0 as f64)).unwrap_or_default());
     line(&cells.into_iter().map(dash).collect::<Vec<_>>())
 }
@@ -167,6 +170,7 @@ pub fn workload_cpu(doc: &Document) -> String {
     let Some(shares) = crate::export::workload_shares(&doc.probes) else {
         return out;
     };
+
     // Where some call's time off the CPU is unknown it counts as CPU, where some call's nesting
     // is unknown its whole time as its own: at most (`WorkloadOut::shares_at_most`).
     let at = if shares.at_most { "<=" } else { "" };
@@ -210,14 +214,15 @@ pub fn per_operation(doc: &Document) -> String {
         .probes
         .iter()
         .filter_map(|p| {
-            let w = p.workload.as_ref()?;
-            let calls = w.count as f64 / ops.count as f64;
+            let workload = p.workload.as_ref()?;
+            let calls = workload.count as f64 / ops.count as f64;
+
             // The time of every call at the timed calls' mean (calls lost untimed included).
-            Some(match w.latency.as_ref().and_then(|l| l.mean_ns) {
+            Some(match workload.latency.as_ref().and_then(|l| l.mean_ns) {
                 Some(mean) => format!(
                     "{} {calls:.3} calls {}",
                     p.name,
-                    fmt_ns(mean * w.count as f64 / ops.count as f64)
+                    fmt_ns(mean * workload.count as f64 / ops.count as f64)
                 ),
                 None => format!("{} {calls:.3} calls", p.name),
             })
@@ -226,6 +231,7 @@ pub fn per_operation(doc: &Document) -> String {
     if rows.is_empty() {
         return String::new();
     }
+
     format!(
         "per operation ({} {}): {}\n",
         ops.count,
@@ -299,6 +305,7 @@ fn proven_note(p: &crate::export::ProbeOut) -> String {
     if proven == 0 {
         return String::new();
     }
+
     // The task row's (interrupt pairs deferred never left the CPU).
     let deferred: u64 = p
         .contexts
@@ -328,6 +335,7 @@ fn threads_note(p: &crate::export::ProbeOut) -> String {
     if irq + soft == 0 {
         return String::new();
     }
+
     format!("; of the task context's calls {irq} by threaded interrupt handlers (irq/*), {soft} by softirq threads outside a softirq")
 }
 
@@ -362,6 +370,7 @@ fn breakdown(
         if rows.is_empty() && other(c) == 0 {
             continue;
         }
+
         let _ = writeln!(
             out,
             "{} {} {what} ({} calls): {:>9} {:>7} {:>7} {:>9} {:>9}",
@@ -395,6 +404,7 @@ fn breakdown(
                 ns(s.p99_ns),
             );
         }
+
         if rows.len() > top {
             let rest: u64 = rows.iter().skip(top).map(|s| s.calls).sum();
             let _ = writeln!(
@@ -404,6 +414,7 @@ fn breakdown(
                 fmt_count(rest as f64)
             );
         }
+
         if other(c) > 0 {
             let _ = writeln!(
                 out,
@@ -444,6 +455,7 @@ pub fn stacks(p: &crate::export::ProbeOut, top: usize) -> String {
         if rows.is_empty() {
             continue;
         }
+
         let sampled: u64 = rows.iter().map(|s| s.sampled).sum();
         let _ = writeln!(
             out,
@@ -461,6 +473,7 @@ pub fn stacks(p: &crate::export::ProbeOut, top: usize) -> String {
                 s.frames.join(" <- ")
             );
         }
+
         if rows.len() > top {
             let rest: u64 = rows.iter().skip(top).map(|s| s.sampled).sum();
             let _ = writeln!(
@@ -509,6 +522,7 @@ pub fn summary(doc: &Document) -> String {
         out.push_str(&stacks(p, CALLERS_SHOWN));
         out.push_str(&memcgs(p, CALLERS_SHOWN));
     }
+
     let _ = writeln!(out);
     probe_footnotes(&mut out, doc);
     floor_notes(&mut out, doc);
@@ -523,17 +537,17 @@ pub fn summary(doc: &Document) -> String {
 /// The summary's first lines: the run (tool, kernel, CPUs, time traced), the workload, and
 /// the columns' header.
 fn summary_header(out: &mut String, doc: &Document) {
-    let m = &doc.meta;
+    let meta = &doc.meta;
     let _ = writeln!(
         out,
         "memcg-trace {} on {} ({}, {} CPUs), {:.2}s traced",
-        m.tool_version,
-        m.kernel_release,
-        m.preemption_model,
-        m.cpus,
-        m.duration_ns as f64 / 1e9
+        meta.tool_version,
+        meta.kernel_release,
+        meta.preemption_model,
+        meta.cpus,
+        meta.duration_ns as f64 / 1e9
     );
-    if let Some(w) = &m.workload {
+    if let Some(w) = &meta.workload {
         let _ = writeln!(
             out,
             "workload: {} ({}) in {}{}",
@@ -547,6 +561,7 @@ fn summary_header(out: &mut String, doc: &Document) {
             }
         );
     }
+
     let _ = writeln!(
         out,
         "{}",
@@ -587,6 +602,7 @@ fn context_rows(out: &mut String, doc: &Document) {
 /// The workload's row of each probe (backend column "workload").
 fn workload_rows(out: &mut String, doc: &Document) {
     let m = &doc.meta;
+
     // Told by the memcg charged, the workload's calls are those of every context; without the
     // context split, its tasks' calls in any context.
     let no_split = m.context_masks.as_ref().is_some_and(|c| !c.split());
@@ -683,34 +699,39 @@ fn context_masks_note(out: &mut String, doc: &Document) {
 /// Calibration warnings, what the programs read, the daemon's own cost and the other
 /// programs attached beside the probes'.
 fn daemon_notes(out: &mut String, doc: &Document) {
-    let m = &doc.meta;
-    for c in &m.calibration {
+    let meta = &doc.meta;
+    for c in &meta.calibration {
         let _ = writeln!(out, "WARNING: not calibrated: {c}");
     }
-    if let Some(r) = &m.reads {
+
+    if let Some(r) = &meta.reads {
         let _ = writeln!(out, "programs read: {r}");
     }
-    let t = &m.tracer;
+
+    let tracer = &meta.tracer;
     let _ = writeln!(
         out,
         "daemon: attached in {}, detached in {}, {:.3}% of a CPU at a {} tick, peak RSS {:.1} MiB",
-        fmt_ns(t.startup_ns as f64),
-        fmt_ns(t.detach_ns as f64),
-        t.cpu_share.unwrap_or(0.0) * 100.0,
-        fmt_ns(t.tick_ns as f64),
-        t.peak_rss_kib as f64 / 1024.0
+        fmt_ns(tracer.startup_ns as f64),
+        fmt_ns(tracer.detach_ns as f64),
+        tracer.cpu_share.unwrap_or(0.0) * 100.0,
+        fmt_ns(tracer.tick_ns as f64),
+        tracer.peak_rss_kib as f64 / 1024.0
     );
+
     // Program runs are counted only while the kernel's bpf stats are on.
-    for p in &t.other_programs {
+    for p in &tracer.other_programs {
         let _ = match p.ns_per_run {
-            Some(ns) if m.bpf_stats => writeln!(
+            Some(ns) if meta.bpf_stats => writeln!(
                 out,
                 "also attached: {} ran {} times, {} a run",
                 p.name,
                 p.run_cnt,
                 fmt_ns(ns)
             ),
-            _ if m.bpf_stats => writeln!(out, "also attached: {} ran {} times", p.name, p.run_cnt),
+            _ if meta.bpf_stats => {
+                writeln!(out, "also attached: {} ran {} times", p.name, p.run_cnt)
+            }
             _ => writeln!(
                 out,
                 "also attached: {} (its runs are counted with --bpf-stats)",
@@ -780,6 +801,7 @@ pub fn diff(a: &Document, b: &Document) -> String {
             d.meta.duration_ns as f64 / 1e9,
         );
     }
+
     diff_line(&mut out, &DIFF_COLUMNS.map(String::from));
     let mut names: Vec<&str> = a.probes.iter().map(|p| p.name.as_str()).collect();
     for p in &b.probes {
@@ -787,6 +809,7 @@ pub fn diff(a: &Document, b: &Document) -> String {
             names.push(&p.name);
         }
     }
+
     for name in names {
         let pa = a.probes.iter().find(|p| p.name == name);
         let pb = b.probes.iter().find(|p| p.name == name);
@@ -796,8 +819,10 @@ pub fn diff(a: &Document, b: &Document) -> String {
             if ca.map(|c| c.count).unwrap_or(0) == 0 && cb.map(|c| c.count).unwrap_or(0) == 0 {
                 continue;
             }
+
             diff_line(&mut out, &diff_cells(name, ctx, ca, cb));
         }
+
         if let (Some(x), Some(y)) = (pa, pb) {
             if x.target != y.target || x.backend != y.backend {
                 let _ = writeln!(
@@ -819,7 +844,7 @@ fn diff_cells(
     cb: Option<&crate::export::ContextOut>,
 ) -> [String; 13] {
     use crate::export::ContextOut;
-    let q = |c: Option<&ContextOut>, q: f64| {
+    let percentile = |c: Option<&ContextOut>, q: f64| {
         c.and_then(|c| c.latency.as_ref())
             .and_then(|l| l.percentiles.iter().find(|x| (x.q - q).abs() < 1e-9))
             .map(|x| x.ns as f64)
@@ -833,12 +858,12 @@ fn diff_cells(
         rate(ca).map(fmt_count).unwrap_or_else(|| "-".into()),
         rate(cb).map(fmt_count).unwrap_or_else(|| "-".into()),
         pct_change(rate(ca), rate(cb)),
-        ns(q(ca, 0.5)),
-        ns(q(cb, 0.5)),
-        pct_change(q(ca, 0.5), q(cb, 0.5)),
-        ns(q(ca, 0.99)),
-        ns(q(cb, 0.99)),
-        pct_change(q(ca, 0.99), q(cb, 0.99)),
+        ns(percentile(ca, 0.5)),
+        ns(percentile(cb, 0.5)),
+        pct_change(percentile(ca, 0.5), percentile(cb, 0.5)),
+        ns(percentile(ca, 0.99)),
+        ns(percentile(cb, 0.99)),
+        pct_change(percentile(ca, 0.99), percentile(cb, 0.99)),
         ns(mean(ca)),
         ns(mean(cb)),
     ]

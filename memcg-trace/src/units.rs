@@ -6,24 +6,24 @@ use anyhow::{anyhow, bail, Result};
 
 /// Parses `10s`, `500ms`, `2m`, `1h` or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration> {
-    let s = s.trim();
-    let split = s
+    let text = s.trim();
+    let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| {
-        anyhow!("invalid duration {s:?}: expected a number with a unit, like 10s or 500ms")
+        .unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let value: f64 = num.parse().map_err(|_| {
+        anyhow!("invalid duration {text:?}: expected a number with a unit, like 10s or 500ms")
     })?;
     let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1e3,
-        "us" => n / 1e6,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => bail!("invalid duration {s:?}: unknown unit {unit:?} (use ms, s, m or h)"),
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "us" => value / 1e6,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => bail!("invalid duration {text:?}: unknown unit {unit:?} (use ms, s, m or h)"),
     };
     if !secs.is_finite() || secs <= 0.0 {
-        bail!("invalid duration {s:?}: must be positive");
+        bail!("invalid duration {text:?}: must be positive");
     }
     Ok(Duration::from_secs_f64(secs))
 }

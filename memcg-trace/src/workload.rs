@@ -37,6 +37,7 @@ pub fn cgroup2_mount() -> Option<PathBuf> {
         if post.split_whitespace().next() != Some("cgroup2") {
             return None;
         }
+
         pre.split_whitespace().nth(4).map(PathBuf::from)
     })
 }
@@ -55,13 +56,13 @@ pub fn cgroup_level(dir: &Path) -> u32 {
         return 0;
     };
     let mut level = 0;
-    let mut p = dir;
-    while let Some(parent) = p.parent() {
+    let mut current = dir;
+    while let Some(parent) = current.parent() {
         if fs::metadata(parent).map(|m| m.dev()).ok() != Some(dev) {
             break;
         }
         level += 1;
-        p = parent;
+        current = parent;
     }
     level
 }
@@ -125,11 +126,13 @@ pub fn kernel_level(dir: &Path) -> CgroupLevel {
     if visible == 0 {
         return CgroupLevel::Unknown;
     }
+
     let Some(root) = cgroup2_mount_root(dir) else {
         return CgroupLevel::Unreadable("no cgroup v2 mount in /proc/self/mountinfo holds it");
     };
     let below_ns_root = visible as i64 + path_depth(&root);
     let ns = fs::read_link("/proc/self/ns/cgroup").ok();
+
     // Kernels without cgroup namespaces (before 4.6) have no such link.
     if ns.is_none_or(|n| n == Path::new(INIT_CGROUP_NS)) {
         return u32::try_from(below_ns_root).map_or(
@@ -137,6 +140,7 @@ pub fn kernel_level(dir: &Path) -> CgroupLevel {
             CgroupLevel::Exact,
         );
     }
+
     let own = fs::read_to_string("/proc/self/cgroup").ok().and_then(|t| {
         t.lines()
             .find_map(|l| l.strip_prefix("0::").map(|p| path_depth(p.trim())))
@@ -157,6 +161,7 @@ fn cgroup2_mount_root(dir: &Path) -> Option<String> {
             if post.split_whitespace().next() != Some("cgroup2") {
                 return None;
             }
+
             let mut f = pre.split_whitespace().skip(3);
             let (root, mount) = (f.next()?, f.next()?);
             dir.starts_with(mount)
@@ -195,6 +200,7 @@ pub fn find_hierarchy() -> Result<Hierarchy> {
             });
         }
     }
+
     v1.ok_or_else(|| anyhow!("no memory controller: neither a cgroup v2 mount offering \"memory\" nor a v1 memory hierarchy is mounted"))
 }
 
@@ -251,6 +257,7 @@ fn subtree(dir: &Path) -> Vec<PathBuf> {
             }
         }
     }
+
     out.push(dir.to_path_buf());
     out
 }
@@ -265,6 +272,7 @@ fn kill_and_remove(dir: &Path, v2: bool, timeout: Duration) -> Result<()> {
         if pids.is_empty() {
             break;
         }
+
         // cgroup.kill (v2) takes the whole subtree at once.
         if !(v2 && fs::write(dir.join("cgroup.kill"), "1").is_ok()) {
             for pid in pids {
@@ -272,11 +280,14 @@ fn kill_and_remove(dir: &Path, v2: bool, timeout: Duration) -> Result<()> {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
+
         if start.elapsed() > timeout {
             bail!("tasks remain in {} after {:?}", dir.display(), timeout);
         }
+
         thread::sleep(Duration::from_millis(20));
     }
+
     // rmdir can see EBUSY briefly while the last task is being reaped.
     for d in subtree(dir) {
         loop {
@@ -312,6 +323,7 @@ impl DirLock {
             if unsafe { libc::flock(f.as_raw_fd(), how) } == 0 {
                 return Ok(DirLock { _file: f });
             }
+
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
                 return Err(e);
@@ -340,6 +352,7 @@ fn remove_stale(h: &Hierarchy) -> Vec<PathBuf> {
     if !h.v2 {
         roots.extend(cgroup2_mount().map(|m| (m, true)));
     }
+
     let mut removed = Vec::new();
     for (root, v2) in roots {
         let Ok(rd) = fs::read_dir(&root) else {
@@ -349,6 +362,7 @@ fn remove_stale(h: &Hierarchy) -> Vec<PathBuf> {
             if !e.file_name().to_str().is_some_and(ours) {
                 continue;
             }
+
             let path = e.path();
             let Ok(lock) = DirLock::take(&path, libc::LOCK_EX | libc::LOCK_NB) else {
                 continue;
@@ -356,6 +370,7 @@ fn remove_stale(h: &Hierarchy) -> Vec<PathBuf> {
             if kill_and_remove(&path, v2, Duration::from_secs(5)).is_ok() {
                 removed.push(path);
             }
+
             drop(lock);
         }
     }
@@ -379,14 +394,15 @@ impl Memcg {
                 })?;
             }
         }
+
         let v2root = if h.v2 { None } else { cgroup2_mount() };
         let base = format!("{PREFIX}{}", std::process::id());
-        let mut n = 0;
+        let mut attempt = 0;
         let (name, path) = loop {
-            let name = if n == 0 {
+            let name = if attempt == 0 {
                 base.clone()
             } else {
-                format!("{base}.{n}")
+                format!("{base}.{attempt}")
             };
             let path = h.root.join(&name);
             let taken = v2root.as_ref().is_some_and(|r| r.join(&name).exists());
@@ -401,8 +417,8 @@ impl Memcg {
                     Err(e) => bail!("cannot create memcg {}: {e}", path.display()),
                 }
             }
-            n += 1;
-            if n > 64 {
+            attempt += 1;
+            if attempt > 64 {
                 bail!(
                     "cannot create memcg {}: the names are all taken",
                     path.display()
@@ -411,7 +427,7 @@ impl Memcg {
         };
         let lock = DirLock::take(&path, libc::LOCK_EX | libc::LOCK_NB)
             .map_err(|e| anyhow!("cannot lock memcg {}: {e}", path.display()));
-        let mut m = Memcg {
+        let mut memcg = Memcg {
             path,
             cgroup_id: 0,
             cgroup_level: CgroupLevel::Unknown,
@@ -420,25 +436,26 @@ impl Memcg {
             v2: h.v2,
             _locks: Vec::new(),
         };
-        // From here on, dropping `m` removes the memcg.
-        m._locks.push(lock?);
+
+        // From here on, dropping `memcg` removes the memcg.
+        memcg._locks.push(lock?);
         if h.v2 {
-            m.cgroup_id = cgroup_id(&m.path).unwrap_or(0);
-            m.cgroup_level = kernel_level(&m.path);
+            memcg.cgroup_id = cgroup_id(&memcg.path).unwrap_or(0);
+            memcg.cgroup_level = kernel_level(&memcg.path);
         } else if let Some(root) = v2root {
             // v1 memcg: the eBPF side identifies tasks by their v2 cgroup, so the workload also
             // joins a controller-less v2 cgroup of the same name.
-            let c = root.join(&name);
-            if fs::create_dir(&c).is_ok() {
-                m.companion = Some(c.clone());
-                if let Ok(l) = DirLock::take(&c, libc::LOCK_EX | libc::LOCK_NB) {
-                    m._locks.push(l);
-                    m.cgroup_id = cgroup_id(&c).unwrap_or(0);
-                    m.cgroup_level = kernel_level(&c);
+            let companion = root.join(&name);
+            if fs::create_dir(&companion).is_ok() {
+                memcg.companion = Some(companion.clone());
+                if let Ok(l) = DirLock::take(&companion, libc::LOCK_EX | libc::LOCK_NB) {
+                    memcg._locks.push(l);
+                    memcg.cgroup_id = cgroup_id(&companion).unwrap_or(0);
+                    memcg.cgroup_level = kernel_level(&companion);
                 }
             }
         }
-        Ok(m)
+        Ok(memcg)
     }
 
     /// Uses an existing cgroup, which must be a memcg.
@@ -446,6 +463,7 @@ impl Memcg {
         if !path.is_dir() {
             bail!("--cgroup {}: no such cgroup directory", path.display());
         }
+
         let v2 = path.join("memory.current").exists();
         if !v2 && !path.join("memory.usage_in_bytes").exists() {
             bail!(
@@ -453,7 +471,9 @@ impl Memcg {
                 path.display()
             );
         }
+
         let cgroup_id = if v2 { cgroup_id(path).unwrap_or(0) } else { 0 };
+
         // A cgroup named like ours is held (shared) while in use, so that no sweep takes it
         // for a stale one.
         let mut locks = Vec::new();
@@ -497,16 +517,17 @@ impl Memcg {
         use std::os::unix::process::CommandExt as _;
         let procs = self.procs_cstrings();
         let parent = std::process::id() as libc::pid_t;
-        let mut c = std::process::Command::new(&argv[0]);
-        c.args(&argv[1..]);
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
+
         // SAFETY: die_with_parent and join_in_child only make async-signal-safe calls.
         unsafe {
-            c.pre_exec(move || {
+            cmd.pre_exec(move || {
                 die_with_parent(parent)?;
                 join_in_child(&procs)
             });
         }
-        c
+        cmd
     }
 
     /// Tasks of the memcg OOM-killed so far: `oom_kill` of `memory.events` (v2: in it and
@@ -531,6 +552,7 @@ impl Memcg {
         if !self.owned {
             return Ok(());
         }
+
         self.owned = false;
         let r = kill_and_remove(&self.path, self.v2, Duration::from_secs(10));
         if let Some(c) = self.companion.take() {
@@ -560,10 +582,10 @@ impl Memcg {
     /// unless `quiet`). The hierarchy's lock is held while stale memcgs are swept and ours is
     /// created and locked: no sweep ever sees a memcg between its creation and its lock.
     pub fn fresh(quiet: bool) -> Result<Memcg> {
-        let h = find_hierarchy()?;
-        let _sweep = DirLock::take(&h.root, libc::LOCK_EX)
-            .map_err(|e| anyhow!("cannot lock {}: {e}", h.root.display()))?;
-        for stale in remove_stale(&h) {
+        let hierarchy = find_hierarchy()?;
+        let _sweep = DirLock::take(&hierarchy.root, libc::LOCK_EX)
+            .map_err(|e| anyhow!("cannot lock {}: {e}", hierarchy.root.display()))?;
+        for stale in remove_stale(&hierarchy) {
             if !quiet {
                 eprintln!(
                     "memcg-trace: removed stale memcg {} of an earlier run",
@@ -571,7 +593,7 @@ impl Memcg {
                 );
             }
         }
-        Memcg::create(&h)
+        Memcg::create(&hierarchy)
     }
 }
 
@@ -592,6 +614,7 @@ pub fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
         {
             return Err(std::io::Error::last_os_error());
         }
+
         if libc::getppid() != parent {
             return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
         }
@@ -609,6 +632,7 @@ pub fn descendants(pid: i32) -> Vec<i32> {
             let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
                 continue;
             };
+
             // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
             let Ok(stat) = fs::read_to_string(e.path().join("stat")) else {
                 continue;
@@ -621,6 +645,7 @@ pub fn descendants(pid: i32) -> Vec<i32> {
             }
         }
     }
+
     let mut out = Vec::new();
     let mut frontier = vec![pid];
     while let Some(p) = frontier.pop() {
@@ -642,6 +667,7 @@ impl Held {
     /// Opens a pidfd for `pid` (None if it is gone or the kernel has no pidfds, before 5.3).
     pub fn open(pid: i32) -> Option<Held> {
         use std::os::fd::FromRawFd as _;
+
         // SAFETY: pidfd_open with no flags; the fd, if any, is owned by the result.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         (fd >= 0).then(|| Held(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }))
@@ -650,6 +676,7 @@ impl Held {
     /// Sends `sig` to the process, if it still exists.
     pub fn signal(&self, sig: i32) {
         use std::os::fd::AsRawFd as _;
+
         // SAFETY: pidfd_send_signal on our own pidfd with no info.
         unsafe {
             libc::syscall(
@@ -679,6 +706,7 @@ fn join_one(procs: &CString) -> std::io::Result<()> {
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
+
         let n = libc::write(fd, b"0".as_ptr().cast(), 1);
         let err = std::io::Error::last_os_error();
         libc::close(fd);
@@ -736,7 +764,7 @@ pub const BUILTIN: &[(&str, &str, u64, &str)] = &[
 pub fn named(spec: &str) -> Result<Vec<String>> {
     let (name, rest) = spec.split_once(':').unwrap_or((spec, ""));
     if let Some((_, _, default, _)) = BUILTIN.iter().find(|b| b.0 == name) {
-        let n = match rest.trim() {
+        let count = match rest.trim() {
             "" => *default,
             r => r.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
                 anyhow!("--workload {spec}: the count after ':' must be a positive number")
@@ -747,9 +775,10 @@ pub fn named(spec: &str) -> Result<Vec<String>> {
             exe.display().to_string(),
             "workload".into(),
             name.into(),
-            n.to_string(),
+            count.to_string(),
         ]);
     }
+
     match name {
         "perf-messaging" => {
             let args = if rest.trim().is_empty() {
@@ -799,7 +828,7 @@ pub fn builtin_names() -> String {
 /// Runs built-in workload `name` `n` times in this process and prints `Time: S` (seconds, as
 /// hackbench does). The first failure of an operation other than the one meant is an error.
 pub fn run_builtin(name: &str, n: u64) -> Result<()> {
-    let t = Instant::now();
+    let start = Instant::now();
     match name {
         "open-loop" => {
             let path = c"/nonexistent/memcg-trace-open-loop";
@@ -816,10 +845,12 @@ pub fn run_builtin(name: &str, n: u64) -> Result<()> {
         "kmalloc" => {
             for _ in 0..n {
                 let mut fds = [0i32; 2];
+
                 // SAFETY: fds has room for the two descriptors pipe2 writes.
                 if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
                     bail!("kmalloc: pipe2: {}", std::io::Error::last_os_error());
                 }
+
                 // SAFETY: closing the two descriptors just returned.
                 unsafe {
                     libc::close(fds[0]);
@@ -833,9 +864,10 @@ pub fn run_builtin(name: &str, n: u64) -> Result<()> {
             builtin_names()
         ),
     }
+
     println!(
         "{n} {name} operations\nTime: {:.3}",
-        t.elapsed().as_secs_f64()
+        start.elapsed().as_secs_f64()
     );
     Ok(())
 }
@@ -859,6 +891,7 @@ pub fn operations(argv: &[String]) -> Option<(u64, &'static str)> {
             _ => None,
         };
     }
+
     let name = Path::new(argv.first()?).file_name()?.to_str()?;
     let (args, unit) = if name == "hackbench" {
         (&argv[1..], "hackbench messages")
@@ -917,6 +950,7 @@ fn perf_messaging_args(args: &[String]) -> Option<&[String]> {
             _ => break,
         }
     }
+
     rest.strip_prefix(&["sched".to_string(), "messaging".to_string()])
 }
 
@@ -931,19 +965,20 @@ pub fn cannot_run(argv: &[String], e: std::io::Error) -> anyhow::Error {
 /// Runs `cmd` to completion in a fresh memcg; returns its run time in seconds (hackbench's own
 /// `Time:` line when it prints one, else wall time).
 pub fn timed_run(cmd: &[String]) -> Result<f64> {
-    let mut m = Memcg::fresh(true)?;
-    let t = Instant::now();
-    let out = m
+    let mut memcg = Memcg::fresh(true)?;
+    let start = Instant::now();
+    let out = memcg
         .command(cmd)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| cannot_run(cmd, e))?;
-    let wall = t.elapsed().as_secs_f64();
-    m.remove()?;
+    let wall = start.elapsed().as_secs_f64();
+    memcg.remove()?;
     if !out.status.success() {
         bail!("{:?} failed: {}", cmd, out.status);
     }
+
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text
         .lines()
@@ -962,6 +997,7 @@ mod tests {
         assert_eq!(path_depth("/"), 0);
         assert_eq!(path_depth("/daemon"), 1);
         assert_eq!(path_depth("/a/b/c/"), 3);
+
         // A cgroup outside this namespace's root, as /proc/<pid>/cgroup shows it.
         assert_eq!(path_depth("/../../init.scope"), -1);
     }
@@ -971,10 +1007,12 @@ mod tests {
         let never = || -> anyhow::Result<u32> { panic!("asked the kernel") };
         assert_eq!(CgroupLevel::Exact(3).resolve(never).unwrap(), 3);
         assert_eq!(CgroupLevel::Unknown.resolve(never).unwrap(), 0);
+
         // In a namespace whose root is at level 1, this process in its `daemon` leaf (level 2,
         // seen at depth 1) and the workload's cgroup seen at depth 1: level 2.
         assert_eq!(CgroupLevel::FromOwn(0).resolve(|| Ok(2)).unwrap(), 2);
         assert_eq!(CgroupLevel::FromOwn(-1).resolve(|| Ok(3)).unwrap(), 2);
+
         // Never the root's level, nor below it.
         assert!(CgroupLevel::FromOwn(-2).resolve(|| Ok(2)).is_err());
         assert!(CgroupLevel::FromOwn(1)
@@ -990,6 +1028,7 @@ mod tests {
     fn a_built_in_workload_is_its_own_command_and_reports_its_operations() {
         let argv = super::named("open-loop:500").unwrap();
         assert_eq!(&argv[1..], ["workload", "open-loop", "500"]);
+
         // (Under cargo test this binary is not named memcg-trace.)
         let mut ours = argv.clone();
         ours[0] = "/usr/bin/memcg-trace".into();
@@ -1008,6 +1047,7 @@ mod tests {
             e.contains("open-loop[:N]") && e.contains("kmalloc[:N]"),
             "{e}"
         );
+
         // Both run here, unprivileged: the operations they make exist on any kernel.
         super::run_builtin("open-loop", 100).unwrap();
         super::run_builtin("kmalloc", 100).unwrap();
@@ -1016,39 +1056,41 @@ mod tests {
 
     #[test]
     fn hackbench_reports_its_messages() {
-        let v = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        let argv = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+
         // 2 groups x 20 senders x 20 receivers x 200 loops.
         assert_eq!(
-            operations(&v("/usr/bin/hackbench -g 2 -l 200")),
+            operations(&argv("/usr/bin/hackbench -g 2 -l 200")),
             Some((160_000, "hackbench messages"))
         );
-        assert_eq!(operations(&v("hackbench")).map(|o| o.0), Some(400_000));
+        assert_eq!(operations(&argv("hackbench")).map(|o| o.0), Some(400_000));
         assert_eq!(
-            operations(&v("hackbench --groups=1 --fds 10 -l 5 -T -s 100")).map(|o| o.0),
+            operations(&argv("hackbench --groups=1 --fds 10 -l 5 -T -s 100")).map(|o| o.0),
             Some(500)
         );
-        assert_eq!(operations(&v("hackbench -g x")), None);
-        assert_eq!(operations(&v("hackbench --unknown 3")), None);
-        assert_eq!(operations(&v("stress-ng -c 1")), None);
+        assert_eq!(operations(&argv("hackbench -g x")), None);
+        assert_eq!(operations(&argv("hackbench --unknown 3")), None);
+        assert_eq!(operations(&argv("stress-ng -c 1")), None);
+
         // perf bench sched messaging counts the same way under its own option names.
         assert_eq!(
-            operations(&v("/usr/bin/perf bench sched messaging -g 2 -l 200 -t")),
+            operations(&argv("/usr/bin/perf bench sched messaging -g 2 -l 200 -t")),
             Some((160_000, "perf messaging messages"))
         );
         assert_eq!(
-            operations(&v(
+            operations(&argv(
                 "perf bench -f simple sched messaging --group=1 --nr_loops 5 -p"
             ))
             .map(|o| o.0),
             Some(2000)
         );
         assert_eq!(
-            operations(&v("perf_6.1 bench sched messaging")).map(|o| o.0),
+            operations(&argv("perf_6.1 bench sched messaging")).map(|o| o.0),
             Some(400_000)
         );
-        assert_eq!(operations(&v("perf bench sched pipe")), None);
-        assert_eq!(operations(&v("perf bench -r 3 sched messaging")), None);
-        assert_eq!(operations(&v("perf record -g hackbench")), None);
+        assert_eq!(operations(&argv("perf bench sched pipe")), None);
+        assert_eq!(operations(&argv("perf bench -r 3 sched messaging")), None);
+        assert_eq!(operations(&argv("perf record -g hackbench")), None);
     }
 
     #[test]
@@ -1056,6 +1098,7 @@ mod tests {
         for n in ["memcg-trace.1", "memcg-trace.4194304", "memcg-trace.77.2"] {
             assert!(ours(n), "{n}");
         }
+
         for n in [
             "memcg-trace.",
             "memcg-trace.x",

@@ -46,6 +46,7 @@ pub fn vmlinux(vmlinuz: &Path) -> Result<Vec<u8>, String> {
             };
             let mut stdin = child.stdin.take().expect("piped");
             let payload = image[start..].to_vec();
+
             // Written from a thread: the unpacked kernel fills the pipe the other way.
             let writer = std::thread::spawn(move || {
                 let _ = stdin.write_all(&payload);
@@ -54,6 +55,7 @@ pub fn vmlinux(vmlinuz: &Path) -> Result<Vec<u8>, String> {
                 .wait_with_output()
                 .map_err(|e| format!("{tool}: {e}"))?;
             let _ = writer.join();
+
             // Trailing data after the stream makes some tools complain: what counts is the ELF.
             if out.stdout.len() > 1 << 20 && out.stdout.starts_with(b"\x7fELF\x02\x01") {
                 return Ok(out.stdout);
@@ -110,6 +112,7 @@ impl CallGraph {
                 u64_at(&elf, h + 16),
                 u64_at(&elf, h + 32) as usize,
             );
+
             // PT_LOAD, executable.
             if ty == 1 && flags & 1 != 0 && off + filesz <= elf.len() {
                 text.push(Segment {
@@ -118,6 +121,7 @@ impl CallGraph {
                 });
             }
         }
+
         let first = text
             .first()
             .ok_or("no executable segment in the image")?
@@ -129,6 +133,7 @@ impl CallGraph {
                 let a = u64::from_str_radix(it.next()?, 16).ok()?;
                 let _ty = it.next()?;
                 let n = it.next()?;
+
                 // Module text is not in the image.
                 it.next().is_none().then(|| (a, n.to_string()))
             })
@@ -199,6 +204,7 @@ impl CallGraph {
                 if code[i] != op {
                     continue;
                 }
+
                 let rel = i32::from_le_bytes(code[i + 1..i + 5].try_into().unwrap()) as i64;
                 let after = (s.vaddr + i as u64 + 5).wrapping_add(self.offset);
                 if hits(after.wrapping_add(rel as u64)) {
@@ -258,13 +264,16 @@ impl CallGraph {
         if near(t) {
             return Link::Direct;
         }
+
         let Some((_, name)) = self.function_at(t) else {
             return Link::Wrong;
         };
+
         // A retpoline: the call of an indirect call thunk, target unknown to the image.
         if name.starts_with("__x86_indirect_") {
             return Link::Indirect;
         }
+
         // Tail calls: the function called jumps (or branches on a condition) to the callee,
         // or to a function that does, three deep at most.
         if self.tail_reaches(t, &near, 3) {
@@ -287,6 +296,7 @@ impl CallGraph {
         if depth == 0 || end <= entry || end - entry > 1 << 20 {
             return false;
         }
+
         let start = start.max(entry);
         let Some(code) = self.bytes_at(start, (end - start) as usize) else {
             return false;
@@ -323,6 +333,7 @@ impl CallGraph {
         {
             return Some(true);
         }
+
         let (start, _) = self.function_at(t)?;
         (t.wrapping_sub(start) < 16 && c.tail.contains_key(&start)).then_some(false)
     }

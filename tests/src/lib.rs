@@ -30,6 +30,7 @@ pub fn bin_for(arch: xtask::kernels::Arch) -> PathBuf {
     if arch == xtask::kernels::Arch::X86_64 {
         return bin();
     }
+
     let p = std::env::var_os("MEMCG_TRACE_BIN_ARM64")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -64,6 +65,7 @@ pub fn skip_case(name: &str, reason: &str) {
 /// stop signal it was started with ignored ignored.
 pub fn stop_signals_default(cmd: &mut Command) -> &mut Command {
     use std::os::unix::process::CommandExt as _;
+
     // SAFETY: signal(2) is async-signal-safe, and the closure touches nothing else between
     // fork and exec.
     unsafe {
@@ -86,6 +88,7 @@ fn record_skip(kind: &str, name: &str, reason: &str) {
     let Some(path) = std::env::var_os("MEMCG_TRACE_SKIP_FILE") else {
         return;
     };
+
     // One short write with O_APPEND: lines from parallel tests do not interleave.
     let line = format!("{kind}\t{name}\t{}\n", reason.replace(['\t', '\n'], " "));
     if let Ok(mut f) = std::fs::OpenOptions::new()
@@ -168,12 +171,14 @@ pub fn check_invariants(doc: &Document, summary: &str) {
                 check_latency(p, c, l);
             }
         }
+
         let line = memcg_trace::table::probe_footnote(p);
         assert!(
             summary.contains(&line),
             "summary lacks {line:?}:\n{summary}"
         );
     }
+
     check_self_times(doc);
 }
 
@@ -186,6 +191,7 @@ fn sum(p: &ProbeOut, f: impl Fn(&ContextOut) -> u64) -> u64 {
 /// kernel's stats carried (the counts-only one).
 fn check_accounting(doc: &Document, p: &ProbeOut) {
     let (entries, exits) = (sum(p, |c| c.entries), sum(p, |c| c.exits));
+
     // memcg-trace/1 did not account for every entry (no stale or evicted counts).
     let v1 = doc.upgraded_from.is_some();
     if p.backend.to_string() != "tracepoint" {
@@ -211,6 +217,7 @@ fn check_accounting(doc: &Document, p: &ProbeOut) {
             "{}: {exits} exit runs, but paired + ambiguous + deferred + deferred_lost + orphans + evicted exits + outside = {matched}",
             p.name
         );
+
         // An evicted call's exit is found among the evicted at most once.
         assert!(
             sum(p, |c| c.evicted_exits) <= sum(p, |c| c.evicted),
@@ -289,6 +296,7 @@ fn check_memcg_rows(p: &ProbeOut) {
                 c.memcgs_other,
                 c.count
             );
+
             // The "other" row has no time: equal without one, at most with one.
             let ns: u64 = rows.map(|m| m.sum_ns).sum();
             let timed_ns = c.latency.as_ref().map_or(0, |l| l.sum_ns);
@@ -322,6 +330,7 @@ fn check_lost(p: &ProbeOut) {
             c.context
         );
     }
+
     assert_eq!(p.lost, sum(p, |c| c.lost), "{}: lost", p.name);
     assert_eq!(p.count, sum(p, |c| c.count), "{}: count", p.name);
 }
@@ -341,6 +350,7 @@ fn check_off_cpu(doc: &Document, p: &ProbeOut) {
             c.migrated,
             c.switched
         );
+
         // Proven by the programs: switched calls that never moved, timed in the kernel
         // (paired), never deferred too. In the task row of a kernel that defers the
         // switched calls, each is proven or deferred (sent or lost in the ring): once.
@@ -355,6 +365,7 @@ fn check_off_cpu(doc: &Document, p: &ProbeOut) {
                 c.deferred_lost
             );
         }
+
         assert!(
             c.proven_on_cpu + c.migrated <= c.switched && c.proven_on_cpu <= c.paired,
             "{} {}: proven on their CPU {} / migrated {} / switched {} / paired {}",
@@ -374,6 +385,7 @@ fn check_off_cpu(doc: &Document, p: &ProbeOut) {
                 c.context
             );
         }
+
         // A recording that says how it told time off the CPU has the on-CPU time of every
         // timed row where none of it is unknown.
         if c.latency.is_some() && doc.meta.off_cpu.is_some() {
@@ -422,6 +434,7 @@ fn check_latency(probe: &ProbeOut, ctx: &ContextOut, latency: &Latency) {
             latency.min_ns,
             latency.max_ns
         );
+
         // Each percentile recomputed from the buckets: it lies in the bucket that
         // holds its rank (narrowed to [min, max]).
         let bucket_of = |rank: u64| {
@@ -456,6 +469,7 @@ fn check_latency(probe: &ProbeOut, ctx: &ContextOut, latency: &Latency) {
             );
         }
     }
+
     for (raw, net) in latency
         .percentiles
         .iter()
@@ -500,6 +514,7 @@ pub fn check_self_times(doc: &Document) {
             unproven += c.unproven_nested_ns;
             clean &= c.self_unknown == 0;
         }
+
         if let Some(l) = p.workload.as_ref().and_then(|w| w.latency.as_ref()) {
             assert!(
                 l.self_ns.is_some_and(|s| s <= l.sum_ns),
@@ -510,9 +525,11 @@ pub fn check_self_times(doc: &Document) {
             );
         }
     }
+
     if !any {
         return;
     }
+
     assert!(
         self_ns + unproven >= outer,
         "self times add up to {self_ns} ns (and {unproven} ns of rejected nested pairs), less \
@@ -560,9 +577,11 @@ fn check_shares_bounds(doc: &Document, summary: &str) {
         );
         bounded |= want;
     }
+
     if with_shares == 0 {
         return;
     }
+
     // Where the summary holds the table (not a quiet run's output), it has the line.
     if !summary
         .lines()
@@ -570,6 +589,7 @@ fn check_shares_bounds(doc: &Document, summary: &str) {
     {
         return;
     }
+
     let line = summary
         .lines()
         .find(|l| l.starts_with("workload CPU: "))
@@ -697,6 +717,7 @@ pub fn check_selftest(stdout: &str) {
     for l in &pairing {
         assert!(l.ends_with(": ok") || l.contains("skipped"), "{l}");
     }
+
     for ctx in ["(task,", "(softirq, calibration", "(hardirq, calibration"] {
         let line = stdout
             .lines()
@@ -704,6 +725,7 @@ pub fn check_selftest(stdout: &str) {
             .unwrap_or_else(|| panic!("no {ctx} check:\n{stdout}"));
         assert!(line.ends_with(" ok"), "{line}");
     }
+
     for ctx in ["softirq", "hardirq"] {
         let line = stdout
             .lines()
@@ -711,6 +733,7 @@ pub fn check_selftest(stdout: &str) {
             .unwrap_or_else(|| panic!("no independent {ctx} check:\n{stdout}"));
         assert!(line.ends_with(" ok"), "{line}");
     }
+
     assert!(stdout.contains("selftest: 0 failures"), "{stdout}");
 }
 
@@ -745,6 +768,7 @@ pub fn our_programs_loaded(timeout: std::time::Duration) -> Vec<String> {
         if left.is_empty() || start.elapsed() > timeout {
             return left;
         }
+
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
@@ -757,6 +781,7 @@ fn our_programs_now() -> Vec<String> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+
     // The kernel keeps the first 15 bytes of a program's name.
     let ours: Vec<&str> = names::all_programs()
         .filter(|n| *n != names::PROG_ITER)
@@ -789,6 +814,7 @@ pub fn assert_left_nothing(what: &str, marker: &str) {
     while pid_of(&["sleep", marker]).is_some() && start.elapsed().as_secs() < 5 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+
     assert!(
         pid_of(&["sleep", marker]).is_none(),
         "{what}: the workload outlived memcg-trace"

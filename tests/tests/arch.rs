@@ -18,10 +18,12 @@ fn ebpf_objects(bin: &[u8]) -> Vec<Vec<u8>> {
         let at = i + p;
         i = at + 4;
         let h = &bin[at..];
+
         // ELFCLASS64, little-endian, EM_BPF.
         if h.len() < 64 || h[4] != 2 || h[5] != 1 || u16_at(h, 18) != EM_BPF {
             continue;
         }
+
         let shoff = u64_at(h, 0x28) as usize;
         let (shentsize, shnum) = (u16_at(h, 0x3a) as usize, u16_at(h, 0x3c) as usize);
         let Some(end) = shentsize
@@ -40,6 +42,7 @@ fn ebpf_objects(bin: &[u8]) -> Vec<Vec<u8>> {
 #[test]
 fn the_arm64_binary_embeds_the_same_ebpf_objects() {
     let name = "the_arm64_binary_embeds_the_same_ebpf_objects";
+
     // The binary built in this run (`cargo xtask test` with arm64 kernels selected), never a
     // stale one left in target/ by an earlier build.
     let Some(arm64) = std::env::var_os("MEMCG_TRACE_BIN_ARM64")
@@ -55,6 +58,7 @@ fn the_arm64_binary_embeds_the_same_ebpf_objects() {
     let x86 = fs::read(bin()).expect("the x86_64 binary");
     let arm = fs::read(&arm64).expect("the arm64 binary");
     let (a, b) = (ebpf_objects(&x86), ebpf_objects(&arm));
+
     // The full object and the legacy one.
     assert_eq!(a.len(), 2, "eBPF objects in the x86_64 binary");
     let set = |v: &[Vec<u8>]| v.iter().cloned().collect::<BTreeSet<_>>();

@@ -15,6 +15,7 @@ fn report_prints_the_recordings_figures() {
     let out = run(&["report", f.to_str().unwrap()]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
+
     // The same footnotes and invariants as at record time.
     check_invariants(&doc, &text);
     assert!(text.contains(&doc.meta.kernel_release));
@@ -116,6 +117,7 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
     };
     let json: serde_json::Value = serde_json::from_str(&run_with("json")).unwrap();
     check_diff_json(&json, &base);
+
     // The table and the markdown say the same.
     let table = run_with("table");
     let row = table
@@ -132,6 +134,7 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
             .any(|l| l.starts_with("| charge | task | calls/s |") && l.contains("| beyond noise |")),
         "{md}"
     );
+
     // A side without its other half is one clear line.
     let out = run(&["diff", &a[0]]);
     assert!(!out.status.success());
@@ -153,16 +156,19 @@ fn check_diff_json(json: &serde_json::Value, base: &serde_json::Value) {
     assert_eq!(moved["beyond_noise"], true, "{moved}");
     let change = moved["change"].as_f64().unwrap();
     assert!((change - 0.15).abs() < 1e-9, "{change}");
+
     // rsd of 0.99, 1.0, 1.01 (sample sd 0.01).
     let rsd = moved["a"]["rsd"].as_f64().unwrap();
     assert!((rsd - 0.01).abs() < 1e-9, "{rsd}");
     let p = moved["welch"]["p"].as_f64().unwrap();
     assert!(p < 1e-3, "{p}");
+
     // Identical on both sides: no change, p = 1.
     let same = find("charge", "task", "p50");
     assert_eq!(same["beyond_noise"], false, "{same}");
     assert_eq!(same["welch"]["p"].as_f64(), Some(1.0));
     assert_eq!(find("stat", "task", "calls/s")["beyond_noise"], false);
+
     // Calls per hackbench message, of the workload's own calls: the recording's workload is
     // hackbench -g 2 -l 100, 2 x 20 x 20 x 100 = 80,000 messages. The system's rows have
     // none (their calls are not the workload's operations').
@@ -171,6 +177,7 @@ fn check_diff_json(json: &serde_json::Value, base: &serde_json::Value) {
         .as_f64()
         .unwrap();
     assert!((per_op - count / 80_000.0).abs() < 1e-9, "{per_op}");
+
     // Time per message: every call of the workload at its mean (each side's runs are equal
     // here, so the mean of the products is the product of the means).
     let mean = base["probes"][0]["workload"]["latency"]["mean_ns"]
@@ -220,6 +227,7 @@ fn svg_texts(path: &std::path::Path) -> (Vec<String>, usize) {
 fn plot_overlays_recordings_with_their_labels() {
     let f = fixture();
     let dir = scratch("plot_overlays_recordings_with_their_labels");
+
     // B: the same recording under another name, its charge calls twice as slow.
     let v = twice_as_slow(&f);
     let b = dir.join("slower.json");
@@ -250,6 +258,7 @@ fn plot_overlays_recordings_with_their_labels() {
             "{row} missing: {listed}"
         );
     }
+
     let (texts, lines) = svg_texts(&out_dir.join("charge-task.svg"));
     let has = |s: &str| texts.iter().any(|t| t.contains(s));
     for want in [
@@ -264,8 +273,10 @@ fn plot_overlays_recordings_with_their_labels() {
     ] {
         assert!(has(want), "charge-task.svg lacks {want:?}: {texts:?}");
     }
+
     // Two recordings, two panels: at least four lines.
     assert!(lines >= 4, "{lines} lines");
+
     // Axis labels carry units.
     assert!(
         texts.iter().any(|t| t.ends_with("us") || t.ends_with("ns")),
@@ -283,6 +294,7 @@ fn twice_as_slow(f: &Path) -> serde_json::Value {
     for k in ["min_ns", "max_ns"] {
         l[k] = serde_json::json!(l[k].as_u64().unwrap() * 2);
     }
+
     for b in l["buckets"].as_array_mut().unwrap() {
         for k in ["min_ns", "max_ns"] {
             b[k] = serde_json::json!(b[k].as_u64().unwrap() * 2);
@@ -305,6 +317,7 @@ fn check_plot_refuses_bad_input(v: &serde_json::Value, dir: &Path, out_dir: &Pat
         }
         p["workload"] = serde_json::Value::Null;
     }
+
     let tpf = dir.join("counts.json");
     std::fs::write(&tpf, serde_json::to_string(&tp).unwrap()).unwrap();
     let out = run(&[
@@ -375,6 +388,7 @@ fn plot_draws_calls_per_second_from_an_interval_log() {
     assert!(texts.iter().any(|t| t == "charge.task"), "{texts:?}");
     assert!(texts.iter().any(|t| t.contains("calls/s")), "{texts:?}");
     assert!(lines >= 1);
+
     // The y axis reaches the fastest interval's rate: 600 calls in 1 s.
     assert!(texts.iter().any(|t| t == "600"), "{texts:?}");
     let out = run(&[

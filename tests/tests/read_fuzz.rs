@@ -129,6 +129,7 @@ fn apply(doc: &mut Value, edit: &Edit) {
     if all.is_empty() {
         return;
     }
+
     let paths: Vec<&String> = all.iter().map(|(path, _)| path).collect();
     match edit {
         Edit::AllBuckets(value) => {
@@ -210,6 +211,7 @@ fn render(seeds: &[Value], t: &Text) -> String {
             for e in edits {
                 apply(&mut v, e);
             }
+
             serde_json::to_string(&v).unwrap()
         }
         Text::Truncated(s, n) => {
@@ -252,10 +254,12 @@ fn the_reader_survives_any_recording() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
     let seeds = seeds();
+
     // The seeds themselves are read and shown.
     for s in &seeds {
         read_and_show(&serde_json::to_string(s).unwrap()).unwrap();
     }
+
     // Panics are caught and reported as failures with their input; keep the default hook quiet.
     std::panic::set_hook(Box::new(|_| {}));
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -302,10 +306,12 @@ fn the_reader_survives_any_recording() {
         });
         failure = r.err();
     }
+
     let _ = std::panic::take_hook();
     if let Some(e) = failure {
         panic!("{e}");
     }
+
     let (cases, refused) = (cases.get(), refused.get());
     memcg_trace_tests::summary(
         "read_fuzz",

@@ -27,6 +27,7 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
     let raw = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = raw.split_once("\r\n\r\n")?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
+
     // Chunked bodies (Prometheus's API) are decoded; ours has a length.
     let body = if head
         .to_ascii_lowercase()
@@ -39,6 +40,7 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
             if n == 0 {
                 break;
             }
+
             out.push_str(after.get(..n)?);
             rest = after.get(n + 2..)?;
         }
@@ -92,6 +94,7 @@ impl Killed {
     /// SIGTERM now; its exit status.
     fn stop(&mut self) -> std::process::ExitStatus {
         let mut c = self.0.take().expect("running");
+
         // SAFETY: kill(2) of our child, not yet reaped.
         unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
         c.wait().expect("wait")
@@ -112,12 +115,14 @@ impl Killed {
         if let Some(p) = pipe.as_mut() {
             // What is there now: the workload may still hold the pipe open.
             use std::os::fd::AsRawFd as _;
+
             // SAFETY: fcntl(2) on a pipe we own.
             unsafe { libc::fcntl(p.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
             let mut raw = Vec::new();
             let _ = p.read_to_end(&mut raw);
             err = String::from_utf8_lossy(&raw).into_owned();
         }
+
         self.0 = None;
         format!("serve: {st}; its stderr:\n{err}")
     }
@@ -148,6 +153,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
         skip(name, "needs root");
         return;
     }
+
     let (prometheus, promtool) = (
         Path::new("/usr/bin/prometheus"),
         Path::new("/usr/bin/promtool"),
@@ -156,6 +162,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
         skip(name, "prometheus missing (cargo xtask setup installs it)");
         return;
     }
+
     let Some(hb) = hackbench_or_skip(name) else {
         return;
     };
@@ -172,6 +179,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
     assert!(text.contains(series), "{text}");
     let _prom = scraped_by_prometheus(prometheus, &dir, &listen, prom_port);
     let sel = STAT_TASK_SELECTOR;
+
     // memcg-trace's own rate over a window, from two scrapes of ours, and Prometheus's over
     // the same window.
     let ours = |t: &str| sample(t, series).expect("the stat task series");
@@ -179,6 +187,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
     thread::sleep(Duration::from_secs(12));
     let (tb, b) = (unix_now(), ours(&get(port, "/metrics").unwrap().1));
     let own = (b - a) / (tb - ta);
+
     // Let the scrape after tb land.
     thread::sleep(Duration::from_secs(2));
     let window = (tb - ta).round() as u64;
@@ -195,6 +204,7 @@ fn serve_is_scraped_by_a_real_prometheus() {
         "Prometheus's rate {prom_rate:.1}/s vs memcg-trace's {own:.1}/s: {:.1}% apart",
         diff * 100.0
     );
+
     // Shutdown: SIGTERM ends serve cleanly (0), its memcg removed.
     let st = serve.stop();
     assert_eq!(st.code(), Some(0), "serve's exit");
@@ -231,6 +241,7 @@ fn start_serve(hb: &str) -> (u16, Killed) {
             .expect("start serve");
         Killed(Some(serve))
     };
+
     // A free port can be taken by another process before serve binds it: then serve ends
     // with "cannot listen there" and another port is tried.
     let mut tries = 0;
@@ -247,9 +258,11 @@ fn start_serve(hb: &str) -> (u16, Killed) {
         {
             thread::sleep(Duration::from_millis(20));
         }
+
         if get(port, "/metrics").is_some() {
             break (port, serve);
         }
+
         let why = serve.stop_with_stderr();
         tries += 1;
         assert!(
@@ -267,11 +280,13 @@ fn scrape_through_start_up(port: u16, serve: &mut Killed) -> (String, u32) {
     // Start-up and then serving: every scrape is answered; up turns 1.
     let t0 = Instant::now();
     let mut starting = 0;
+
     // It answered above: from now on every scrape must be answered, and at once.
     let mut listening = true;
     let text = loop {
         let asked = Instant::now();
         let got = get(port, "/metrics");
+
         // Once the listener is up, every scrape is answered, and at once.
         if listening && (got.is_none() || asked.elapsed() >= Duration::from_secs(2)) {
             let why = serve.stop_with_stderr();
@@ -292,11 +307,13 @@ fn scrape_through_start_up(port: u16, serve: &mut Killed) -> (String, u32) {
             if up == Some(1.0) {
                 break body;
             }
+
             // Answered at once, with nothing but up 0.
             assert_eq!(up, Some(0.0), "{body}");
             assert!(!body.contains("memcg_trace_calls_total"), "{body}");
             starting += 1;
         }
+
         // Ended (it should not) or not up in time (start-up takes 3 s and a fraction here;
         // two minutes leave room for a loaded machine): show why.
         let ended = serve
@@ -311,6 +328,7 @@ fn scrape_through_start_up(port: u16, serve: &mut Killed) -> (String, u32) {
                 t0.elapsed()
             );
         }
+
         thread::sleep(Duration::from_millis(100));
     };
     assert!(starting > 0, "no scrape was answered during start-up");
@@ -397,6 +415,7 @@ fn scraped_by_prometheus(prometheus: &Path, dir: &Path, listen: &str, prom_port:
         if n.is_some_and(|n| n >= 4.0) {
             break;
         }
+
         assert!(
             t0.elapsed() < Duration::from_secs(90),
             "prometheus did not scrape serve 4 times (last count {n:?})"
@@ -417,6 +436,7 @@ fn the_fleet_rules_check_and_evaluate() {
         );
         return;
     }
+
     let dir = xtask::workspace_root().join("contrib/prometheus");
     for args in [
         ["check", "rules", "memcg-trace.rules.yml"],
@@ -444,6 +464,7 @@ fn the_systemd_unit_verifies() {
         skip(name, "systemd-analyze missing (Debian's systemd package)");
         return;
     }
+
     let unit = std::fs::read_to_string(xtask::workspace_root().join("contrib/memcg-trace.service"))
         .unwrap();
     assert!(
@@ -451,6 +472,7 @@ fn the_systemd_unit_verifies() {
         "{unit}"
     );
     assert!(unit.contains("DynamicUser=yes"), "not root: {unit}");
+
     // The unit as installed, with this build as its binary.
     let dir = scratch(name);
     let path = dir.join("memcg-trace.service");
@@ -459,6 +481,7 @@ fn the_systemd_unit_verifies() {
         unit.replace("/usr/local/bin/memcg-trace", bin().to_str().unwrap()),
     )
     .unwrap();
+
     // Its Documentation= names the man pages a package installs: made by this build, and
     // found by systemd-analyze (it runs man for each) on MANPATH.
     let made = Command::new(bin())

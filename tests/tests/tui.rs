@@ -88,6 +88,7 @@ impl Session {
             if pred(&s) {
                 return s;
             }
+
             assert!(
                 start.elapsed() < timeout,
                 "timed out waiting for {what}; screen:\n{s}"
@@ -121,9 +122,11 @@ fn tui_live_dashboard_with_a_workload() {
         skip(name, "needs root");
         return;
     }
+
     if !tmux_ready(name) {
         return;
     }
+
     let bin = bin();
     let s = Session::start(
         "memcg-trace-live",
@@ -168,10 +171,13 @@ fn tui_top_ends_on_the_whole_run() {
         skip(name, "needs root");
         return;
     }
+
     if !tmux_ready(name) {
         return;
     }
+
     let bin = bin();
+
     // Shorter than the tick (0.4 s here), and several ticks long.
     for (loops, tick) in [(300, "2s"), (3000, "500ms")] {
         let s = Session::start(
@@ -195,6 +201,7 @@ fn tui_top_ends_on_the_whole_run() {
                 "-l {loops}: stat {ctx}: calls/s {rate:?} at the end of the run:\n{screen}"
             );
         }
+
         s.keys("q");
         let end = s.wait_for("the exit status", Duration::from_secs(30), |sc| {
             sc.contains("EXIT=")
@@ -218,13 +225,16 @@ fn tui_view_of_a_recording_made_in_a_vm() {
     if !tmux_ready(name) {
         return;
     }
+
     let fixture = xtask::workspace_root().join("tests/fixtures/6.12-fentry.json");
+
     // The committed recording is real output and still matches the schema.
     let doc = load_recording(&fixture);
     let s = Session::start(
         "memcg-trace-view",
         &format!("{} view {}", bin().display(), fixture.display()),
     );
+
     // The whole first frame: tmux can be captured while the terminal is still drawing it.
     let screen = s.wait_for(
         "the recording's rows and histogram",
@@ -255,8 +265,10 @@ fn tui_view_of_two_recordings_shows_the_change() {
     if !tmux_ready(name) {
         return;
     }
+
     let dir = scratch(name);
     let a = xtask::workspace_root().join("tests/fixtures/6.12-fentry.json");
+
     // B: the same calls over twice the time, half the rate.
     let mut b: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&a).unwrap()).unwrap();
@@ -292,9 +304,11 @@ fn tui_view_of_a_recording_steps_through_its_history() {
         skip(name, "needs root");
         return;
     }
+
     if !tmux_ready(name) {
         return;
     }
+
     let Some(hb) = hackbench_or_skip(name) else {
         return;
     };
@@ -391,6 +405,7 @@ fn tui_errors_come_before_the_terminal_is_touched() {
         &["view", dir.join("v0.json").to_str().unwrap()],
         "not supported",
     );
+
     // Not a terminal: stdout is a pipe here.
     check(&["top"], "use `memcg-trace record`");
     assert!(Path::new(&dir).exists());
@@ -404,12 +419,15 @@ fn tui_signal_matrix_top() {
         skip(name, "needs root");
         return;
     }
+
     if !tmux_ready(name) {
         return;
     }
+
     let bin = bin().display().to_string();
     let runs = matrix_runs();
     let mut done = Vec::new();
+
     // None: a panic injected at the first tick, the way a bug would end it.
     for how in [
         Some(libc::SIGINT),
@@ -421,6 +439,7 @@ fn tui_signal_matrix_top() {
         for r in 0..runs {
             let what = format!("top, {label}, run {r}");
             let marker = format!("800.{r}{}", how.unwrap_or(0));
+
             // The panic comes at the first tick: a long one leaves time to see the dashboard.
             let tick = if how.is_some() { "500ms" } else { "3s" };
             let args = [bin.as_str(), "top", "--tick", tick, "--", "sleep", &marker];
@@ -433,6 +452,7 @@ fn tui_signal_matrix_top() {
                 &format!("memcg-trace-matrix-{r}-{}", how.unwrap_or(0)),
                 &format!("{env}{}", args.join(" ")),
             );
+
             // Signals: once the rows are up; the panic: once the dashboard is drawn, before
             // its first tick.
             s.wait_for("the dashboard", Duration::from_secs(60), |sc| {
@@ -442,9 +462,11 @@ fn tui_signal_matrix_top() {
             assert!(s.alternate(), "{what}: not on the alternate screen");
             if let Some(sig) = how {
                 let pid = pid_of(&args).unwrap_or_else(|| panic!("{what}: no memcg-trace process"));
+
                 // SAFETY: kill(2) of a process this test started.
                 unsafe { libc::kill(pid, sig) };
             }
+
             let end = s.wait_for(
                 &format!("{what}: the exit status"),
                 Duration::from_secs(60),
@@ -458,6 +480,7 @@ fn tui_signal_matrix_top() {
                     "{what}: the panic's line is not on the restored terminal:\n{end}"
                 );
             }
+
             assert!(
                 !s.alternate(),
                 "{what}: the terminal stayed on the alternate screen"
@@ -465,7 +488,9 @@ fn tui_signal_matrix_top() {
             assert!(s.cursor_visible(), "{what}: the cursor stayed hidden");
             assert_left_nothing(&what, &marker);
         }
+
         done.push(format!("{label} {runs}/{runs}"));
     }
+
     summary(name, &done.join(", "));
 }

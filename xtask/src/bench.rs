@@ -132,6 +132,7 @@ fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
     if !status.success() {
         bail!("memcg-trace bench on the host failed: {status}");
     }
+
     for tick in ["1s", "100ms"] {
         let status = Command::new(bin)
             .args(["record", "-q", "--tick", tick, "-o"])
@@ -145,6 +146,7 @@ fn host_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
             bail!("memcg-trace record --tick {tick} on the host failed: {status}");
         }
     }
+
     serve_run(bin, out, size)
 }
 
@@ -168,22 +170,24 @@ fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
         .spawn()?;
     let pid = child.id();
     let scrape = || -> Option<String> {
-        let mut s = std::net::TcpStream::connect(&addr).ok()?;
-        s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        let mut stream = std::net::TcpStream::connect(&addr).ok()?;
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(20)))
             .ok()?;
         write!(
-            s,
+            stream,
             "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
         )
         .ok()?;
         let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
+        stream.read_to_string(&mut body).ok()?;
         Some(body)
     };
     let cpu = || -> Option<f64> {
         let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         let f: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
         let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+
         // SAFETY: sysconf without side effects.
         Some(ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
     };
@@ -193,8 +197,10 @@ fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
             if t0.elapsed() > std::time::Duration::from_secs(60) {
                 bail!("serve did not come up in 60 s");
             }
+
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
+
         let (start, cpu0) = (
             std::time::Instant::now(),
             cpu().context("serve's CPU time")?,
@@ -204,6 +210,7 @@ fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
             std::thread::sleep(std::time::Duration::from_secs(size.scrape_secs));
             bytes = scrape().context("a scrape")?.len();
         }
+
         let share = (cpu().context("serve's CPU time")? - cpu0) / start.elapsed().as_secs_f64();
         let rss_kib: u64 = fs::read_to_string(format!("/proc/{pid}/status"))?
             .lines()
@@ -218,6 +225,7 @@ fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
             "scrape_bytes": bytes,
         }))
     })();
+
     // SAFETY: kill(2) of our child, not yet reaped.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let st = child.wait()?;
@@ -225,24 +233,25 @@ fn serve_run(bin: &Path, out: &Path, size: Size) -> Result<()> {
     if !st.success() {
         bail!("serve ended with {st} after SIGTERM");
     }
+
     fs::write(out.join("serve.json"), serde_json::to_string_pretty(&v)?)?;
     Ok(())
 }
 
 /// The kernel the VM parts boot: the image given (`--kernel-image`), or Debian's `kernel`.
 fn vm_kernel(kernel: &str, own: Option<&kernels::Kernel>) -> Result<kernels::Kernel> {
-    let k = match own {
+    let boot_kernel = match own {
         Some(k) => k.clone(),
         None => kernels::fetch(kernels::select(kernel)?[0])?,
     };
-    if k.spec.arch != kernels::Arch::X86_64 {
+    if boot_kernel.spec.arch != kernels::Arch::X86_64 {
         bail!(
             "the bench boots x86_64 kernels only: {} is {}",
-            k.spec.short,
-            k.spec.arch.debian()
+            boot_kernel.spec.short,
+            boot_kernel.spec.arch.debian()
         );
     }
-    Ok(k)
+    Ok(boot_kernel)
 }
 
 fn vm_run(
@@ -252,7 +261,7 @@ fn vm_run(
     kernel: &kernels::Kernel,
     accel: Accel,
 ) -> Result<()> {
-    let k = kernel;
+    let guest_kernel = kernel;
     let script = format!(
         "BACKENDS='{}'\nPAIRS={}\nREPEATS={}\nHACKBENCH='{}'\nDAEMON_HACKBENCH='{}'\n{}",
         size.vm_backends.join(" "),
@@ -262,10 +271,10 @@ fn vm_run(
         size.vm_hackbench,
         include_str!("../guest/bench.sh")
     );
-    let r = vm::run(
-        k,
+    let result = vm::run(
+        guest_kernel,
         &VmSpec {
-            name: format!("{}-bench", k.spec.short),
+            name: format!("{}-bench", guest_kernel.spec.short),
             script,
             bins: vec![bin.to_path_buf(), crate::hackbench()?],
             accel,
@@ -286,16 +295,18 @@ fn vm_run(
             nmis: None,
         },
     )?;
-    if !r.success {
+    if !result.success {
         bail!(
             "the bench VM failed: {}\n{}",
-            r.failure.clone().unwrap_or_default(),
-            r.tail(40)
+            result.failure.clone().unwrap_or_default(),
+            result.tail(40)
         );
     }
-    for e in fs::read_dir(&r.out_dir)?.flatten() {
+
+    for e in fs::read_dir(&result.out_dir)?.flatten() {
         fs::copy(e.path(), out.join(e.file_name()))?;
     }
+
     fs::write(out.join("clock.txt"), clock_label(accel))?;
     Ok(())
 }
@@ -318,8 +329,10 @@ fn peer_run(
     // boots on its own, and a round whose boot fails is run again, twice at most in a bench.
     let icount = (accel == Accel::Tcg).then_some(0);
     let mut retried: Vec<String> = Vec::new();
+
     // Rounds run again by this loop (the harness's own reboots are not counted against it).
     let mut reruns = 0;
+
     // Rounds 1..=rounds, then the calibration (or in the last round's boot).
     let mut round = 1;
     while round <= size.rounds + usize::from(size.calibration_boot) {
@@ -328,31 +341,36 @@ fn peer_run(
         } else {
             format!("round {round}")
         };
-        let r = vm::run(kernel, &peer_spec(bin, size, kernel, accel, icount, round)?)?;
+        let result = vm::run(kernel, &peer_spec(bin, size, kernel, accel, icount, round)?)?;
+
         // The harness's own second boot after an emulation fault (`vm::run`).
-        for f in &r.emulation_faults {
+        for f in &result.emulation_faults {
             retried.push(format!(
                 "{what}: QEMU emulation fault ({f}), booted again by the harness"
             ));
         }
-        if !r.success {
-            let why = r.failure.clone().unwrap_or_default();
+
+        if !result.success {
+            let why = result.failure.clone().unwrap_or_default();
             if reruns < 2 {
                 reruns += 1;
                 eprintln!("xtask: the comparison's {what} failed ({why}); booting again for it");
                 retried.push(format!("{what}: {why}"));
                 continue;
             }
+
             bail!(
                 "the bench's comparison VM failed in {what}: {why} (after {} more boots: {})\n{}",
                 retried.len(),
                 retried.join("; "),
-                r.tail(40)
+                result.tail(40)
             );
         }
-        gather_peer_round(&r.out_dir, out)?;
+
+        gather_peer_round(&result.out_dir, out)?;
         round += 1;
     }
+
     // How the rounds were clocked, and the boots run again, for the report (a later bench
     // may reuse this part).
     fs::write(out.join("clock.txt"), clock_label(accel))?;
@@ -434,13 +452,13 @@ fn clock_label(accel: Accel) -> &'static str {
 /// `record --attach auto` on each kernel of the matrix; leaves `<kernel>.json` in `out`.
 fn loss_run(bin: &Path, out: &Path, size: Size, accel: Accel) -> Result<()> {
     for spec in kernels::select_for(size.loss_kernels, Some(kernels::Arch::X86_64))? {
-        let k = kernels::fetch(spec)?;
+        let kernel = kernels::fetch(spec)?;
         let script = format!(
             "memcg-trace record --attach auto -q -o /out/auto.json -- hackbench {} >/out/auto.txt\n",
             size.vm_hackbench
         );
-        let r = vm::run(
-            &k,
+        let result = vm::run(
+            &kernel,
             &VmSpec::plain(
                 format!("{}-loss", spec.short),
                 script,
@@ -448,16 +466,17 @@ fn loss_run(bin: &Path, out: &Path, size: Size, accel: Accel) -> Result<()> {
                 accel,
             ),
         )?;
-        if !r.success {
+        if !result.success {
             bail!(
                 "the loss run on {} failed: {}\n{}",
                 spec.short,
-                r.failure.clone().unwrap_or_default(),
-                r.tail(40)
+                result.failure.clone().unwrap_or_default(),
+                result.tail(40)
             );
         }
+
         fs::copy(
-            r.out_dir.join("auto.json"),
+            result.out_dir.join("auto.json"),
             out.join(format!("{}.json", spec.short)),
         )?;
     }
@@ -477,8 +496,9 @@ fn loss_rows(dir: &Path, rows: &mut Vec<Row>) -> Result<serde_json::Value> {
         if !path.exists() {
             continue;
         }
-        let v = read(&path)?;
-        let shares = loss_shares(&v);
+
+        let recording = read(&path)?;
+        let shares = loss_shares(&recording);
         let worst = |pick: fn(&ProbeLoss) -> u64| {
             shares
                 .iter()
@@ -517,7 +537,7 @@ fn loss_rows(dir: &Path, rows: &mut Vec<Row>) -> Result<serde_json::Value> {
             serde_json::json!({
                 "worst_tracer_share": tracer,
                 "worst_kprobe_missed_share": kprobe,
-                "probes": v.pointer("/probes").cloned(),
+                "probes": recording.pointer("/probes").cloned(),
             }),
         );
     }
@@ -668,6 +688,7 @@ impl Round {
 /// The comparison's figures from its output directory: in steps, each a group of rows.
 fn peer_rows(dir: &Path, kernel: &str, rows: &mut Vec<Row>) -> Result<serde_json::Value> {
     let rounds = peer_rounds(dir)?;
+
     // Runs before the clock was recorded were host-clocked TCG.
     let clock = fs::read_to_string(dir.join("clock.txt")).unwrap_or_else(|_| "TCG".into());
     let peer = Peer {
@@ -701,6 +722,7 @@ fn peer_rounds(dir: &Path) -> Result<Vec<Round>> {
         ))
     };
     let mut rounds = Vec::new();
+
     // The rounds the guest ran (a part reused from an earlier bench may have another count).
     let n_rounds = (1..)
         .take_while(|r| dir.join(format!("peer-{r}-U.txt")).exists())
@@ -726,6 +748,7 @@ fn peer_rounds(dir: &Path) -> Result<Vec<Round>> {
         for (i, v) in VARIANTS.iter().enumerate() {
             seconds[i] = if i < 5 { time(r, v)? } else { time_if(r, v)? };
         }
+
         let [untraced, bpftrace, fentry, kprobe, empty, funclatency, charge_fentry, charge_kprobe] =
             seconds;
         let bt = fs::read_to_string(dir.join(format!("peer-{r}-B.bt"))).unwrap_or_default();
@@ -795,15 +818,15 @@ impl Peer<'_> {
                 format!("{:.2}-{:.2} us", lo / 1e3, hi / 1e3)
             }
         };
-        let v = self.col(i);
+        let costs = self.col(i);
         Row {
             figure: format!(
                 "full cost per traced call{what}, {name} (median; spread of {} rounds)",
-                v.len()
+                costs.len()
             ),
             place: self.place.clone(),
-            value: match median(&v) {
-                Some(m) => format!("{:.2} us; {}", m / 1e3, spread(&v)),
+            value: match median(&costs) {
+                Some(m) => format!("{:.2} us; {}", m / 1e3, spread(&costs)),
                 None => "-".into(),
             },
             target: "report".into(),
@@ -878,6 +901,7 @@ impl Peer<'_> {
         ratio_json: &mut serde_json::Map<String, serde_json::Value>,
     ) {
         let hangs = self.boot_rows(rows);
+
         // Both tools trace the same functions on the same workload: their call counts must agree,
         // or the rounds compare different work (bpftrace misses what its programs skip).
         // A bpftrace killed after it would not leave printed no histogram (see peer.sh).
@@ -897,22 +921,23 @@ impl Peer<'_> {
             verdict: verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
         });
         for (i, name, target) in [(1, "fentry", true), (2, "kprobe", false)] {
-            let v = self.bpftrace_ratios(i);
-            let m = median(&v);
-            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let ratios = self.bpftrace_ratios(i);
+            let median_ratio = median(&ratios);
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+
             // The target is set for 6.12 with fentry; elsewhere the ratio is reported. A verdict
             // needs most rounds to count.
             let judged = target
                 && self.kernel == "6.12"
-                && v.len() * 2 > self.rounds.len()
+                && ratios.len() * 2 > self.rounds.len()
                 && self.rounds.len() >= 3;
             rows.push(Row {
                 figure: format!(
                     "full cost per call, memcg-trace {name} / bpftrace (median; range)"
                 ),
                 place: self.place.clone(),
-                value: match m {
+                value: match median_ratio {
                     Some(m) => format!("{m:.2}x; {lo:.2}-{hi:.2}x"),
                     None => "-".into(),
                 },
@@ -922,14 +947,14 @@ impl Peer<'_> {
                     "report".into()
                 },
                 verdict: if judged {
-                    verdict(m.map(|m| m <= 0.5))
+                    verdict(median_ratio.map(|m| m <= 0.5))
                 } else {
                     "reported"
                 },
             });
             ratio_json.insert(
                 name.into(),
-                serde_json::json!({"per_round": v, "median": m}),
+                serde_json::json!({"per_round": ratios, "median": median_ratio}),
             );
         }
     }
@@ -963,6 +988,7 @@ impl Peer<'_> {
             "fentry_above_floor".into(),
             serde_json::json!({"per_round": above, "median": median(&above)}),
         );
+
         // What memcg-trace's fentry programs add above the empty pair, against that pair's own
         // cost (the trampoline and two program calls): from the medians of the rounds, since one
         // round's floor is a small difference of two run times (one round read 0.01 us).
@@ -1019,6 +1045,7 @@ impl Peer<'_> {
             ] {
                 rows.push(self.cost_row(i, name, &format!(" on {} alone", func.trim())));
             }
+
             let agree: Vec<f64> = charge_rounds
                 .iter()
                 .filter(|r| r.calls[4] > 0)
@@ -1034,36 +1061,37 @@ impl Peer<'_> {
                 target: "0.9-1.1".into(),
                 verdict: verdict(agree_m.map(|m| (0.9..=1.1).contains(&m))),
             });
+
             // Issue 38's targets: fentry at most 0.75x funclatency's cost, kprobe (what `auto`
             // runs on preemptible kernels) at most 1.0x; judged on 6.12 with most of 3 or more
             // rounds counting.
             for (i, name, target) in [(5, "fentry", 0.75), (6, "kprobe", 1.0)] {
-                let v: Vec<f64> = charge_rounds
+                let ratios: Vec<f64> = charge_rounds
                     .iter()
                     .filter_map(|r| {
                         let (a, b) = (r.per_call_ns[i]?, r.per_call_ns[4]?);
                         (a > 0.0 && b > 0.0).then(|| a / b)
                     })
                     .collect();
-                let m = median(&v);
-                let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-                let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let median_ratio = median(&ratios);
+                let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let judged = self.kernel == "6.12"
-                    && v.len() * 2 > charge_rounds.len()
+                    && ratios.len() * 2 > charge_rounds.len()
                     && charge_rounds.len() >= 3;
                 rows.push(Row { figure: format!(
                         "full cost per call on charge alone, memcg-trace {name} / funclatency (median; range)"
-                    ), place: self.place.clone(), value: match m {
+                    ), place: self.place.clone(), value: match median_ratio {
                         Some(m) => format!("{m:.2}x; {lo:.2}-{hi:.2}x"),
                         None => "-".into(),
                     }, target: format!("<= {target:.2}x"), verdict: if judged {
-                        verdict(m.map(|m| m <= target))
+                        verdict(median_ratio.map(|m| m <= target))
                     } else {
                         "reported"
                     } });
                 ratio_json.insert(
                     format!("charge_{name}_vs_funclatency"),
-                    serde_json::json!({"per_round": v, "median": m}),
+                    serde_json::json!({"per_round": ratios, "median": median_ratio}),
                 );
             }
         }
@@ -1082,6 +1110,7 @@ impl Peer<'_> {
                 if matches!(v, "C" | "Q") {
                     continue;
                 }
+
                 bail!("the calibration run cal-{v}.json is missing");
             };
             let ns = recording_ns_per_call(&doc);
@@ -1091,6 +1120,7 @@ impl Peer<'_> {
                 "C" => "fentry on charge alone",
                 _ => "kprobe on charge alone",
             };
+
             // Against the peer that traced the same functions: bpftrace, or funclatency on charge.
             let (peer, peer_ns) = if matches!(v, "C" | "Q") {
                 ("funclatency", l_ns)
@@ -1105,6 +1135,7 @@ impl Peer<'_> {
             );
             cal.insert(name.into(), serde_json::json!({"ns_per_call": ns}));
         }
+
         rows.push(Row {
             figure: "programs' own time per traced call (bpf stats on, calibration run)".into(),
             place: self.place.clone(),
@@ -1203,6 +1234,7 @@ fn recording_ns_per_call(doc: &serde_json::Value) -> Option<f64> {
             .unwrap_or(0);
         n += prog.get("run_cnt").and_then(|x| x.as_u64()).unwrap_or(0);
     }
+
     ratio_opt(t as f64, (n / 2) as f64)
 }
 
@@ -1226,19 +1258,19 @@ fn peer_table(peer: &serde_json::Value) -> String {
         .into_iter()
         .flatten()
     {
-        let s = |i: usize| {
+        let seconds = |i: usize| {
             r.pointer(&format!("/seconds/{i}"))
                 .and_then(|x| x.as_f64())
                 .map(|x| format!("{x:.2} s"))
                 .unwrap_or("-".into())
         };
-        let c = |i: usize| {
+        let per_call = |i: usize| {
             r.pointer(&format!("/per_call_ns/{i}"))
                 .and_then(|x| x.as_f64())
                 .map(|x| format!("{:.2} us", x / 1e3))
                 .unwrap_or("-".into())
         };
-        let cells: Vec<String> = (0..8).map(s).chain((0..7).map(c)).collect();
+        let cells: Vec<String> = (0..8).map(seconds).chain((0..7).map(per_call)).collect();
         let _ = writeln!(
             md,
             "| {} | {} |",
@@ -1290,6 +1322,7 @@ fn rows_for(
         backend_rows(&v, b, place, host, rows);
         json.insert(format!("bench_{b}"), v);
     }
+
     for tick in ["1s", "100ms"] {
         let v = read(&dir.join(format!("daemon-{tick}.json")))?;
         daemon_rows(&v, tick, dir, place, host, rows);
@@ -1429,6 +1462,7 @@ fn programs_row(v: &serde_json::Value, b: &str, place: &str) -> Option<Row> {
         if progs.is_empty() {
             return None;
         }
+
         let sum = |k: &str| -> u64 { progs.iter().filter_map(|c| c.get(k)?.as_u64()).sum() };
         Some(format!(
             "{} insns, {} B jited, {} helper call sites",
@@ -1475,11 +1509,13 @@ fn daemon_rows(
     if !one_second {
         return;
     }
+
     if host {
         if let Ok(s) = read(&dir.join("serve.json")) {
             rows.extend(serve_rows(&s, place));
         }
     }
+
     rows.extend(daemon_1s_rows(v, place, host));
 }
 
@@ -1604,6 +1640,7 @@ fn run_parts(
         if parts.contains(&Part::Vm) || parts.contains(&Part::Peer) {
             vm_kernel(kernel, own)?;
         }
+
         // Two guests at a time: the VM part's boot, then the loss part's, beside the peer
         // part's.
         std::thread::scope(|s| {
@@ -1697,10 +1734,12 @@ impl PartRun<'_> {
 
     fn loss(&self) -> Result<()> {
         let size = self.size;
+
         // The loss part is optional (it boots every kernel): not run and never run, no rows.
         if !self.parts.contains(&Part::Loss) && !self.dirs.loss.exists() {
             fs::create_dir_all(&self.dirs.loss)?;
         }
+
         if self.fresh(Part::Loss, &self.dirs.loss)? {
             eprintln!(
                 "bench: calls lost with auto on kernels {} (hackbench {})",
@@ -1742,6 +1781,7 @@ pub fn bench(
     )?;
     let md = report_markdown(&rows, &report["peer"], &dirs.peer, kernel, own, smoke);
     fs::write(root.join("report.md"), &md)?;
+
     // The full run's report is the project's page of measured figures: written here, never by
     // hand, stamped with the commit it measured. Only when this run measured every part on
     // Debian's kernel: parts reused from older runs, or a kernel the user built, would go out
@@ -1766,6 +1806,7 @@ pub fn bench(
             r.figure, r.place, r.value, r.target, r.verdict
         );
     }
+
     summary.push('\n');
     summary.push_str(&peer_table(&report["peer"]));
     println!("{summary}");
@@ -1779,6 +1820,7 @@ pub fn bench(
 fn report_rows(dirs: &PartDirs, kernel: &str, size: Size) -> Result<(Vec<Row>, serde_json::Value)> {
     let mut rows = Vec::new();
     let host = rows_for(&dirs.host, "host", &["tracepoint"], true, &mut rows)?;
+
     // Runs before the clock was recorded were host-clocked TCG.
     let vm_clock = fs::read_to_string(dirs.vm.join("clock.txt")).unwrap_or_else(|_| "TCG".into());
     let vm = rows_for(
@@ -1797,6 +1839,7 @@ fn report_rows(dirs: &PartDirs, kernel: &str, size: Size) -> Result<(Vec<Row>, s
             }
         }
     }
+
     let report = serde_json::json!({
         "host": host,
         "vm": { "kernel": kernel, "results": vm },
@@ -1834,6 +1877,7 @@ fn report_markdown(
             r.figure, r.place, r.value, r.target, r.verdict
         );
     }
+
     let _ = write!(
         md,
         "\n## memcg-trace and bpftrace, one boot of {kernel} ({})\n\nhackbench {} per run; full cost per call = (traced - untraced seconds of the round) / the calls of the round's run (counted by the fentry recording; kprobe: its own).\n\n{}",
@@ -1919,7 +1963,7 @@ mod tests {
     /// one row of before reported as the tracer's 1.24%).
     #[test]
     fn loss_is_split_into_the_tracer_s_and_the_kprobe_misses() {
-        let v = serde_json::json!({"probes": [
+        let recording = serde_json::json!({"probes": [
             {"name": "rstat", "backend": "kprobe", "count": 63919, "lost": 0, "lost_upper": 803,
              "recursion_misses": 0, "kprobe_missed": 803},
             {"name": "stat", "backend": "fentry", "count": 990, "lost": 4, "lost_upper": 10,
@@ -1928,7 +1972,7 @@ mod tests {
             {"name": "charge", "backend": "kprobe", "count": 1000, "lost": 1,
              "recursion_misses": 0, "kprobe_missed": 2},
         ]});
-        let l = loss_shares(&v);
+        let l = loss_shares(&recording);
         assert_eq!((l[0].tracer, l[0].kprobe, l[0].calls()), (0, 803, 64722));
         assert_eq!((l[1].tracer, l[1].kprobe, l[1].calls()), (10, 0, 1000));
         assert!((l[1].share(l[1].tracer) - 0.01).abs() < 1e-12);
@@ -1936,7 +1980,7 @@ mod tests {
         let dir =
             std::env::temp_dir().join(format!("memcg-trace-loss-rows-{}", std::process::id()));
         fs::create_dir_all(&dir).expect("a temporary directory");
-        fs::write(dir.join("7.3.json"), v.to_string()).expect("written");
+        fs::write(dir.join("7.3.json"), recording.to_string()).expect("written");
         let mut rows = Vec::new();
         let got = loss_rows(&dir, &mut rows);
         let _ = fs::remove_dir_all(&dir);
@@ -1962,6 +2006,7 @@ mod tests {
         let bt = "Attaching 6 probes...\n\n\n@ns1: \n[512, 1K)              4 |          |\n[1K, 2K)           17052 |@@@@@@@@@@|\n\n@ns3: \n[2M, 4M)               9 |          |\n[4M, 8M)               0 |          |\n";
         assert_eq!(bpftrace_hist_total(bt), 4 + 17052 + 9);
         assert_eq!(bpftrace_hist_total("Attaching 6 probes...\n"), 0);
+
         // libbpf-tools' log2 histogram.
         let fl = "Tracing obj_cgroup_charge.  Hit Ctrl-C to exit\n\n     nsec                : count    distribution\n         0 -> 1          : 0        |                                        |\n       256 -> 511        : 81016    |****************************************|\n      8192 -> 16383      : 12       |                                        |\n\navg = 512 nsec, total: 41489920 nsec, count: 81028\nExiting trace of obj_cgroup_charge\n";
         assert_eq!(funclatency_hist_total(fl), 81016 + 12);

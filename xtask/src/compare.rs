@@ -40,6 +40,7 @@ pub fn kmem_runs(
     out: &Path,
 ) -> Result<KmemRuns> {
     let mut nokmem = kernel.clone();
+
     // One process, a handful of boots: the leaked string lives as long as it must.
     nokmem.spec.cmdline = Box::leak(
         format!("{} {NOKMEM}", kernel.spec.cmdline)
@@ -88,7 +89,7 @@ pub fn ab_runs(
                 "compare: {side} run {i}/{runs}: {} ({})",
                 k.release, k.spec.cmdline
             );
-            let r = vm::run(
+            let result = vm::run(
                 k,
                 &VmSpec::plain(
                     format!(
@@ -102,17 +103,18 @@ pub fn ab_runs(
                     accel,
                 ),
             )?;
-            if !r.success {
+            if !result.success {
                 bail!(
                     "{side} run {i}: {}\n--- last console lines ({}) ---\n{}",
-                    r.failure.clone().unwrap_or_default(),
-                    r.log.display(),
-                    r.tail(40)
+                    result.failure.clone().unwrap_or_default(),
+                    result.log.display(),
+                    result.tail(40)
                 );
             }
-            check_booted(&r.out_dir, &sides, k, side, i)?;
+
+            check_booted(&result.out_dir, &sides, k, side, i)?;
             let dst = out.join(format!("{side}-{i}.json"));
-            fs::copy(r.out_dir.join("run.json"), &dst)?;
+            fs::copy(result.out_dir.join("run.json"), &dst)?;
             if n == 0 {
                 runs_out.a.push(dst);
             } else {
@@ -149,7 +151,9 @@ fn check_booted(
     {
         bail!("{side} run {i} booted with the wrong command line: {cmdline}");
     }
+
     let release = fs::read_to_string(out_dir.join("release"))?;
+
     // An image whose release could not be read is named `own`.
     if k.release != "own" && release.trim() != k.release {
         bail!(

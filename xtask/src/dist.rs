@@ -64,6 +64,7 @@ pub fn dist() -> Result<Dist> {
     let out = root.join("target/dist");
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out)?;
+
     // Man pages and completions from this machine's binary: the command line is the same on
     // every architecture.
     let host = build_release_for(Arch::X86_64)?;
@@ -76,6 +77,7 @@ pub fn dist() -> Result<Dist> {
         files.push(tarball(&out, arch, &bin, &generated)?);
         files.push(deb(&out, arch, &bin, &generated)?);
     }
+
     let names: Vec<String> = files
         .iter()
         .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
@@ -91,6 +93,7 @@ pub fn dist() -> Result<Dist> {
             String::from_utf8_lossy(&sums.stderr)
         );
     }
+
     fs::write(out.join("SHA256SUMS"), &sums.stdout)?;
     let _ = fs::remove_dir_all(&generated);
     Ok(Dist { files, dir: out })
@@ -106,6 +109,7 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
     if let Some(d) = to.parent() {
         fs::create_dir_all(d)?;
     }
+
     fs::copy(from, to).with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
     Ok(())
 }
@@ -114,6 +118,7 @@ fn write(to: &Path, text: &str) -> Result<()> {
     if let Some(d) = to.parent() {
         fs::create_dir_all(d)?;
     }
+
     fs::write(to, text).with_context(|| format!("write {}", to.display()))
 }
 
@@ -173,32 +178,36 @@ fn tarball(out: &Path, arch: Arch, bin: &Path, generated: &Path) -> Result<PathB
     let root = workspace_root();
     let top = format!("memcg-trace-{VERSION}-{}-linux-gnu", triple_arch(arch));
     let stage = out.join(format!("stage-{}", triple_arch(arch)));
-    let t = stage.join(&top);
-    copy(bin, &t.join("bin/memcg-trace"))?;
+    let top_dir = stage.join(&top);
+    copy(bin, &top_dir.join("bin/memcg-trace"))?;
     for (name, page) in man_pages(generated)? {
-        copy(&page, &t.join("share/man/man1").join(name))?;
+        copy(&page, &top_dir.join("share/man/man1").join(name))?;
     }
+
     for (made, at, _) in COMPLETIONS {
         copy(
             &generated.join("completions").join(made),
-            &t.join("share").join(at),
+            &top_dir.join("share").join(at),
         )?;
     }
+
     copy(
         &root.join("contrib/memcg-trace.service"),
-        &t.join("contrib/memcg-trace.service"),
+        &top_dir.join("contrib/memcg-trace.service"),
     )?;
     for f in ["memcg-trace.rules.yml", "memcg-trace.rules.test.yml"] {
         copy(
             &root.join("contrib/prometheus").join(f),
-            &t.join("contrib/prometheus").join(f),
+            &top_dir.join("contrib/prometheus").join(f),
         )?;
     }
-    copy(&root.join("README.md"), &t.join("README.md"))?;
-    copy(&root.join("CHANGELOG.md"), &t.join("CHANGELOG.md"))?;
+
+    copy(&root.join("README.md"), &top_dir.join("README.md"))?;
+    copy(&root.join("CHANGELOG.md"), &top_dir.join("CHANGELOG.md"))?;
     for f in LICENSES {
-        copy(&root.join(f), &t.join(f))?;
+        copy(&root.join(f), &top_dir.join(f))?;
     }
+
     let path = tar_gz(out, &tarball_name(arch), &stage, &top)?;
     fs::remove_dir_all(&stage)?;
     Ok(path)
@@ -249,6 +258,7 @@ fn gzip_to(from: &Path, to: &Path) -> Result<()> {
     if let Some(d) = to.parent() {
         fs::create_dir_all(d)?;
     }
+
     let gz = Command::new("gzip")
         .args(["-9n", "-c"])
         .arg(from)
@@ -261,6 +271,7 @@ fn gzip_to(from: &Path, to: &Path) -> Result<()> {
             String::from_utf8_lossy(&gz.stderr)
         );
     }
+
     fs::write(to, gz.stdout)?;
     Ok(())
 }
@@ -275,12 +286,14 @@ fn deb(out: &Path, arch: Arch, bin: &Path, generated: &Path) -> Result<PathBuf> 
             &stage.join("usr/share/man/man1").join(format!("{name}.gz")),
         )?;
     }
+
     for (made, _, at) in COMPLETIONS {
         copy(
             &generated.join("completions").join(made),
             &stage.join("usr/share").join(at),
         )?;
     }
+
     // Installed, not enabled: serving figures is the administrator's choice.
     write(
         &stage.join("lib/systemd/system/memcg-trace.service"),
@@ -296,6 +309,7 @@ fn deb(out: &Path, arch: Arch, bin: &Path, generated: &Path) -> Result<PathBuf> 
             &doc.join("prometheus").join(f),
         )?;
     }
+
     let size_kib = du_kib(&stage)?;
     write(
         &stage.join("DEBIAN/control"),
@@ -412,6 +426,7 @@ pub const GUESTS: &[(&str, Arch)] = &[
 /// in its out directory; a failure shows the end of the guest's console.
 pub fn check_in_guests(d: &Dist, accel: crate::vm::Accel) -> Result<()> {
     let hackbench = crate::hackbench()?;
+
     // Two guests at a time (each boot is one host thread under TCG), the longest (arm64, the
     // last) first.
     let queue = std::sync::Mutex::new(GUESTS.to_vec());
@@ -455,7 +470,7 @@ fn check_in_guest(
         .replace("@ARCH@", deb_arch(arch))
         .replace("@DEB@", &deb_name(arch))
         .replace("@TARBALL@", &tarball_name(arch));
-    let r = crate::vm::run(
+    let guest = crate::vm::run(
         &kernel,
         &crate::vm::VmSpec {
             name: format!("{}-dist", spec.short),
@@ -474,35 +489,38 @@ fn check_in_guest(
             nmis: None,
         },
     )?;
-    if !r.success {
+    if !guest.success {
         bail!(
             "installing {} in the {} guest failed: {}\n--- last console lines ({}) ---\n{}",
             deb_name(arch),
             spec.short,
-            r.failure.clone().unwrap_or_default(),
-            r.log.display(),
-            r.tail(40)
+            guest.failure.clone().unwrap_or_default(),
+            guest.log.display(),
+            guest.tail(40)
         );
     }
-    let version = fs::read_to_string(r.out_dir.join("version.txt")).unwrap_or_default();
-    let tarball = fs::read_to_string(r.out_dir.join("tarball-version.txt")).unwrap_or_default();
+
+    let version = fs::read_to_string(guest.out_dir.join("version.txt")).unwrap_or_default();
+    let tarball = fs::read_to_string(guest.out_dir.join("tarball-version.txt")).unwrap_or_default();
     if !version.contains(VERSION) || version != tarball {
         bail!(
             "the {} guest: the package's binary says {version:?}, the tarball's {tarball:?}",
             spec.short
         );
     }
-    let rec = fs::read_to_string(r.out_dir.join("record.json")).unwrap_or_default();
+
+    let rec = fs::read_to_string(guest.out_dir.join("record.json")).unwrap_or_default();
     if !rec.contains("\"probes\"") {
         bail!("the {} guest's recording: {rec:.200}", spec.short);
     }
+
     eprintln!(
         "dist: {} installed and run in the {} {} guest ({:.0} s; files in {})",
         deb_name(arch),
         spec.short,
         arch.debian(),
-        r.elapsed.as_secs_f64(),
-        r.out_dir.display()
+        guest.elapsed.as_secs_f64(),
+        guest.out_dir.display()
     );
     Ok(())
 }

@@ -286,6 +286,7 @@ pub(crate) fn private_apt(
     if !Path::new(keyring).exists() {
         bail!("{keyring} is missing: apt-get install debian-archive-keyring");
     }
+
     fs::create_dir_all(dir.join("lists/partial"))?;
     fs::create_dir_all(dir.join("cache/archives/partial"))?;
     let list = dir.join("sources.list");
@@ -299,6 +300,7 @@ pub(crate) fn private_apt(
             "deb [signed-by={keyring}] {mirror}/debian {suite}-backports main\n"
         ));
     }
+
     fs::write(&list, sources)?;
     let opts = vec![
         format!("-oAPT::Architecture={}", arch.debian()),
@@ -418,24 +420,25 @@ fn unpack_into(dir: &Path, pkgs: &[String], opts: &[String]) -> Result<String> {
             .arg(deb.path())
             .arg(work.join("root")))?;
     }
+
     let root = work.join("root");
-    let z =
+    let vmlinuz =
         find_file(&root, "vmlinuz").ok_or_else(|| anyhow!("no vmlinuz in {}", pkgs.join(" ")))?;
-    let c = find_file(&root, "config")
+    let config = find_file(&root, "config")
         .ok_or_else(|| anyhow!("no kernel config in {}", pkgs.join(" ")))?;
     // boot/vmlinuz-<release> or usr/lib/modules/<release>/vmlinuz.
-    let release = match z.file_name().and_then(|n| n.to_str()) {
+    let release = match vmlinuz.file_name().and_then(|n| n.to_str()) {
         Some(n) if n.starts_with("vmlinuz-") => n["vmlinuz-".len()..].to_string(),
-        _ => z
+        _ => vmlinuz
             .parent()
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().into_owned())
-            .ok_or_else(|| anyhow!("cannot tell the release of {}", z.display()))?,
+            .ok_or_else(|| anyhow!("cannot tell the release of {}", vmlinuz.display()))?,
     };
     fs::create_dir_all(dir)?;
-    fs::copy(&c, dir.join("config"))?;
+    fs::copy(&config, dir.join("config"))?;
     fs::write(dir.join("release"), &release)?;
-    fs::copy(&z, dir.join("vmlinuz.tmp"))?;
+    fs::copy(&vmlinuz, dir.join("vmlinuz.tmp"))?;
     fs::rename(dir.join("vmlinuz.tmp"), dir.join("vmlinuz"))?;
     let _ = fs::remove_dir_all(&work);
     Ok(release)
@@ -466,12 +469,14 @@ pub fn fetch(spec: &KernelSpec) -> Result<Kernel> {
     if let Some(k) = cached(spec, &[&pinned, &series]) {
         return Ok(k);
     }
+
     // One fetch at a time (they share the apt state, and a release's work directory): one
     // that waited finds the kernel there.
     let _lock = crate::cache_lock("kernels")?;
     if let Some(k) = cached(spec, &[&pinned, &series]) {
         return Ok(k);
     }
+
     eprintln!(
         "xtask: fetching kernel {} ({})",
         spec.short,
@@ -540,11 +545,13 @@ pub fn modules(kernel: &Kernel, names: &[&str]) -> Result<Vec<PathBuf>> {
     if let Some(files) = cached() {
         return Ok(files);
     }
+
     // As kernels are fetched: one at a time.
     let _lock = crate::cache_lock("kernels")?;
     if let Some(files) = cached() {
         return Ok(files);
     }
+
     eprintln!(
         "xtask: fetching modules {} of kernel {}",
         names.join(", "),
@@ -558,8 +565,10 @@ pub fn modules(kernel: &Kernel, names: &[&str]) -> Result<Vec<PathBuf>> {
         if !found.contains_key(&n.replace('-', "_")) {
             bail!("kernel {} has no module {n}", kernel.release);
         }
+
         copy_with_depends(n, &found, &dir, &mut loaded)?;
     }
+
     fs::write(&order, loaded.join("\n"))?;
     let _ = fs::remove_dir_all(&work);
     Ok(loaded.iter().map(|l| dir.join(l)).collect())
@@ -572,10 +581,12 @@ fn unpack_module_packages(kernel: &Kernel, work: &Path) -> Result<HashMap<String
     let _ = fs::remove_dir_all(work);
     fs::create_dir_all(work.join("debs"))?;
     let mut pkgs: Vec<String> = kernel.spec.packages.iter().map(|p| p.to_string()).collect();
+
     // From 6.19 on the image's package holds no module: they are in linux-modules-<release>.
     if pkgs.iter().any(|p| p.starts_with("linux-binary-")) {
         pkgs.push(format!("linux-modules-{}", kernel.release));
     }
+
     run(Command::new("apt-get")
         .current_dir(work.join("debs"))
         .args(&opts)
@@ -587,6 +598,7 @@ fn unpack_module_packages(kernel: &Kernel, work: &Path) -> Result<HashMap<String
             .arg(deb.path())
             .arg(work.join("root")))?;
     }
+
     let mut found = HashMap::new();
     let mut stack = vec![work.join("root")];
     while let Some(d) = stack.pop() {
@@ -616,6 +628,7 @@ fn copy_with_depends(
     if loaded.iter().any(|l| l == &format!("{key}.ko")) {
         return Ok(());
     }
+
     let Some(src) = found.get(&key) else {
         return Ok(());
     };
@@ -628,6 +641,7 @@ fn copy_with_depends(
         if !out.status.success() {
             bail!("xz could not decompress {}", src.display());
         }
+
         out.stdout
     } else {
         fs::read(src)?
@@ -635,6 +649,7 @@ fn copy_with_depends(
     for dep in module_depends(&bytes) {
         copy_with_depends(&dep, found, dir, loaded)?;
     }
+
     fs::write(dir.join(format!("{key}.ko")), &bytes)?;
     loaded.push(format!("{key}.ko"));
     Ok(())
@@ -695,6 +710,7 @@ mod tests {
             let _ = std::io::Write::write_all(&mut std::io::stderr(), b"skipping a_vanished_pinned_kernel_falls_back_to_its_series: needs root (apt-get download)\n");
             return;
         }
+
         let cache = crate::workspace_root().join("target/test-scratch/kernel-fallback");
         let _ = fs::remove_dir_all(&cache);
         std::env::set_var("MEMCG_TRACE_CACHE", &cache);
@@ -707,15 +723,15 @@ mod tests {
             suite: Suite::Host,
             cmdline: "",
         };
-        let k = fetch(&spec).expect("fallback to the newest 6.1 package");
+        let kernel = fetch(&spec).expect("fallback to the newest 6.1 package");
         std::env::remove_var("MEMCG_TRACE_CACHE");
         assert!(
-            k.release.starts_with("6.1.0-") && k.release != "6.1.0-1-amd64",
+            kernel.release.starts_with("6.1.0-") && kernel.release != "6.1.0-1-amd64",
             "{}",
-            k.release
+            kernel.release
         );
-        assert!(k.vmlinuz.exists() && k.config.exists());
-        assert!(k.vmlinuz.starts_with(cache.join("kernels/series-6.1")));
+        assert!(kernel.vmlinuz.exists() && kernel.config.exists());
+        assert!(kernel.vmlinuz.starts_with(cache.join("kernels/series-6.1")));
         let _ = fs::remove_dir_all(&cache);
     }
 }

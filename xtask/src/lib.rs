@@ -32,6 +32,7 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("MEMCG_TRACE_CACHE") {
         return d.into();
     }
+
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
     Path::new(&home).join(".cache/memcg-trace")
 }
@@ -158,11 +159,13 @@ pub fn build_release_for(arch: kernels::Arch) -> Result<PathBuf> {
             {
                 bail!("{ARM64_LINKER} is missing: run `cargo xtask setup` (apt package gcc-aarch64-linux-gnu)");
             }
+
             userland::arm64_sysroot()?
         }
     };
     let target = release_target(arch);
     let mut cmd = Command::new("cargo");
+
     // Without rustup's prebuilt standard library for the target (a machine whose rustup cannot
     // fetch it), the nightly toolchain builds it from its rust-src, as it does for the eBPF
     // crate.
@@ -171,6 +174,7 @@ pub fn build_release_for(arch: kernels::Arch) -> Result<PathBuf> {
         eprintln!("xtask: the Rust target {target} is not installed: building its standard library with nightly (-Z build-std)");
         cmd.arg("+nightly");
     }
+
     cmd.current_dir(&root)
         .env("PATH", llvm_path())
         .env_remove("RUSTFLAGS")
@@ -193,9 +197,11 @@ pub fn build_release_for(arch: kernels::Arch) -> Result<PathBuf> {
             ARM64_LINKER,
         );
     }
+
     if !prebuilt {
         cmd.args(["-Z", "build-std=std,panic_abort"]);
     }
+
     run(&mut cmd).with_context(|| {
         format!("building memcg-trace for {target} (run `cargo xtask setup` if bpf-linker, rust-src or the {target} Rust target is missing)")
     })?;
@@ -271,6 +277,7 @@ pub fn which(name: &str) -> Result<PathBuf> {
             return Ok(p);
         }
     }
+
     bail!(
         "{name} not found: run `cargo xtask setup` ({name} comes with apt package {})",
         match name {

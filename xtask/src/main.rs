@@ -177,6 +177,7 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
+
     // Every command builds, boots or tests: the set-up first, for all of them in this one
     // place, so that each works on a machine that has nothing yet (it checks before it
     // installs, and is quick when everything is there).
@@ -294,14 +295,15 @@ fn demo_cmd(
 /// `cargo xtask dist`: the release files listed, checked, and (`in_guests`) installed and run
 /// in guests.
 fn dist_cmd(in_guests: bool, accel: Accel) -> Result<()> {
-    let d = xtask::dist::dist()?;
-    for f in &d.files {
+    let dist = xtask::dist::dist()?;
+    for f in &dist.files {
         println!("{}", f.display());
     }
-    println!("{}", d.dir.join("SHA256SUMS").display());
-    check_dist(&d)?;
+
+    println!("{}", dist.dir.join("SHA256SUMS").display());
+    check_dist(&dist)?;
     if in_guests {
-        xtask::dist::check_in_guests(&d, accel)?;
+        xtask::dist::check_in_guests(&dist, accel)?;
     }
     Ok(())
 }
@@ -449,7 +451,7 @@ fn vm_cmd(
                 b
             }
         };
-        let r = vm::run(
+        let result = vm::run(
             &k,
             &VmSpec {
                 name: format!("{}-vm", spec.short),
@@ -470,25 +472,26 @@ fn vm_cmd(
                 nmis: None,
             },
         )?;
-        if r.success {
+        if result.success {
             passed += 1;
             eprintln!(
                 "xtask: {} ok in {:.1}s; guest files in {}",
                 spec.short,
-                r.elapsed.as_secs_f64(),
-                r.out_dir.display()
+                result.elapsed.as_secs_f64(),
+                result.out_dir.display()
             );
         } else {
             failed += 1;
             eprintln!(
                 "xtask: {} FAILED: {}\n--- last console lines ({}) ---\n{}",
                 spec.short,
-                r.failure.clone().unwrap_or_default(),
-                r.log.display(),
-                r.tail(40)
+                result.failure.clone().unwrap_or_default(),
+                result.log.display(),
+                result.tail(40)
             );
         }
     }
+
     println!("vm: {passed} passed, {failed} failed");
     if failed > 0 {
         bail!("{failed} VM run(s) failed");
@@ -503,6 +506,7 @@ fn demo(host: bool, kernels: Vec<kernels::Kernel>, accel: Accel, hackbench: &str
     if host {
         return demo_host(&bin, &out, hackbench);
     }
+
     for k in kernels {
         let recordings = demo_vm(&k, &bin, &out, accel, hackbench)?;
         demo_plots(&bin, &out, k.spec.short, &recordings)?;
@@ -524,6 +528,7 @@ fn demo_host(bin: &Path, out: &Path, hackbench: &str) -> Result<()> {
     if !status.success() {
         bail!("memcg-trace record failed: {status}");
     }
+
     println!("demo: the recording is at {}", json.display());
     Ok(())
 }
@@ -538,6 +543,7 @@ fn demo_vm(
     hackbench: &str,
 ) -> Result<Vec<PathBuf>> {
     let spec = k.spec;
+
     // The guest's binary: this machine's, or the one built for the guest's architecture;
     // the plots are drawn here by this machine's.
     let guest_bin = match spec.arch {
@@ -550,7 +556,7 @@ fn demo_vm(
         "Debian's"
     };
     eprintln!("demo: booting {whose} {} kernel under qemu ({accel:?}); memcg-trace records the charge path with fentry, then kprobe, while hackbench {hackbench} runs in a fresh memcg", k.release);
-    let r = vm::run(
+    let result = vm::run(
         k,
         &VmSpec::plain(
             format!("{}-demo", spec.short),
@@ -559,21 +565,22 @@ fn demo_vm(
             accel,
         ),
     )?;
-    if !r.success {
+    if !result.success {
         bail!(
             "the demo VM failed: {}\n{}",
-            r.failure.clone().unwrap_or_default(),
-            r.tail(40)
+            result.failure.clone().unwrap_or_default(),
+            result.tail(40)
         );
     }
+
     let mut recordings = Vec::new();
     for b in ["fentry", "kprobe"] {
-        let txt = fs::read_to_string(r.out_dir.join(format!("{b}.txt")))?;
+        let txt = fs::read_to_string(result.out_dir.join(format!("{b}.txt")))?;
         println!("== {} ({}), --attach {b} ==\n{txt}", spec.short, k.release);
         let dst = out.join(format!("{}-{b}.json", spec.short));
-        fs::copy(r.out_dir.join(format!("{b}.json")), &dst)?;
+        fs::copy(result.out_dir.join(format!("{b}.json")), &dst)?;
         fs::copy(
-            r.out_dir.join(format!("{b}.hlog")),
+            result.out_dir.join(format!("{b}.hlog")),
             out.join(format!("{}-{b}.hlog", spec.short)),
         )?;
         println!("demo: the recording is at {}", dst.display());
@@ -598,6 +605,7 @@ fn demo_plots(bin: &Path, out: &Path, short: &str, recordings: &[PathBuf]) -> Re
     if !status.success() {
         bail!("memcg-trace plot failed: {status}");
     }
+
     println!("demo: plots are in {}", plots.display());
     Ok(())
 }
@@ -608,16 +616,18 @@ fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Res
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
+
     let bin = build_release()?;
     let spec = kernels::select(kernel)?[0];
     if spec.arch != Arch::X86_64 {
         bail!("--compare boots x86_64 kernels only (it has not been run on arm64)");
     }
-    let k = kernels::fetch(spec)?;
+
+    let boot_kernel = kernels::fetch(spec)?;
     let out = workspace_root().join("target/demo/compare");
     let _ = fs::remove_dir_all(&out);
-    let r = xtask::compare::kmem_runs(
-        &k,
+    let recordings = xtask::compare::kmem_runs(
+        &boot_kernel,
         &[bin.clone(), xtask::hackbench()?],
         runs,
         hackbench,
@@ -626,12 +636,12 @@ fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Res
     )?;
     verdict(
         &bin,
-        &r,
+        &recordings,
         &out,
         &format!(
             "{} ({}): A = kmem accounting on, B = {}",
             spec.short,
-            k.release,
+            boot_kernel.release,
             xtask::compare::NOKMEM
         ),
     )
@@ -641,19 +651,19 @@ fn demo_compare(kernel: &str, accel: Accel, hackbench: &str, runs: usize) -> Res
 /// table), and writes it as markdown and JSON beside them.
 fn verdict(bin: &Path, r: &xtask::compare::KmemRuns, out: &Path, title: &str) -> Result<()> {
     let diff = |format: &str| -> Result<String> {
-        let o = Command::new(bin)
+        let output = Command::new(bin)
             .args(["diff", "--format", format])
             .args(&r.a)
             .arg("--")
             .args(&r.b)
             .output()?;
-        if !o.status.success() {
+        if !output.status.success() {
             bail!(
                 "memcg-trace diff failed: {}",
-                String::from_utf8_lossy(&o.stderr)
+                String::from_utf8_lossy(&output.stderr)
             );
         }
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     };
     println!("== {title} ==");
     print!("{}", diff("table")?);
@@ -675,8 +685,10 @@ fn side_kernel(arg: &str) -> Result<kernels::Kernel> {
         for m in &missing {
             eprintln!("xtask: warning: {arg}: {m}");
         }
+
         return Ok(k);
     }
+
     let spec = kernels::select(arg)?;
     match spec.as_slice() {
         [one] => kernels::fetch(one),
@@ -698,14 +710,16 @@ fn demo_compare_kernels(
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
+
     let (ka, kb) = (side_kernel(a)?, side_kernel(b)?);
     if ka.spec.arch != Arch::X86_64 || kb.spec.arch != Arch::X86_64 {
         bail!("--compare boots x86_64 kernels only (it has not been run on arm64)");
     }
+
     let bin = build_release_for(ka.spec.arch)?;
     let out = workspace_root().join("target/demo/compare-kernels");
     let _ = fs::remove_dir_all(&out);
-    let r = xtask::compare::ab_runs(
+    let recordings = xtask::compare::ab_runs(
         [("a", &ka), ("b", &kb)],
         &[bin, xtask::hackbench()?],
         runs,
@@ -715,7 +729,7 @@ fn demo_compare_kernels(
     )?;
     verdict(
         &build_release()?,
-        &r,
+        &recordings,
         &out,
         &format!("A = {a} ({}), B = {b} ({})", ka.release, kb.release),
     )
@@ -740,6 +754,7 @@ fn cargo_test(cmd: &mut Command) -> Result<(u64, u64, bool)> {
         } else {
             println!("{line}");
         }
+
         if let Some(rest) = line.strip_prefix("test result: ") {
             let num = |key: &str| -> u64 {
                 rest.split(';')
@@ -759,6 +774,7 @@ fn cargo_test(cmd: &mut Command) -> Result<(u64, u64, bool)> {
             failed += num(" failed");
         }
     }
+
     let ok = child.wait()?.success();
     Ok((passed, failed, ok))
 }
@@ -794,14 +810,17 @@ impl Tally {
 fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
     let start = Instant::now();
     let root = workspace_root();
+
     // Each step with the time since the start: where a run's minutes go.
     let step = |what: &str| eprintln!("test: [{:>5.0}s] {what}", start.elapsed().as_secs_f64());
     static_checks(&root, &step)?;
     let bin = build_release()?;
+
     // Tests that skip record it here: cargo counts them as passed, we count them as skipped.
     let skip_file = root.join("target/test-skips.tsv");
     let _ = fs::remove_file(&skip_file);
     let selected = kernels::select(kernel)?;
+
     // The arm64 guests run the cross-compiled binary.
     let bin_arm64 = if selected.iter().any(|k| k.arch == Arch::Arm64) {
         Some(build_release_for(Arch::Arm64)?)
@@ -822,13 +841,16 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         .collect::<Vec<_>>()
         .join(",");
     step(&format!("VM matrix ({kernels_env}, {accel:?})"));
+
     // Every kernel's default run leaves the long mode's own VM tests out; a kernel named is run
     // whole.
     let vm = tests.vm(&kernels_env, accel, !long && kernel == "all")?;
     let skips = Skips::read(&skip_file);
+
     // The bench is separate from the tests; its smoke run (one pair) keeps it from rotting.
     step("bench smoke run");
     let bench = Tally::one(bench_smoke(&bin, &selected, accel)).said("bench-smoke");
+
     // The release: made, and what a user installs checked.
     step("dist");
     let dist = Tally::one(
@@ -838,6 +860,7 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
             .is_ok(),
     )
     .said("dist");
+
     // The README's main command, short, so that it does not rot: on the host, and in the long
     // mode in a VM too (CI runs the whole `cargo xtask demo` after the tests: `.ci/run`).
     step(if long {
@@ -846,6 +869,7 @@ fn test(kernel: &str, accel: Accel, long: bool) -> Result<()> {
         "demo (short), on the host"
     });
     let demo = Tally::one(demo_short(long, accel)).said("demo");
+
     // Long runs, short: a minute of record beside a looping workload (30 in the long mode).
     let soak_minutes = if long { 30.0 } else { 1.0 };
     step(&format!("soak ({soak_minutes} minutes)"));
@@ -900,14 +924,14 @@ struct TestEnv<'a> {
 impl TestEnv<'_> {
     /// `cargo ARGS` with the binaries and the skip file in its environment.
     fn cargo(&self, args: &[&str]) -> Command {
-        let mut c = cargo_in(self.root, args);
-        c.env("MEMCG_TRACE_BIN", self.bin)
+        let mut cmd = cargo_in(self.root, args);
+        cmd.env("MEMCG_TRACE_BIN", self.bin)
             .env(
                 "MEMCG_TRACE_BIN_ARM64",
                 self.bin_arm64.unwrap_or(Path::new("")),
             )
             .env("MEMCG_TRACE_SKIP_FILE", self.skip_file);
-        c
+        cmd
     }
 
     /// The workspace's unit tests and the host tests as root (every test but the VM ones).
@@ -951,6 +975,7 @@ impl TestEnv<'_> {
                 args.extend(["--skip", test]);
             }
         }
+
         let (passed, failed, ok) = cargo_test(
             self.cargo(&args)
                 .env("MEMCG_TRACE_KERNELS", kernels)
@@ -1026,12 +1051,15 @@ fn totals(
     for (name, line) in &skips.summaries {
         println!("{name}: {line}");
     }
+
     for (name, why) in &skips.tests {
         println!("skipped: {name}: {why}");
     }
+
     for (name, why) in &skips.cases {
         println!("skipped part: {name}: {why}");
     }
+
     let skipped = skips.tests.len() as u64;
     let vm_skipped = skips
         .tests
@@ -1054,6 +1082,7 @@ fn totals(
     if every.clone().any(|t| !t.ok) || failed > 0 {
         bail!("tests failed");
     }
+
     // In CI (root, every kernel selected) nothing may be skipped: a skip there is a test that
     // silently stopped running.
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
@@ -1076,6 +1105,7 @@ fn check_dist(d: &xtask::dist::Dist) -> Result<()> {
     for arch in [Arch::X86_64, Arch::Arm64] {
         check_packed(d, arch)?;
     }
+
     check_installed(d)?;
     eprintln!("dist: {} checked", d.dir.display());
     Ok(())
@@ -1116,6 +1146,7 @@ fn check_packed(d: &xtask::dist::Dist, arch: Arch) -> Result<()> {
             bail!("{} lacks {want}:\n{list}", tarball_name(arch));
         }
     }
+
     let deb = d.dir.join(deb_name(arch));
     let contents = output(Command::new("dpkg-deb").arg("--contents").arg(&deb))?;
     for want in [
@@ -1129,6 +1160,7 @@ fn check_packed(d: &xtask::dist::Dist, arch: Arch) -> Result<()> {
             bail!("{} lacks {want}:\n{contents}", deb_name(arch));
         }
     }
+
     let depends = output(
         Command::new("dpkg-deb")
             .args(["--field"])
@@ -1158,11 +1190,13 @@ fn check_installed(d: &xtask::dist::Dist) -> Result<()> {
     if !version.contains(VERSION) || !version.contains("commit ") || !version.contains("legacy") {
         bail!("--version says {version:?}");
     }
+
     output(Command::new(&bin).arg("probes"))?;
     let unit = fs::read_to_string(root.join("lib/systemd/system/memcg-trace.service"))?;
     if !unit.contains("ExecStart=/usr/bin/memcg-trace serve") {
         bail!("the packaged unit: {unit}");
     }
+
     let page = output(
         Command::new("man")
             .args(["-l", "-P", "cat"])
@@ -1172,6 +1206,7 @@ fn check_installed(d: &xtask::dist::Dist) -> Result<()> {
     if !page.contains("record") || !page.contains("--duration") {
         bail!("man -l memcg-trace-record.1: {page}");
     }
+
     fs::remove_dir_all(&root)?;
     Ok(())
 }
@@ -1189,7 +1224,7 @@ struct Skips {
 
 impl Skips {
     fn read(path: &Path) -> Skips {
-        let mut s = Skips::default();
+        let mut skips = Skips::default();
         for line in fs::read_to_string(path).unwrap_or_default().lines() {
             let mut f = line.splitn(3, '\t');
             let (Some(kind), Some(name), Some(why)) = (f.next(), f.next(), f.next()) else {
@@ -1197,12 +1232,12 @@ impl Skips {
             };
             let entry = (name.to_string(), why.to_string());
             match kind {
-                "case" => s.cases.push(entry),
-                "summary" => s.summaries.push(entry),
-                _ => s.tests.push(entry),
+                "case" => skips.cases.push(entry),
+                "summary" => skips.summaries.push(entry),
+                _ => skips.tests.push(entry),
             }
         }
-        s
+        skips
     }
 }
 
@@ -1254,6 +1289,7 @@ mod tests {
         for args in refused {
             assert!(Cli::try_parse_from(args).is_err(), "accepted: {args:?}");
         }
+
         let taken: [&[&str]; 4] = [
             &["xtask", "demo", "--compare", "--a", "6.1", "--b", "6.12"],
             &[

@@ -218,6 +218,7 @@ pub fn image_release(image: &[u8]) -> Option<String> {
         let at = u16::from_le_bytes(image.get(0x20e..0x210)?.try_into().ok()?) as usize;
         return (at != 0).then(|| word(image.get(at + 0x200..)?)).flatten();
     }
+
     let key = b"Linux version ";
     image
         .windows(key.len())
@@ -235,6 +236,7 @@ pub fn find_config(image: &Path, release: Option<&str>) -> Result<PathBuf> {
     if let Some(r) = release {
         candidates.push(dir.join(format!("config-{r}")));
     }
+
     // A kernel tree's arch/<arch>/boot/<image>.
     let arch_dir = dir
         .parent()
@@ -322,6 +324,7 @@ pub fn own_kernel(
             config.display()
         );
     }
+
     let arch = image_architecture(image, &bytes, &config, &text, arch)?;
     let missing = check_config(&text, arch);
     let refused: Vec<String> = missing
@@ -337,7 +340,9 @@ pub fn own_kernel(
             config.display()
         );
     }
+
     let release = release.unwrap_or_else(|| "own".to_string());
+
     // Leaked once per run: a spec's names live as long as the program.
     let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
     let spec = KernelSpec {
@@ -376,16 +381,17 @@ mod tests {
             "CONFIG_DEBUG_INFO_BTF=y",
             "# CONFIG_DEBUG_INFO_BTF is not set",
         );
-        let m = check_config(&no_btf, Arch::X86_64);
-        assert_eq!(m.len(), 1, "{m:?}");
-        assert_eq!(m[0].need, Need::Refuse);
-        assert!(m[0]
+        let missing = check_config(&no_btf, Arch::X86_64);
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert_eq!(missing[0].need, Need::Refuse);
+        assert!(missing[0]
             .to_string()
             .starts_with("CONFIG_DEBUG_INFO_BTF is not set: "));
         // A module is not built in: the guest loads none.
         let kprobes_m = FULL.replace("CONFIG_KPROBES=y", "CONFIG_KPROBES=m");
         let m = check_config(&kprobes_m, Arch::X86_64);
         assert_eq!((m.len(), m[0].need), (1, Need::Warn), "{m:?}");
+
         // arm64 needs its own console options, not x86's.
         let m = check_config(FULL, Arch::Arm64);
         let names: Vec<&str> = m.iter().map(|m| m.option.as_str()).collect();
@@ -434,17 +440,20 @@ mod tests {
         let mut bz = vec![0u8; 0x400];
         bz[0x202..0x206].copy_from_slice(b"HdrS");
         fs::write(&image, &bz).unwrap();
-        let e = own_kernel(&image, None, None).unwrap_err().to_string();
-        assert!(e.contains("--kernel-config") && !e.contains('\n'), "{e}");
+        let err = own_kernel(&image, None, None).unwrap_err().to_string();
+        assert!(
+            err.contains("--kernel-config") && !err.contains('\n'),
+            "{err}"
+        );
         fs::write(
             dir.join(".config"),
             FULL.replace("CONFIG_DEBUG_INFO_BTF=y\n", ""),
         )
         .unwrap();
-        let e = own_kernel(&image, None, None).unwrap_err().to_string();
+        let err = own_kernel(&image, None, None).unwrap_err().to_string();
         assert!(
-            e.starts_with("not booting ") && e.contains("CONFIG_DEBUG_INFO_BTF is not set"),
-            "{e}"
+            err.starts_with("not booting ") && err.contains("CONFIG_DEBUG_INFO_BTF is not set"),
+            "{err}"
         );
         let e = own_kernel(&image, None, Some(Arch::Arm64))
             .unwrap_err()

@@ -96,6 +96,7 @@ fn apt_packages() -> Result<()> {
         eprintln!("setup: apt packages present");
         return Ok(());
     }
+
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -103,6 +104,7 @@ fn apt_packages() -> Result<()> {
             missing.join(" ")
         );
     }
+
     eprintln!("setup: apt-get install {}", missing.join(" "));
     run(Command::new("apt-get").args(["-q", "update"]))?;
     run(Command::new("apt-get")
@@ -119,6 +121,7 @@ fn rust_src() -> Result<()> {
         eprintln!("setup: rust-src present");
         return Ok(());
     }
+
     eprintln!("setup: rustup component add rust-src --toolchain nightly");
     run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
 }
@@ -135,7 +138,9 @@ fn aarch64_target() -> Result<()> {
         eprintln!("setup: Rust target aarch64-unknown-linux-gnu present");
         return Ok(());
     }
+
     eprintln!("setup: rustup target add aarch64-unknown-linux-gnu (the arm64 build)");
+
     // Not fatal: without it the arm64 build compiles the standard library with nightly.
     if let Err(e) = run(Command::new("rustup").args(["target", "add", "aarch64-unknown-linux-gnu"]))
     {
@@ -154,6 +159,7 @@ fn llvm_matches() -> Result<()> {
     if !llvm.starts_with(&format!("{LLVM_MAJOR}.")) {
         bail!("nightly rustc uses LLVM {llvm}, bpf-linker is built against LLVM {LLVM_MAJOR}: they must match");
     }
+
     eprintln!("setup: nightly rustc uses LLVM {llvm}");
     Ok(())
 }
@@ -170,6 +176,7 @@ fn bpf_linker() -> Result<()> {
         eprintln!("setup: bpf-linker {BPF_LINKER_VERSION} present");
         return Ok(());
     }
+
     eprintln!(
         "setup: cargo install bpf-linker {BPF_LINKER_VERSION} (LLVM {LLVM_MAJOR}, about a minute)"
     );
@@ -209,6 +216,7 @@ fn hdrh_venv() -> Result<()> {
         eprintln!("setup: HdrHistogram_py present in {}", env.display());
         return Ok(());
     }
+
     eprintln!(
         "setup: python3 -m venv {} and pip install {}",
         env.display(),

@@ -35,10 +35,12 @@ fn sample(pid: u32, t0: Instant) -> Option<Sample> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())?;
     let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+
     // After "(comm)": state is field 3, utime and stime are fields 14 and 15.
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Some(Sample {
@@ -82,11 +84,13 @@ pub fn soak(bin: &Path, minutes: f64) -> Result<Soak> {
     if status.code() != Some(128 + libc::SIGTERM) {
         problems.push(format!("SIGTERM ended it with {status} ({})", err.trim()));
     }
+
     problems.extend(recording_problems(bin, &json)?);
     let left = memcgs_left();
     if !left.is_empty() {
         problems.push(format!("memcgs left: {left:?}"));
     }
+
     let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
         bail!("no samples of the daemon");
     };
@@ -174,6 +178,7 @@ fn sample_for(child: &mut Child, minutes: f64) -> Result<Vec<Sample>, Early> {
                 return Err(Early::Wait(e));
             }
         }
+
         if t0.elapsed() >= next {
             if let Some(s) = sample(pid, t0) {
                 eprintln!(
@@ -184,8 +189,10 @@ fn sample_for(child: &mut Child, minutes: f64) -> Result<Vec<Sample>, Early> {
             }
             next += every;
         }
+
         thread::sleep(Duration::from_millis(200));
     }
+
     samples.extend(sample(pid, t0));
     stop();
     Ok(samples)
@@ -215,6 +222,7 @@ fn recording_problems(bin: &Path, json: &Path) -> Result<Vec<String>> {
             String::from_utf8_lossy(&report.stderr).trim()
         ));
     }
+
     let calls: u64 = fs::read_to_string(json)
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
@@ -256,6 +264,7 @@ fn growth(first: &Sample, max_rss: u64, max_fds: usize) -> Vec<String> {
             first.rss_kib
         ));
     }
+
     if max_fds > first.fds + 2 {
         problems.push(format!(
             "open descriptors grew from {} to {max_fds}",
@@ -277,6 +286,7 @@ mod tests {
             fds: 20,
             cpu_s: 0.1,
         };
+
         // 25,000 KiB + 1,024 + 500 is the most resident memory allowed.
         assert!(growth(&first, 26_524, 22).is_empty());
         let over = growth(&first, 26_525, 23);

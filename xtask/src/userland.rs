@@ -100,13 +100,13 @@ pub fn check_libraries(tree: &Path, root: &Path) -> Result<()> {
 
 /// The ELF files under `tree` (programs and libraries; not links).
 pub fn elves(tree: &Path) -> Vec<PathBuf> {
-    let mut v = Vec::new();
+    let mut files = Vec::new();
     walk(tree, &mut |p, link| {
         if !link && crate::vm::elf_machine(p).is_some() {
-            v.push(p.to_path_buf());
+            files.push(p.to_path_buf());
         }
     });
-    v
+    files
 }
 
 /// Calls `f` on every file and symbolic link under `dir` (true: a link), recursively.
@@ -128,12 +128,14 @@ fn unpack(name: &str, suite: Suite, arch: Arch, packages: &[&str]) -> Result<Pat
     if dir.join("complete").exists() {
         return Ok(root);
     }
+
     // One unpacks while another waits, then finds it done, instead of both working in (and
     // removing) one directory.
     let _lock = crate::cache_lock(name)?;
     if dir.join("complete").exists() {
         return Ok(root);
     }
+
     eprintln!(
         "xtask: fetching {name} ({}, {})",
         packages.join(", "),
@@ -142,6 +144,7 @@ fn unpack(name: &str, suite: Suite, arch: Arch, packages: &[&str]) -> Result<Pat
     let work = dir.with_extension("partial");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(work.join("debs"))?;
+
     // An empty dpkg status: this machine's newer installed versions must not stand in for
     // the candidates.
     let status = work.join("status");
@@ -168,12 +171,14 @@ fn unpack(name: &str, suite: Suite, arch: Arch, packages: &[&str]) -> Result<Pat
                 .with_context(|| format!("apt-get download of {name}"))?;
         }
     }
+
     for deb in fs::read_dir(work.join("debs"))?.flatten() {
         run(Command::new("dpkg")
             .arg("-x")
             .arg(deb.path())
             .arg(work.join("root")))?;
     }
+
     relativize_links(&work.join("root"))?;
     let _ = fs::remove_dir_all(&dir);
     fs::rename(&work, &dir)?;
@@ -188,6 +193,7 @@ fn versions(opts: &[String], package: &str) -> Result<Vec<String>> {
             .args(opts)
             .args(["policy", package]),
     )?;
+
     // The version table's lines: "     2.31-13+deb11u11 500" (a leading "***" marks the
     // installed one).
     Ok(policy
@@ -212,6 +218,7 @@ fn download_any(opts: &[String], dir: &Path, packages: &[&str]) -> Result<()> {
         for e in fs::read_dir(dir)?.flatten() {
             let _ = fs::remove_file(e.path());
         }
+
         let mut args = Vec::new();
         for p in packages {
             if versions(opts, p)?.contains(v) {
@@ -220,6 +227,7 @@ fn download_any(opts: &[String], dir: &Path, packages: &[&str]) -> Result<()> {
                 args.push(p.to_string());
             }
         }
+
         let ok = Command::new("apt-get")
             .current_dir(dir)
             .args(opts)
@@ -231,6 +239,7 @@ fn download_any(opts: &[String], dir: &Path, packages: &[&str]) -> Result<()> {
             return Ok(());
         }
     }
+
     bail!("no version of {first} could be downloaded with the others (tried {tried:?})")
 }
 
@@ -239,14 +248,14 @@ fn relativize_links(root: &Path) -> Result<()> {
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in fs::read_dir(&d)?.flatten() {
-            let p = e.path();
+            let path = e.path();
             let t = e.file_type()?;
             if t.is_dir() {
-                stack.push(p);
+                stack.push(path);
             } else if t.is_symlink() {
-                let target = fs::read_link(&p)?;
+                let target = fs::read_link(&path)?;
                 if let Ok(rest) = target.strip_prefix("/") {
-                    let depth = p
+                    let depth = path
                         .parent()
                         .and_then(|q| q.strip_prefix(root).ok())
                         .map(|q| q.components().count())
@@ -255,9 +264,10 @@ fn relativize_links(root: &Path) -> Result<()> {
                     for _ in 0..depth {
                         rel.push("..");
                     }
+
                     rel.push(rest);
-                    fs::remove_file(&p)?;
-                    symlink(&rel, &p)?;
+                    fs::remove_file(&path)?;
+                    symlink(&rel, &path)?;
                 }
             }
         }
@@ -271,21 +281,22 @@ fn relativize_links(root: &Path) -> Result<()> {
 /// As `CARGO_ENCODED_RUSTFLAGS` (separated by 0x1f: paths may hold spaces), after the
 /// caller's own `RUSTFLAGS`.
 pub fn link_flags(root: &Path, arch: Arch) -> String {
-    let r = root.display();
-    let g = arch.gnu();
+    let sysroot = root.display();
+    let gnu_arch = arch.gnu();
     let mut flags: Vec<String> = std::env::var("RUSTFLAGS")
         .unwrap_or_default()
         .split_whitespace()
         .map(str::to_string)
         .collect();
     for a in [
-        format!("--sysroot={r}"),
-        format!("-B{r}/usr/lib/{g}-linux-gnu/"),
-        format!("-L{r}/usr/lib/{g}-linux-gnu"),
-        format!("-L{r}/lib/{g}-linux-gnu"),
+        format!("--sysroot={sysroot}"),
+        format!("-B{sysroot}/usr/lib/{gnu_arch}-linux-gnu/"),
+        format!("-L{sysroot}/usr/lib/{gnu_arch}-linux-gnu"),
+        format!("-L{sysroot}/lib/{gnu_arch}-linux-gnu"),
     ] {
         flags.push(format!("-Clink-arg={a}"));
     }
+
     flags.join("\x1f")
 }
 
@@ -322,16 +333,16 @@ pub fn check_floor(bin: &Path) -> Result<()> {
 /// The userland's libraries (the dynamic loader and `lib/<arch>-linux-gnu`), as paths relative
 /// to its root, for the guest.
 pub fn libraries(root: &Path, arch: Arch) -> Result<Vec<PathBuf>> {
-    let mut v = vec![PathBuf::from(loader(arch))];
+    let mut libs = vec![PathBuf::from(loader(arch))];
     let lib = format!("lib/{}-linux-gnu", arch.gnu());
     let dir = root.join(&lib);
     for e in fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
         let name = e?.file_name();
         if name.to_string_lossy().contains(".so") {
-            v.push(Path::new(&lib).join(name));
+            libs.push(Path::new(&lib).join(name));
         }
     }
-    Ok(v)
+    Ok(libs)
 }
 
 /// The dynamic loader's path on `arch`.
@@ -368,23 +379,23 @@ mod tests {
 
     #[test]
     fn absolute_links_become_relative_inside_the_root() {
-        let d = std::env::temp_dir().join(format!("mt-userland-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        fs::create_dir_all(d.join("usr/lib/x86_64-linux-gnu")).unwrap();
-        fs::create_dir_all(d.join("lib/x86_64-linux-gnu")).unwrap();
-        fs::write(d.join("lib/x86_64-linux-gnu/libm.so.6"), "x").unwrap();
+        let root = std::env::temp_dir().join(format!("mt-userland-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("usr/lib/x86_64-linux-gnu")).unwrap();
+        fs::create_dir_all(root.join("lib/x86_64-linux-gnu")).unwrap();
+        fs::write(root.join("lib/x86_64-linux-gnu/libm.so.6"), "x").unwrap();
         symlink(
             "/lib/x86_64-linux-gnu/libm.so.6",
-            d.join("usr/lib/x86_64-linux-gnu/libm.so"),
+            root.join("usr/lib/x86_64-linux-gnu/libm.so"),
         )
         .unwrap();
-        relativize_links(&d).unwrap();
-        let l = d.join("usr/lib/x86_64-linux-gnu/libm.so");
+        relativize_links(&root).unwrap();
+        let l = root.join("usr/lib/x86_64-linux-gnu/libm.so");
         assert_eq!(
             fs::read_link(&l).unwrap(),
             Path::new("../../../lib/x86_64-linux-gnu/libm.so.6")
         );
         assert_eq!(fs::read_to_string(&l).unwrap(), "x");
-        let _ = fs::remove_dir_all(&d);
+        let _ = fs::remove_dir_all(&root);
     }
 }

@@ -194,6 +194,7 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
     ] {
         fs::create_dir_all(root.join(d))?;
     }
+
     let arch = kernel.spec.arch;
     let userland = guest_userland(kernel)?;
     let busybox = match (arch, &userland) {
@@ -206,6 +207,7 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
             busybox.display()
         );
     }
+
     copy_into(&root, &busybox, Path::new("bin/busybox"))?;
     let mut libs = copy_programs(&root, spec, arch, userland.as_deref())?;
     let packages = package_tree(kernel, spec, userland.is_none(), &mut libs)?;
@@ -220,6 +222,7 @@ fn initramfs(kernel: &Kernel, spec: &VmSpec, work: &Path) -> Result<PathBuf> {
         )?;
         crate::userland::check_libraries(tree, &root)?;
     }
+
     copy_files_and_modules(&root, kernel, spec)?;
     let data_tty = match arch {
         Arch::X86_64 => "/dev/ttyS1",
@@ -277,6 +280,7 @@ fn copy_programs(
                 }
             }
         }
+
         copy_into(
             root,
             own.as_deref().unwrap_or(bin),
@@ -318,6 +322,7 @@ fn package_tree(
     if spec.packages.is_empty() {
         return Ok(None);
     }
+
     let arch = kernel.spec.arch;
     let suite = if arch == Arch::X86_64 && kernel.spec.suite == Suite::Bullseye {
         Suite::Bullseye
@@ -346,6 +351,7 @@ fn copy_libraries(
         for lib in libs {
             copy_into(root, &lib, lib.strip_prefix("/").expect("absolute"))?;
         }
+
         return Ok(());
     };
     for rel in crate::userland::libraries(u, arch)? {
@@ -375,6 +381,7 @@ fn copy_files_and_modules(root: &Path, kernel: &Kernel, spec: &VmSpec) -> Result
                 .with_context(|| format!("copy {} into the initramfs", f.display()))?;
         }
     }
+
     fs::copy(
         &kernel.config,
         root.join("boot").join(format!("config-{}", kernel.release)),
@@ -390,6 +397,7 @@ fn copy_files_and_modules(root: &Path, kernel: &Kernel, spec: &VmSpec) -> Result
             fs::copy(m, dir.join(name))?;
             order.push_str(&format!("{}\n", name.to_string_lossy()));
         }
+
         fs::write(dir.join("order"), order)?;
     }
     Ok(())
@@ -448,9 +456,9 @@ fn unpack_data(data: &Path, out: &Path) -> Result<()> {
 /// fault (see [`emulation_fault`]) is booted once more, saying so: it is QEMU's, not the
 /// tracer's, and proves nothing either way.
 pub fn run(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
-    let r = run_once(kernel, spec)?;
-    match emulation_fault(&r.console) {
-        Some(line) if !r.success => {
+    let first = run_once(kernel, spec)?;
+    match emulation_fault(&first.console) {
+        Some(line) if !first.success => {
             eprintln!(
                 "[{}] vm: QEMU emulation fault, not the guest's (reserved RFLAGS bits set: {}); booting again",
                 spec.name,
@@ -460,7 +468,7 @@ pub fn run(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
             again.emulation_faults.push(line.trim().to_string());
             Ok(again)
         }
-        _ => Ok(r),
+        _ => Ok(first),
     }
 }
 
@@ -502,6 +510,7 @@ fn run_once(kernel: &Kernel, spec: &VmSpec) -> Result<VmResult> {
         .spawn()
         .with_context(|| format!("cannot start {qemu}"))?;
     let lines = output_lines(&mut child);
+
     // NMIs once the guest's init runs: one that comes while the kernel is still setting up
     // its interrupt table resets the machine.
     let up = Arc::new(AtomicBool::new(false));
@@ -560,6 +569,7 @@ fn accelerate(cmd: &mut Command, qemu: &str, spec: &VmSpec, arch: Arch) -> Resul
                 Arch::Arm64 => ARM64_CPU,
             };
             cmd.args(["-accel", "tcg,thread=single", "-cpu", cpu]);
+
             // Guest time counted in instructions (`-icount`), where asked for.
             if let Some(shift) = spec.icount {
                 cmd.args(["-icount", &format!("shift={shift}")]);
@@ -621,10 +631,12 @@ fn qemu_command(
                 .args(["-device", "virtconsole,chardev=data"]);
         }
     }
+
     if spec.nmis.is_some() {
         if arch != Arch::X86_64 {
             bail!("injected NMIs are for x86_64 guests");
         }
+
         let _ = fs::remove_file(qmp);
         cmd.arg("-qmp")
             .arg(format!("unix:{},server=on,wait=off", qmp.display()));
@@ -634,6 +646,7 @@ fn qemu_command(
     if let Ok(extra) = std::env::var("MEMCG_TRACE_QEMU_EXTRA") {
         cmd.args(extra.split_whitespace());
     }
+
     cmd.arg("-kernel")
         .arg(&kernel.vmlinuz)
         .arg("-initrd")
@@ -705,6 +718,7 @@ fn watch_boot(
             let _ = child.kill();
             break;
         }
+
         let Some(left) = spec.timeout.checked_sub(start.elapsed()) else {
             boot.failure = Some(format!("timed out after {:?}", spec.timeout));
             let _ = child.kill();
@@ -718,19 +732,23 @@ fn watch_boot(
         if spec.echo {
             eprintln!("[{}] {line}", spec.name);
         }
+
         writeln!(logf, "{line}")?;
         if line.starts_with("init: ") {
             up.store(true, Ordering::Relaxed);
         }
+
         if line.contains("init: success") {
             boot.verdict = Some(true);
         } else if line.contains("init: failure") {
             boot.verdict = Some(false);
         }
+
         if line.contains("Kernel panic") {
             boot.failure
                 .get_or_insert_with(|| "kernel panic".to_string());
         }
+
         // An oops is a failure whatever follows: the guest may hang instead of panicking.
         // Its report is let through for a few seconds, then the guest is stopped instead of
         // waiting for the timeout.
@@ -739,6 +757,7 @@ fn watch_boot(
                 .get_or_insert_with(|| "kernel oops".to_string());
             oops_at = Some(Instant::now());
         }
+
         boot.console.push_str(&line);
         boot.console.push('\n');
     }
@@ -753,8 +772,10 @@ fn inject_nmis(qmp: &Path, every: Duration, up: &AtomicBool, gone: &AtomicBool) 
         if gone.load(Relaxed) {
             return 0;
         }
+
         thread::sleep(Duration::from_millis(10));
     }
+
     let started = Instant::now();
     let stream = loop {
         match std::os::unix::net::UnixStream::connect(qmp) {
@@ -769,11 +790,13 @@ fn inject_nmis(qmp: &Path, every: Duration, up: &AtomicBool, gone: &AtomicBool) 
         return 0;
     };
     let (mut reader, mut writer) = (BufReader::new(stream), writer);
+
     // The greeting, then each command's answer, a line each.
     let mut greeting = String::new();
     if !reader.read_line(&mut greeting).is_ok_and(|n| n > 0) {
         return 0;
     }
+
     let mut ask = |command: &str| -> bool {
         let mut line = String::new();
         writeln!(writer, "{{\"execute\": \"{command}\"}}").is_ok()
@@ -782,6 +805,7 @@ fn inject_nmis(qmp: &Path, every: Duration, up: &AtomicBool, gone: &AtomicBool) 
     if !ask("qmp_capabilities") {
         return 0;
     }
+
     let mut injected = 0;
     while ask("inject-nmi") {
         injected += 1;
@@ -802,6 +826,7 @@ mod tests {
         let faulty =
             "[   63.4] RSP: 002b:00007fffb77dda48 EFLAGS: a5d80202 ORIG_RAX: 0000000000000001";
         assert!(emulation_fault(faulty).is_some());
+
         // A real oops: flags a CPU can hold (IF, ZF, PF, AC, the always-one bit).
         let real = "RSP: 0018:ffffc90000abbd08 EFLAGS: 00010246\nRSP: 002b:00007ffd827d59a8 EFLAGS: 00040202 ORIG_RAX: 0000000000000001";
         assert_eq!(emulation_fault(real), None);

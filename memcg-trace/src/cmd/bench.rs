@@ -243,7 +243,7 @@ async fn per_call(
     };
     let mut target = None;
     let mut code = Vec::new();
-    let mut s = Session::start(&live, opts, |tracer| {
+    let mut sess = Session::start(&live, opts, |tracer| {
         let ours =
             tracer.attached.first().cloned().ok_or_else(|| {
                 anyhow!("probe {probe} could not be attached with {}", args.attach)
@@ -259,6 +259,7 @@ async fn per_call(
                 .attach_extra(&extra, &plan)
                 .context("attach the floor programs")?;
         }
+
         for p in ours.programs.iter().copied().chain(extra) {
             if let Some(c) = tracer.code(p) {
                 code.push(NamedCode {
@@ -271,16 +272,17 @@ async fn per_call(
     })
     .await?;
     let end = loop {
-        match s.next().await? {
+        match sess.next().await? {
             Event::Tick(_) => {}
             Event::WorkloadExited(code) => break session::End::Exited(code),
             Event::Signal(sig) => break session::End::Signal(sig),
         }
     };
-    let fin = s.finish(end).await?;
+    let fin = sess.finish(end).await?;
     if fin.exit_code != 0 {
         anyhow::bail!("{:?} failed under the bench (exit {})", cmd, fin.exit_code);
     }
+
     let (target, ours) = target.expect("set when attached");
     let costs = fin
         .snapshot
@@ -319,6 +321,7 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
         attach: mode(args.attach),
         all: false,
     };
+
     // 1. Per-call cost, side by side on one function during one run of the workload; then
     //    memcg-trace's pair alone again with bpf_probe_read_kernel reads, for the before/after.
     let (clock, empty) = floors(args.attach);
@@ -330,6 +333,7 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     let (ratio_runs_callers, ratio_to_clock_callers, ours_callers) = median_run(with_callers);
     let (ratio_runs_by_memcg, ratio_to_clock_by_memcg, ours_by_memcg) = median_run(with_by_memcg);
     let ratio_runs: Vec<f64> = runs.iter().map(|r| r.0).collect();
+
     // The median run (by ours / floor (b)) is the one reported.
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (_, direct, plain) = runs.swap_remove(runs.len() / 2);
@@ -339,6 +343,7 @@ pub async fn run(args: BenchArgs) -> Result<i32> {
     let floor_empty = pair_cost(&direct.costs, empty);
     let target = direct.target;
     let code = programs_code(direct.code, plain.code);
+
     // 2. Slowdown, interleaved: untraced, traced, untraced, traced, ...
     let slowdown = slowdown(&args, &cmd, &sel)?;
     let out = BenchOut {
@@ -395,7 +400,7 @@ async fn per_call_repeats(
     clock: &[&'static str],
     empty: &[&'static str],
 ) -> Result<Repeats> {
-    let mut r = Repeats {
+    let mut repeats = Repeats {
         runs: Vec::new(),
         with_callers: Vec::new(),
         with_by_memcg: Vec::new(),
@@ -418,15 +423,18 @@ async fn per_call_repeats(
         let plain = measure(variant(true, false, false)).await?;
         if args.attach != Backend::Tracepoint {
             let c = measure(variant(false, true, false)).await?;
-            r.with_callers
+            repeats
+                .with_callers
                 .push((ratio_of(&c), pair_cost(&c.costs, &c.ours)));
         }
+
         let m = measure(variant(false, false, true)).await?;
-        r.with_by_memcg
+        repeats
+            .with_by_memcg
             .push((ratio_of(&m), pair_cost(&m.costs, &m.ours)));
-        r.runs.push((ratio_of(&direct), direct, plain));
+        repeats.runs.push((ratio_of(&direct), direct, plain));
     }
-    Ok(r)
+    Ok(repeats)
 }
 
 /// A variant's runs: their ratios in order, and the median run's ratio (where finite) and
@@ -472,6 +480,7 @@ fn slowdown(args: &BenchArgs, cmd: &[String], sel: &ProbeSel) -> Result<Slowdown
         slow.traced_s.push(workload::timed_run(cmd)?);
         t.finish()?;
     }
+
     slow.pair_ratios = slow
         .untraced_s
         .iter()

@@ -33,6 +33,7 @@ pub fn run(args: PlotArgs) -> Result<i32> {
     if args.files.is_empty() && args.hdr_log.is_none() {
         bail!("plot needs recordings (FILE.json ...) or --hdr-log FILE");
     }
+
     let mut written = Vec::new();
     if !args.files.is_empty() {
         let docs = args
@@ -47,10 +48,11 @@ pub fn run(args: PlotArgs) -> Result<i32> {
             args.probe.as_deref(),
         )?);
     }
+
     if let Some(log) = &args.hdr_log {
         std::fs::create_dir_all(&args.out)
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", args.out.display()))?;
-        let p = args.out.join(format!(
+        let path = args.out.join(format!(
             "rate.{}",
             if args.format == ImageFormat::Png {
                 "png"
@@ -58,9 +60,10 @@ pub fn run(args: PlotArgs) -> Result<i32> {
                 "svg"
             }
         ));
-        plot::plot_rates(log, &p, args.format)?;
-        written.push(p);
+        plot::plot_rates(log, &path, args.format)?;
+        written.push(path);
     }
+
     for p in &written {
         println!("{}", p.display());
     }

@@ -27,6 +27,7 @@ pub fn run(sel: ProbeSel) -> Result<i32> {
             println!("{:<16}   {n}", "");
         }
     }
+
     for f in &tracer.failed {
         println!("{:<16} {:<28} {:<10} not attached", f.name, "-", "-");
         for n in &f.reasons {

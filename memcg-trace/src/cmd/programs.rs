@@ -24,10 +24,12 @@ pub fn run(args: ProgramsArgs) -> Result<i32> {
     if let Some(n) = &args.name {
         progs.retain(|p| p.name.contains(n.as_str()));
     }
+
     if args.json {
         println!("{}", serde_json::to_string_pretty(&progs)?);
         return Ok(0);
     }
+
     let stats = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
         .map(|s| s.trim() == "1")
         .unwrap_or(false);
@@ -53,6 +55,7 @@ pub fn run(args: ProgramsArgs) -> Result<i32> {
             p.code.helper_calls
         );
     }
+
     if !stats {
         println!("(run counts and times are only kept while bpf stats are on: sysctl kernel.bpf_stats_enabled=1)");
     }

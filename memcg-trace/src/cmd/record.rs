@@ -48,6 +48,7 @@ pub async fn run(args: RecordArgs) -> Result<i32> {
     if let Some(o) = &args.output {
         export::check_writable(o)?;
     }
+
     let opts = Options {
         verbosity: if args.quiet {
             Verbosity::Quiet
@@ -57,7 +58,7 @@ pub async fn run(args: RecordArgs) -> Result<i32> {
         dashboard: false,
         least_privilege: true,
     };
-    let mut s = match Session::start_or_exit_code(&args.live, opts, |_| Ok(())).await? {
+    let mut session = match Session::start_or_exit_code(&args.live, opts, |_| Ok(())).await? {
         Ok(s) => s,
         Err(code) => return Ok(code),
     };
@@ -65,7 +66,7 @@ pub async fn run(args: RecordArgs) -> Result<i32> {
     tokio::pin!(deadline);
     let end = loop {
         let ev = tokio::select! {
-            ev = s.next() => ev?,
+            ev = session.next() => ev?,
             _ = &mut deadline, if args.duration.is_some() => break End::Deadline,
         };
         match ev {
@@ -75,13 +76,14 @@ pub async fn run(args: RecordArgs) -> Result<i32> {
             Event::Signal(sig) => break End::Signal(sig),
         }
     };
-    let fin = s.finish(end).await?;
+    let fin = session.finish(end).await?;
     let doc = export::document(&fin.snapshot, &fin.meta);
     print!("{}", table::summary(&doc));
     if let Some(o) = &args.output {
         export::write_atomic(o, &doc)?;
         eprintln!("memcg-trace: wrote {}", o.display());
     }
+
     fin.report_hdr_log()?;
     Ok(fin.exit_code)
 }

@@ -54,6 +54,7 @@ pub fn diff(args: DiffArgs) -> Result<i32> {
     if !(args.alpha > 0.0 && args.alpha < 1.0) {
         bail!("--alpha {} is not a level between 0 and 1", args.alpha);
     }
+
     let (a, b) = if args.b.is_empty() {
         if args.a.len() != 2 {
             bail!(
@@ -61,6 +62,7 @@ pub fn diff(args: DiffArgs) -> Result<i32> {
                 args.a.len()
             );
         }
+
         if args.format == Format::Table {
             let a = export::read(&args.a[0])?;
             let b = export::read(&args.a[1])?;

@@ -188,6 +188,7 @@ fn accounted(o: &Outcome) -> Result<(), String> {
             "not every run accounted for: entries {entries} vs {ended}, exits {exits} vs {matched}"
         ));
     }
+
     for (ctx, h) in o.hist.iter().enumerate() {
         if h.count != o.counters[ctx].paired {
             return Err(format!(
@@ -195,6 +196,7 @@ fn accounted(o: &Outcome) -> Result<(), String> {
                 CTX_NAMES[ctx], h.count, o.counters[ctx].paired
             ));
         }
+
         // Per call site (the test's site of a call is its frame with bit 0 set) and per
         // charged memcg (its frame with bits 0 and 1 set): the rows' calls and the "other"
         // row add up to the paired calls, their time to the histogram's.
@@ -202,6 +204,7 @@ fn accounted(o: &Outcome) -> Result<(), String> {
         breakdown_adds_up("call site", &o.sites, ctx, c.callers_other, h, 1)?;
         breakdown_adds_up("memcg", &o.memcgs, ctx, c.memcgs_other, h, 3)?;
     }
+
     if let Some(d) = o
         .deferred
         .iter()
@@ -232,6 +235,7 @@ fn breakdown_adds_up(
             CTX_NAMES[ctx], h.count, h.sum_ns
         ));
     }
+
     if let Some(r) = rows.clone().find(|r| r.1 & tag != tag) {
         return Err(format!(
             "{}: {what} {:#x} is no entry's",
@@ -256,16 +260,22 @@ fn self_times(o: &Outcome) -> Result<(), String> {
             c.stale + c.evicted + c.orphans + c.ambiguous + c.deferred_lost + c.self_unknown == 0
         });
     for (ctx, h) in o.hist.iter().enumerate() {
-        let c = &o.counters[ctx];
+        let counters = &o.counters[ctx];
         if h.self_ns > h.sum_ns {
             return Err(format!(
                 "{}: self {} ns above the total {} ns",
                 CTX_NAMES[ctx], h.self_ns, h.sum_ns
             ));
         }
-        clean &=
-            c.stale + c.evicted + c.orphans + c.ambiguous + c.deferred_lost + c.self_unknown == 0;
+        clean &= counters.stale
+            + counters.evicted
+            + counters.orphans
+            + counters.ambiguous
+            + counters.deferred_lost
+            + counters.self_unknown
+            == 0;
     }
+
     for d in &o.deferred {
         let ns = d.end - d.start;
         if d.child_ns == u64::MAX {
@@ -274,10 +284,12 @@ fn self_times(o: &Outcome) -> Result<(), String> {
         } else {
             self_ns += ns.saturating_sub(d.child_ns);
         }
+
         if d.flags & DEFERRED_OUTERMOST != 0 {
             outer += ns;
         }
     }
+
     if (clean && self_ns != outer) || self_ns < outer {
         return Err(format!(
             "self times add up to {self_ns} ns, the outermost calls to {outer} ns{}",
@@ -314,23 +326,24 @@ fn expect(what: &str, got: u64, want: u64) -> Result<(), String> {
 }
 
 fn timed(o: &Outcome, ctx: u32, calls: u64, sum_ns: u64) -> Result<(), String> {
-    let h = &o.hist[ctx as usize];
+    let hist = &o.hist[ctx as usize];
     expect(
         &format!("{} calls timed", CTX_NAMES[ctx as usize]),
-        h.count,
+        hist.count,
         calls,
     )?;
     expect(
         &format!("{} ns timed", CTX_NAMES[ctx as usize]),
-        h.sum_ns,
+        hist.sum_ns,
         sum_ns,
     )?;
+
     // One call is its own maximum and minimum: the programs' extremes (compare-and-swap
     // where runs interleave) must hold it, not only its bucket.
     if calls == 1 {
         let what = |x: &str| format!("{} {x} ns", CTX_NAMES[ctx as usize]);
-        expect(&what("max"), h.max_ns, sum_ns)?;
-        expect(&what("min"), h.min_ns, sum_ns)?;
+        expect(&what("max"), hist.max_ns, sum_ns)?;
+        expect(&what("min"), hist.min_ns, sum_ns)?;
     }
     Ok(())
 }
@@ -493,6 +506,7 @@ fn nesting_cases() -> Vec<Case> {
             ],
             check: |o| {
                 timed(o, CTX_TASK, 2, 200 + 1000)?;
+
                 // The inner call's time is not the outer one's own.
                 self_time(o, CTX_TASK, 200 + 800)
             },
@@ -516,6 +530,7 @@ fn nesting_cases() -> Vec<Case> {
             ],
             check: |o| {
                 timed(o, CTX_TASK, 4, 3000 + 300 + 50 + 100)?;
+
                 // T2's calls are not subtracted from T's; T's own nested call is.
                 self_time(o, CTX_TASK, 2900 + 250 + 50 + 100)?;
                 expect("self unknown", o.counters[0].self_unknown, 0)?;
@@ -562,6 +577,7 @@ fn nesting_cases() -> Vec<Case> {
                 let h = &o.hist[CTX_TASK as usize];
                 expect("off-CPU ns", h.off_ns, 1500 + 1500)?;
                 expect("of it, in nested calls", h.nested_off_ns, 1500)?;
+
                 // Self on the CPU: the nested call's 400 and the enclosing call's 600 (its
                 // self time less its own time off the CPU, none).
                 expect("self ns on the CPU", h.self_on_cpu_ns(), 400 + 600)
@@ -582,6 +598,7 @@ fn nesting_cases() -> Vec<Case> {
             ],
             check: |o| {
                 timed(o, CTX_TASK, 1, 1900)?;
+
                 // Inside the other probe's call: not outermost.
                 outermost(o, CTX_TASK, 0)?;
                 let (c, h) = &o.probe1[CTX_TASK as usize];
@@ -703,6 +720,7 @@ fn nesting_cases() -> Vec<Case> {
             check: |o| {
                 timed(o, CTX_TASK, 1, 1000)?;
                 timed(o, CTX_SOFTIRQ, 1, 300)?;
+
                 // An interrupt's traced call is inside the call it interrupted.
                 self_time(o, CTX_TASK, 700)?;
                 self_time(o, CTX_SOFTIRQ, 300)
@@ -720,6 +738,7 @@ fn nesting_cases() -> Vec<Case> {
             ],
             check: |o| {
                 timed(o, CTX_TASK, 1, 1000)?;
+
                 // The deferred interrupt call's time is subtracted at once (and its pair is
                 // not outermost).
                 self_time(o, CTX_TASK, 950)?;
@@ -752,15 +771,16 @@ fn interrupts_cases() -> Vec<Case> {
                 })
                 .collect(),
             check: |o| {
-                let c = &o.counters[CTX_TASK as usize];
-                expect("pairs sent and lost", c.deferred + c.deferred_lost, RING_FULL_CALLS)?;
-                expect("pairs read back", o.deferred.len() as u64, c.deferred)?;
-                if c.deferred_lost == 0 || c.deferred < (1 << 20) / RING_RECORD - 64 {
+                let counters = &o.counters[CTX_TASK as usize];
+                expect("pairs sent and lost", counters.deferred + counters.deferred_lost, RING_FULL_CALLS)?;
+                expect("pairs read back", o.deferred.len() as u64, counters.deferred)?;
+                if counters.deferred_lost == 0 || counters.deferred < (1 << 20) / RING_RECORD - 64 {
                     return Err(format!(
                         "{} pairs in the ring, {} lost: expected it full",
-                        c.deferred, c.deferred_lost
+                        counters.deferred, counters.deferred_lost
                     ));
                 }
+
                 timed(o, CTX_TASK, 0, 0)
             },
         },
@@ -1346,21 +1366,22 @@ fn no_split_and_workload_cases() -> Vec<Case> {
 /// The deferred pairs of an outcome through the real verifier: confirmed when the entry
 /// program's misses did not move around them, rejected when they did.
 fn verify(d: &[Deferred], misses_moved: bool) -> (u64, u64, u64) {
-    let mut v = Verifier::new(1);
+    let mut verifier = Verifier::new(1);
     let mark = |at: u64, misses: u64| Mark {
         before: at,
         misses,
         after: at + 1,
     };
-    v.mark(0, mark(0, 10));
+    verifier.mark(0, mark(0, 10));
     for x in d {
-        v.push(*x);
+        verifier.push(*x);
     }
-    v.mark(0, mark(u64::MAX / 2, 10 + misses_moved as u64));
-    v.settle();
-    let confirmed = v.outcomes[0].iter().map(|o| o.hist.count).sum();
-    let rejected = v.outcomes[0].iter().map(|o| o.rejected).sum();
-    let off = v.outcomes[0].iter().map(|o| o.off_cpu_ns).sum();
+
+    verifier.mark(0, mark(u64::MAX / 2, 10 + misses_moved as u64));
+    verifier.settle();
+    let confirmed = verifier.outcomes[0].iter().map(|o| o.hist.count).sum();
+    let rejected = verifier.outcomes[0].iter().map(|o| o.rejected).sum();
+    let off = verifier.outcomes[0].iter().map(|o| o.off_cpu_ns).sum();
     (confirmed, rejected, off)
 }
 
@@ -1510,6 +1531,7 @@ fn unmatched_migration(o: &Outcome) -> Result<(), String> {
 
 fn pairing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
     let mut bad = 0;
+
     // The breakdowns' calls counted in the front slots and in the maps, over every sequence.
     let (mut in_front, mut in_maps) = (0, 0);
     let cpus = possible_cpus();
@@ -1517,6 +1539,7 @@ fn pairing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
     if legacy {
         println!("selftest: object: the one for kernels before 5.19: migrated calls must be left unmatched");
     }
+
     for case in cases() {
         if case.cpus > cpus {
             println!(
@@ -1525,6 +1548,7 @@ fn pairing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
             );
             continue;
         }
+
         let (name, check) = if let Some(f) = legacy.then(|| legacy_outcome(case.name)).flatten() {
             (format!("{} (legacy object: {})", case.name, f.0), f.1)
         } else if legacy && migrates(&case.steps) {
@@ -1560,6 +1584,7 @@ fn pairing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
             }
         }
     }
+
     if !breakdown_counted_both_ways(legacy, in_front, in_maps) {
         bad += 1;
     }
@@ -1572,6 +1597,7 @@ fn deferred_verified(outcome: &Outcome) -> Result<(), String> {
     if outcome.deferred.is_empty() {
         return Ok(());
     }
+
     let deferred = outcome.deferred.len() as u64;
     let (confirmed, rejected, off) = verify(&outcome.deferred, false);
     let (confirmed_missed, rejected_missed, off_missed) = verify(&outcome.deferred, true);
@@ -1581,6 +1607,7 @@ fn deferred_verified(outcome: &Outcome) -> Result<(), String> {
             "verifier: without misses {confirmed} confirmed {rejected} rejected; with a miss {confirmed_missed} confirmed {rejected_missed} rejected"
         ));
     }
+
     if (off, off_missed) != (sent, 0) {
         return Err(format!(
             "verifier: time off the CPU {off} ns confirmed ({off_missed} ns with a miss), {sent} ns sent"
@@ -1632,11 +1659,13 @@ fn make_context_load() {
                 libc::CPU_SET(1, &mut set);
                 libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
             }
+
             while !stop.load(Ordering::Relaxed) {
                 std::hint::spin_loop();
             }
         })
     });
+
     // SAFETY: membarrier with valid commands; errors are ignored (older kernels).
     unsafe {
         const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
@@ -1647,6 +1676,7 @@ fn make_context_load() {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+
     if let Ok((a, _b)) = std::os::unix::net::UnixDatagram::pair() {
         let _ = a.set_read_timeout(Some(Duration::from_millis(3)));
         let mut buf = [0u8; 1];
@@ -1654,6 +1684,7 @@ fn make_context_load() {
             let _ = a.recv(&mut buf);
         }
     }
+
     stop.store(true, Ordering::Relaxed);
     if let Some(s) = spinner {
         let _ = s.join();
@@ -1671,6 +1702,7 @@ pub fn run() -> Result<i32> {
         masks.nmi_mask, masks.hardirq_mask, masks.softirq_offset, masks.source, masks.nmi
     );
     let mut bad = u32::from(masks.source != "calibrated");
+
     // One verified object per kind of kernel for every check below, emptied between them.
     let mut rigs = checks::Rigs::default();
     bad += bucketing(&mut rigs, &layout)?;
@@ -1722,6 +1754,7 @@ fn bucketing(rigs: &mut checks::Rigs, layout: &KernelLayout) -> Result<u32> {
             if ok { "ok" } else { "MISMATCH" }
         );
     }
+
     println!(
         "selftest: {} values, {mismatches} mismatches",
         results.len()
@@ -1783,16 +1816,18 @@ fn live_contexts(layout: &KernelLayout) -> Result<u32> {
             if !ok { "MISMATCH" } else if total == 0 { "not observed" } else { "ok" }
         );
     }
+
     for ctx in [CTX_SOFTIRQ, CTX_HARDIRQ] {
-        let n = independent[ctx as usize];
+        let hits = independent[ctx as usize];
         if ctx == CTX_HARDIRQ && possible_cpus() < 2 {
             println!("selftest: hardirq on independent sources: skipped (IPIs need 2 CPUs)");
             continue;
         }
-        let ok = n > 0;
+
+        let ok = hits > 0;
         bad += u32::from(!ok);
         println!(
-            "selftest: {} classified right on sources the calibration does not read: {n} hits {}",
+            "selftest: {} classified right on sources the calibration does not read: {hits} hits {}",
             CTX_NAMES[ctx as usize],
             if ok { "ok" } else { "NOT OBSERVED" }
         );

@@ -60,11 +60,13 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
     if let Some(o) = &args.output {
         export::check_writable(o)?;
     }
+
     let listener = std::net::TcpListener::bind(args.listen)
         .with_context(|| format!("--listen {}: cannot listen there", args.listen))?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let (ask_tx, mut ask_rx) = mpsc::channel::<Ask>(MAX_CONNECTIONS);
+
     // Set while the loop below answers: before (start-up) and after, scrapes get up 0 at once.
     let serving = Arc::new(AtomicBool::new(false));
     {
@@ -74,33 +76,36 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
             .spawn(move || http_thread(listener, ask_tx, serving))
             .context("start the HTTP thread")?;
     }
+
     if let Some(ms) = std::env::var(SLOW_START).ok().and_then(|v| v.parse().ok()) {
         // Synchronous, like the start-up it stands for.
         std::thread::sleep(Duration::from_millis(ms));
     }
+
     let opts = Options {
         verbosity: Verbosity::Normal,
         dashboard: false,
         least_privilege: true,
     };
-    let mut s = match Session::start_or_exit_code(&args.live, opts, |_| Ok(())).await? {
+    let mut session = match Session::start_or_exit_code(&args.live, opts, |_| Ok(())).await? {
         Ok(s) => s,
         Err(code) => return Ok(code),
     };
-    s.without_history();
+    session.without_history();
+
     // Kept across scrapes: a breakdown's row that became a series stays one.
     let mut listed = Listed::default();
     serving.store(true, Ordering::SeqCst);
     eprintln!("memcg-trace: serving http://{addr}/metrics");
     let end = loop {
         tokio::select! {
-            ev = s.next() => match ev? {
+            ev = session.next() => match ev? {
                 Event::Tick(_) => {}
                 // The workload's rows are final now: take them at once rather than at the
                 // next tick, so a scrape from here on has all of them. Serving goes on until
                 // stopped (the system-wide rows keep counting).
                 Event::WorkloadExited(code) => {
-                    s.refresh().await?;
+                    session.refresh().await?;
                     eprintln!(
                         "memcg-trace: the workload exited ({}); still serving",
                         code.map_or("killed".into(), |c| c.to_string())
@@ -109,23 +114,26 @@ pub async fn run(args: ServeArgs) -> Result<i32> {
                 Event::Signal(sig) => break End::Signal(sig),
             },
             Some(ask) = ask_rx.recv() => {
-                let doc = export::document(&s.latest(), &s.meta_now());
+                let doc = export::document(&session.latest(), &session.meta_now());
                 listed.update(&doc);
                 let _ = ask.send(Some(Arc::new((doc, listed.clone()))));
             }
         }
     };
+
     // From now on scrapes get up 0 at once; those already waiting here are answered so too.
     serving.store(false, Ordering::SeqCst);
     ask_rx.close();
     while let Ok(ask) = ask_rx.try_recv() {
         let _ = ask.send(None);
     }
-    let fin = s.finish(end).await?;
+
+    let fin = session.finish(end).await?;
     if let Some(o) = &args.output {
         export::write_atomic(o, &export::document(&fin.snapshot, &fin.meta))?;
         eprintln!("memcg-trace: wrote {}", o.display());
     }
+
     fin.report_hdr_log()?;
     Ok(0)
 }
@@ -138,6 +146,7 @@ fn drop_all_caps() -> Result<()> {
     for set in [CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
         caps::clear(None, set).map_err(|e| anyhow!("drop capabilities: {e}"))?;
     }
+
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(anyhow!(
@@ -152,6 +161,7 @@ fn http_thread(listener: std::net::TcpListener, ask: mpsc::Sender<Ask>, serving:
     if let Err(e) = drop_all_caps() {
         eprintln!("memcg-trace: warning: HTTP thread: {e:#}");
     }
+
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -219,11 +229,13 @@ async fn answer(
             "memcg-trace serves /metrics\n".into(),
         ));
     }
+
     let format = Format::from_accept(
         req.headers()
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok()),
     );
+
     // Not serving (start-up, shutdown): up 0 at once. Serving: the session's loop answers;
     // if it cannot within a few seconds, 503 (a busy daemon is not a down one).
     let doc = match ask {

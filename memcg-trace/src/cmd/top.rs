@@ -41,7 +41,7 @@ pub async fn top(args: TopArgs) -> Result<i32> {
         dashboard: true,
         least_privilege: true,
     };
-    let mut s = match Session::start(&args.live, opts, |_| Ok(())).await {
+    let mut sess = match Session::start(&args.live, opts, |_| Ok(())).await {
         Ok(s) => s,
         Err(e) => {
             return match session::interrupted_exit_code(&e) {
@@ -57,14 +57,15 @@ pub async fn top(args: TopArgs) -> Result<i32> {
             preemption: kernel::preemption_model(config.as_ref()),
             kernel: release,
             recording: None,
-            floors: s.floors().to_vec(),
-            calibration: s.calibration().to_vec(),
+            floors: sess.floors().to_vec(),
+            calibration: sess.calibration().to_vec(),
         },
         args.live.tick,
     );
-    let end = tui::live(&mut app, &mut s, args.exit).await;
+    let end = tui::live(&mut app, &mut sess, args.exit).await;
+
     // The session ends (programs detached, memcg removed) whatever the dashboard returned.
-    let fin = s
+    let fin = sess
         .finish(end.as_ref().copied().unwrap_or(session::End::Quit))
         .await?;
     end?;
@@ -81,6 +82,7 @@ pub async fn view(args: ViewArgs) -> Result<i32> {
     if let (Some(b), Some(name)) = (b, args.files.get(1)) {
         compare_with(&mut app, &b, &name.display().to_string());
     }
+
     tui::view(&mut app).await?;
     Ok(0)
 }
@@ -121,6 +123,7 @@ pub fn recording_app(doc: &export::Document, name: &str) -> App {
         )
     });
     app.set_workload_cpu(doc.meta.workload.as_ref().and_then(|w| w.cpu_ns));
+
     // A recording made without the context split names its one context `all` here too.
     let snap = export::to_snapshot(doc);
     let split = !snap.no_context_split;

@@ -16,8 +16,8 @@ pub(super) fn latency_out(
     V2DeflateSerializer::new()
         .serialize(&figures::hdr_with(h, figures::INTERCHANGE_DIGITS), &mut buf)
         .expect("serialize hdr");
-    let l = figures::latency(h, secs, &QUANTILES);
-    let percentiles: Vec<Quantile> = l
+    let lat = figures::latency(h, secs, &QUANTILES);
+    let percentiles: Vec<Quantile> = lat
         .as_ref()
         .map(|l| {
             l.percentiles
@@ -43,8 +43,8 @@ pub(super) fn latency_out(
         wall_share: ratio(h.sum_ns as f64, secs.as_nanos() as f64),
         min_ns: h.min_ns,
         max_ns: h.max_ns,
-        mean_ns: l.as_ref().map(|l| l.mean_ns),
-        stddev_ns: l.as_ref().map(|l| l.stddev_ns),
+        mean_ns: lat.as_ref().map(|l| l.mean_ns),
+        stddev_ns: lat.as_ref().map(|l| l.stddev_ns),
         percentiles_floor_corrected: floor
             .map(|f| {
                 percentiles
@@ -131,6 +131,7 @@ pub fn document(snap: &Snapshot, run: &RunMeta) -> Document {
     let release = kernel::release();
     let config = kernel::config(&release);
     let (cpu_model, cpus) = kernel::cpu_info();
+
     // Start, end and duration describe one window: the end is the start plus the duration.
     let start = unix_ns(run.start);
     Document {
@@ -380,7 +381,7 @@ fn contexts_out(
         // interrupt rows, which would claim none were seen.
         .filter(|(i, _)| *i == 0 || !snap.no_context_split)
         .map(|(i, c)| {
-            let k = &c.counters;
+            let counters = &c.counters;
             let row = ContextOut {
                 context: snap.ctx_name(i).to_string(),
                 count: p.ctx_calls(i),
@@ -391,13 +392,13 @@ fn contexts_out(
                 off_cpu_at_least: c.off_cpu_at_least,
                 // Unknown where any call's time off the CPU is, or only bounded.
                 on_cpu_ns: (timed && !c.on_cpu_unknown())
-                    .then(|| c.hist.sum_ns.saturating_sub(k.off_cpu_ns)),
+                    .then(|| c.hist.sum_ns.saturating_sub(counters.off_cpu_ns)),
                 lost: c.lost(),
                 censored: c.censored(i),
                 latency: timed.then(|| latency_out(&c.hist, secs, floor, c.on_cpu_unknown())),
                 ..Default::default()
             };
-            with_counters(row, k)
+            with_counters(row, counters)
         })
         .collect()
 }
@@ -407,15 +408,15 @@ fn callers_out(snap: &Snapshot, p: &ProbeStats) -> Vec<CallerOut> {
     p.callers
         .iter()
         .map(|s| {
-            let c = &p.contexts[(s.ctx as usize) % NUM_CTX];
+            let ctx_stats = &p.contexts[(s.ctx as usize) % NUM_CTX];
             CallerOut {
                 context: snap.ctx_name(s.ctx as usize).to_string(),
                 site: s.name.clone(),
                 address: format!("{:#x}", s.addr),
                 calls: s.count,
-                share_of_calls: ratio(s.count as f64, c.hist.count as f64),
+                share_of_calls: ratio(s.count as f64, ctx_stats.hist.count as f64),
                 sum_ns: s.sum_ns,
-                share_of_time: ratio(s.sum_ns as f64, c.hist.sum_ns as f64),
+                share_of_time: ratio(s.sum_ns as f64, ctx_stats.hist.sum_ns as f64),
                 p50_ns: s.quantile(0.5),
                 p99_ns: s.quantile(0.99),
                 buckets: s
@@ -460,7 +461,7 @@ fn memcgs_out(snap: &Snapshot, p: &ProbeStats) -> Vec<MemcgOut> {
         .iter()
         .map(|s| {
             let ctx = (s.ctx as usize) % NUM_CTX;
-            let c = &p.contexts[ctx];
+            let ctx_stats = &p.contexts[ctx];
             MemcgOut {
                 context: snap.ctx_name(ctx).to_string(),
                 cgroup: s.name.clone(),
@@ -469,7 +470,7 @@ fn memcgs_out(snap: &Snapshot, p: &ProbeStats) -> Vec<MemcgOut> {
                 share_of_calls: ratio(s.count as f64, p.ctx_calls(ctx) as f64),
                 sum_ns: s.sum_ns,
                 share_of_time: timed
-                    .then(|| ratio(s.sum_ns as f64, c.hist.sum_ns as f64))
+                    .then(|| ratio(s.sum_ns as f64, ctx_stats.hist.sum_ns as f64))
                     .flatten(),
                 p50_ns: timed.then(|| s.quantile(0.5)).flatten(),
                 p99_ns: timed.then(|| s.quantile(0.99)).flatten(),

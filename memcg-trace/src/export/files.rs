@@ -18,6 +18,7 @@ pub(crate) fn create_new(path: &Path) -> std::io::Result<fs::File> {
 /// A temporary name next to `path` that nobody can guess.
 pub(crate) fn temp_name(dir: &Path, name: &std::ffi::OsStr) -> PathBuf {
     let mut rnd = [0u8; 8];
+
     // SAFETY: getrandom fills the buffer it is given; on failure the time stands in.
     let n = unsafe { libc::getrandom(rnd.as_mut_ptr().cast(), rnd.len(), 0) };
     let r = if n == rnd.len() as isize {
@@ -86,6 +87,7 @@ pub fn check_writable(path: &Path) -> Result<()> {
     if path.is_dir() {
         return Err(anyhow!("{}: is a directory", path.display()));
     }
+
     refuse_special(path)?;
     let dir = parent_dir(path);
     let probe = temp_name(&dir, std::ffi::OsStr::new("memcg-trace-probe"));

@@ -79,6 +79,7 @@ mod unix_ns {
             // Nanoseconds since 1970 fit in a u64 until the year 2554.
             N(u64),
         }
+
         match Either::deserialize(d)? {
             Either::S(s) => s.parse().map_err(D::Error::custom),
             Either::N(n) => Ok(n.into()),

@@ -13,9 +13,9 @@ pub fn read(path: &Path) -> Result<Document> {
 
 /// Parses a recording from its text.
 pub fn parse(text: &str) -> Result<Document> {
-    let v: serde_json::Value = serde_json::from_str(text)
+    let json: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| anyhow!("not a memcg-trace recording (invalid JSON: {e})"))?;
-    let schema = match v.get("schema").and_then(|s| s.as_str()) {
+    let schema = match json.get("schema").and_then(|s| s.as_str()) {
         Some(s @ (SCHEMA | SCHEMA_V1)) => s.to_string(),
         Some(other) => {
             return Err(anyhow!(
@@ -24,13 +24,14 @@ pub fn parse(text: &str) -> Result<Document> {
         }
         None => return Err(anyhow!("not a memcg-trace recording (no \"schema\")")),
     };
-    check_numbers(&v, &mut String::new())?;
+    check_numbers(&json, &mut String::new())?;
     let mut doc: Document =
-        serde_json::from_value(v).map_err(|e| anyhow!("malformed {schema} document: {e}"))?;
+        serde_json::from_value(json).map_err(|e| anyhow!("malformed {schema} document: {e}"))?;
     check_sizes(&doc)?;
     if schema == SCHEMA_V1 {
         upgrade_v1(&mut doc);
     }
+
     wall_shares(&mut doc);
     Ok(doc)
 }
@@ -98,6 +99,7 @@ fn check_numbers(v: &serde_json::Value, at: &mut String) -> Result<()> {
                 let len = at.len();
                 at.push('/');
                 at.push_str(k);
+
                 // Points in time (`*_unix_ns`) are never added up.
                 if let Some(n) = x.as_u64().filter(|_| !k.ends_with("_unix_ns")) {
                     let (limit, what) = if k.ends_with("_ns") {
@@ -111,6 +113,7 @@ fn check_numbers(v: &serde_json::Value, at: &mut String) -> Result<()> {
                         ));
                     }
                 }
+
                 check_numbers(x, at)?;
                 at.truncate(len);
             }
@@ -126,6 +129,7 @@ fn check_numbers(v: &serde_json::Value, at: &mut String) -> Result<()> {
                         ));
                     }
                 }
+
                 check_numbers(x, at)?;
                 at.truncate(len);
             }
@@ -146,8 +150,10 @@ fn upgrade_v1(doc: &mut Document) {
             c.exits = c.count + c.lost;
             c.paired = c.count;
         }
+
         p.lost = p.contexts.iter().map(|c| c.lost).sum();
     }
+
     doc.schema = SCHEMA.into();
     doc.upgraded_from = Some(SCHEMA_V1.into());
 }
@@ -168,24 +174,24 @@ pub fn to_snapshot(doc: &Document) -> Snapshot {
 
 /// A histogram of `count` calls from a recorded latency (none: the calls only).
 fn hist_data(count: u64, l: Option<&Latency>) -> HistData {
-    let mut h = HistData {
+    let mut hist = HistData {
         count,
         ..Default::default()
     };
     if let Some(l) = l {
-        h.sum_ns = l.sum_ns;
-        h.self_ns = l.self_ns.unwrap_or(l.sum_ns);
-        h.nested = l.nested_calls.unwrap_or(0);
-        h.off_ns = l.off_cpu_ns.unwrap_or(0);
-        h.nested_off_ns = l.nested_off_cpu_ns.unwrap_or(0);
-        h.min_ns = l.min_ns;
-        h.max_ns = l.max_ns;
+        hist.sum_ns = l.sum_ns;
+        hist.self_ns = l.self_ns.unwrap_or(l.sum_ns);
+        hist.nested = l.nested_calls.unwrap_or(0);
+        hist.off_ns = l.off_cpu_ns.unwrap_or(0);
+        hist.nested_off_ns = l.nested_off_cpu_ns.unwrap_or(0);
+        hist.min_ns = l.min_ns;
+        hist.max_ns = l.max_ns;
         for b in &l.buckets {
-            let c = &mut h.buckets[bucket_index(b.min_ns)];
+            let c = &mut hist.buckets[bucket_index(b.min_ns)];
             *c = c.saturating_add(b.count);
         }
     }
-    h
+    hist
 }
 
 /// One probe of a recording as the tracer's statistics.
@@ -288,14 +294,14 @@ fn site(
     buckets: &[[u64; 2]],
 ) -> crate::callers::Site {
     let ctx = kernel::ctx_index(context).unwrap_or(0) as u32;
-    let mut s = crate::callers::Site::new(ctx, key);
-    s.name = name.to_owned();
-    s.count = calls;
-    s.sum_ns = sum_ns;
+    let mut entry = crate::callers::Site::new(ctx, key);
+    entry.name = name.to_owned();
+    entry.count = calls;
+    entry.sum_ns = sum_ns;
     for [i, n] in buckets {
-        if let Some(b) = s.buckets.get_mut(*i as usize) {
+        if let Some(b) = entry.buckets.get_mut(*i as usize) {
             *b = *n;
         }
     }
-    s
+    entry
 }

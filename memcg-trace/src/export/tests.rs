@@ -12,17 +12,17 @@ fn dir(name: &str) -> PathBuf {
 /// row's count).
 #[test]
 fn every_counter_is_recorded_and_read_back() {
-    let k = crate::snapshot::counters_for_tests::distinct();
-    let row = with_counters(ContextOut::default(), &k);
+    let counters = crate::snapshot::counters_for_tests::distinct();
+    let row = with_counters(ContextOut::default(), &counters);
     let json = serde_json::to_string(&row).unwrap();
     let read: ContextOut = serde_json::from_str(&json).unwrap();
     let back = counters_of(&read);
     assert_eq!(
         Counters {
-            workload_hits: k.workload_hits,
+            workload_hits: counters.workload_hits,
             ..back
         },
-        k,
+        counters,
         "{json}"
     );
     assert_eq!(back.workload_hits, 0);
@@ -33,11 +33,13 @@ fn cpu_share_is_time_on_the_cpu_and_the_wall_share_is_told_apart() {
     // Two calls of 1 s and 3 s over 10 s; the second slept 2 s of them.
     let mut h = HistData::of(&[1_000_000_000, 3_000_000_000]);
     h.off_ns = 2_000_000_000;
-    let l = latency_out(&h, Duration::from_secs(10), None, false);
-    assert_eq!((l.cpu_share, l.wall_share), (Some(0.2), Some(0.4)));
+    let lat = latency_out(&h, Duration::from_secs(10), None, false);
+    assert_eq!((lat.cpu_share, lat.wall_share), (Some(0.2), Some(0.4)));
+
     // A call whose time off the CPU is unknown: no on-CPU share, the wall share stays.
-    let l = latency_out(&h, Duration::from_secs(10), None, true);
-    assert_eq!((l.cpu_share, l.wall_share), (None, Some(0.4)));
+    let lat = latency_out(&h, Duration::from_secs(10), None, true);
+    assert_eq!((lat.cpu_share, lat.wall_share), (None, Some(0.4)));
+
     // A recording made before `wall_share`: its `cpu_share` was the wall share.
     let old = fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/6.12-fentry.json"),
@@ -65,6 +67,7 @@ fn a_call_beyond_the_last_bucket_lies_inside_it() {
     assert_eq!(last.min_ns, bucket_bounds(NUM_BUCKETS - 1).0);
     assert!((last.min_ns..last.max_ns).contains(&l.max_ns), "{last:?}");
     assert_eq!(l.max_ns, long);
+
     // Read back as a snapshot's histogram, an interval of it keeps the long call's max.
     let since = HistData::of(&[long]).since(&HistData::default());
     assert_eq!((since.min_ns, since.max_ns), (long, long));
@@ -91,6 +94,7 @@ fn each_probe_rates_over_its_own_window() {
     assert!((rate(0) - calls(0) / 10.0).abs() < 1e-6, "{}", rate(0));
     assert!((rate(1) - calls(1) / 6.0).abs() < 1e-6, "{}", rate(1));
     assert_eq!(out[1].window_ns, Some(6_000_000_000));
+
     // It travels: read back, the probe keeps its window.
     let back = to_snapshot(&Document {
         probes: out,
@@ -103,77 +107,81 @@ fn each_probe_rates_over_its_own_window() {
 fn hdr_strings_are_the_compressed_interchange_form_at_the_stated_resolution() {
     use base64::Engine as _;
     use hdrhistogram::serialization::Deserializer;
-    let h = HistData::of(&[480, 500, 1_000, 1_500, 2_000, 90_000]);
-    let l = latency_out(&h, Duration::from_secs(1), None, false);
+    let hist = HistData::of(&[480, 500, 1_000, 1_500, 2_000, 90_000]);
+    let l = latency_out(&hist, Duration::from_secs(1), None, false);
     assert!(l.hdr_v2.starts_with("HISTF"), "{}", &l.hdr_v2[..8]);
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(&l.hdr_v2)
         .unwrap();
     // The compressed V2 cookie (base 0x1c849304, word-size bits 0x10).
     assert_eq!(&bytes[..4], &0x1c84_9314u32.to_be_bytes());
-    let d: hdrhistogram::Histogram<u64> = Deserializer::new().deserialize(&mut &bytes[..]).unwrap();
-    assert_eq!(d.sigfig(), figures::INTERCHANGE_DIGITS);
-    assert_eq!(d.len(), 6);
+    let hdr: hdrhistogram::Histogram<u64> =
+        Deserializer::new().deserialize(&mut &bytes[..]).unwrap();
+    assert_eq!(hdr.sigfig(), figures::INTERCHANGE_DIGITS);
+    assert_eq!(hdr.len(), 6);
+
     // The extremes in their own buckets, not at a bucket midpoint.
     assert!(
-        d.equivalent(d.min(), h.min_ns),
+        hdr.equivalent(hdr.min(), hist.min_ns),
         "{} vs {}",
-        d.min(),
-        h.min_ns
+        hdr.min(),
+        hist.min_ns
     );
     assert!(
-        d.equivalent(d.max(), h.max_ns),
+        hdr.equivalent(hdr.max(), hist.max_ns),
         "{} vs {}",
-        d.max(),
-        h.max_ns
+        hdr.max(),
+        hist.max_ns
     );
-    assert!(d.equivalent(d.value_at_quantile(0.5), 1_000));
+    assert!(hdr.equivalent(hdr.value_at_quantile(0.5), 1_000));
 }
 
 #[test]
 fn a_symlink_planted_at_the_temporary_name_is_not_followed() {
-    let d = dir("tmp-symlink");
-    let victim = d.join("victim");
+    let tmp = dir("tmp-symlink");
+    let victim = tmp.join("victim");
     fs::write(&victim, "precious").unwrap();
-    let planted = d.join(".out.json.0123456789abcdef.tmp");
+    let planted = tmp.join(".out.json.0123456789abcdef.tmp");
     std::os::unix::fs::symlink(&victim, &planted).unwrap();
     assert!(create_new(&planted).is_err());
     assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
-    let _ = fs::remove_dir_all(&d);
+    let _ = fs::remove_dir_all(&tmp);
 }
 
 #[test]
 fn writing_over_a_symlink_replaces_the_link_not_its_target() {
-    let d = dir("out-symlink");
-    let victim = d.join("victim");
+    let tmp = dir("out-symlink");
+    let victim = tmp.join("victim");
     fs::write(&victim, "precious").unwrap();
-    let out = d.join("out.json");
+    let out = tmp.join("out.json");
     std::os::unix::fs::symlink(&victim, &out).unwrap();
     write_file_atomic(&out, b"{}\n").unwrap();
     assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
     assert!(!fs::symlink_metadata(&out).unwrap().file_type().is_symlink());
     assert_eq!(fs::read_to_string(&out).unwrap(), "{}\n");
+
     // Nothing else is left in the directory: no temporary file.
-    let mut names: Vec<String> = fs::read_dir(&d)
+    let mut names: Vec<String> = fs::read_dir(&tmp)
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
     assert_eq!(names, ["out.json", "victim"]);
-    let _ = fs::remove_dir_all(&d);
+    let _ = fs::remove_dir_all(&tmp);
 }
 
 #[test]
 fn temporary_names_are_not_guessable() {
-    let d = PathBuf::from("/x");
-    let a = temp_name(&d, std::ffi::OsStr::new("r.json"));
-    let b = temp_name(&d, std::ffi::OsStr::new("r.json"));
-    assert_ne!(a, b);
+    let parent = PathBuf::from("/x");
+    let first = temp_name(&parent, std::ffi::OsStr::new("r.json"));
+    let second = temp_name(&parent, std::ffi::OsStr::new("r.json"));
+    assert_ne!(first, second);
     assert!(
-        !a.to_string_lossy()
+        !first
+            .to_string_lossy()
             .contains(&std::process::id().to_string())
-            || a != b
+            || first != second
     );
 }
 
@@ -184,12 +192,13 @@ fn temporary_names_are_not_guessable() {
 #[test]
 fn a_device_pipe_or_socket_is_not_replaced_by_the_output() {
     use std::os::unix::fs::FileTypeExt as _;
-    let d = dir("special");
-    let fifo = d.join("fifo");
+    let tmp = dir("special");
+    let fifo = tmp.join("fifo");
     let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+
     // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let link = d.join("stdout");
+    let link = tmp.join("stdout");
     std::os::unix::fs::symlink(&fifo, &link).unwrap();
     for p in [&fifo, &link] {
         for e in [
@@ -200,30 +209,33 @@ fn a_device_pipe_or_socket_is_not_replaced_by_the_output() {
             assert!(e.contains("not a regular file") && !e.contains('\n'), "{e}");
         }
     }
+
     assert!(fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
     assert!(fs::symlink_metadata(&link)
         .unwrap()
         .file_type()
         .is_symlink());
     assert_eq!(
-        fs::read_dir(&d).unwrap().count(),
+        fs::read_dir(&tmp).unwrap().count(),
         2,
         "no temporary file left"
     );
-    let _ = fs::remove_dir_all(&d);
+    let _ = fs::remove_dir_all(&tmp);
 }
 
 #[test]
 fn a_failed_write_is_one_line_and_leaves_what_was_there() {
-    let d = dir("fail");
+    let tmp = dir("fail");
+
     // The rename fails: the target is a directory with something in it.
-    let out = d.join("out.json");
+    let out = tmp.join("out.json");
     fs::create_dir(&out).unwrap();
     fs::write(out.join("inside"), "old").unwrap();
     let e = write_file_atomic(&out, b"new").unwrap_err();
     assert!(!format!("{e:#}").contains('\n'), "{e:#}");
     assert_eq!(fs::read_to_string(out.join("inside")).unwrap(), "old");
+
     // The temporary file is gone.
-    assert_eq!(fs::read_dir(&d).unwrap().count(), 1);
-    let _ = fs::remove_dir_all(&d);
+    assert_eq!(fs::read_dir(&tmp).unwrap().count(), 1);
+    let _ = fs::remove_dir_all(&tmp);
 }

@@ -1,5 +1,5 @@
-//! Start-up as steps: the kernel inspected, the programs loaded, each probe attached, the
-//! floors measured.
+//! Attaching (start-up's middle step, see `start`): the kernel inspected, the programs loaded,
+//! each probe attached, the floors measured.
 
 use super::*;
 
@@ -100,6 +100,7 @@ fn interest(sel: &ProbeSel) -> HashSet<String> {
             out.insert(c.symbol.to_string());
             out.extend(c.requires.map(str::to_string));
         }
+
         out.extend(p.tracepoint.map(str::to_string));
         out.extend(p.caveat.as_ref().map(|c| c.unless.to_string()));
     }
@@ -122,7 +123,7 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
         sel.probe.clone()
     };
     for n in names.iter().filter(|n| !n.is_empty()) {
-        let p = probes::probe_def(n).ok_or_else(|| {
+        let def = probes::probe_def(n).ok_or_else(|| {
             anyhow!(
                 "unknown probe {n:?}; valid probes: {}",
                 probes::PROBES
@@ -132,10 +133,11 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
                     .join(", ")
             )
         })?;
-        if !out.contains(&Request::Probe(p)) {
-            out.push(Request::Probe(p));
+        if !out.contains(&Request::Probe(def)) {
+            out.push(Request::Probe(def));
         }
     }
+
     for f in &sel.func {
         if !syms.btf_funcs.contains(f) && !syms.kallsyms.contains(f) {
             let hint = syms
@@ -150,8 +152,10 @@ pub fn requests(sel: &ProbeSel, syms: &Symbols) -> Result<Vec<Request>> {
                 .unwrap_or_default();
             bail!("unknown function {f:?}: not in this kernel's BTF or kallsyms{hint}");
         }
+
         out.push(Request::Func(f.clone()));
     }
+
     if out.len() > MAX_PROBES {
         bail!(
             "{} probes requested; at most {MAX_PROBES} can be traced at once",
@@ -179,6 +183,7 @@ fn memcg_paths(
             if out.contains_key(&key) || plan.target.contains('.') {
                 continue;
             }
+
             let Some(arg) = kernel::first_arg_struct(btf, &plan.target, tp) else {
                 continue;
             };
@@ -218,6 +223,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
             "fentry with the eBPF object for kernels before 5.19, which claims its slots without atomics, where fentry programs can interleave on a CPU (a preemptible kernel, or no context split): a call may be paired with another's exit; --attach kprobe avoids it".into(),
         );
     }
+
     calibration.append(&mut tracer.calibration);
     phases.end("attach");
 
@@ -233,6 +239,7 @@ pub fn attach(sel: &ProbeSel, o: AttachOptions) -> Result<Attached> {
         if o.strict {
             bail!("calibration fell short (--strict): {c}");
         }
+
         if o.verbosity == Verbosity::Normal {
             eprintln!("memcg-trace: warning: {c}");
         }
@@ -311,10 +318,12 @@ fn load(
     phases: &mut Phases,
 ) -> Result<(Tracer, Preemption, Vec<String>)> {
     stop_point("masks")?;
+
     // The BTF (and, on kernels that cannot mmap it, its copy in memory) is gone before the
     // object is loaded.
     crate::tracer::release_freed_memory();
     let (layout, masks) = calibrate::masks(kernel.layout.clone());
+
     // What the calibration's load freed goes back to the system first, so that the tracer's
     // load does not stack on a heap left fragmented.
     crate::tracer::release_freed_memory();
@@ -325,6 +334,7 @@ fn load(
     if masks.source != "calibrated" {
         calibration.push(format!("context masks: {}", masks.source));
     }
+
     let release = kernel::release();
     let model = kernel::preemption_model(kernel::config(&release).as_ref());
     let preemptible = kernel::preemptible(&model);
@@ -335,6 +345,7 @@ fn load(
         no_split,
         interleave: preemptible || no_split,
     };
+
     // Only the kernel knows the level of a cgroup namespace's root.
     let workload_level = o
         .workload_level
@@ -368,6 +379,7 @@ fn load(
             "; this kernel's task clock leaves out {what}: the {what} on a CPU while a task is away from it is not in its time off the CPU, which is then a lower bound (its time on the CPU, and the shares of CPU, upper bounds)"
         ));
     }
+
     phases.end("load");
     Ok((tracer, preemption, calibration))
 }
@@ -411,6 +423,7 @@ fn attach_each(
                     eprintln!("memcg-trace:   ({note})");
                 }
             }
+
             let mut said = attached.notes.clone();
             said.extend(feature_notes(attached, &o.features));
             notes.insert(attached.name.clone(), said);
@@ -425,6 +438,7 @@ fn attach_each(
                 failed.reasons.join("; ")
             );
         }
+
         if o.verbosity == Verbosity::Normal {
             eprintln!(
                 "memcg-trace: {} not attached: {}",
@@ -455,22 +469,27 @@ fn feature_notes(attached: &crate::tracer::Attached, features: &Features) -> Vec
             attached.backend
         ));
     }
+
     if !(features.by_memcg || features.workload_memcg) {
         return notes;
     }
+
     if let Some(arg) = attached.memcg_arg.as_ref() {
         notes.push(format!(
             "the charged memcg is read from its struct {arg} argument"
         ));
         return notes;
     }
+
     let mut why = vec![];
     if features.by_memcg {
         why.push("its calls are under memcg \"unknown\"");
     }
+
     if features.workload_memcg {
         why.push("the workload's calls are those its tasks make (by their cgroup v2 id: none in a v1 memcg)");
     }
+
     let because = if attached.target.contains('.') {
         format!(
             "{} is a compiler clone, whose arguments are not known",

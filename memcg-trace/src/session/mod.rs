@@ -4,11 +4,10 @@
 //! final figures, detach, memcg removal and the exit status. `record`, `top`, `bench` (and every
 //! live command to come) are thin consumers of a `Session`; none reaches into another command.
 //!
-//! Here: the run itself. Its parts: `options` (what it is started with, what it reports),
-//! `start` (start-up as steps: prepare, attach, begin), `attach` (the kernel inspected, the
-//! programs loaded and attached, the floors measured), `privileges` (capabilities, start-up priority), `signals`
-//! (stop signals never lost), `resources` (the daemon's and the workload's CPU time, peak
-//! memory).
+//! Here: the run itself. Its parts: `options` (what it is started with, what it reports), `start`
+//! (start-up as steps: prepare, attach, begin), `attach` (the kernel inspected, the programs loaded
+//! and attached, the floors measured), `privileges` (capabilities, start-up priority), `signals`
+//! (stop signals never lost), `resources` (the daemon's and the workload's CPU time, peak memory).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -133,15 +132,18 @@ impl Session {
         tokio::select! {
             r = self.snapshots.changed() => {
                 r.map_err(|_| anyhow!("the collector stopped"))?;
+
                 // The tests' way to prove a bug's panic still cleans up (memcg, links, terminal).
                 if self.inject_panic {
                     panic!("injected by {INJECT_PANIC}");
                 }
+
                 let snap = self.snapshots.borrow_and_update().clone();
                 self.check_preemption_model();
                 if let Some(l) = self.hdr_log.as_mut() {
                     l.interval(&snap);
                 }
+
                 if self.keep_history {
                     self.history.push(&snap);
                 }
@@ -295,10 +297,12 @@ impl Session {
         if now != self.preemption_model && !seen.contains(&now) {
             seen.push(now);
         }
+
         if self.preemption_writes.as_ref().is_some_and(|w| w.written()) {
             self.preemption_written
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
+
         if seen.is_empty()
             && self
                 .preemption_written
@@ -311,6 +315,7 @@ impl Session {
                     .map_or(self.preemption_model.as_str(), |(_, m)| m),
             ));
         }
+
         if !seen.is_empty() {
             out.push(format!(
                 "the preemption model changed while tracing: the programs were set for {}, the kernel ran as {} since; calls made then were paired as the first allows",
@@ -333,10 +338,12 @@ impl Session {
         {
             return;
         }
+
         if self.preemption_writes.as_ref().is_some_and(|w| w.written()) {
             self.preemption_written
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
+
         let now = kernel::preemption_model(None);
         if now != self.preemption_model && !self.preemption_changes.contains(&now) {
             self.preemption_changes.push(now);
@@ -368,12 +375,14 @@ impl Session {
                     for p in &tree {
                         p.signal(libc::SIGKILL);
                     }
+
                     if !exited {
                         let _ = c.kill().await;
                     }
                 }
             }
         }
+
         // The daemon's own CPU while tracing; detaching is reported apart.
         let cpu = cpu_time().saturating_sub(self.cpu0);
         let collector = self.collector.take().expect("a session finishes once");
@@ -381,6 +390,7 @@ impl Session {
         if self.keep_history {
             self.history.push(&snapshot);
         }
+
         // Read before the memcg goes: a workload still running at the stop has no count yet.
         self.oom_kills = self.oom_kills();
         if let Some(m) = self.memcg.as_mut() {
@@ -388,6 +398,7 @@ impl Session {
                 eprintln!("memcg-trace: warning: {e:#}");
             }
         }
+
         let meta = self.meta(detach, cpu, Some(snapshot.elapsed));
         let workload = !self.argv.is_empty();
         let exit_code = match end {

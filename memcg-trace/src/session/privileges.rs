@@ -18,6 +18,7 @@ pub fn check_privileges() -> Result<()> {
     if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
         return Ok(());
     }
+
     let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
         .iter()
         .filter(|(c, _)| !has(*c))
@@ -75,10 +76,12 @@ pub fn drop_privileges() -> Result<()> {
             }
         }
     }
+
     let _ = caps::clear(None, CapSet::Ambient);
     caps::clear(None, CapSet::Inheritable).map_err(|e| anyhow!("drop capabilities: {e}"))?;
     caps::set(None, CapSet::Effective, &keep).map_err(|e| anyhow!("drop capabilities: {e}"))?;
     caps::set(None, CapSet::Permitted, &keep).map_err(|e| anyhow!("drop capabilities: {e}"))?;
+
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         bail!("set no_new_privs: {}", std::io::Error::last_os_error());
@@ -116,6 +119,7 @@ impl StartupPriority {
         let was = unsafe {
             *libc::__errno_location() = 0;
             let was = libc::getpriority(libc::PRIO_PROCESS, 0);
+
             // (-1 is a nice value too: an error only where errno says so.)
             let failed = was == -1 && *libc::__errno_location() != 0;
             if failed || was <= STARTUP_NICE {
@@ -150,6 +154,7 @@ mod caps_tests {
         assert!(!bpf_needs_caps(Some((5, 19)), true));
         assert!(!bpf_needs_caps(Some((6, 1)), true));
         assert!(!bpf_needs_caps(Some((5, 10)), false));
+
         // A release that cannot be read keeps them.
         assert!(bpf_needs_caps(None, true));
     }

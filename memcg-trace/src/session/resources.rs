@@ -45,6 +45,7 @@ impl WorkloadCpu {
                 ));
             }
         }
+
         let c0 = self.children.filter(|_| reaped)?;
         Some((
             children_cpu_time().saturating_sub(c0).as_nanos() as u64,
@@ -65,13 +66,13 @@ fn cgroup_usage_ns(dir: &std::path::Path) -> Option<u64> {
 /// User + system CPU time of this process's children that were waited for.
 fn children_cpu_time() -> Duration {
     // SAFETY: getrusage fills the struct it is given.
-    let u = unsafe {
+    let usage = unsafe {
         let mut u: libc::rusage = std::mem::zeroed();
         libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
         u
     };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(u.ru_utime) + tv(u.ru_stime)
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// User + system CPU time of this process so far (the workload, a child, is not included).

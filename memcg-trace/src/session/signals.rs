@@ -92,6 +92,7 @@ pub fn block_stop_signals(block: bool) {
     if block {
         note_ignored();
     }
+
     // SAFETY: sigset_t is a plain bit set that sigemptyset initialises; pthread_sigmask only
     // reads it.
     unsafe {
@@ -100,11 +101,13 @@ pub fn block_stop_signals(block: bool) {
         for s in STOP_SIGNALS {
             libc::sigaddset(&mut set, s);
         }
+
         let how = if block {
             libc::SIG_BLOCK
         } else {
             libc::SIG_UNBLOCK
         };
+
         // Fails only for an invalid `how`.
         libc::pthread_sigmask(how, &set, std::ptr::null_mut());
     }
@@ -127,9 +130,11 @@ fn hold_start(point: &str) {
     if !dir.join(format!("{point}.hold")).exists() {
         return;
     }
+
     let _ = fs::write(dir.join(format!("{point}.held")), b"");
     let go = dir.join(format!("{point}.go"));
     let t0 = Instant::now();
+
     // A stop signal noted ends the hold too: a test waits for that, not for a moment.
     while !go.exists() && stop_requested().is_none() && t0.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(5));
@@ -165,7 +170,7 @@ impl Signals {
     /// one that arrived before is delivered now, to a handler with its action.
     pub(super) fn install() -> Result<Signals> {
         hold_start("before-handlers");
-        let s = Signals(
+        let signals = Signals(
             listen(libc::SIGINT, SignalKind::interrupt())?,
             listen(libc::SIGTERM, SignalKind::terminate())?,
             listen(libc::SIGHUP, SignalKind::hangup())?,
@@ -173,7 +178,7 @@ impl Signals {
         note_stop_signals()?;
         hold_start("before-unblock");
         block_stop_signals(false);
-        Ok(s)
+        Ok(signals)
     }
 
     pub(super) async fn recv(&mut self) -> i32 {

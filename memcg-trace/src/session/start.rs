@@ -3,8 +3,8 @@
 
 use super::*;
 
-/// Starts the workload `argv` inside its memcg; with the dashboard, without the terminal.
-fn spawn_workload(m: &Memcg, argv: &[String], dashboard: bool) -> Result<tokio::process::Child> {
+/// Spawns the workload `argv` inside memcg `m`; with the dashboard, without the terminal.
+fn spawn_in(m: &Memcg, argv: &[String], dashboard: bool) -> Result<tokio::process::Child> {
     let mut cmd = m.command(argv);
     if dashboard {
         cmd.stdin(Stdio::null())
@@ -39,6 +39,7 @@ impl Prepared {
         let signals = Signals::install()?;
         check_privileges()?;
         let priority = Some(StartupPriority::raise());
+
         // Before anything is created: a path that cannot be written fails here.
         let hdr_log = args.hdr_log.as_deref().map(HdrLog::create).transpose()?;
         let argv = args.argv()?;
@@ -78,10 +79,12 @@ impl Prepared {
         if let Some(m) = memcg.filter(|_| self.workload_memcg) {
             attached.tracer.set_workload_memcg(&m.path)?;
         }
+
         self.phases.append(&mut attached.phases);
         let t_extra = Instant::now();
         extra(&mut attached.tracer)?;
         attached.tracer.done_attaching();
+
         // Back to its own priority before the workload starts.
         self.priority = None;
         self.phases.push(phase("extra", t_extra));
@@ -107,9 +110,7 @@ fn start_workload(
 ) -> Result<StartedWorkload> {
     let cpu0 = memcg.map(WorkloadCpu::start);
     let oom_kills0 = memcg.and_then(Memcg::oom_kills);
-    let child = memcg
-        .map(|m| spawn_workload(m, argv, dashboard))
-        .transpose()?;
+    let child = memcg.map(|m| spawn_in(m, argv, dashboard)).transpose()?;
     Ok(StartedWorkload {
         child,
         cpu0,
@@ -179,11 +180,13 @@ impl Session {
             floors,
             calibration,
             preemption_model,
-            ..
+            // Already in `prepared.phases` (`Prepared::attach` moved them there).
+            phases: _,
         } = attached;
         let said = TracerSaid::of(&tracer);
         let startup = t0.elapsed();
         let cpu0 = cpu_time();
+
         // When the first probe was attached: the zero of every snapshot's elapsed time, so
         // that the recording's start + duration and the interval log's timestamps are right.
         let started = SystemTime::now()
@@ -192,12 +195,14 @@ impl Session {
         if let Some(l) = hdr_log.as_mut() {
             begin_interval_log(l, started);
         }
+
         // Watched from before the workload starts, and while privileged (debugfs is root's).
         let preemption_writes = kernel::ModelWrites::watch_where_dynamic(&preemption_model);
 
         let collector = Collector::spawn(tracer, args.tick)?;
         let snapshots = collector.subscribe();
         let started_workload = start_workload(memcg.as_ref(), &argv, opts.dashboard)?;
+
         // Attached, and the workload started with the privileges it was given: from here on
         // only what polling, detaching and clean-up need.
         if opts.least_privilege {

@@ -22,6 +22,7 @@ impl Tracer {
             self.failed.push(NotAttached { name, reasons });
             return false;
         }
+
         for plan in &res.plans {
             // Two probes on one function (`--all` on 7.x, where `charge` resolves to the slab
             // hook that `slab_post_alloc` is) would count each call twice and nest each in the
@@ -37,8 +38,10 @@ impl Tracer {
                 ));
                 continue;
             }
+
             let programs = slot_programs(plan.backend, slot, self.fentry_build);
             let prepared = self.prepare_slot(slot, plan, &mut reasons);
+
             // The entry program is new: its misses are 0 until it is attached; the switch
             // witness's count is read before then too.
             let before = monotonic_ns();
@@ -69,15 +72,18 @@ impl Tracer {
                     if self.attached.len() == 1 {
                         self.started = Instant::now();
                     }
+
                     self.mark(slot as usize);
                     return true;
                 }
                 Err(e) => reasons.push(format!("{}: {}: {e}", plan.backend, plan.target)),
             }
         }
+
         if res.plans.is_empty() && reasons.is_empty() {
             reasons.push("no backend can attach it".into());
         }
+
         self.failed.push(NotAttached { name, reasons });
         false
     }
@@ -113,6 +119,7 @@ impl Tracer {
     ) {
         self.set_window(slot, memcg_trace_common::WINDOW_OPEN);
         self.verifier.mark(slot as usize, mark);
+
         // Deferred pairs of a kprobe can be confirmed where the kernel counts kprobe programs'
         // recursion misses (6.7+), or by the switch witness; fentry's always can.
         if witnessed {
@@ -120,10 +127,12 @@ impl Tracer {
                 w.slots.push(slot);
             }
         }
+
         self.verifier.set_verifiable(
             slot as usize,
             backend != Backend::Kprobe || crate::kernel::kprobe_misses_counted() || witnessed,
         );
+
         // The kprobe entry program's missed runs per CPU, so that its exits prove the calls
         // that left the CPU without moving off it (fentry's were pointed at before it ran).
         // Entries made before then are not proven there, only deferred.
@@ -151,9 +160,11 @@ impl Tracer {
                 if let Some(p) = self.ebpf.program_mut(name) {
                     unload(p);
                 }
+
                 for &done in &programs[i + 1..] {
                     self.detach(done);
                 }
+
                 return Err(e);
             }
         }
@@ -181,6 +192,7 @@ impl Tracer {
                 self.point_prog_misses(name, slot);
             }
         }
+
         let btf = self
             .btf
             .as_ref()
@@ -193,6 +205,7 @@ impl Tracer {
         if let Some(fd) = dup_fd(p) {
             self.prog_fds.insert(name, fd);
         }
+
         if let Some(k) = k {
             self.kprobes.insert(name, k);
         }
@@ -260,11 +273,12 @@ impl Tracer {
     /// Tells the workload's calls by the memcg at `dir` (and those below it): fills the set
     /// the programs look the charged memcg up in. Kept up to date at each snapshot.
     pub fn set_workload_memcg(&mut self, dir: &std::path::Path) -> Result<()> {
-        let m = self
+        let map = self
             .ebpf
             .take_map(names::MAP_WORKLOAD_MEMCGS)
             .ok_or_else(|| anyhow!("map {} missing", names::MAP_WORKLOAD_MEMCGS))?;
-        let set = aya::maps::HashMap::try_from(m).context("the workload's memcgs")?;
+        let set = aya::maps::HashMap::try_from(map).context("the workload's memcgs")?;
+
         // Where the programs' climbs stop, before the set is filled: a memcg made below it
         // meanwhile is found there.
         let root = crate::memcgs::id_of(dir)
@@ -315,6 +329,7 @@ impl Tracer {
                 self.kprobes_closed.insert(name, (ret, hits, missed));
             }
         }
+
         if let Some(p) = self.ebpf.program_mut(name) {
             unload(p);
         }
@@ -348,6 +363,7 @@ impl Tracer {
     /// the BPF trampolines attaching made, which stacks pass through.
     pub fn done_attaching(&mut self) {
         self.btf = None;
+
         // A switch witness whose kprobe could not be attached after all costs every context
         // switch for nothing.
         if self.witness.as_ref().is_some_and(|w| w.slots.is_empty()) {
@@ -355,6 +371,7 @@ impl Tracer {
             self.extra.retain(|p| *p != names::HELD_SWITCH);
             self.witness = None;
         }
+
         if self.stacks.is_some() {
             let (n, _) = crate::callers::Names::new();
             self.names = n;
@@ -376,6 +393,7 @@ impl Tracer {
         for slot in 0..self.attached.len() as u32 {
             self.set_window(slot, 0);
         }
+
         let mut progs: Vec<&'static str> = self
             .attached
             .iter()
@@ -398,12 +416,14 @@ impl Tracer {
         if self.witness.is_some() {
             return true;
         }
+
         if !self.prog_active_known {
             reasons.push(
                 "kprobe: calls that left the CPU cannot be proven on this kernel (it counts no kprobe program misses before 6.7, and bpf_prog_active, which the switch witness reads, is not a known per-CPU variable): they are counted unproven".into(),
             );
             return false;
         }
+
         match self.attach_program(names::HELD_SWITCH, names::HELD_SWITCH_TARGET, None) {
             Ok(()) => {
                 self.extra.push(names::HELD_SWITCH);
@@ -444,6 +464,7 @@ impl Tracer {
         if witnessed {
             misses += self.held_total();
         }
+
         let after = monotonic_ns();
         self.verifier.mark(
             slot,

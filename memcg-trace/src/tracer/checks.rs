@@ -170,6 +170,7 @@ fn map_elem(cmd: libc::c_long, fd: i32, key: *const u8, value: *mut u8) -> std::
         value: u64,
         flags: u64,
     }
+
     let mut attr = Attr {
         map_fd: fd as u32,
         _pad: 0,
@@ -177,9 +178,10 @@ fn map_elem(cmd: libc::c_long, fd: i32, key: *const u8, value: *mut u8) -> std::
         value: value as u64,
         flags: 0,
     };
+
     // SAFETY: the attribute and the buffers it points to outlive the call; their sizes are the
     // map's key and value sizes, as the caller allocated them.
-    let r = unsafe {
+    let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             cmd,
@@ -187,7 +189,7 @@ fn map_elem(cmd: libc::c_long, fd: i32, key: *const u8, value: *mut u8) -> std::
             std::mem::size_of::<Attr>(),
         )
     };
-    if r < 0 {
+    if ret < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
@@ -212,6 +214,7 @@ fn empty_map(data: &MapData, per_cpu: bool, hash: bool, cpus: usize) -> Result<(
             }
         }
     }
+
     // A per-CPU value is one 8-byte aligned slot per possible CPU.
     let value_size = info.value_size() as usize;
     let size = if per_cpu {
@@ -220,6 +223,7 @@ fn empty_map(data: &MapData, per_cpu: bool, hash: bool, cpus: usize) -> Result<(
         value_size
     };
     let mut zero = vec![0u8; size];
+
     // A mappable array (the cells, the breakdowns' front slots: thousands of elements of
     // kilobytes) is read through a mapping and only its elements that hold something are
     // written: a system call each costs tens of microseconds in an emulated guest.
@@ -231,6 +235,7 @@ fn empty_map(data: &MapData, per_cpu: bool, hash: bool, cpus: usize) -> Result<(
         if held.as_ref().is_some_and(|h| !h[i as usize]) {
             continue;
         }
+
         key.copy_from_slice(&i.to_ne_bytes());
         map_elem(UPDATE, fd, key.as_ptr(), zero.as_mut_ptr())?;
     }
@@ -241,9 +246,11 @@ fn empty_map(data: &MapData, per_cpu: bool, hash: bool, cpus: usize) -> Result<(
 /// anything but zeroes (None: it could not be mapped).
 fn elements_held(fd: i32, value_size: usize, entries: usize) -> Option<Vec<bool>> {
     let (p, len, stride) = super::shared::map_array(fd, value_size, entries).ok()?;
+
     // SAFETY: the mapping holds `len` readable bytes until unmapped below (no program runs
     // between the sequences, so nothing writes them meanwhile).
     let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), len) };
+
     // A word at a time (elements are 8-aligned), the value's last bytes as they are.
     let held = (0..entries)
         .map(|i| {
@@ -287,7 +294,7 @@ impl Rigs {
         kprobe_defers: bool,
     ) -> Result<&mut TestRig> {
         let kind = (preemptible, kprobe_defers);
-        let i = match self.0.iter().position(|(k, _)| *k == kind) {
+        let pos = match self.0.iter().position(|(k, _)| *k == kind) {
             Some(i) => i,
             None => {
                 self.0
@@ -295,7 +302,7 @@ impl Rigs {
                 self.0.len() - 1
             }
         };
-        let rig = &mut self.0[i].1;
+        let rig = &mut self.0[pos].1;
         rig.reset()?;
         Ok(rig)
     }
@@ -317,6 +324,7 @@ pub fn bucketing(
                 [test_op::BUCKET, probe as u64, v, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             )?;
         }
+
         for (probe, &v) in chunk.iter().enumerate() {
             let (_, h, _) = rig.read(probe as u32, CTX_TASK)?;
             out.push((v, h.buckets.iter().position(|n| *n > 0)));
@@ -522,7 +530,8 @@ pub fn pairing(
                 rig.cpus
             );
         }
-        let r = rig.run(
+
+        let ret = rig.run(
             Some(cpu),
             [
                 op,
@@ -539,10 +548,11 @@ pub fn pairing(
                 clock,
             ],
         )?;
-        if r != 0 {
-            return Err(Refused(format!("the test program refused step {s:?} ({r})")).into());
+        if ret != 0 {
+            return Err(Refused(format!("the test program refused step {s:?} ({ret})")).into());
         }
     }
+
     outcome(rig)
 }
 
@@ -562,6 +572,7 @@ impl Whereabouts {
         if m.0 != cpu {
             *m = (cpu, m.1 + 1);
         }
+
         self.running.insert(cpu, task);
         m.1
     }
@@ -730,6 +741,7 @@ fn outcome(rig: &mut TestRig) -> Result<Outcome> {
         out.hist[ctx] = h;
         out.workload.merge(&w);
     }
+
     out.deferred = rig.deferred()?;
     let mut counted = (0, 0);
     out.sites = breakdown_of(
@@ -799,6 +811,7 @@ fn breakdown_of<K: aya::Pod>(
             }
         }
     }
+
     for r in map.iter() {
         let (k, v) = r?;
         let (p, ctx, id) = key(&k);
@@ -877,11 +890,13 @@ pub fn context_check(
             break;
         }
     }
+
     for prog in names::CTX_CHECK {
         if let Some(p) = ebpf.program_mut(prog) {
             unload(p);
         }
     }
+
     read_ctx_checks(&ebpf, rows, &used)
 }
 
@@ -899,16 +914,18 @@ fn attach_ctx_checks(ebpf: &mut Ebpf, rows: &[CtxUse]) -> Result<Vec<Option<Stri
         if !rows.contains(usage) {
             continue;
         }
+
         let prog = names::CTX_CHECK[row];
-        let p = ebpf
+        let program = ebpf
             .program_mut(prog)
             .ok_or_else(|| anyhow!("program {prog} missing from the object"))?;
         for tp in *tps {
-            if load_and_attach(p, prog, tp, &btf).is_ok() {
+            if load_and_attach(program, prog, tp, &btf).is_ok() {
                 used[row] = Some(tp.to_string());
                 break;
             }
-            unload(p);
+
+            unload(program);
         }
     }
     Ok(used)
@@ -930,9 +947,11 @@ fn calibration_rows_hit(ebpf: &Ebpf, used: &[Option<String>]) -> Result<bool> {
         if *usage != CtxUse::Calibration || *ctx == memcg_trace_common::CTX_NMI {
             continue;
         }
+
         if used[row].is_none() {
             continue;
         }
+
         let mut hits = 0;
         for got in 0..CTX_CHECK_COLS {
             hits += counts
@@ -940,6 +959,7 @@ fn calibration_rows_hit(ebpf: &Ebpf, used: &[Option<String>]) -> Result<bool> {
                 .iter()
                 .sum::<u64>();
         }
+
         if hits < 3 {
             return Ok(false);
         }
@@ -961,14 +981,19 @@ fn read_ctx_checks(
         if !rows.contains(usage) {
             continue;
         }
-        let r = row as u32;
-        let mut c = [0u64; CTX_CHECK_COLS as usize];
-        for (got, slot) in c.iter_mut().enumerate() {
-            *slot = counts.get(&ctx_check_index(r, got as u32), 0)?.iter().sum();
+
+        let row_index = row as u32;
+        let mut row_counts = [0u64; CTX_CHECK_COLS as usize];
+        for (got, slot) in row_counts.iter_mut().enumerate() {
+            *slot = counts
+                .get(&ctx_check_index(row_index, got as u32), 0)?
+                .iter()
+                .sum();
         }
-        let any = bits.get(&(r * 2), 0)?.iter().fold(0, |a, b| a | b);
+
+        let any = bits.get(&(row_index * 2), 0)?.iter().fold(0, |a, b| a | b);
         let all = bits
-            .get(&(r * 2 + 1), 0)?
+            .get(&(row_index * 2 + 1), 0)?
             .iter()
             .filter(|v| **v != 0)
             .fold(u64::MAX, |a, b| a & b);
@@ -977,7 +1002,7 @@ fn read_ctx_checks(
             expected: CTX_NAMES[*ctx as usize],
             usage: *usage,
             tracepoint: used[row].clone(),
-            counts: c,
+            counts: row_counts,
             bits_any: any,
             bits_all: if all == u64::MAX {
                 0
@@ -998,6 +1023,7 @@ pub fn raise_nmis(window: Duration) -> bool {
         let mut attr = [0u8; 128];
         attr[4..8].copy_from_slice(&128u32.to_ne_bytes());
         attr[16..24].copy_from_slice(&100_000u64.to_ne_bytes());
+
         // SAFETY: perf_event_open with a zeroed, sized attr.
         let fd = unsafe {
             libc::syscall(
@@ -1013,6 +1039,7 @@ pub fn raise_nmis(window: Duration) -> bool {
             fds.push(fd as i32);
         }
     }
+
     let any = !fds.is_empty();
     if any {
         // Keep a CPU busy so the counter overflows.
@@ -1021,8 +1048,10 @@ pub fn raise_nmis(window: Duration) -> bool {
         while t.elapsed() < window {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
         }
+
         std::hint::black_box(x);
     }
+
     for fd in fds {
         // SAFETY: closing fds we opened.
         unsafe { libc::close(fd) };
@@ -1043,6 +1072,7 @@ pub fn prog_stats(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<HashMap<u32, u64
         it.load(PROG_ITER_KIND, btf)
             .map_err(|e| anyhow!("load the bpf_prog iterator: {}", chain(&e)))?;
     }
+
     let link = it
         .attach()
         .map_err(|e| anyhow!("attach the bpf_prog iterator: {}", chain(&e)))?;
@@ -1072,16 +1102,20 @@ impl Tracer {
         if !backend.has_latency() {
             bail!("{backend} measures no latency");
         }
+
         if slot >= self.probes {
             bail!("no spare probe slot for the floor");
         }
+
         self.load_floor_trigger()?;
         let programs = super::slot_programs(backend, slot, self.fentry_build);
         let result = self.time_floor(backend, slot, calls, &programs);
+
         // Entry first, as always: a call in flight still gets its exit.
         for p in &programs {
             self.detach(p);
         }
+
         if let Some(p) = self.ebpf.program_mut(FLOOR_TRIGGER) {
             unload(p);
         }
@@ -1110,14 +1144,15 @@ impl Tracer {
 
     /// How long `n` calls of [`FLOOR_FUNCTION`] take, one BPF_PROG_TEST_RUN each.
     fn run_floor_trigger(&self, n: u32) -> Result<Duration> {
-        let p: &FExit = self
+        let trigger: &FExit = self
             .ebpf
             .program(FLOOR_TRIGGER)
             .context("trigger program")?
             .try_into()?;
         let start = Instant::now();
         for _ in 0..n {
-            p.test_run(())
+            trigger
+                .test_run(())
                 .map_err(|e| anyhow!("BPF_PROG_TEST_RUN: {}", chain(&e)))?;
         }
         Ok(start.elapsed())
@@ -1143,7 +1178,7 @@ impl Tracer {
         let traced = self
             .run_floor_trigger(calls)?
             .min(self.run_floor_trigger(calls)?);
-        let h = self.floor_hist(slot);
+        let hist = self.floor_hist(slot);
 
         // Stats off again whether the batch ran or not.
         self.start_stats()?;
@@ -1152,14 +1187,14 @@ impl Tracer {
         let (time, runs) = batch?;
         let per_pair_runs = runs as f64 / programs.len() as f64;
 
-        let l = figures::latency(&h, Duration::from_secs(1), &[0.5, 0.9])
+        let lat = figures::latency(&hist, Duration::from_secs(1), &[0.5, 0.9])
             .ok_or_else(|| anyhow!("the floor pair on {FLOOR_FUNCTION} timed no call"))?;
         Ok(Floor {
             backend,
-            calls: h.count,
-            p50_ns: l.at(0.5).unwrap_or(0),
-            p90_ns: l.at(0.9).unwrap_or(0),
-            min_ns: h.min_ns,
+            calls: hist.count,
+            p50_ns: lat.at(0.5).unwrap_or(0),
+            p90_ns: lat.at(0.9).unwrap_or(0),
+            min_ns: hist.min_ns,
             programs_ns: figures::ratio(time as f64, per_pair_runs),
             // Not resolved when the traced batches were not slower than the bare ones (a
             // disturbed machine, emulation): unknown, never a negative cost.
@@ -1190,9 +1225,9 @@ impl Tracer {
     /// workload cell should the daemon run inside the cgroup it traces (`--cgroup` of its
     /// own).
     fn floor_hist(&self, slot: u32) -> HistData {
-        let mut h = HistData::default();
+        let mut hist = HistData::default();
         for cpu in 0..self.cpus as u32 {
-            h.add_cpu(
+            hist.add_cpu(
                 &self
                     .cells
                     .get(cell(cpu, self.probes, slot, CTX_TASK) as usize)
@@ -1200,10 +1235,10 @@ impl Tracer {
             );
             if self.workload {
                 let w = workload_cell(cpu, self.probes, slot, CTX_TASK, self.workload_contexts);
-                h.add_cpu(&self.workload_cells.get(w as usize).hist);
+                hist.add_cpu(&self.workload_cells.get(w as usize).hist);
             }
         }
-        h
+        hist
     }
 }
 
@@ -1226,11 +1261,13 @@ mod tests {
     #[test]
     fn program_stats_from_the_info_are_the_fdinfo_s() {
         let name = "program_stats_from_the_info_are_the_fdinfo_s";
+
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipping {name}: needs root");
             return;
         }
+
         let btf = crate::kernel::open_btf().expect("kernel BTF");
         let layout = crate::kernel::layout(&btf).expect("layout").offsets;
         drop(btf);
@@ -1240,6 +1277,7 @@ mod tests {
             rig.run(None, [test_op::CONTEXT, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
                 .expect("test run");
         }
+
         drop(stats);
         let prog: &RawTracePoint = rig
             .ebpf

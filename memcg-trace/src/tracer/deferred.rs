@@ -20,6 +20,7 @@ pub fn monotonic_ns() -> u64 {
         tv_sec: 0,
         tv_nsec: 0,
     };
+
     // SAFETY: clock_gettime fills the timespec it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -136,12 +137,14 @@ impl Verifier {
     pub fn settle(&mut self) {
         let mut keep = VecDeque::new();
         while let Some(d) = self.waiting.pop_front() {
-            let p = d.probe as usize;
+            let probe = d.probe as usize;
             let ctx = d.ctx as usize;
-            if p >= self.marks.len() || ctx >= NUM_CTX {
+            if probe >= self.marks.len() || ctx >= NUM_CTX {
                 continue;
             }
-            let marks = &self.marks[p];
+
+            let marks = &self.marks[probe];
+
             // The last reading finished before the call started, and the first begun after it
             // ended: equal counts mean no miss while it ran.
             let a = marks.iter().rev().find(|m| m.after <= d.start);
@@ -149,10 +152,11 @@ impl Verifier {
                 keep.push_back(d);
                 continue;
             };
-            let ok = self.verifiable[p] && a.is_some_and(|a| a.misses == b.misses);
-            let out = &mut self.outcomes[p][ctx];
+            let ok = self.verifiable[probe] && a.is_some_and(|a| a.misses == b.misses);
+            let out = &mut self.outcomes[probe][ctx];
             if ok {
                 let ns = d.end - d.start;
+
                 // The traced calls nested in it are known unless marked otherwise.
                 let (self_ns, nested, self_known) = match ns.checked_sub(d.child_ns) {
                     Some(s) if d.child_ns != u64::MAX => (s, d.child_calls as u64, true),
@@ -161,6 +165,7 @@ impl Verifier {
                         (ns, 0, false)
                     }
                 };
+
                 // Its time off the CPU, where known.
                 let off = if d.flags & DEFERRED_SWITCHED != 0 && d.flags & DEFERRED_OFF_UNKNOWN == 0
                 {
@@ -168,6 +173,7 @@ impl Verifier {
                 } else {
                     0
                 };
+
                 // What its nested calls spent off the CPU, of its own time off it.
                 let nested_off = if self_known {
                     d.child_off_ns.min(off)
@@ -178,18 +184,29 @@ impl Verifier {
                 if d.flags & DEFERRED_OUTERMOST != 0 {
                     out.outermost_ns += ns;
                 }
+
                 if d.flags & DEFERRED_OFF_UNKNOWN != 0 {
                     out.off_cpu_unknown += 1;
                 } else if d.flags & DEFERRED_SWITCHED != 0 {
                     out.off_cpu_ns += d.off_ns;
                     out.off_cpu_max_ns = out.off_cpu_max_ns.max(d.off_ns);
                 }
+
                 if d.flags & DEFERRED_WORKLOAD != 0 {
-                    add(&mut self.workload[p], ns, self_ns, nested, off, nested_off);
+                    add(
+                        &mut self.workload[probe],
+                        ns,
+                        self_ns,
+                        nested,
+                        off,
+                        nested_off,
+                    );
                 }
+
                 if let Some(c) = self.callers.as_mut() {
                     c.add(d.probe, d.ctx as u32, d.caller, ns);
                 }
+
                 if let Some(c) = self.memcgs.as_mut() {
                     c.add(d.probe, d.ctx as u32, d.memcg, ns);
                 }
@@ -204,6 +221,7 @@ impl Verifier {
                 }
             }
         }
+
         self.waiting = keep;
     }
 }
@@ -252,17 +270,17 @@ mod tests {
 
     #[test]
     fn a_call_without_misses_around_it_counts() {
-        let mut v = Verifier::new(1);
-        v.mark(0, mark(0, 7));
-        v.push(call(100, 900, CTX_TASK));
-        v.settle();
-        assert_eq!(v.waiting(), 1, "no reading after its end yet");
-        v.mark(0, mark(1000, 7));
-        v.settle();
-        assert_eq!(v.waiting(), 0);
-        assert_eq!(v.outcomes[0][0].hist.count, 1);
-        assert_eq!(v.outcomes[0][0].hist.sum_ns, 800);
-        assert_eq!(v.outcomes[0][0].rejected, 0);
+        let mut verifier = Verifier::new(1);
+        verifier.mark(0, mark(0, 7));
+        verifier.push(call(100, 900, CTX_TASK));
+        verifier.settle();
+        assert_eq!(verifier.waiting(), 1, "no reading after its end yet");
+        verifier.mark(0, mark(1000, 7));
+        verifier.settle();
+        assert_eq!(verifier.waiting(), 0);
+        assert_eq!(verifier.outcomes[0][0].hist.count, 1);
+        assert_eq!(verifier.outcomes[0][0].hist.sum_ns, 800);
+        assert_eq!(verifier.outcomes[0][0].rejected, 0);
     }
 
     #[test]
@@ -292,6 +310,7 @@ mod tests {
             ),
             (800, 500, 1)
         );
+
         // Rejected calls add nothing.
         let mut rejected = call(4000, 4900, CTX_TASK);
         rejected.flags = DEFERRED_SWITCHED;
@@ -308,77 +327,82 @@ mod tests {
     /// is unknown.
     #[test]
     fn confirmed_calls_carry_their_nested_calls_time_off_the_cpu() {
-        let mut v = Verifier::new(1);
-        v.mark(0, mark(0, 7));
-        let mut a = call(1000, 3500, CTX_TASK);
-        a.flags = DEFERRED_SWITCHED;
-        (a.off_ns, a.child_ns, a.child_off_ns) = (1500, 1900, 1500);
+        let mut verifier = Verifier::new(1);
+        verifier.mark(0, mark(0, 7));
+        let mut first = call(1000, 3500, CTX_TASK);
+        first.flags = DEFERRED_SWITCHED;
+        (first.off_ns, first.child_ns, first.child_off_ns) = (1500, 1900, 1500);
         let mut b = call(4000, 5000, CTX_TASK);
         b.flags = DEFERRED_SWITCHED;
         (b.off_ns, b.child_ns, b.child_off_ns) = (300, u64::MAX, 200);
-        v.push(a);
-        v.push(b);
-        v.mark(0, mark(6000, 7));
-        v.settle();
-        let h = &v.outcomes[0][0].hist;
+        verifier.push(first);
+        verifier.push(b);
+        verifier.mark(0, mark(6000, 7));
+        verifier.settle();
+        let h = &verifier.outcomes[0][0].hist;
         assert_eq!((h.off_ns, h.nested_off_ns), (1800, 1500));
         assert_eq!(h.self_ns, 600 + 1000);
-        // a: 600 self, none of its own off the CPU; b: 1000 whole, 300 off it.
+
+        // first: 600 self, none of its own off the CPU; b: 1000 whole, 300 off it.
         assert_eq!(h.self_on_cpu_ns(), 600 + 700);
     }
 
     #[test]
     fn a_miss_while_a_call_was_in_flight_rejects_it() {
-        let mut v = Verifier::new(1);
-        v.mark(0, mark(0, 7));
-        v.push(call(100, 900, CTX_HARDIRQ));
-        v.push(call(1100, 1200, CTX_HARDIRQ));
-        v.mark(0, mark(1000, 8));
-        v.mark(0, mark(2000, 8));
-        v.settle();
-        let o = &v.outcomes[0][CTX_HARDIRQ as usize];
+        let mut verifier = Verifier::new(1);
+        verifier.mark(0, mark(0, 7));
+        verifier.push(call(100, 900, CTX_HARDIRQ));
+        verifier.push(call(1100, 1200, CTX_HARDIRQ));
+        verifier.mark(0, mark(1000, 8));
+        verifier.mark(0, mark(2000, 8));
+        verifier.settle();
+        let o = &verifier.outcomes[0][CTX_HARDIRQ as usize];
         assert_eq!((o.hist.count, o.rejected), (1, 1), "the first is rejected");
         assert_eq!(o.hist.sum_ns, 100);
+
         // Nested (no DEFERRED_OUTERMOST): its 800 ns were taken out of its enclosing call.
         assert_eq!(o.unproven_nested_ns, 800);
     }
 
     #[test]
     fn a_rejected_nested_call_leaves_out_only_its_own_self_time() {
-        let mut v = Verifier::new(1);
-        v.mark(0, mark(0, 7));
+        let mut verifier = Verifier::new(1);
+        verifier.mark(0, mark(0, 7));
+
         // 800 ns, of which 300 in traced calls nested in it (which count their own).
-        let mut d = call(100, 900, CTX_TASK);
-        d.child_ns = 300;
-        v.push(d);
+        let mut with_nested = call(100, 900, CTX_TASK);
+        with_nested.child_ns = 300;
+        verifier.push(with_nested);
+
         // Its nesting unknown: the whole duration, an upper bound.
         let mut d = call(200, 700, CTX_TASK);
         d.child_ns = u64::MAX;
-        v.push(d);
-        v.mark(0, mark(1000, 8));
-        v.settle();
-        let o = &v.outcomes[0][0];
+        verifier.push(d);
+        verifier.mark(0, mark(1000, 8));
+        verifier.settle();
+        let o = &verifier.outcomes[0][0];
         assert_eq!((o.rejected, o.unproven_nested_ns), (2, 500 + 500));
     }
 
     #[test]
     fn a_rejected_outermost_call_took_no_time_from_another() {
-        let mut v = Verifier::new(1);
-        v.mark(0, mark(0, 7));
+        let mut verifier = Verifier::new(1);
+        verifier.mark(0, mark(0, 7));
         let mut d = call(100, 900, CTX_TASK);
         d.flags = DEFERRED_OUTERMOST;
-        v.push(d);
-        v.mark(0, mark(1000, 8));
-        v.settle();
-        let o = &v.outcomes[0][0];
+        verifier.push(d);
+        verifier.mark(0, mark(1000, 8));
+        verifier.settle();
+        let o = &verifier.outcomes[0][0];
         assert_eq!((o.rejected, o.unproven_nested_ns), (1, 0));
     }
 
     #[test]
     fn a_reading_that_overlaps_the_call_is_not_used() {
-        let mut v = Verifier::new(1);
+        let mut verifier = Verifier::new(1);
+
         // The reading ends after the call started: a miss it counted may be inside the call.
-        v.mark(
+        verifier.mark(
             0,
             Mark {
                 before: 50,
@@ -386,46 +410,47 @@ mod tests {
                 after: 150,
             },
         );
-        v.push(call(100, 900, CTX_TASK));
-        v.mark(0, mark(1000, 1));
-        v.settle();
+        verifier.push(call(100, 900, CTX_TASK));
+        verifier.mark(0, mark(1000, 1));
+        verifier.settle();
         assert_eq!(
-            v.outcomes[0][0].rejected, 1,
+            verifier.outcomes[0][0].rejected, 1,
             "no reading before the call: cannot confirm"
         );
     }
 
     #[test]
     fn a_call_that_began_many_readings_ago_is_still_decided() {
-        let mut v = Verifier::new(1);
-        v.mark(0, mark(0, 3));
+        let mut verifier = Verifier::new(1);
+        verifier.mark(0, mark(0, 3));
         for t in 1..1000 {
-            v.mark(0, mark(t * 1000, 3));
-            v.settle();
+            verifier.mark(0, mark(t * 1000, 3));
+            verifier.settle();
         }
+
         // A call that began before the second reading ends only now.
-        v.push(call(100, 999_500, CTX_TASK));
-        v.mark(0, mark(1_000_000, 3));
-        v.settle();
+        verifier.push(call(100, 999_500, CTX_TASK));
+        verifier.mark(0, mark(1_000_000, 3));
+        verifier.settle();
         assert_eq!(
-            v.outcomes[0][0].hist.count, 1,
+            verifier.outcomes[0][0].hist.count, 1,
             "confirmed across 1000 readings"
         );
         assert!(
-            v.marks[0].len() <= 3,
+            verifier.marks[0].len() <= 3,
             "equal readings compressed: {}",
-            v.marks[0].len()
+            verifier.marks[0].len()
         );
     }
 
     #[test]
     fn unverifiable_probes_reject_every_deferred_call() {
-        let mut v = Verifier::new(1);
-        v.set_verifiable(0, false);
-        v.mark(0, mark(0, 0));
-        v.push(call(100, 900, CTX_TASK));
-        v.mark(0, mark(1000, 0));
-        v.settle();
-        assert_eq!(v.outcomes[0][0].rejected, 1);
+        let mut verifier = Verifier::new(1);
+        verifier.set_verifiable(0, false);
+        verifier.mark(0, mark(0, 0));
+        verifier.push(call(100, 900, CTX_TASK));
+        verifier.mark(0, mark(1000, 0));
+        verifier.settle();
+        assert_eq!(verifier.outcomes[0][0].rejected, 1);
     }
 }

@@ -101,6 +101,7 @@ fn no_file_opens() -> Result<()> {
         jf: 0,
         k,
     };
+
     // struct seccomp_data: nr at 0, arch at 4.
     let filter = [
         stmt(BPF_LD | BPF_W | BPF_ABS, 4),
@@ -118,10 +119,12 @@ fn no_file_opens() -> Result<()> {
         filter: filter.as_ptr() as *mut sock_filter,
     };
     let errno = |what: &str| anyhow!("{what}: {}", std::io::Error::last_os_error());
+
     // SAFETY: prctl with integer arguments; it sets this thread's no_new_privs.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(errno("no_new_privs for the loader's thread"));
     }
+
     // SAFETY: `prog` points at `filter`, both alive through the call, which copies them.
     if unsafe {
         libc::prctl(
@@ -147,6 +150,7 @@ pub fn attach_btf<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Btf> {
         funcs.insert(n.as_bytes().to_vec());
         tracepoints.insert([TRACEPOINT_TYPEDEF, n.as_bytes()].concat());
     }
+
     let f = File::open(VMLINUX).map_err(|e| anyhow!("cannot read {VMLINUX}: {e}"))?;
     let stub = ids_only(f, |kind, name| match kind {
         KIND_FUNC => funcs.contains(name),
@@ -188,6 +192,7 @@ pub fn ids_only<R: Read + Seek>(mut r: R, keep: impl Fn(u32, &[u8]) -> bool) -> 
     if hdr[..2] != [0x9f, 0xeb] {
         bail!(bad("no little-endian BTF header"));
     }
+
     let (hdr_len, type_off, type_len, str_off, str_len) = (
         le32(&hdr, 4) as u64,
         le32(&hdr, 8) as u64,
@@ -201,7 +206,8 @@ pub fn ids_only<R: Read + Seek>(mut r: R, keep: impl Fn(u32, &[u8]) -> bool) -> 
         .map_err(|_| bad("string section out of range"))?;
     r.seek(SeekFrom::Start(hdr_len + type_off))
         .map_err(|_| bad("type section out of range"))?;
-    let mut r = BufReader::with_capacity(1 << 16, r);
+    let mut reader = BufReader::with_capacity(1 << 16, r);
+
     // The header is written last.
     let mut out = vec![0u8; 24];
     let mut names = vec![0u8];
@@ -209,13 +215,15 @@ pub fn ids_only<R: Read + Seek>(mut r: R, keep: impl Fn(u32, &[u8]) -> bool) -> 
     let mut at = 0u64;
     let mut head = [0u8; 12];
     while at < type_len {
-        r.read_exact(&mut head)
+        reader
+            .read_exact(&mut head)
             .map_err(|_| bad("a type cut short"))?;
         let (name_off, info) = (le32(&head, 0) as usize, le32(&head, 4));
         let kind = (info >> 24) & 0x1f;
         let extra = extra_bytes(kind, (info & 0xffff) as u64)
             .ok_or_else(|| bad(&format!("unknown kind {kind}")))?;
-        r.seek_relative(extra as i64)
+        reader
+            .seek_relative(extra as i64)
             .map_err(|_| bad("a type cut short"))?;
         at += 12 + extra;
         let name = strings
@@ -226,6 +234,7 @@ pub fn ids_only<R: Read + Seek>(mut r: R, keep: impl Fn(u32, &[u8]) -> bool) -> 
             out.extend_from_slice(&(names.len() as u32).to_le_bytes());
             names.extend_from_slice(name);
             names.push(0);
+
             // A function's vlen is its linkage; the kind flag is not ours to keep.
             out.extend_from_slice(&(info & !(1 << 31)).to_le_bytes());
             out.extend_from_slice(&0u32.to_le_bytes());
@@ -236,9 +245,11 @@ pub fn ids_only<R: Read + Seek>(mut r: R, keep: impl Fn(u32, &[u8]) -> bool) -> 
             out.extend_from_slice(&0u32.to_le_bytes());
         }
     }
+
     if at != type_len {
         bail!(bad("the last type overruns its section"));
     }
+
     drop(strings);
     out.truncate(kept_end);
     let types = (out.len() - 24) as u32;
@@ -249,6 +260,7 @@ pub fn ids_only<R: Read + Seek>(mut r: R, keep: impl Fn(u32, &[u8]) -> bool) -> 
     {
         out[4 + 4 * i..8 + 4 * i].copy_from_slice(&v.to_le_bytes());
     }
+
     out.extend_from_slice(&names);
     Ok(out)
 }
@@ -261,18 +273,20 @@ mod tests {
     use aya_obj::btf::BtfKind;
 
     fn blob(types: &[[u32; 3]], strings: &[u8]) -> Vec<u8> {
-        let mut b = vec![0x9f, 0xeb, 1, 0];
+        let mut bytes = vec![0x9f, 0xeb, 1, 0];
         let tl = (types.len() * 12) as u32;
         for v in [24, 0, tl, tl, strings.len() as u32] {
-            b.extend_from_slice(&v.to_le_bytes());
+            bytes.extend_from_slice(&v.to_le_bytes());
         }
+
         for t in types {
             for v in t {
-                b.extend_from_slice(&v.to_le_bytes());
+                bytes.extend_from_slice(&v.to_le_bytes());
             }
         }
-        b.extend_from_slice(strings);
-        b
+
+        bytes.extend_from_slice(strings);
+        bytes
     }
 
     /// Every function and raw tracepoint asked for has the id in the cut-down BTF that it has
@@ -311,6 +325,7 @@ mod tests {
             );
             last = last.max(want.unwrap_or(0)).max(want_tp.unwrap_or(0));
         }
+
         assert!(last > 0, "none of {names:?} in this kernel's BTF");
         for (name, kind) in [
             ("task_struct", BtfKind::Struct),
@@ -322,6 +337,7 @@ mod tests {
                 "{name} kept"
             );
         }
+
         // Ids past the last type kept are gone.
         let cut = ids_only(Cursor::new(&raw), |_, _| false).unwrap();
         assert_eq!(
@@ -336,32 +352,37 @@ mod tests {
         // 1: int "int" (4 extra bytes), 2: struct "s" with one member "m" (12 extra bytes),
         // 3: func "f" (global linkage), 4: typedef "btf_trace_t", 5: func "g".
         let strings = b"\0int\0s\0m\0f\0btf_trace_t\0g\0";
-        let mut t = Vec::new();
+        let mut types = Vec::new();
         for v in [1u32, 1 << 24, 4, 32] {
-            t.extend_from_slice(&v.to_le_bytes());
+            types.extend_from_slice(&v.to_le_bytes());
         }
+
         for v in [5u32, (4 << 24) | 1, 4, 7, 1, 0] {
-            t.extend_from_slice(&v.to_le_bytes());
+            types.extend_from_slice(&v.to_le_bytes());
         }
+
         for v in [9u32, (12 << 24) | 1, 2, 11, 8 << 24, 1, 23, 12 << 24, 2] {
-            t.extend_from_slice(&v.to_le_bytes());
+            types.extend_from_slice(&v.to_le_bytes());
         }
-        let mut b = vec![0x9f, 0xeb, 1, 0];
+
+        let mut bytes = vec![0x9f, 0xeb, 1, 0];
         for v in [
             24u32,
             0,
-            t.len() as u32,
-            t.len() as u32,
+            types.len() as u32,
+            types.len() as u32,
             strings.len() as u32,
         ] {
-            b.extend_from_slice(&v.to_le_bytes());
+            bytes.extend_from_slice(&v.to_le_bytes());
         }
-        b.extend_from_slice(&t);
-        b.extend_from_slice(strings);
+
+        bytes.extend_from_slice(&types);
+        bytes.extend_from_slice(strings);
         let keep = |kind: u32, name: &[u8]| {
             (kind == KIND_FUNC && name == b"f") || (kind == KIND_TYPEDEF && name == b"btf_trace_t")
         };
-        let raw = ids_only(Cursor::new(&b), keep).unwrap();
+        let raw = ids_only(Cursor::new(&bytes), keep).unwrap();
+
         // Four types (through the last kept), then the names "f" and "btf_trace_t".
         assert_eq!(le32(&raw, 12), 4 * 12, "types through the last kept one");
         assert_eq!(
@@ -382,13 +403,14 @@ mod tests {
                 .unwrap(),
             4
         );
+
         // Not asked for, or neither function nor typedef: not named; "g" came after the last
         // kept type. Accepting everything keeps every function and typedef, and only those.
         assert!(cut.id_by_type_name_kind("int", BtfKind::Int).is_err());
         assert!(cut.id_by_type_name_kind("s", BtfKind::Struct).is_err());
         assert!(cut.id_by_type_name_kind("g", BtfKind::Func).is_err());
         let all = Btf::parse(
-            &ids_only(Cursor::new(&b), |_, _| true).unwrap(),
+            &ids_only(Cursor::new(&bytes), |_, _| true).unwrap(),
             Endianness::default(),
         )
         .unwrap();
@@ -401,14 +423,18 @@ mod tests {
         let keep = |_: u32, _: &[u8]| true;
         assert!(ids_only(Cursor::new(&[]), keep).is_err());
         assert!(ids_only(Cursor::new(&[0u8; 24]), keep).is_err());
+
         // A type section beyond the data.
-        let mut b = blob(&[], b"\0");
-        b[12..16].copy_from_slice(&1000u32.to_le_bytes());
-        assert!(ids_only(Cursor::new(&b), keep).is_err());
+        let mut bytes = blob(&[], b"\0");
+        bytes[12..16].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(ids_only(Cursor::new(&bytes), keep).is_err());
+
         // A type of an unknown kind.
         assert!(ids_only(Cursor::new(&blob(&[[0, 31 << 24, 0]], b"\0")), keep).is_err());
+
         // A struct whose members run past the section.
         assert!(ids_only(Cursor::new(&blob(&[[0, (4 << 24) | 3, 8]], b"\0")), keep).is_err());
+
         // A name outside the string section.
         assert!(ids_only(Cursor::new(&blob(&[[99, 12 << 24, 0]], b"\0")), keep).is_err());
     }

@@ -67,12 +67,14 @@ impl KprobeEvent {
             format!("p:{event} {function}")
         };
         append(&tracefs, &def).map_err(|e| anyhow!("kprobe_events {def:?}: {e}"))?;
+
         // From here on the event exists: a failure removes it (Drop).
         let id_path = tracefs.join("events").join(&event).join("id");
         let cleanup = Remove {
             tracefs: tracefs.clone(),
             event: event.clone(),
         };
+
         // The kprobe is registered (disarmed) with the event, so the kernel's list shows how it
         // will run before any call can hit it. (x86 only: arm64 has no kprobes on ftrace, and
         // its breakpoint handler leaves preempt_count as it is.)
@@ -85,12 +87,14 @@ impl KprobeEvent {
                 }
             }
         }
+
         let id: u64 = fs::read_to_string(&id_path)
             .with_context(|| format!("read {}", id_path.display()))?
             .trim()
             .parse()
             .with_context(|| format!("parse {}", id_path.display()))?;
         let perf = perf_tracepoint(id)?;
+
         // SAFETY: ioctls on a perf event fd we own, with a program fd the caller owns.
         unsafe {
             if libc::ioctl(perf.as_raw_fd(), PERF_EVENT_IOC_SET_BPF, prog_fd) != 0 {
@@ -99,10 +103,12 @@ impl KprobeEvent {
                     std::io::Error::last_os_error()
                 );
             }
+
             if libc::ioctl(perf.as_raw_fd(), PERF_EVENT_IOC_ENABLE, 0) != 0 {
                 bail!("enable {event}: {}", std::io::Error::last_os_error());
             }
         }
+
         std::mem::forget(cleanup);
         Ok(KprobeEvent {
             tracefs,
@@ -177,6 +183,7 @@ impl Drop for KprobeEvent {
     fn drop(&mut self) {
         // SAFETY: ioctl on a perf event fd we own.
         unsafe { libc::ioctl(self.perf.as_raw_fd(), PERF_EVENT_IOC_DISABLE, 0) };
+
         // The event is busy while the perf event is open: close it first.
         let perf = std::mem::replace(&mut self.perf, dev_null());
         drop(perf);
@@ -215,10 +222,13 @@ fn perf_tracepoint(id: u64) -> Result<OwnedFd> {
     attr[0..4].copy_from_slice(&PERF_TYPE_TRACEPOINT.to_ne_bytes());
     attr[4..8].copy_from_slice(&128u32.to_ne_bytes());
     attr[8..16].copy_from_slice(&id.to_ne_bytes());
+
     // sample_period = 1
     attr[16..24].copy_from_slice(&1u64.to_ne_bytes());
+
     // wakeup_events = 1 (offset 48)
     attr[48..52].copy_from_slice(&1u32.to_ne_bytes());
+
     // SAFETY: perf_event_open with a zeroed, sized attr; fd checked below.
     let fd = unsafe {
         libc::syscall(
@@ -236,6 +246,7 @@ fn perf_tracepoint(id: u64) -> Result<OwnedFd> {
             std::io::Error::last_os_error()
         );
     }
+
     // SAFETY: a new fd we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
@@ -270,6 +281,7 @@ pub fn remove_stale() -> usize {
         if pid == std::process::id() as i32 || crate::workload::alive(pid) {
             continue;
         }
+
         if append(&tracefs, &format!("-:{event}")).is_ok() {
             removed += 1;
         }
@@ -304,20 +316,26 @@ ffffffff81a01400  k  __mod_memcg_state+0x4    [FTRACE]
     fn a_kprobe_off_its_ftrace_site_is_told_apart() {
         assert_eq!(off_ftrace(LIST, "obj_cgroup_charge", false), Some(false));
         assert_eq!(off_ftrace(LIST, "obj_cgroup_charge", true), Some(false));
+
         // Registered but not yet armed: still on ftrace.
         assert_eq!(off_ftrace(LIST, "mod_memcg_state", false), Some(false));
+
         // A breakpoint, or a jump into an optimized detour that was a breakpoint until
         // optimized: off ftrace either way.
         assert_eq!(off_ftrace(LIST, "__css_rstat_updated", false), Some(true));
         assert_eq!(off_ftrace(LIST, "__css_rstat_updated", true), Some(true));
         assert_eq!(off_ftrace(LIST, "some_function", false), Some(true));
+
         // After an `endbr64` (a kernel built for indirect branch tracking).
         assert_eq!(off_ftrace(LIST, "count_memcg_events", false), Some(false));
+
         // Another tool's kprobe at the entry beside ours: on ftrace if any is.
         assert_eq!(off_ftrace(LIST, "__mod_memcg_state", false), Some(false));
+
         // Not at the entry, or not listed: nothing said.
         assert_eq!(off_ftrace(LIST, "mod_objcg_state", false), None);
         assert_eq!(off_ftrace(LIST, "mod_memcg_lruvec_state", false), None);
+
         // A name that is a prefix of a listed one is not that one.
         assert_eq!(off_ftrace(LIST, "obj_cgroup", false), None);
     }

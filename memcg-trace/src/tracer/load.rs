@@ -194,26 +194,32 @@ pub(super) fn load_object(
     if image.is_empty() {
         bail!("this binary was built with AYA_BUILD_SKIP and carries no eBPF programs; rebuild it with `cargo xtask build`");
     }
+
     let cpus = possible_cpus() as u32;
     let probes = o.probes.max(1);
     let front = FrontSizes::new(probes, cpus, object);
     let config = config_of(o, cpus, probes);
     let level: u8 = if o.features.ebpf_log { 0xff } else { 0 };
     let mut layout = *layout;
+
     // A copy aligned like the original, for the ELF parser, patched below.
     let mut words = vec![0u64; image.len().div_ceil(8)];
+
     // SAFETY: a u64 buffer viewed as the bytes it holds.
     let bytes: &mut [u8] =
         unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast(), image.len()) };
     bytes.copy_from_slice(image);
+
     // Source lines are only for the verifier's messages: kept with --ebpf-log.
     let mut changed = !o.features.ebpf_log && patch::drop_line_info(bytes)?;
+
     // Direct reads (plain loads instead of bpf_probe_read_kernel calls) unless asked not to.
     if !o.features.probe_read
         && !needs_probe_read(crate::kernel::version(&crate::kernel::release()))
     {
         changed |= patch_direct_reads(bytes, &mut layout)?;
     }
+
     let object = changed.then_some(words);
     let bytes: &[u8] = match &object {
         // SAFETY: as above; the buffer outlives the load.
@@ -226,6 +232,7 @@ pub(super) fn load_object(
             layout.interrupt_masks
         );
     }
+
     let (mut loader, loader_btf) = kbtf::loader(bytes);
     loader
         .override_global(names::GLOBAL_LAYOUT, &layout, true)
@@ -274,11 +281,13 @@ fn config_of(o: &LoadOptions, cpus: u32, probes: u32) -> Config {
 fn patch_direct_reads(bytes: &mut [u8], layout: &mut KernelLayout) -> Result<bool> {
     let mut changed = false;
     layout.direct_task = 1;
+
     // The patched programs' task fields at their offsets (`fentry_build` takes them only where
     // every offset fits).
     if let Some(offsets) = patch::lean_offsets(layout) {
         changed |= patch::lean_fields(bytes, &offsets)? > 0;
     }
+
     if layout.preempt_var_id != 0 && patch::percpu_var(bytes, layout.preempt_var_id)? > 0 {
         layout.direct_preempt = 1;
         changed = true;
@@ -288,6 +297,7 @@ fn patch_direct_reads(bytes: &mut [u8], layout: &mut KernelLayout) -> Result<boo
         layout.direct_untrusted = 1;
         changed = true;
     }
+
     // The memcg chase and the call sites' reads by plain loads through the cast wherever the
     // kernel has it (the casts patched above, or here: the other reads through casts stay off
     // where the per-CPU variable is named, as they hang on `direct_untrusted`).
@@ -308,23 +318,29 @@ fn map_sizes(o: &LoadOptions, config: &Config, front: FrontSizes) -> [(&'static 
     let (cpus, probes) = (config.cpus, config.probes);
     let shards = breakdown_shards(cpus);
     let when = |on: bool, entries: u32| if on { entries } else { 1 };
-    let f = &o.features;
+    let features = &o.features;
     [
         (names::MAP_CELLS, cpus * probes * NUM_CTX as u32),
         (
             names::MAP_WORKLOAD_CELLS,
-            cpus * probes * workload_contexts(f.workload_memcg),
+            cpus * probes * workload_contexts(features.workload_memcg),
         ),
         (names::MAP_DEFERRED, DEFERRED_BYTES),
         (names::MAP_HELD_SWITCHES, cpus),
-        (names::MAP_CALLERS, when(f.callers, MAX_CALLERS * shards)),
-        (names::MAP_MEMCGS, when(f.by_memcg, MAX_MEMCGS * shards)),
-        (names::MAP_CALLER_FRONT, front.entries(f.callers)),
-        (names::MAP_MEMCG_FRONT, front.entries(f.by_memcg)),
+        (
+            names::MAP_CALLERS,
+            when(features.callers, MAX_CALLERS * shards),
+        ),
+        (
+            names::MAP_MEMCGS,
+            when(features.by_memcg, MAX_MEMCGS * shards),
+        ),
+        (names::MAP_CALLER_FRONT, front.entries(features.callers)),
+        (names::MAP_MEMCG_FRONT, front.entries(features.by_memcg)),
         (names::MAP_STACKS, when(config.stack_depth > 0, MAX_STACKS)),
         (
             names::MAP_WORKLOAD_MEMCGS,
-            when(f.workload_memcg, MAX_WORKLOAD_MEMCGS),
+            when(features.workload_memcg, MAX_WORKLOAD_MEMCGS),
         ),
     ]
 }
@@ -338,6 +354,7 @@ pub fn own_cgroup_level(layout: &KernelLayout) -> Result<u32> {
     if image.is_empty() {
         bail!("this binary carries no eBPF programs");
     }
+
     let (mut loader, _) = kbtf::loader(image);
     let mut ebpf = loader
         .override_global(names::GLOBAL_LAYOUT, layout, true)
@@ -358,16 +375,17 @@ pub fn own_cgroup_level(layout: &KernelLayout) -> Result<u32> {
         .try_into()?;
     prog.load()
         .map_err(|e| anyhow!("loading the cgroup level program: {}", chain(&e)))?;
-    let r = prog.test_run(RawTracePointRunOptions::new()).map_err(|e| {
+    let run = prog.test_run(RawTracePointRunOptions::new()).map_err(|e| {
         anyhow!(
             "BPF_PROG_TEST_RUN of the cgroup level program: {}",
             chain(&e)
         )
     })?;
     drop(ebpf);
+
     // What this load took goes back before the tracer's own.
     release_freed_memory();
-    match r.return_value {
+    match run.return_value {
         0 => bail!("the kernel's layout of the task's cgroup is not known"),
         n => Ok(n - 1),
     }
@@ -390,12 +408,13 @@ pub(super) fn load_and_attach(
             s
         }
     };
-    let r = match p {
+    let attached = match p {
         Program::FEntry(p) => {
             // Already loaded when the miss counter was looked up.
             if p.fd().is_err() {
                 p.load(target, btf).map_err(|e| refused(chain(&e)))?;
             }
+
             p.attach().map(drop)
         }
         Program::FExit(p) => p.load(target, btf).and_then(|_| p.attach().map(drop)),
@@ -410,7 +429,7 @@ pub(super) fn load_and_attach(
         }
         _ => return Err("unexpected program type".into()),
     };
-    r.map(|_| None).map_err(|e| refused(chain(&e)))
+    attached.map(|_| None).map_err(|e| refused(chain(&e)))
 }
 
 /// Detaches and unloads a program of any of the types used here.
@@ -456,15 +475,17 @@ pub enum FentryBuild {
 /// The programs of one probe slot for a backend, entry first; `build`: which fentry/fexit
 /// programs ([`fentry_build`]).
 pub fn slot_programs(backend: Backend, slot: u32, build: FentryBuild) -> Vec<&'static str> {
-    let s = slot as usize;
+    let index = slot as usize;
     match (backend, build) {
-        (Backend::Fentry, FentryBuild::General) => vec![names::FENTRY[s], names::FEXIT[s]],
+        (Backend::Fentry, FentryBuild::General) => vec![names::FENTRY[index], names::FEXIT[index]],
         (Backend::Fentry, FentryBuild::Patched) => {
-            vec![names::FENTRY_PATCHED[s], names::FEXIT_PATCHED[s]]
+            vec![names::FENTRY_PATCHED[index], names::FEXIT_PATCHED[index]]
         }
-        (Backend::Fentry, FentryBuild::Lean) => vec![names::FENTRY_LEAN[s], names::FEXIT_LEAN[s]],
-        (Backend::Kprobe, _) => vec![names::KPROBE[s], names::KRETPROBE[s]],
-        (Backend::Tracepoint, _) => vec![names::TP[s]],
+        (Backend::Fentry, FentryBuild::Lean) => {
+            vec![names::FENTRY_LEAN[index], names::FEXIT_LEAN[index]]
+        }
+        (Backend::Kprobe, _) => vec![names::KPROBE[index], names::KRETPROBE[index]],
+        (Backend::Tracepoint, _) => vec![names::TP[index]],
     }
 }
 

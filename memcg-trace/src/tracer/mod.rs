@@ -59,18 +59,20 @@ use self::read::*;
 
 /// An error chain on one line.
 pub fn chain(e: &dyn Error) -> String {
-    let mut s = e.to_string();
+    let mut text = e.to_string();
     let mut src = e.source();
     while let Some(x) = src {
         let t = x.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
         }
         src = x.source();
     }
-    let s = s.replace('\n', " ");
+
+    let s = text.replace('\n', " ");
     let s = s.trim();
+
     // aya appends the verifier log, which is empty when the kernel refuses before verifying.
     s.strip_suffix("Verifier output:")
         .unwrap_or(s)
@@ -237,6 +239,7 @@ fn take_hash<K: aya::Pod, V: aya::Pod>(
     if !wanted {
         return Ok(None);
     }
+
     let m = ebpf
         .take_map(name)
         .ok_or_else(|| anyhow!("map {name} missing"))?;
@@ -295,6 +298,7 @@ impl Breakdowns {
         calibration: &mut Vec<String>,
     ) -> Result<Self> {
         let features = &opts.features;
+
         // The kernel's symbols are copied now, while they can be read.
         let names = if features.callers {
             let (n, why) = crate::callers::Names::new();
@@ -347,6 +351,7 @@ fn ebpf_logger(ebpf: &mut Ebpf, on: bool) -> Result<Option<EbpfLogger<StderrLog>
     if !on {
         return Ok(None);
     }
+
     let logger =
         EbpfLogger::init_with_logger(ebpf, StderrLog).map_err(|e| anyhow!("eBPF log: {e}"))?;
     Ok(Some(logger))
@@ -395,8 +400,10 @@ impl Tracer {
             memcg_names,
             stacks,
         } = Breakdowns::take(&mut ebpf, opts, front, &mut calibration)?;
+
         // Whatever the loading freed goes back first.
         release_freed_memory();
+
         // The floor's function and the iterator that finds the programs' stats are attached
         // to as well.
         let btf = kbtf::attach_btf(targets.into_iter().chain([

@@ -47,6 +47,7 @@ fn section_table(elf: &[u8]) -> Result<(usize, usize, usize)> {
     if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
         bail!("the eBPF object is not a little-endian ELF64 file");
     }
+
     let bad = || anyhow::anyhow!("the eBPF object's section headers are truncated");
     Ok((
         u64_at(elf, 0x28).ok_or_else(bad)? as usize,
@@ -61,17 +62,19 @@ fn code_sections(elf: &[u8]) -> Result<Vec<(usize, usize)>> {
     let (shoff, shentsize, shnum) = section_table(elf)?;
     let mut out = Vec::new();
     for i in 0..shnum {
-        let h = shoff + i * shentsize;
-        let flags = u64_at(elf, h + 8).ok_or_else(bad)?;
+        let header = shoff + i * shentsize;
+        let flags = u64_at(elf, header + 8).ok_or_else(bad)?;
         let (off, size) = (
-            u64_at(elf, h + 0x18).ok_or_else(bad)? as usize,
-            u64_at(elf, h + 0x20).ok_or_else(bad)? as usize,
+            u64_at(elf, header + 0x18).ok_or_else(bad)? as usize,
+            u64_at(elf, header + 0x20).ok_or_else(bad)? as usize,
         );
+
         // SHT_NOBITS sections have no bytes in the file.
-        if flags & SHF_EXECINSTR != 0 && u32_at(elf, h + 4) != Some(8) {
+        if flags & SHF_EXECINSTR != 0 && u32_at(elf, header + 4) != Some(8) {
             if off.checked_add(size).is_none_or(|end| end > elf.len()) {
                 bail!("the eBPF object's section {i} lies outside the file");
             }
+
             out.push((off, size));
         }
     }
@@ -94,6 +97,7 @@ fn section(elf: &[u8], name: &[u8]) -> Result<Option<(usize, usize)>> {
             if off.checked_add(size).is_none_or(|end| end > elf.len()) {
                 bail!("the eBPF object's section {i} lies outside the file");
             }
+
             return Ok(Some((off, size)));
         }
     }
@@ -108,11 +112,13 @@ pub fn drop_line_info(elf: &mut [u8]) -> Result<bool> {
     let Some((off, size)) = section(elf, b".BTF.ext")? else {
         return Ok(false);
     };
+
     // struct btf_ext_header: magic, version, flags, hdr_len, func_info_off, func_info_len,
     // line_info_off, line_info_len, ...
     if size < 24 || u16_at(elf, off) != Some(0xeb9f) {
         bail!("the eBPF object's .BTF.ext has no valid header");
     }
+
     let len = off + 20;
     if u32_at(elf, len) == Some(0) {
         return Ok(false);
@@ -131,6 +137,7 @@ pub fn core_relocations(elf: &[u8]) -> Result<u32> {
     if size < 24 || u16_at(elf, off) != Some(0xeb9f) {
         bail!("the eBPF object's .BTF.ext has no valid header");
     }
+
     let hdr_len = u32_at(elf, off + 4).unwrap_or(0) as usize;
     if hdr_len < 32 || size < 32 {
         return Ok(0);
@@ -142,20 +149,20 @@ pub fn core_relocations(elf: &[u8]) -> Result<u32> {
 /// instruction of 16 bytes, others 8) and hands each to `rewrite`, which changes it in place
 /// and says whether it did; returns how many it changed.
 fn rewrite_insns(elf: &mut [u8], mut rewrite: impl FnMut(&mut [u8]) -> bool) -> Result<usize> {
-    let mut n = 0;
+    let mut changed = 0;
     for (off, size) in code_sections(elf)? {
         let code = &mut elf[off..off + size];
-        let mut i = 0;
-        while i + 8 <= code.len() {
-            let width = if code[i] == LD_IMM64 { 16 } else { 8 };
-            if i + width > code.len() {
+        let mut pos = 0;
+        while pos + 8 <= code.len() {
+            let width = if code[pos] == LD_IMM64 { 16 } else { 8 };
+            if pos + width > code.len() {
                 break;
             }
-            n += rewrite(&mut code[i..i + width]) as usize;
-            i += width;
+            changed += rewrite(&mut code[pos..pos + width]) as usize;
+            pos += width;
         }
     }
-    Ok(n)
+    Ok(changed)
 }
 
 /// Rewrites every marker load in `elf` into a load of the kernel variable `btf_id`; returns
@@ -172,6 +179,7 @@ pub fn percpu_var(elf: &mut [u8], btf_id: u32) -> Result<usize> {
         {
             return false;
         }
+
         // dst_reg stays; src_reg = BPF_PSEUDO_BTF_ID; imm = the id; the second half's imm =
         // 0: the id is in vmlinux, not a module.
         insn[1] = (insn[1] & 0x0f) | (BPF_PSEUDO_BTF_ID << 4);
@@ -189,6 +197,7 @@ pub fn rdonly_cast(elf: &mut [u8], btf_id: u32) -> Result<usize> {
         if insn[0] != CALL || insn[1] != 0 || insn[4..8] != marker {
             return false;
         }
+
         // dst 0, src BPF_PSEUDO_KFUNC_CALL; off 0: the function is in vmlinux.
         insn[1] = BPF_PSEUDO_KFUNC_CALL << 4;
         insn[2..4].copy_from_slice(&[0; 2]);
@@ -216,6 +225,7 @@ pub fn lean_fields(elf: &mut [u8], offsets: &[i16; LeanField::ALL.len()]) -> Res
         if insn[0] != LDX_DW {
             return false;
         }
+
         let off = i16::from_le_bytes([insn[2], insn[3]]);
         let Some(i) = off
             .checked_sub(first)
@@ -246,15 +256,22 @@ mod tests {
             eprintln!("skipping rewrites_every_marker_of_the_real_object_and_nothing_else: built with AYA_BUILD_SKIP (no eBPF object)");
             return;
         }
+
         let mut elf = orig.clone();
-        let n = percpu_var(&mut elf, 0x1234_5678).expect("patch");
+        let rewritten = percpu_var(&mut elf, 0x1234_5678).expect("patch");
+
         // One site per inlined context read: the entry, exit and tracepoint programs of every
         // probe slot read the context at least once.
-        assert!(n >= 12 * 3, "only {n} marker loads found");
+        assert!(rewritten >= 12 * 3, "only {rewritten} marker loads found");
         let changed: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] != elf[i]).collect();
+
         // Per site: the register byte, four immediate bytes (the id's four differ from the
         // marker's), at most four of the second half.
-        assert!(changed.len() <= n * 9, "{} bytes changed", changed.len());
+        assert!(
+            changed.len() <= rewritten * 9,
+            "{} bytes changed",
+            changed.len()
+        );
         assert!(percpu_var(&mut elf, 1).unwrap() == 0, "a marker survived");
         let marker = PERCPU_VAR_MARKER.to_le_bytes();
         assert!(
@@ -270,6 +287,7 @@ mod tests {
             eprintln!("skipping rewrites_every_lean_field_load_of_the_real_object_and_nothing_else: built with AYA_BUILD_SKIP (no eBPF object)");
             return;
         }
+
         let layout = KernelLayout {
             task_nvcsw: 0x101,
             task_nivcsw: 0x109,
@@ -282,25 +300,32 @@ mod tests {
         };
         let offsets = lean_offsets(&layout).expect("offsets fit");
         let mut elf = orig.clone();
-        let n = lean_fields(&mut elf, &offsets).expect("patch");
+        let rewritten = lean_fields(&mut elf, &offsets).expect("patch");
+
         // Every probe slot's patched and lean pairs load each field at least once.
         let pairs = 2 * MAX_PROBES;
         assert!(
-            n >= pairs * LeanField::ALL.len(),
-            "only {n} marked loads found"
+            rewritten >= pairs * LeanField::ALL.len(),
+            "only {rewritten} marked loads found"
         );
+
         // Only the two offset bytes of marked loads changed, each marker to its own field's
         // offset; every field's marker was found in every probe slot's patched and lean
         // programs. (Code
         // sections are 8-byte aligned in the file, as their instructions are.)
         let changed: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] != elf[i]).collect();
-        assert!(changed.len() <= n * 2, "{} bytes changed", changed.len());
+        assert!(
+            changed.len() <= rewritten * 2,
+            "{} bytes changed",
+            changed.len()
+        );
         for &i in &changed {
             assert!(
                 (2..4).contains(&(i % 8)),
                 "byte {i} changed outside a load's offset"
             );
         }
+
         let mut insns: Vec<usize> = changed.iter().map(|&i| i - i % 8).collect();
         insns.dedup();
         let mut per_field = [0usize; LeanField::ALL.len()];
@@ -318,15 +343,18 @@ mod tests {
             assert_eq!(now, offsets[field as usize], "{field:?}'s load at {insn}");
             per_field[field as usize] += 1;
         }
+
         for f in LeanField::ALL {
             let n = per_field[f as usize];
             assert!(n >= pairs, "{f:?}: only {n} loads");
         }
+
         assert_eq!(
             lean_fields(&mut elf, &offsets).unwrap(),
             0,
             "a marker survived"
         );
+
         // A kernel whose field lies beyond a load's reach has no lean offsets.
         let far = KernelLayout {
             task_sum_exec: 0x8000,
@@ -363,15 +391,25 @@ mod tests {
             eprintln!("skipping rewrites_every_cast_call_of_the_real_object_and_nothing_else: built with AYA_BUILD_SKIP (no eBPF object)");
             return;
         }
+
         let mut elf = orig.clone();
-        let n = rdonly_cast(&mut elf, 0x0abc_def1).expect("patch");
+        let casts = rdonly_cast(&mut elf, 0x0abc_def1).expect("patch");
+
         // One site per inlined preempt count read (as many as the per-CPU variable's loads),
         // and two per current task read.
         let loads = percpu_var(&mut orig.clone(), 1).unwrap();
-        assert!(n > loads, "{n} casts for {loads} preempt count reads");
+        assert!(
+            casts > loads,
+            "{casts} casts for {loads} preempt count reads"
+        );
         let changed: Vec<usize> = (0..orig.len()).filter(|&i| orig[i] != elf[i]).collect();
+
         // Per site: the register byte and four immediate bytes.
-        assert!(changed.len() <= n * 5, "{} bytes changed", changed.len());
+        assert!(
+            changed.len() <= casts * 5,
+            "{} bytes changed",
+            changed.len()
+        );
         assert_eq!(
             rdonly_cast(&mut elf, 1).unwrap(),
             0,
@@ -386,6 +424,7 @@ mod tests {
             eprintln!("skipping drops_the_line_info_of_the_real_object_and_nothing_else: built with AYA_BUILD_SKIP (no eBPF object)");
             return;
         }
+
         let (off, _) = section(&orig, b".BTF.ext")
             .unwrap()
             .expect("the object has .BTF.ext");
@@ -404,9 +443,11 @@ mod tests {
             "only the line info length changes: {changed:?}"
         );
         assert_eq!(u32_at(&elf, off + 20), Some(0));
+
         // The function info stays (the kernel checks it with the subprograms).
         assert_eq!(u32_at(&elf, off + 12), u32_at(&orig, off + 12));
         assert!(!drop_line_info(&mut elf).unwrap(), "nothing left to drop");
+
         // The loader still reads the object, with every program.
         let count = |b: &[u8]| {
             aya_obj::Object::parse(b)
@@ -429,6 +470,7 @@ mod tests {
             );
             return;
         }
+
         assert_eq!(
             core_relocations(&orig).unwrap(),
             0,
@@ -442,6 +484,7 @@ mod tests {
         let mut elf = orig.clone();
         elf[off + 28..off + 32].copy_from_slice(&48u32.to_le_bytes());
         assert_eq!(core_relocations(&elf).unwrap(), 48);
+
         // A header too short for them: none.
         elf[off + 4..off + 8].copy_from_slice(&24u32.to_le_bytes());
         assert_eq!(core_relocations(&elf).unwrap(), 0);
@@ -498,6 +541,7 @@ mod tests {
             0x95,
             "the instruction after is untouched"
         );
+
         // Not an ELF file: an error, not a panic.
         assert!(percpu_var(&mut [0u8; 8], 1).is_err());
         let mut truncated = elf[..shoff + 10].to_vec();

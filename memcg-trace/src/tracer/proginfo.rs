@@ -53,13 +53,15 @@ fn get_info(fd: BorrowedFd<'_>, info: &mut [u8; INFO_LEN]) -> Result<usize> {
         info_len: u32,
         info: u64,
     }
+
     let mut attr = Attr {
         bpf_fd: fd.as_raw_fd() as u32,
         info_len: INFO_LEN as u32,
         info: info.as_mut_ptr() as u64,
     };
+
     // SAFETY: the attribute and the info buffer outlive the call and are sized as declared.
-    let r = unsafe {
+    let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             BPF_OBJ_GET_INFO_BY_FD,
@@ -67,7 +69,7 @@ fn get_info(fd: BorrowedFd<'_>, info: &mut [u8; INFO_LEN]) -> Result<usize> {
             std::mem::size_of::<Attr>(),
         )
     };
-    if r < 0 {
+    if ret < 0 {
         bail!(
             "BPF_OBJ_GET_INFO_BY_FD: {}",
             std::io::Error::last_os_error()
@@ -87,6 +89,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 /// `bpf(cmd, {a, b, c})` for the commands whose attribute is three u32s; returns the result.
 fn bpf3(cmd: libc::c_long, a: u32, b: u32, c: u32) -> std::io::Result<(i64, [u32; 3])> {
     let mut attr = [a, b, c];
+
     // SAFETY: the attribute outlives the call and is sized as declared.
     let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), 12usize) };
     if r < 0 {
@@ -140,10 +143,12 @@ pub fn loaded() -> Result<Vec<Loaded>> {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
             Err(e) => bail!("BPF_PROG_GET_NEXT_ID: {e}"),
         };
+
         // Gone meanwhile: skip it.
         let Ok((fd, _)) = bpf3(BPF_PROG_GET_FD_BY_ID, id, 0, 0) else {
             continue;
         };
+
         // SAFETY: a new descriptor the kernel just returned, owned here.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         let mut info = [0u8; INFO_LEN];
@@ -196,6 +201,7 @@ pub fn code(fd: BorrowedFd<'_>) -> Result<ProgCode> {
     if let Ok(dir) = std::env::var("MEMCG_TRACE_DUMP_XLATED") {
         let _ = std::fs::write(format!("{dir}/{}.bin", fd.as_raw_fd()), &xlated);
     }
+
     // The kernel hands out translated instructions only to those allowed raw dumps
     // (bpf_dump_raw_ok); otherwise it reports the length and leaves the buffer zeroed.
     let (helper_calls, subprog_calls) = calls(&xlated);

@@ -58,6 +58,7 @@ impl<K: aya::Pod> Breakdown<K> {
         if !wanted {
             return Ok(None);
         }
+
         let front = match sizes.entries(wanted) {
             1 => None,
             entries => {
@@ -97,15 +98,19 @@ impl<K: aya::Pod> Breakdown<K> {
                 if front.first_word(i) == 0 {
                     continue;
                 }
+
                 let slot = front.get(i);
+
                 // A slot just claimed, its first call not yet added, is no row yet.
                 if slot.tag == 0 || slot.stat.count == 0 {
                     continue;
                 }
+
                 let (probe, ctx) = memcg_trace_common::front_region(i as u32, *shards);
                 add((probe, ctx, slot.tag - 1), &slot.stat);
             }
         }
+
         for (k, v) in self.map.iter().flatten() {
             add(key(&k), &v);
         }
@@ -133,6 +138,7 @@ pub(super) fn breakdown<K: aya::Pod>(
             *a += b;
         }
     }
+
     if let Some(c) = confirmed {
         for slot in 0..probes {
             for site in c.of(slot) {
@@ -219,10 +225,12 @@ impl Tracer {
                 })
                 .count += count;
         }
+
         let mut out: HashMap<u32, Vec<Stack>> = HashMap::new();
         for ((probe, _, _), stack) in by {
             out.entry(probe).or_default().push(stack);
         }
+
         for v in out.values_mut() {
             v.sort_by(|a, b| b.count.cmp(&a.count).then(a.frames.cmp(&b.frames)));
         }
@@ -260,6 +268,7 @@ impl Tracer {
         for slot in 0..self.attached.len() {
             self.mark(slot);
         }
+
         while let Some(item) = self.ring.next() {
             if item.len() >= std::mem::size_of::<Deferred>() {
                 // SAFETY: the programs write whole Deferred records; read unaligned.
@@ -267,6 +276,7 @@ impl Tracer {
                 self.verifier.push(d);
             }
         }
+
         self.verifier.settle();
     }
 
@@ -347,16 +357,16 @@ impl Tracer {
             let profiles = self.kprobe_profiles(a);
             let (contexts, workload_read) = self.read_contexts(a, tp_states.as_ref());
             let workload = self.workload.then(|| {
-                let mut w = HistData::default();
+                let mut hist = HistData::default();
                 if a.backend.has_latency() {
-                    w = workload_read.clone();
-                    w.merge(&self.verifier.workload[a.slot as usize]);
+                    hist = workload_read.clone();
+                    hist.merge(&self.verifier.workload[a.slot as usize]);
                 } else {
                     // Counts only, kept next to the hits (in every context where the workload
                     // is told by its memcg).
-                    w.count = contexts.iter().map(|c| c.counters.workload_hits).sum();
+                    hist.count = contexts.iter().map(|c| c.counters.workload_hits).sum();
                 }
-                w
+                hist
             });
             let (kprobe_missed, kprobe_skipped) = kprobe_losses(&profiles, &contexts);
             probes.push(ProbeStats {
@@ -401,6 +411,7 @@ impl Tracer {
         if !self.tp_percpu || self.attached.iter().all(|a| a.backend.has_latency()) {
             return Ok(None);
         }
+
         let map = self
             .ebpf
             .map(names::MAP_CPU_STATE)
@@ -434,6 +445,7 @@ impl Tracer {
         tp_states: Option<&aya::maps::PerCpuValues<memcg_trace_common::CpuState>>,
     ) -> ([CtxStats; NUM_CTX], HistData) {
         let mut contexts: [CtxStats; NUM_CTX] = Default::default();
+
         // The programs time a workload's call, and count its exit, in its workload cell
         // only (one record per call; its entry is counted in the context's cell); the
         // context's figures hold both. The task context only, unless the workload is told
@@ -443,15 +455,16 @@ impl Tracer {
             (a.backend.has_latency() && (ctx == CTX_TASK || wc > 1))
                 .then(|| workload_cell(cpu, self.probes, a.slot, ctx, wc) as usize)
         };
+
         // The workload's row from the very reads that go into the contexts, so that it
         // never holds calls they do not (the maps change while read).
         let mut workload_read = HistData::default();
         for (ctx, stats) in contexts.iter_mut().enumerate() {
             for cpu in 0..self.cpus as u32 {
                 let i = cell(cpu, self.probes, a.slot, ctx as u32) as usize;
-                let c = self.cells.get(i);
-                stats.hist.add_cpu(&c.hist);
-                stats.counters.add(&c.counters);
+                let ctx_cell = self.cells.get(i);
+                stats.hist.add_cpu(&ctx_cell.hist);
+                stats.counters.add(&ctx_cell.counters);
                 if let Some(w) = workload_cells(cpu, ctx as u32) {
                     let c = self.workload_cells.get(w);
                     stats.hist.add_cpu(&c.hist);
@@ -459,6 +472,7 @@ impl Tracer {
                     workload_read.add_cpu(&c.hist);
                 }
             }
+
             if let (Some(states), false) = (&tp_states, a.backend.has_latency()) {
                 let i = (a.slot as usize * NUM_CTX + ctx) & (TP_CELLS - 1);
                 for st in states.iter() {
@@ -467,11 +481,13 @@ impl Tracer {
                     stats.counters.workload_hits += workload_hits;
                 }
             }
+
             let out = &self.verifier.outcomes[a.slot as usize][ctx];
             stats.hist.merge(&out.hist);
             stats.confirmed = out.hist.count;
             stats.rejected = out.rejected;
             stats.unproven_nested_ns = out.unproven_nested_ns;
+
             // The snapshot's off-CPU figures cover every timed call: the kernel's and the
             // confirmed ones.
             let c = &mut stats.counters;
@@ -480,6 +496,7 @@ impl Tracer {
             c.off_cpu_unknown += out.off_cpu_unknown;
             c.self_unknown += out.self_unknown;
             c.outermost_ns += out.outermost_ns;
+
             // Where the task clock leaves out interrupt and steal time, every call that
             // left the CPU (and whose time off it is not unknown anyway) has only a lower
             // bound of it.
@@ -504,6 +521,7 @@ fn kprobe_losses(profiles: &[(bool, u64, u64)], contexts: &[CtxStats; NUM_CTX]) 
     // both events, for one call neither program sees. The kretprobe's own misses
     // beyond that (no free instance) are calls whose entry ran: already lost.
     let kprobe_missed = profiles.iter().filter(|p| !p.0).map(|p| p.2).sum();
+
     // Every run of an entry program counts one entry (or an entry whose context or
     // state could not be read), every run of an exit program one exit.
     let runs = |exit: bool| -> u64 {
@@ -519,6 +537,7 @@ fn kprobe_losses(profiles: &[(bool, u64, u64)], contexts: &[CtxStats; NUM_CTX]) 
             })
             .sum()
     };
+
     // Runs skipped at entry and at exit, per side; a call counted nowhere had both
     // skipped (one skipped at one side only is an orphan exit or a stale entry, lost):
     // at most the fewer of the two.

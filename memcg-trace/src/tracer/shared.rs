@@ -59,6 +59,7 @@ impl<T: Copy> Shared<T> {
             self.entries
         );
         const { assert!(std::mem::size_of::<T>() >= 8 && std::mem::align_of::<T>() == 8) };
+
         // SAFETY: as in `get`: element i lies within the mapping, aligned to 8, and begins
         // with a whole u64.
         unsafe {
@@ -78,6 +79,7 @@ impl<T: Copy> Shared<T> {
         );
         const { assert!(std::mem::size_of::<T>().is_multiple_of(8) && std::mem::align_of::<T>() == 8) };
         let mut out = std::mem::MaybeUninit::<T>::uninit();
+
         // SAFETY: the element lies within the mapping and is aligned to 8 (the stride is a
         // multiple of 8 and the mapping page-aligned); T is a plain struct of integers (the
         // programs' map values), aligned to 8 and a whole number of u64 (checked above), so
@@ -88,6 +90,7 @@ impl<T: Copy> Shared<T> {
             for w in 0..std::mem::size_of::<T>() / 8 {
                 to.add(w).write((*from.add(w)).load(Ordering::Relaxed));
             }
+
             out.assume_init()
         }
     }
@@ -102,11 +105,13 @@ pub(super) fn map_array(
     entries: usize,
 ) -> std::io::Result<(NonNull<u8>, usize, usize)> {
     let stride = value_size.next_multiple_of(8);
+
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
     let len = (stride * entries).next_multiple_of(page);
+
     // SAFETY: a read-only shared mapping of a map fd; the kernel checks the length.
-    let p = unsafe {
+    let addr = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
@@ -116,11 +121,11 @@ pub(super) fn map_array(
             0,
         )
     };
-    if p == libc::MAP_FAILED {
+    if addr == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
     Ok((
-        NonNull::new(p.cast()).expect("mmap returned a pointer"),
+        NonNull::new(addr.cast()).expect("mmap returned a pointer"),
         len,
         stride,
     ))

@@ -29,6 +29,7 @@ fn object_and_reads_by_kernel_version() {
     assert!(needs_probe_read(Some((5, 10))));
     assert!(!needs_probe_read(Some((5, 11))));
     assert!(!needs_probe_read(None));
+
     // The legacy object leaves the migrated-call search (a bpf_loop callback) out.
     let has = |o: &[u8], s: &[u8]| o.windows(s.len()).any(|w| w == s);
     if !EBPF_OBJECT.is_empty() {
@@ -57,6 +58,7 @@ fn slot_programs_are_one_code() {
             );
             return;
         }
+
         let mut obj = aya_obj::Object::parse(bytes).expect("the eBPF object");
         let text: std::collections::HashSet<usize> =
             obj.functions.keys().map(|(s, _)| *s).collect();
@@ -71,6 +73,7 @@ fn slot_programs_are_one_code() {
         )
         .expect("the maps relocated");
         obj.relocate_calls(&text).expect("the calls linked");
+
         // (code, dst, src, off, imm) of each instruction of a program as linked.
         let insns = |name: &str| -> Vec<(u8, u8, u8, i16, i32)> {
             let p = obj
@@ -139,7 +142,9 @@ fn patched_pairs_load_every_lean_field_by_marker_and_general_ones_none() {
             eprintln!("skipping patched_pairs_load_every_lean_field_by_marker_and_general_ones_none: built with AYA_BUILD_SKIP (no eBPF object)");
             return;
         }
+
         let obj = aya_obj::Object::parse(bytes).expect("the eBPF object");
+
         // Marked u64 loads (BPF_LDX | BPF_MEM | BPF_DW) per field in one program.
         let marked = |name: &str| -> Vec<usize> {
             let p = obj
@@ -170,6 +175,7 @@ fn patched_pairs_load_every_lean_field_by_marker_and_general_ones_none() {
                     );
                 }
             }
+
             for general in [
                 names::FENTRY[s],
                 names::FEXIT[s],
@@ -201,6 +207,7 @@ fn each_build_names_its_programs() {
         slot_programs(Backend::Fentry, 3, General),
         ["fentry_3", "fexit_3"]
     );
+
     // kprobes and tracepoints have one build.
     for b in [General, Patched, Lean] {
         assert_eq!(
@@ -226,6 +233,7 @@ fn fentry_builds_only_where_what_they_fold_away_holds() {
         ..Default::default()
     };
     assert_eq!(fentry_build(&usual, &direct), Lean);
+
     // Any setting the lean programs fold away as off takes the patched ones.
     let opt_in = [
         LoadOptions {
@@ -254,6 +262,7 @@ fn fentry_builds_only_where_what_they_fold_away_holds() {
     for o in &opt_in {
         assert_eq!(fentry_build(o, &direct), Patched, "{o:?}");
     }
+
     // fentry runs that interleave (a preemptible kernel, or no context split) take the
     // general ones, whatever the settings.
     for o in opt_in.iter().chain([&usual]) {
@@ -263,6 +272,7 @@ fn fentry_builds_only_where_what_they_fold_away_holds() {
         };
         assert_eq!(fentry_build(&o, &direct), General, "{o:?}");
     }
+
     // So does a kernel where the task or its cgroup are not plain loads (or --probe-read,
     // which turns direct task reads off).
     for l in [

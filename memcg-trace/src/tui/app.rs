@@ -284,6 +284,7 @@ impl App {
         if self.paused {
             return;
         }
+
         self.previous = self.current.take();
         self.current = Some(snap);
         if self.previous.is_some() {
@@ -300,6 +301,7 @@ impl App {
                 }
             }
         }
+
         self.workload_cpu_text = self.make_workload_cpu_text();
         self.follow_selection();
         self.dirty = true;
@@ -308,7 +310,7 @@ impl App {
     /// Applies a key.
     pub fn on_key(&mut self, key: Key) -> Action {
         self.dirty = true;
-        let n = self.rows().len();
+        let row_count = self.rows().len();
         match key {
             Key::Char('q') | Key::Esc | Key::CtrlC => return Action::Quit,
             Key::Up | Key::Char('k') => {
@@ -316,9 +318,10 @@ impl App {
                 self.remember_selection();
             }
             Key::Down | Key::Char('j') => {
-                if self.selected + 1 < n {
+                if self.selected + 1 < row_count {
                     self.selected += 1;
                 }
+
                 self.remember_selection();
             }
             Key::Left | Key::Right => {
@@ -388,6 +391,7 @@ impl App {
         if self.header.recording.is_some() {
             return Action::None;
         }
+
         self.tick = t.clamp(Duration::from_millis(100), Duration::from_secs(60));
         Action::Tick(self.tick)
     }
@@ -477,6 +481,7 @@ impl App {
         if self.hide_empty {
             rows.retain(|r| r.hist.count > 0);
         }
+
         // Largest first, rows without the figure last; ties keep the probe order (stable).
         let by = |f: fn(&Row) -> Option<f64>| {
             move |a: &Row, b: &Row| f(b).partial_cmp(&f(a)).unwrap_or(std::cmp::Ordering::Equal)
@@ -513,9 +518,11 @@ impl App {
                 return;
             }
         }
+
         if !rows.is_empty() && self.selected >= rows.len() {
             self.selected = rows.len() - 1;
         }
+
         self.selected_key = rows.get(self.selected).map(key_of);
     }
 
@@ -534,49 +541,61 @@ impl App {
         for p in &cur.probes {
             let before = earlier.and_then(|e| e.probes.iter().find(|q| q.name == p.name));
             for (i, c) in p.contexts.iter().enumerate() {
-                let mut h = match before {
+                let mut hist = match before {
                     Some(b) => c.hist.since(&b.contexts[i].hist),
                     None => c.hist.clone(),
                 };
+
                 // The counts-only backend counts hits, not timed calls.
-                h.count = p
+                hist.count = p
                     .ctx_calls(i)
                     .saturating_sub(before.map(|b| b.ctx_calls(i)).unwrap_or(0));
                 if p.ctx_calls(i) == 0 && i != 0 {
                     continue;
                 }
+
                 let known = self_known(c);
                 let censored =
                     c.censored(i) > before.map(|b| b.contexts[i].censored(i)).unwrap_or(0);
-                let mut r = row(
+                let mut ctx_row = row(
                     &p.name,
                     cur.ctx_name(i),
                     p.backend,
-                    h,
+                    hist,
                     elapsed,
                     latency,
                     known,
                 );
-                r.censored = censored;
-                r.cpu_at_most = c.on_cpu_unknown();
-                r.self_at_most = c.counters.self_unknown > 0;
-                out.push(r);
+                ctx_row.censored = censored;
+                ctx_row.cpu_at_most = c.on_cpu_unknown();
+                ctx_row.self_at_most = c.counters.self_unknown > 0;
+                out.push(ctx_row);
             }
+
             if let Some(w) = &p.workload {
-                let h = match before.and_then(|b| b.workload.as_ref()) {
+                let workload_hist = match before.and_then(|b| b.workload.as_ref()) {
                     Some(b) => w.since(b),
                     None => w.clone(),
                 };
                 let known = self_known(&p.contexts[0]);
-                let mut r = row(&p.name, "workload", p.backend, h, elapsed, latency, known);
+                let mut workload_row = row(
+                    &p.name,
+                    "workload",
+                    p.backend,
+                    workload_hist,
+                    elapsed,
+                    latency,
+                    known,
+                );
                 // Its calls are task calls: those of the task row's window left out.
-                r.censored = p.contexts[0].censored(0)
+                workload_row.censored = p.contexts[0].censored(0)
                     > before.map(|b| b.contexts[0].censored(0)).unwrap_or(0);
-                r.cpu_at_most = p.contexts[0].on_cpu_unknown();
+                workload_row.cpu_at_most = p.contexts[0].on_cpu_unknown();
+
                 // Its calls are task calls (the dashboard's self% of it reads the task row's
                 // nesting too).
-                r.self_at_most = p.contexts[0].counters.self_unknown > 0;
-                out.push(r);
+                workload_row.self_at_most = p.contexts[0].counters.self_unknown > 0;
+                out.push(workload_row);
             }
         }
         out
@@ -599,6 +618,7 @@ impl App {
         if self.paused {
             return;
         }
+
         self.workload_cpu_ns = ns;
         self.workload_cpu_text = self.make_workload_cpu_text();
         self.dirty = true;
@@ -678,7 +698,7 @@ fn row(
     latency: bool,
     self_known: bool,
 ) -> Row {
-    let l = (latency && backend.has_latency())
+    let lat = (latency && backend.has_latency())
         .then(|| figures::latency(&h, elapsed, &[0.5, 0.99, 0.999]))
         .flatten();
     Row {
@@ -686,15 +706,15 @@ fn row(
         context,
         backend,
         rate: rate(h.count, elapsed),
-        p50: l.as_ref().and_then(|l| l.at(0.5)),
-        p99: l.as_ref().and_then(|l| l.at(0.99)),
-        p999: l.as_ref().and_then(|l| l.at(0.999)),
-        max: l.as_ref().map(|l| l.max_ns),
-        mean: l.as_ref().map(|l| l.mean_ns),
-        cpu: l.as_ref().and_then(|l| l.cpu_share),
+        p50: lat.as_ref().and_then(|l| l.at(0.5)),
+        p99: lat.as_ref().and_then(|l| l.at(0.99)),
+        p999: lat.as_ref().and_then(|l| l.at(0.999)),
+        max: lat.as_ref().map(|l| l.max_ns),
+        mean: lat.as_ref().map(|l| l.mean_ns),
+        cpu: lat.as_ref().and_then(|l| l.cpu_share),
         cpu_at_most: false,
         self_at_most: false,
-        self_cpu: l
+        self_cpu: lat
             .as_ref()
             .filter(|_| self_known && !elapsed.is_zero())
             .map(|_| h.self_ns as f64 / elapsed.as_nanos() as f64),
@@ -713,24 +733,25 @@ mod tests {
     /// where a floor is known; nothing without the workload's CPU time.
     #[test]
     fn the_workload_line_gives_the_traced_share_of_its_cpu() {
-        let mut s = snap(10, 1000, 500, 0);
-        let mut stat = s.probes[0].clone();
+        let mut snapshot = snap(10, 1000, 500, 0);
+        let mut stat = snapshot.probes[0].clone();
         stat.name = "stat".into();
+
         // charge: 1000 calls, 400 us self (100 us of it off the CPU); stat: 200 us self.
-        let mut w = HistData {
+        let mut workload = HistData {
             count: 1000,
             sum_ns: 600_000,
             self_ns: 400_000,
             off_ns: 100_000,
             ..Default::default()
         };
-        s.probes[0].workload = Some(w.clone());
-        w.self_ns = 200_000;
-        w.off_ns = 0;
-        stat.workload = Some(w);
-        s.probes.push(stat);
+        snapshot.probes[0].workload = Some(workload.clone());
+        workload.self_ns = 200_000;
+        workload.off_ns = 0;
+        stat.workload = Some(workload);
+        snapshot.probes.push(stat);
         let mut app = App::new(Header::default(), Duration::from_secs(1));
-        app.on_snapshot(s.clone());
+        app.on_snapshot(snapshot.clone());
         assert_eq!(app.workload_cpu_line(true), None, "no CPU time, no share");
         app.set_workload_cpu(Some(10_000_000));
         assert_eq!(
@@ -738,11 +759,13 @@ mod tests {
             Some("traced 5.0% of its CPU (self charge 3.0%, stat 2.0%)")
         );
         assert_eq!(app.workload_cpu_line(false), Some("traced 5.0% of its CPU"));
+
         // Paused, the figures stay those of the snapshot shown.
         app.on_key(Key::Char('p'));
         assert!(app.paused);
         app.set_workload_cpu(Some(20_000_000));
         assert_eq!(app.workload_cpu_line(false), Some("traced 5.0% of its CPU"));
+
         // A floor of 100 ns a call inside each self time: 2 x 100 us of instrumentation, out
         // of the 500 us and of the workload's CPU.
         let mut app = App::new(
@@ -761,8 +784,9 @@ mod tests {
             Duration::from_secs(1),
         );
         app.set_workload_cpu(Some(10_000_000));
-        app.on_snapshot(s);
+        app.on_snapshot(snapshot);
         let line = app.workload_cpu_line(true).expect("a line").to_string();
+
         // (300 - 100 + 200 - 100) us over 10 ms less 200 us of instrumentation.
         assert!(
             line.contains(&format!(
@@ -832,6 +856,7 @@ mod tests {
     #[test]
     fn interval_rows_have_their_own_max_and_reset_forgets_the_past() {
         let mut app = App::new(Header::default(), Duration::from_secs(1));
+
         // A slow call in the first second, fast calls after.
         app.on_snapshot(snap(1, 10, 1_000_000, 0));
         let mut s2 = snap(2, 10, 1_000_000, 0);
@@ -878,6 +903,7 @@ mod tests {
         for _ in 0..10 {
             app.on_key(Key::Char('-'));
         }
+
         assert_eq!(app.tick, Duration::from_millis(100), "tick floor");
         app.header.recording = Some("x.json".into());
         assert_eq!(app.on_key(Key::Char('s')), Action::None);
@@ -890,6 +916,7 @@ mod tests {
         for i in 1..=5 {
             app.on_snapshot(snap(i, i * 100, 500, 0));
         }
+
         let h = &app.history[&("charge".to_string(), "task")];
         assert_eq!(
             h.iter().copied().collect::<Vec<_>>(),

@@ -136,6 +136,7 @@ pub async fn live(app: &mut App, session: &mut Session, exit_with_workload: bool
                 .unwrap_or_default()
         ));
     }
+
     app.on_snapshot((*session.latest()).clone());
     let mut term = Terminal::new()?;
     let mut events = EventStream::new();
@@ -151,6 +152,7 @@ pub async fn live(app: &mut App, session: &mut Session, exit_with_workload: bool
                 SessionEvent::Signal(sig) => return Ok(End::Signal(sig)),
                 SessionEvent::WorkloadExited(code) => {
                     exited = Some(code);
+
                     // The final figures include everything the workload did; shown for the
                     // whole run, whatever its length: its last interval may have had no call,
                     // and a run shorter than a tick had no interval at all.
@@ -204,6 +206,7 @@ pub async fn live(app: &mut App, session: &mut Session, exit_with_workload: bool
 pub async fn view(app: &mut App) -> Result<()> {
     use crate::session::{listen, next_of};
     use tokio::signal::unix::SignalKind;
+
     // A stop signal the process was started with ignored (nohup) stays ignored.
     let mut term_sig = listen(libc::SIGTERM, SignalKind::terminate())?;
     let mut hup = listen(libc::SIGHUP, SignalKind::hangup())?;

@@ -40,8 +40,10 @@ pub fn draw(f: &mut Frame, app: &App) {
         f.render_widget(Paragraph::new("memcg-trace: terminal too small"), area);
         return;
     }
+
     let rows = app.rows();
     let detail = area.height >= 18;
+
     // As many lines as the header wraps to on this width (its three lines, wrapped), up to
     // five and a quarter of the screen: a narrow terminal still shows the workload's line.
     let head = header(app, area.width);
@@ -61,8 +63,8 @@ pub fn draw(f: &mut Frame, app: &App) {
                 Layout::horizontal([Constraint::Percentage(60), Constraint::Percentage(40)])
                     .areas(bottom);
             // A/B: the two runs' distributions side by side.
-            let b = app.compare_row(r);
-            let (ha, hb) = match b {
+            let compare = app.compare_row(r);
+            let (ha, hb) = match compare {
                 Some(_) => {
                     let [x, y] = Layout::horizontal([Constraint::Percentage(50); 2]).areas(hist);
                     (x, Some(y))
@@ -70,19 +72,21 @@ pub fn draw(f: &mut Frame, app: &App) {
                 None => (hist, None),
             };
             let side = |s: &str| {
-                if b.is_some() {
+                if compare.is_some() {
                     s.to_string()
                 } else {
                     String::new()
                 }
             };
             draw_distribution(f, app, r, &side("A "), ha);
-            if let (Some(b), Some(hb)) = (b, hb) {
+            if let (Some(b), Some(hb)) = (compare, hb) {
                 draw_distribution(f, app, b, "B ", hb);
             }
+
             draw_sparkline(f, app, r, spark);
         }
     }
+
     let line = match &app.message {
         Some(m) => Line::from(vec![
             Span::styled(m.clone(), Style::new().fg(Color::Yellow)),
@@ -102,7 +106,7 @@ pub fn draw(f: &mut Frame, app: &App) {
 
 /// The header: kernel and mode, probes and costs, the workload (wrapped to `width`).
 fn header(app: &App, width: u16) -> Paragraph<'static> {
-    let h = &app.header;
+    let header = &app.header;
     let elapsed = app
         .current
         .as_ref()
@@ -113,7 +117,7 @@ fn header(app: &App, width: u16) -> Paragraph<'static> {
         Mode::Cumulative => "cumulative",
     };
     let state = view_state(app);
-    let source = match (&h.recording, &app.compare) {
+    let source = match (&header.recording, &app.compare) {
         (Some(f), Some(b)) => format!("A {f} vs B {}", b.name),
         (Some(f), None) => format!("recording {f}"),
         (None, _) => format!("live, tick {}", fmt_ns(app.tick.as_nanos() as f64)),
@@ -123,7 +127,7 @@ fn header(app: &App, width: u16) -> Paragraph<'static> {
             Span::styled("memcg-trace ", Style::new().add_modifier(Modifier::BOLD)),
             Span::raw(format!(
                 "{} ({}) | {source} | {elapsed:.0}s | {mode}{state}",
-                h.kernel, h.preemption
+                header.kernel, header.preemption
             )),
         ]),
         Line::from(costs_line(app)),
@@ -149,6 +153,7 @@ fn view_state(app: &App) -> String {
     if app.sort != Sort::Probe {
         state.push_str(&format!(" | sorted by {}", app.sort.name()));
     }
+
     if app.hide_empty {
         state.push_str(" | empty rows hidden");
     }
@@ -158,7 +163,7 @@ fn view_state(app: &App) -> String {
 /// The header's second line: the probes and their backends, the floors, the cost per traced
 /// call, what was lost and missed; first, in red, what could not be calibrated.
 fn costs_line(app: &App) -> Vec<Span<'static>> {
-    let h = &app.header;
+    let header = &app.header;
     let backends: Vec<String> = app
         .current
         .as_ref()
@@ -170,15 +175,17 @@ fn costs_line(app: &App) -> Vec<Span<'static>> {
         })
         .unwrap_or_default();
     let (cost, dropped, misses) = app.self_cost();
+
     // Per traced call: the programs' run time when bpf stats are on, else what a call costs
     // in all as measured at start-up.
     let per_call = cost.per_call_ns.or_else(|| {
-        h.floors
+        header
+            .floors
             .iter()
             .filter_map(|f| f.per_call_ns)
             .reduce(f64::max)
     });
-    let floors: Vec<String> = h
+    let floors: Vec<String> = header
         .floors
         .iter()
         .map(|f| format!("{} {}", fmt_ns(f.p50_ns as f64), f.backend))
@@ -196,11 +203,11 @@ fn costs_line(app: &App) -> Vec<Span<'static>> {
             .map(|s| format!("{:.2}%", s * 100.0))
             .unwrap_or_else(|| "-".into()),
     ))];
-    if !h.calibration.is_empty() {
+    if !header.calibration.is_empty() {
         line.insert(
             0,
             Span::styled(
-                format!("NOT CALIBRATED: {} | ", h.calibration.join("; ")),
+                format!("NOT CALIBRATED: {} | ", header.calibration.join("; ")),
                 Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
             ),
         );
@@ -212,15 +219,18 @@ fn draw_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
     if app.compare.is_some() {
         return draw_ab_table(f, app, rows, area);
     }
+
     let wide = area.width >= 100;
     let mut head = vec!["probe", "context", "calls/s", "p50", "p99"];
     if wide {
         head.extend(["p99.9", "max", "mean"]);
     }
+
     head.push("cpu%");
     if wide {
         head.push("self%");
     }
+
     let body: Vec<TRow> = rows.iter().map(|r| table_row(r, wide)).collect();
     let widths = table_widths(wide);
     let title = if rows.is_empty() {
@@ -253,6 +263,7 @@ fn table_row(r: &Row, wide: bool) -> TRow<'static> {
             r.mean.map(fmt_ns).unwrap_or_else(|| "-".into()),
         )));
     }
+
     cells.push(Cell::from(
         r.cpu
             .map(|c| {
@@ -271,6 +282,7 @@ fn table_row(r: &Row, wide: bool) -> TRow<'static> {
                 .unwrap_or_else(|| "-".into()),
         ));
     }
+
     let style = if r.context == "workload" {
         Style::new().fg(Color::Cyan)
     } else {
@@ -295,6 +307,7 @@ fn table_widths(wide: bool) -> Vec<Constraint> {
             Constraint::Length(9),
         ]);
     }
+
     widths.push(Constraint::Length(7));
     if wide {
         widths.push(Constraint::Length(7));
@@ -309,7 +322,9 @@ fn draw_ab_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
     if wide {
         head.extend(["p50 A", "B", "change"]);
     }
+
     head.extend(["p99 A", "B", "change"]);
+
     // A's rows with B's beside them, then rows only B has (A's cells empty; not selectable).
     let only_b: Vec<&Row> = app
         .compare
@@ -344,6 +359,7 @@ fn draw_ab_table(f: &mut Frame, app: &App, rows: &[Row], area: Rect) {
             Constraint::Length(8),
         ]);
     }
+
     let table = Table::new(body, widths)
         .header(TRow::new(head).style(Style::new().add_modifier(Modifier::BOLD)))
         .block(Block::bordered().title(" charging path, A vs B (whole runs) "))
@@ -374,6 +390,7 @@ fn ab_row(a: &Row, b: Option<&Row>, wide: bool) -> TRow<'static> {
     if wide {
         fig(|r| r.p50);
     }
+
     fig(|r| r.p99);
     TRow::new(cells)
 }
@@ -393,6 +410,7 @@ fn only_b_row(b: &Row, wide: bool) -> TRow<'static> {
     if wide {
         fig(|r| r.p50);
     }
+
     fig(|r| r.p99);
     TRow::new(cells).style(Style::new().fg(Color::DarkGray))
 }
@@ -404,6 +422,7 @@ pub fn octaves(r: &Row) -> Vec<(u64, u64)> {
         if n == 0 {
             continue;
         }
+
         let lo = memcg_trace_common::bucket_bounds(i).0.max(1);
         let oct = 1u64 << (63 - lo.leading_zeros());
         match out.last_mut() {
@@ -422,6 +441,7 @@ pub fn bars(bins: &[(u64, u64)], max_bars: usize) -> Vec<(u64, u64)> {
     if bins.len() <= max_bars {
         return bins.to_vec();
     }
+
     let per = bins.len().div_ceil(max_bars);
     bins.chunks(per)
         .map(|c| (c[0].0, c.iter().map(|b| b.1).sum()))
@@ -434,6 +454,7 @@ fn bar_of(bars: &[(u64, u64)], q: f64) -> Option<usize> {
     if total == 0 {
         return None;
     }
+
     let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
     let mut seen = 0;
     bars.iter().position(|b| {
@@ -494,6 +515,7 @@ fn draw_parts(f: &mut Frame, r: &Row, side: &str, area: Rect, parts: Parts, mode
         );
         return;
     }
+
     let body: Vec<TRow> = sites
         .iter()
         .map(|s| {
@@ -539,12 +561,14 @@ fn draw_spectrum(f: &mut Frame, r: &Row, side: &str, area: Rect) {
         f.render_widget(Paragraph::new("no calls timed").block(block), area);
         return;
     }
+
     let xs: Vec<f64> = (0..=80).map(|i| i as f64 * 0.05).collect();
     let qs: Vec<f64> = xs.iter().map(|x| 1.0 - 10f64.powf(-x)).collect();
     let Some(l) = crate::figures::latency(&r.hist, std::time::Duration::ZERO, &qs) else {
         f.render_widget(Paragraph::new("no calls timed").block(block), area);
         return;
     };
+
     // Latency on a log scale too: the tail spans decades.
     let points: Vec<(f64, f64)> = xs
         .iter()
@@ -594,7 +618,9 @@ fn draw_histogram(f: &mut Frame, r: &Row, side: &str, area: Rect) {
         f.render_widget(Paragraph::new(why).block(block), area);
         return;
     }
+
     let max_bars = ((area.width.saturating_sub(2)) / 7).max(1) as usize;
+
     // Every call is in some bar: octaves that do not fit are merged, never dropped.
     let merged = bars(&bins, max_bars);
     let marks = [
@@ -644,9 +670,11 @@ fn draw_sparkline(f: &mut Frame, app: &App, r: &Row, area: Rect) {
         );
         return;
     }
+
     let [top, bottom] = Layout::vertical([Constraint::Percentage(50); 2]).areas(area);
     let key = (r.probe.clone(), r.context);
-    let w = area.width.saturating_sub(2) as usize;
+    let width = area.width.saturating_sub(2) as usize;
+
     // The window ends at the step (or the latest tick).
     let window = |h: Option<&std::collections::VecDeque<u64>>| -> (Vec<u64>, Option<u64>) {
         let Some(h) = h else {
@@ -656,7 +684,7 @@ fn draw_sparkline(f: &mut Frame, app: &App, r: &Row, area: Rect) {
         let data: Vec<u64> = h
             .iter()
             .take(end)
-            .skip(end.saturating_sub(w))
+            .skip(end.saturating_sub(width))
             .copied()
             .collect();
         let at = data.last().copied();
@@ -666,6 +694,7 @@ fn draw_sparkline(f: &mut Frame, app: &App, r: &Row, area: Rect) {
         Some(ms) => format!(" at {:.1}s", *ms as f64 / 1e3),
         None => String::new(),
     };
+
     // One pane per series: its title gives the value at the step and the largest shown.
     let mut pane = |area: Rect,
                     series: Option<&std::collections::VecDeque<u64>>,
@@ -728,16 +757,16 @@ fn draw_help(f: &mut Frame, area: Rect) {
     ];
     let w = area.width.min(64);
     let h = area.height.min(text.len() as u16 + 2);
-    let r = Rect::new(
+    let popup = Rect::new(
         area.x + (area.width - w) / 2,
         area.y + (area.height - h) / 2,
         w,
         h,
     );
-    f.render_widget(Clear, r);
+    f.render_widget(Clear, popup);
     f.render_widget(
         Paragraph::new(text).block(Block::bordered().title(" keys ")),
-        r,
+        popup,
     );
 }
 
@@ -755,14 +784,15 @@ mod tests {
         let mut t = Terminal::new(TestBackend::new(w, h)).expect("test terminal");
         t.draw(|f| draw(f, app)).expect("draw");
         let buf = t.backend().buffer().clone();
-        let mut s = String::new();
+        let mut screen = String::new();
         for y in 0..buf.area.height {
             for x in 0..buf.area.width {
-                s.push_str(buf[(x, y)].symbol());
+                screen.push_str(buf[(x, y)].symbol());
             }
-            s.push('\n');
+
+            screen.push('\n');
         }
-        s
+        screen
     }
 
     fn app_with_data() -> App {
@@ -787,15 +817,16 @@ mod tests {
     #[test]
     fn the_workload_line_shows_its_cpu_share() {
         let mut app = app_with_data();
-        let mut s = snap(5, 5 * 45_000, 700, 150);
-        s.probes[0].workload = Some(crate::snapshot::HistData {
+        let mut snapshot = snap(5, 5 * 45_000, 700, 150);
+        snapshot.probes[0].workload = Some(crate::snapshot::HistData {
             count: 1000,
             sum_ns: 900_000,
             self_ns: 900_000,
             ..Default::default()
         });
-        app.on_snapshot(s);
+        app.on_snapshot(snapshot);
         app.set_workload_cpu(Some(20_000_000));
+
         // As the live dashboard words it.
         app.workload = Some(
             "workload: hackbench -g 2 -l 100 in /sys/fs/cgroup/memcg-trace.147, running".into(),
@@ -839,20 +870,22 @@ mod tests {
     fn the_callers_pane_lists_the_sites_of_the_selected_row() {
         let mut app = App::new(Header::default(), Duration::from_secs(1));
         let with_sites = |n: u64, count: u64| {
-            let mut s = snap(n, 0, 0, 0);
-            let p = &mut s.probes[0];
-            let mut a = crate::callers::Site::new(0, 0xffff_ffff_8100_1000);
-            a.name = "__memcg_slab_post_alloc_hook+0xd8".into();
-            let mut b = crate::callers::Site::new(0, 0xffff_ffff_8100_2000);
-            b.name = "pcpu_alloc_noprof+0xd9".into();
+            let mut snapshot = snap(n, 0, 0, 0);
+            let probe = &mut snapshot.probes[0];
+            let mut first = crate::callers::Site::new(0, 0xffff_ffff_8100_1000);
+            first.name = "__memcg_slab_post_alloc_hook+0xd8".into();
+            let mut second = crate::callers::Site::new(0, 0xffff_ffff_8100_2000);
+            second.name = "pcpu_alloc_noprof+0xd9".into();
             for _ in 0..count {
-                a.add(1000);
+                first.add(1000);
             }
+
             for _ in 0..count / 10 {
-                b.add(4000);
+                second.add(4000);
             }
-            p.callers = vec![a, b];
-            s
+
+            probe.callers = vec![first, second];
+            snapshot
         };
         app.on_snapshot(with_sites(1, 100));
         app.on_snapshot(with_sites(2, 300));
@@ -860,6 +893,7 @@ mod tests {
         let r = rows.iter().find(|r| r.context == "task").expect("task row");
         let sites = app.sites_of(r);
         assert_eq!(sites.len(), 2);
+
         // The last tick: 200 calls at 1 us from the first site, 20 at 4 us from the second.
         assert_eq!(sites[0].name, "__memcg_slab_post_alloc_hook+0xd8");
         let share = sites[0].time_share.unwrap();
@@ -872,6 +906,7 @@ mod tests {
             "{screen}"
         );
         assert!(screen.contains("71.4"), "{screen}");
+
         // Without sites the pane says how to get them.
         let mut plain = app_with_data();
         plain.on_key(Key::Char('c'));
@@ -882,30 +917,33 @@ mod tests {
     fn the_memcgs_pane_lists_the_memcgs_the_selected_row_charges() {
         let mut app = App::new(Header::default(), Duration::from_secs(1));
         let with_memcgs = |n: u64, count: u64| {
-            let mut s = snap(n, 0, 0, 0);
-            let p = &mut s.probes[0];
-            let mut a = crate::callers::Site::new(0, 7001);
-            a.name = "/system.slice/postgresql.service".into();
-            let mut b = crate::callers::Site::new(0, 7002);
-            b.name = "/user.slice".into();
+            let mut snapshot = snap(n, 0, 0, 0);
+            let probe = &mut snapshot.probes[0];
+            let mut first = crate::callers::Site::new(0, 7001);
+            first.name = "/system.slice/postgresql.service".into();
+            let mut second = crate::callers::Site::new(0, 7002);
+            second.name = "/user.slice".into();
             for _ in 0..count {
-                a.add(1000);
+                first.add(1000);
             }
+
             for _ in 0..count / 4 {
-                b.add(1000);
+                second.add(1000);
             }
-            p.memcgs = vec![b, a];
-            s
+
+            probe.memcgs = vec![second, first];
+            snapshot
         };
         app.on_snapshot(with_memcgs(1, 100));
         app.on_snapshot(with_memcgs(2, 500));
         let rows = app.rows();
         let r = rows.iter().find(|r| r.context == "task").expect("task row");
-        let m = app.memcgs_of(r);
-        assert_eq!(m.len(), 2);
+        let memcgs = app.memcgs_of(r);
+        assert_eq!(memcgs.len(), 2);
+
         // The last tick: 400 calls charging the first, 100 the second, costliest first.
-        assert_eq!(m[0].name, "/system.slice/postgresql.service");
-        assert_eq!((m[0].count, m[1].count), (400, 100));
+        assert_eq!(memcgs[0].name, "/system.slice/postgresql.service");
+        assert_eq!((memcgs[0].count, memcgs[1].count), (400, 100));
         app.on_key(Key::Char('m'));
         let screen = render(&app, 120, 30);
         assert!(screen.contains("memcgs (last tick)"), "{screen}");
@@ -914,6 +952,7 @@ mod tests {
             "{screen}"
         );
         assert!(screen.contains("80.0"), "{screen}");
+
         // 'c' switches to the call sites, which this run has none of.
         app.on_key(Key::Char('c'));
         assert!(render(&app, 120, 30).contains("run with --callers"));
@@ -929,6 +968,7 @@ mod tests {
             let s = render(&app, w, h);
             assert_eq!(s.lines().count(), h as usize);
         }
+
         insta::assert_snapshot!(render(&app, 40, 10));
     }
 
@@ -943,6 +983,7 @@ mod tests {
             assert_eq!(b.iter().map(|x| x.1).sum::<u64>(), total, "{max} bars");
             assert_eq!(b[0].0, 64, "the fastest calls are still drawn ({max} bars)");
         }
+
         // p50 lies in the bar that holds the middle call.
         let b = bars(&[(512, 10), (1024, 80), (2048, 10)], 3);
         assert_eq!(bar_of(&b, 0.5), Some(1));
@@ -960,12 +1001,14 @@ mod tests {
                 "{l}"
             );
         }
+
         for n in [
             0.0, 950.0, 9_999.0, 10_000.0, 314_700.0, 999_499.0, 1.2e6, 47e6, 1.3e9, 2e13,
         ] {
             let c = crate::units::fmt_count_short(n);
             assert!(c.chars().count() <= 5, "{n}: {c}");
         }
+
         assert_eq!(crate::units::fmt_count_short(314_700.0), "315k");
         assert_eq!(crate::units::fmt_ns_short(131_072.0), "131us");
     }
@@ -1007,21 +1050,22 @@ mod tests {
             let pane = width * 60 / 100;
             let max_bars = (pane.saturating_sub(2) / 7).max(1) as usize;
             for r in app.rows().iter().filter(|r| r.backend.has_latency()) {
-                let b = bars(&octaves(r), max_bars);
+                let drawn = bars(&octaves(r), max_bars);
                 if r.hist.timed() == 0 {
                     continue;
                 }
-                assert!(b.len() <= max_bars);
+
+                assert!(drawn.len() <= max_bars);
                 assert_eq!(
-                    b.iter().map(|x| x.1).sum::<u64>(),
+                    drawn.iter().map(|x| x.1).sum::<u64>(),
                     r.hist.buckets.iter().sum::<u64>(),
                     "{} {}: bars hold every call",
                     r.probe,
                     r.context
                 );
-                let p50 = bar_of(&b, 0.5).expect("p50 in a bar");
-                let (lo, _) = b[p50];
-                let hi = b.get(p50 + 1).map_or(u64::MAX, |x| x.0);
+                let p50 = bar_of(&drawn, 0.5).expect("p50 in a bar");
+                let (lo, _) = drawn[p50];
+                let hi = drawn.get(p50 + 1).map_or(u64::MAX, |x| x.0);
                 let p = r.p50.expect("p50");
                 assert!(
                     lo <= p && p < hi.max(lo * 2),
@@ -1031,6 +1075,7 @@ mod tests {
                 );
             }
         }
+
         // The charge task row, the one the issue was about, starts below 1 us.
         let charge = app
             .rows()
@@ -1046,10 +1091,12 @@ mod tests {
     fn sorting_keeps_the_selected_row_selected() {
         let mut app = fixture_app();
         let rows = app.rows();
+
         // Select the last row, then sort every way: the same row stays selected.
         for _ in 0..rows.len() {
             app.on_key(Key::Down);
         }
+
         let want = {
             let r = &app.rows()[app.selected];
             (r.probe.clone(), r.context)
@@ -1065,7 +1112,9 @@ mod tests {
                 assert_eq!(p99s, sorted, "sorted by p99, slowest first");
             }
         }
+
         assert_eq!(app.sort, super::Sort::Probe, "o cycles back");
+
         // Empty rows hidden: every row left has calls.
         app.on_key(Key::Char('e'));
         assert!(app.rows().iter().all(|r| r.hist.count > 0));
@@ -1073,12 +1122,13 @@ mod tests {
 
     #[test]
     fn ab_view_shows_both_runs_and_the_change() {
-        let a = fixture();
-        let mut b = fixture();
+        let doc_a = fixture();
+        let mut doc_b = fixture();
+
         // B ran twice as long with the same calls: half the rate.
-        b.meta.duration_ns *= 2;
-        let mut app = crate::cmd::top::recording_app(&a, "a.json");
-        crate::cmd::top::compare_with(&mut app, &b, "b.json");
+        doc_b.meta.duration_ns *= 2;
+        let mut app = crate::cmd::top::recording_app(&doc_a, "a.json");
+        crate::cmd::top::compare_with(&mut app, &doc_b, "b.json");
         let screen = render(&app, 120, 36);
         assert!(screen.contains("A a.json vs B b.json"), "{screen}");
         assert!(screen.contains("change"), "{screen}");
@@ -1088,6 +1138,7 @@ mod tests {
             "{screen}"
         );
         insta::assert_snapshot!(screen);
+
         // Narrow: still the change of calls/s and p99.
         let narrow = render(&app, 80, 24);
         assert!(narrow.contains("-50.0%"), "{narrow}");
@@ -1095,15 +1146,16 @@ mod tests {
 
     #[test]
     fn spectrum_and_ab_views_fit_any_terminal() {
-        let a = fixture();
-        let mut b = fixture();
+        let doc_a = fixture();
+        let mut doc_b = fixture();
+
         // A row only B has.
-        b.probes[0].contexts.retain(|c| c.context == "task");
-        let mut extra = b.probes[0].clone();
+        doc_b.probes[0].contexts.retain(|c| c.context == "task");
+        let mut extra = doc_b.probes[0].clone();
         extra.name = "only-in-b".into();
-        b.probes.push(extra);
-        let mut app = crate::cmd::top::recording_app(&a, "a.json");
-        crate::cmd::top::compare_with(&mut app, &b, "b.json");
+        doc_b.probes.push(extra);
+        let mut app = crate::cmd::top::recording_app(&doc_a, "a.json");
+        crate::cmd::top::compare_with(&mut app, &doc_b, "b.json");
         let wide = render(&app, 120, 36);
         assert!(wide.contains("only-in-b"), "{wide}");
         for spectrum in [false, true] {
@@ -1131,6 +1183,7 @@ mod tests {
             // The rate grows tick by tick: 45k, 90k, ... calls per second.
             rec.push(&snap(i, 45_000 * i * (i + 1) / 2, 700, i * 30));
         }
+
         let mut doc = fixture();
         doc.history = Some(rec.history().clone());
         doc.probes.retain(|p| p.name == "charge");
@@ -1145,6 +1198,7 @@ mod tests {
         for _ in 0..10 {
             app.on_key(Key::Right);
         }
+
         assert_eq!(app.step, Some(4), "stops at the last tick");
     }
 
@@ -1188,9 +1242,10 @@ mod tests {
                 .collect()
         };
         for split in [false, true] {
-            let mut s = snap(4, 180_000, 700, 0);
-            s.no_context_split = !split;
+            let mut snapshot = snap(4, 180_000, 700, 0);
+            snapshot.no_context_split = !split;
             let name = if split { "task" } else { "all" };
+
             // The JSON: one row without the split (none claiming no interrupt call was seen),
             // every context's with it; read back as such.
             let rows: &[&str] = if split {
@@ -1198,7 +1253,7 @@ mod tests {
             } else {
                 &["all"]
             };
-            let doc = export::document(&s, &run(split));
+            let doc = export::document(&snapshot, &run(split));
             assert_eq!(row_names(&doc), rows, "split {split}");
             let json = serde_json::to_string(&doc).expect("json");
             let back = export::parse(&json).expect("read back");
@@ -1206,6 +1261,7 @@ mod tests {
             let again = export::to_snapshot(&back);
             assert_eq!(again.no_context_split, !split);
             assert_eq!(again.ctx_name(0), name);
+
             // The table.
             let table = crate::table::summary(&back);
             let rows: Vec<&str> = table
@@ -1219,9 +1275,10 @@ mod tests {
                         .all(|l| l.split_whitespace().nth(1) == Some(name)),
                 "split {split}:\n{table}"
             );
+
             // The live dashboard and the recording's.
             let mut live = App::new(Header::default(), Duration::from_secs(1));
-            live.on_snapshot(s.clone());
+            live.on_snapshot(snapshot.clone());
             let read = crate::cmd::top::recording_app(&back, "r.json");
             for (what, app) in [("live", &live), ("recording", &read)] {
                 let screen = render(app, 120, 36);

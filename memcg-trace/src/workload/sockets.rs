@@ -64,6 +64,7 @@ pub fn run(messages: u64) -> Result<()> {
     };
     let sent = serve(cgroups.as_ref(), messages);
     give_back(cgroups);
+
     // Stopped (memcg-trace's SIGTERM at --duration or Ctrl-C): the cgroups are given back, then
     // the signal ends the process as it would have.
     let sig = STOPPED.load(Ordering::SeqCst);
@@ -120,7 +121,9 @@ fn serve(cgroups: Option<&Cgroups>, messages: u64) -> Result<()> {
             }
         }
     }
+
     let streamed = stream(&listener, &shares);
+
     // No client can connect any more (one that did not is not left waiting in the backlog).
     drop(listener);
     let exits = reap(&pids, streamed.is_err());
@@ -144,6 +147,7 @@ fn make_cgroups() -> Result<Cgroups> {
     let own = own_cgroup()?;
     let server = own.join("sockets-server");
     mkdir(&server)?;
+
     // A cgroup with processes cannot hand controllers to its children: this process leaves
     // for a leaf first (the workload's only one in a memcg memcg-trace made; in one given
     // with --cgroup others may stay, and the controller is then refused).
@@ -151,6 +155,7 @@ fn make_cgroups() -> Result<Cgroups> {
         let _ = fs::remove_dir(&server);
         return Err(e).with_context(|| format!("move into {}", server.display()));
     }
+
     let mut made = Cgroups {
         own,
         server,
@@ -175,14 +180,17 @@ fn make_cgroups() -> Result<Cgroups> {
             give_back(Some(made));
             return Err(e);
         }
+
         made.turned_on = true;
     }
+
     for i in 0..CLIENTS {
         let dir = made.own.join(format!("sockets-client-{i}"));
         if let Err(e) = mkdir(&dir) {
             give_back(Some(made));
             return Err(e);
         }
+
         made.clients.push(dir);
     }
     Ok(made)
@@ -190,17 +198,18 @@ fn make_cgroups() -> Result<Cgroups> {
 
 /// The cgroup v2 directory of this process, where memory is controlled.
 fn own_cgroup() -> Result<PathBuf> {
-    let h = super::find_hierarchy()?;
-    if !h.v2 {
+    let hierarchy = super::find_hierarchy()?;
+    if !hierarchy.v2 {
         bail!("the memory controller is on cgroup v1 here, where socket memory is charged only below a memory.kmem.tcp.limit_in_bytes");
     }
+
     let text = fs::read_to_string("/proc/self/cgroup").context("read /proc/self/cgroup")?;
     let rel = text
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
         .ok_or_else(|| anyhow!("not in a cgroup v2 hierarchy"))?;
-    let own = h.root.join(rel.trim_start_matches('/'));
-    if own == h.root {
+    let own = hierarchy.root.join(rel.trim_start_matches('/'));
+    if own == hierarchy.root {
         bail!("the workload runs in the root cgroup, not a memcg of its own");
     }
     Ok(own)
@@ -228,17 +237,21 @@ fn start_client(
 ) -> Result<libc::pid_t> {
     use std::os::fd::AsRawFd as _;
     let port = listener.local_addr()?.port();
+
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
+
     // SAFETY: this process is single-threaded here (a current-thread runtime, no thread
     // started yet), so the child may allocate; it leaves with _exit, running nothing of ours.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         bail!("sockets: fork: {}", std::io::Error::last_os_error());
     }
+
     if pid > 0 {
         return Ok(pid);
     }
+
     // SAFETY: in the child, closing its copy of the listener and setting the stop signals'
     // default actions back (the server catches them).
     unsafe {
@@ -247,12 +260,14 @@ fn start_client(
             libc::signal(sig, libc::SIG_DFL);
         }
     }
+
     let client = || -> Result<()> {
         super::die_with_parent(parent).context("die with the server")?;
         if let Some(p) = procs {
             super::join_in_child(std::slice::from_ref(p))
                 .with_context(|| format!("join {}", p.to_string_lossy()))?;
         }
+
         let read = read_stream(port, index)?;
         let want = share * MESSAGE as u64;
         if read != want {
@@ -267,6 +282,7 @@ fn start_client(
             1
         }
     };
+
     // SAFETY: the forked child ends here without unwinding into the parent's code.
     unsafe { libc::_exit(code) }
 }
@@ -297,6 +313,7 @@ fn stream(listener: &TcpListener, shares: &[u64]) -> Result<()> {
         if stopped() {
             bail!("sockets: stopped by a signal");
         }
+
         // Waits in poll, not in a loop of accepts: a refused accept allocates and frees a
         // socket (an accounted inode and file), charges that are not the workload's.
         let left = deadline.saturating_duration_since(Instant::now());
@@ -305,23 +322,29 @@ fn stream(listener: &TcpListener, shares: &[u64]) -> Result<()> {
             events: libc::POLLIN,
             revents: 0,
         };
+
         // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut fd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if n < 0 {
+        let ready =
+            unsafe { libc::poll(&mut fd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if ready < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
+
             return Err(e).context("sockets: poll");
         }
-        if n == 0 {
+
+        if ready == 0 {
             bail!(
                 "sockets: {} of {} clients connected in {CONNECT_WAIT:?}",
                 conns.len(),
                 shares.len()
             );
         }
+
         let (mut c, _) = listener.accept().context("sockets: accept")?;
+
         // The client's first byte is its index: its share, whatever the order of the
         // connections.
         c.set_read_timeout(Some(CONNECT_WAIT))?;
@@ -336,6 +359,7 @@ fn stream(listener: &TcpListener, shares: &[u64]) -> Result<()> {
         seen[i] = true;
         conns.push((c, share));
     }
+
     let message = vec![0x5au8; MESSAGE];
     std::thread::scope(|s| {
         let writers: Vec<_> = conns
@@ -347,8 +371,10 @@ fn stream(listener: &TcpListener, shares: &[u64]) -> Result<()> {
                         if stopped() {
                             return Err(std::io::Error::from(std::io::ErrorKind::Interrupted));
                         }
+
                         c.write_all(message)?;
                     }
+
                     // The end of the stream: the client's read returns 0.
                     c.shutdown(std::net::Shutdown::Write)
                 })
@@ -371,7 +397,9 @@ fn reap(pids: &[libc::pid_t], kill: bool) -> Vec<i32> {
                 // SAFETY: our own child, not yet reaped.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
+
             let mut status = 0;
+
             // SAFETY: waiting for our own child.
             while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
                 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
@@ -394,16 +422,19 @@ fn give_back(cgroups: Option<Cgroups>) {
             failed.push(format!("remove {}: {e}", dir.display()));
         }
     }
+
     if c.turned_on {
         if let Err(e) = fs::write(c.own.join("cgroup.subtree_control"), "-memory") {
             failed.push(format!("turn the memory controller off: {e}"));
         }
     }
+
     if let Err(e) = fs::write(procs_path(&c.own), "0") {
         failed.push(format!("move back into {}: {e}", c.own.display()));
     } else if let Err(e) = fs::remove_dir(&c.server) {
         failed.push(format!("remove {}: {e}", c.server.display()));
     }
+
     if !failed.is_empty() {
         eprintln!(
             "memcg-trace workload sockets: cgroups not given back as they were: {}",

@@ -9,6 +9,7 @@ fn host_a_workload_that_made_its_own_cgroups_is_removed_with_them() {
     let Some(_serial) = host_ready(name) else {
         return;
     };
+
     // The workload makes a cgroup inside its memcg and moves there (v1 or v2).
     let script = r#"cg=$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
 if [ -n "$cg" ]; then base=/sys/fs/cgroup/memory; else
@@ -65,6 +66,7 @@ fn host_a_workload_moved_below_its_cgroup_keeps_its_calls() {
     let mut report = Vec::new();
     for object in ["full", "legacy"] {
         let (own, task, stdout) = record(object, "alone");
+
         // hackbench makes nearly all task calls; a workload row that did not follow it below
         // its cgroup holds only the shell's few calls before the move.
         assert!(
@@ -74,6 +76,7 @@ fn host_a_workload_moved_below_its_cgroup_keeps_its_calls() {
         let other = OtherCharger::start(Path::new(&v2).join("mt-other-charger"), &hb);
         let (own_beside, task_beside, stdout) = record(object, "beside");
         drop(other);
+
         // The same hackbench makes about as many calls beside the other; a test that took any
         // task deeper than the workload's cgroup for the workload's would add the other's
         // thousands to its row.
@@ -89,6 +92,7 @@ fn host_a_workload_moved_below_its_cgroup_keeps_its_calls() {
             "{object} object: workload {own} of {task} task calls; beside another charger {own_beside} of {task_beside}"
         ));
     }
+
     summary(name, &report.join("; "));
 }
 
@@ -109,6 +113,7 @@ fn host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls(
         return;
     };
     let dir = scratch(name);
+
     // A fresh namespace root for every run: memcg-trace offers the memory controller to the
     // namespace root's children, after which (on a host whose cgroup v2 has it) no process
     // may join the root itself as the next run's wrapper does.
@@ -117,6 +122,7 @@ fn host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls(
     if !runs_in_a_namespace(name, &wrapper, &v2, &ns_root) {
         return;
     }
+
     let mut report = Vec::new();
     for object in ["full", "legacy"] {
         let ns = NamespaceRoot::make(ns_root.clone());
@@ -130,6 +136,7 @@ fn host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls(
         let stat = probe(&doc, "stat");
         let own = stat.workload.as_ref().expect("workload figures").count;
         let task = ctx_count(stat, "task");
+
         // Without the kernel's level the row keeps only the shell's few calls before the move.
         assert!(
             own * 2 >= task && own <= task,
@@ -149,6 +156,7 @@ fn host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls(
             "{object} object: workload {own} of {task} task calls"
         ));
     }
+
     assert_left_nothing(
         "a workload moved below its cgroup in a cgroup namespace",
         "-",
@@ -156,9 +164,10 @@ fn host_a_workload_moved_below_its_cgroup_in_a_cgroup_namespace_keeps_its_calls(
     summary(name, &report.join("; "));
 }
 
-/// A script that runs its arguments in a cgroup namespace: joins the namespace's root cgroup, unshares the cgroup and mount namespaces, mounts
-/// cgroup v2 afresh (its root is the namespace's), moves into a leaf (a cgroup with
-/// processes cannot offer the memory controller to its children) and runs the rest.
+/// A script that runs its arguments in a cgroup namespace: joins the namespace's root cgroup,
+/// unshares the cgroup and mount namespaces, mounts cgroup v2 afresh (its root is the namespace's),
+/// moves into a leaf (a cgroup with processes cannot offer the memory controller to its children)
+/// and runs the rest.
 fn namespace_wrapper(dir: &Path) -> String {
     let wrapper = dir.join("in-cgroup-namespace.sh");
     fs::write(
@@ -282,8 +291,10 @@ impl Drop for NamespaceRoot {
             if fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
                 return;
             }
+
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
+
         if !std::thread::panicking() {
             panic!("cannot remove {}", self.dir.display());
         }
@@ -326,15 +337,19 @@ impl Drop for OtherCharger {
             if procs.trim().is_empty() {
                 break;
             }
+
             for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
                 // SAFETY: a plain kill(2) of a process of the other charger's cgroup.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
+
             thread::sleep(Duration::from_millis(50));
         }
+
         if let Some(mut child) = self.child.take() {
             let _ = child.wait();
         }
+
         let _ = fs::remove_dir(&leaf);
         let _ = fs::remove_dir(&self.dir);
     }

@@ -26,6 +26,7 @@ fn host_sigterm_writes_json_and_removes_memcg() {
         .spawn()
         .unwrap();
     wait_for_workload(Duration::from_secs(60));
+
     // SAFETY: kill(2) of our child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
@@ -63,6 +64,7 @@ fn host_sigkill_takes_the_workload_along_and_the_next_run_removes_the_memcg() {
         stale.exists(),
         "the memcg survives a SIGKILL of memcg-trace"
     );
+
     // The workload does not outlive memcg-trace (the kernel kills it with its parent).
     let procs = stale.join("cgroup.procs");
     let t = std::time::Instant::now();
@@ -78,6 +80,7 @@ fn host_sigkill_takes_the_workload_along_and_the_next_run_removes_the_memcg() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+
     let out = run(&["record", "-q", "--", "true"]);
     assert!(
         out.status.success(),
@@ -97,6 +100,7 @@ fn host_sigkill_takes_the_workload_along_and_the_next_run_removes_the_memcg() {
 fn flock_dir(dir: &Path) -> fs::File {
     use std::os::fd::AsRawFd as _;
     let f = fs::File::open(dir).unwrap();
+
     // SAFETY: flock on a descriptor we own.
     assert_eq!(
         unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
@@ -115,8 +119,10 @@ fn host_stale_memcgs_are_told_by_their_lock_not_by_the_pid_in_their_name() {
         return;
     };
     let h = memcg_trace::workload::find_hierarchy().unwrap();
+
     // Left by a killed run whose pid was reused since (pid 1 is always alive): stale.
     let reused = h.root.join("memcg-trace.1");
+
     // A live run's, from another pid namespace: its pid means nothing here (and no process
     // has it), but it holds its lock: not stale.
     let held = h.root.join("memcg-trace.4194399");
@@ -148,9 +154,11 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
         return;
     };
     let dir = scratch(name);
+
     // Runs ended by the signal's default action, during start-up (128+N, no recording), and
     // after tracing began (128+N and a recording).
     let (mut early, mut start_up, mut traced) = (0, 0, 0);
+
     // From before the handlers exist to well after the workload started (start-up takes
     // about 0.25 s here): each point of start-up is hit by some delay.
     for (i, delay_ms) in [
@@ -174,11 +182,13 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
             .spawn()
             .unwrap();
             thread::sleep(Duration::from_millis(delay_ms));
+
             // SAFETY: kill(2) of our child.
             unsafe { libc::kill(child.id() as i32, sig) };
             let out = child.wait_with_output().unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
             let what = format!("signal {sig} after {delay_ms} ms: {:?}: {err}", out.status);
+
             // Before the handlers exist the signal's default action ends the process, which
             // has created nothing yet; from then on it ends like a shell: 128 + N.
             use std::os::unix::process::ExitStatusExt as _;
@@ -188,6 +198,7 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
             );
             assert!(err.lines().count() <= 1, "{what}");
             assert_left_nothing(&what, &marker);
+
             // A recording, where one was written, is whole.
             if json.exists() {
                 load_recording(&json);
@@ -199,6 +210,7 @@ fn host_stop_signals_at_any_moment_of_start_up_leave_nothing_behind() {
             }
         }
     }
+
     summary(
         name,
         &format!(
@@ -232,6 +244,7 @@ fn host_a_stop_signal_ignored_at_start_stays_ignored() {
         .stderr(Stdio::piped());
     {
         use std::os::unix::process::CommandExt as _;
+
         // SAFETY: signal(2) is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -241,10 +254,13 @@ fn host_a_stop_signal_ignored_at_start_stays_ignored() {
             });
         }
     }
+
     let mut child = cmd.spawn().unwrap();
+
     // SAFETY: kill(2) of our child.
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
     wait_for_workload(Duration::from_secs(60));
+
     // SAFETY: as above.
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
     thread::sleep(Duration::from_millis(500));
@@ -252,6 +268,7 @@ fn host_a_stop_signal_ignored_at_start_stays_ignored() {
         child.try_wait().unwrap().is_none(),
         "SIGHUP stopped a run started with SIGHUP ignored"
     );
+
     // SAFETY: as above.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let what = "SIGINT after two ignored SIGHUPs";
@@ -300,9 +317,11 @@ fn host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost() {
                 appears(&hold.join(format!("{point}.held")), 30),
                 "{point}: start-up never reached the hold"
             );
+
             // SAFETY: kill(2) of our child.
             unsafe { libc::kill(child.id() as i32, sig) };
             fs::write(hold.join(format!("{point}.go")), b"").unwrap();
+
             // A lost signal would trace the whole sleep: stop waiting well before.
             let (out, lost) = ends_within(child, 60);
             let err = String::from_utf8_lossy(&out.stderr);
@@ -321,6 +340,7 @@ fn host_a_stop_signal_inside_the_handler_window_is_delivered_late_never_lost() {
             runs += 1;
         }
     }
+
     summary(
         name,
         &format!("{runs} signals sent inside the handler window: each delivered once unblocked"),
@@ -340,12 +360,14 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
     let Some(_serial) = host_ready(name) else {
         return;
     };
+
     // The same start-up without a signal reaches the second probe: otherwise the test could
     // not tell "before the next probe" from "after the last".
     let control = scratch(&format!("{name}-control"));
     for f in ["attach-1.hold", "attach-1.go"] {
         fs::write(control.join(f), b"").unwrap();
     }
+
     let out = Command::new(bin())
         .args(["record", "-q", "--attach", "tracepoint", "-o"])
         .arg(control.join("run.json"))
@@ -362,6 +384,7 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
     for p in ["attach-0", "attach-1"] {
         fs::write(hold.join(format!("{p}.hold")), b"").unwrap();
     }
+
     let marker = "711.5";
     let child = stop_signals_default(
         Command::new(bin())
@@ -378,12 +401,15 @@ fn host_a_stop_signal_while_attaching_ends_start_up_before_the_next_probe() {
         appears(&hold.join("attach-0.held"), 60),
         "start-up never reached the first probe"
     );
+
     // Were the signal acted on only after attaching, the run would hold at the second probe:
     // it passes there at once, so that such a run ends too, and is caught by the file it
     // leaves.
     fs::write(hold.join("attach-1.go"), b"").unwrap();
+
     // SAFETY: kill(2) of our child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+
     // No go for the first hold: it ends once the signal is noted (60 s at most, after which
     // a run that never noted it goes on to the second probe).
     let (out, lost) = ends_within(child, 120);
@@ -434,6 +460,7 @@ fn appears(path: &Path, secs: u64) -> bool {
     while !path.exists() && t0.elapsed() < Duration::from_secs(secs) {
         thread::sleep(Duration::from_millis(5));
     }
+
     path.exists()
 }
 
@@ -443,6 +470,7 @@ fn ends_within(mut child: std::process::Child, secs: u64) -> (Output, bool) {
     while child.try_wait().unwrap().is_none() && t0.elapsed() < Duration::from_secs(secs) {
         thread::sleep(Duration::from_millis(20));
     }
+
     let lost = child.try_wait().unwrap().is_none();
     if lost {
         let _ = child.kill();
@@ -512,6 +540,7 @@ fn host_signal_matrix_record() {
     let dir = scratch(name);
     let runs = matrix_runs();
     let mut done = Vec::new();
+
     // None: a panic injected at the first tick, the way a bug would end it.
     for how in [
         Some(libc::SIGINT),
@@ -533,13 +562,16 @@ fn host_signal_matrix_record() {
             if how.is_none() {
                 cmd.env(memcg_trace::session::INJECT_PANIC, "1");
             }
+
             let child = stop_signals_default(&mut cmd).spawn().unwrap();
             let what = format!("record, {label}, run {r}");
             if let Some(sig) = how {
                 wait_for_workload(Duration::from_secs(60));
+
                 // SAFETY: kill(2) of our child.
                 unsafe { libc::kill(child.id() as i32, sig) };
             }
+
             let out = wait_exit(child, Duration::from_secs(60), &what);
             let err = String::from_utf8_lossy(&out.stderr);
             match how {
@@ -556,9 +588,12 @@ fn host_signal_matrix_record() {
                     assert!(!json.exists(), "{what}: a recording after a panic");
                 }
             }
+
             assert_left_nothing(&what, &marker);
         }
+
         done.push(format!("{label} {runs}/{runs}"));
     }
+
     summary(name, &done.join(", "));
 }

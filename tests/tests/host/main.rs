@@ -31,6 +31,7 @@ fn host_ready(name: &str) -> Option<std::sync::MutexGuard<'static, ()>> {
         skip(name, "needs root (CAP_BPF, CAP_PERFMON, cgroup writes)");
         return None;
     }
+
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
         skip(name, "kernel has no BTF");
         return None;
@@ -73,6 +74,7 @@ fn record_tracepoint_in(
     if let Some(object) = object {
         record.env("MEMCG_TRACE_BPF_OBJECT", object);
     }
+
     // The kernel's run counts (--bpf-stats), for the invariants' cross-check of the hits.
     let out = record
         .args(["record", "--attach", "tracepoint", "--bpf-stats", "-o"])
@@ -126,6 +128,7 @@ fn wait_for_workload(timeout: Duration) -> std::path::PathBuf {
         }) {
             return cg;
         }
+
         assert!(
             start.elapsed() < timeout,
             "workload never appeared in a memcg"
@@ -146,7 +149,9 @@ fn wait_exit(
             let _ = child.kill();
             panic!("{what}: still running after {timeout:?}");
         }
+
         thread::sleep(Duration::from_millis(20));
     }
+
     child.wait_with_output().unwrap()
 }

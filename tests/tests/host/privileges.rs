@@ -25,6 +25,7 @@ fn host_after_attach_only_dac_override_and_kill_are_kept() {
     let Some(_serial) = host_ready(name) else {
         return;
     };
+
     // The recording goes into a directory root does not own: writing it needs the kept
     // CAP_DAC_OVERRIDE.
     let dir = scratch(name).join("nobodys");
@@ -41,10 +42,13 @@ fn host_after_attach_only_dac_override_and_kill_are_kept() {
         .unwrap();
     let pid = child.id();
     wait_for_workload(Duration::from_secs(60));
+
     // The workload joins its memcg before exec, and the session drops its capabilities just
-    // after starting it: wait for the drop (or fail after 10 s).
+    // after starting it: wait for the drop (at most 10 s; the checks below fail if it did not
+    // come).
     wait_for_capabilities(pid, KEPT);
     let threads = check_every_thread_keeps_only_kept(pid);
+
     // The workload keeps what it was started with.
     let w = wait_for_pid_of(&["sleep", "2.31"]);
     let wst = fs::read_to_string(format!("/proc/{w}/status")).unwrap();
@@ -177,33 +181,37 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
         skip(name, "setpriv (util-linux) is missing");
         return;
     }
+
     let nobody = Nobody::new(name);
-    let record = |caps: &str, args: &[&str]| nobody.record(caps, args);
     let out_dir = &nobody.out_dir;
+
     // System-wide: CAP_BPF and CAP_PERFMON are all it takes.
     let sys = out_dir.join("system.json");
-    let o = record("+bpf,+perfmon", &["-d", "1s", "-o", sys.to_str().unwrap()]);
+    let o = nobody.record("+bpf,+perfmon", &["-d", "1s", "-o", sys.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let doc = load_recording(&sys);
     assert!(doc.probes.iter().any(|p| p.count > 0));
+
     // The loader was spared its parse of the kernel's BTF without any capability for it (a
     // seccomp filter of its own thread, see tracer::kbtf).
     assert_eq!(
         doc.meta.tracer.loader_btf_parsed, None,
         "as a service account"
     );
+
     // A workload's memcg is created in root's hierarchy: without CAP_DAC_OVERRIDE, one line
     // that says what is missing, and nothing left behind.
-    let o = record("+bpf,+perfmon", &["--", "true"]);
+    let o = nobody.record("+bpf,+perfmon", &["--", "true"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
         err.contains("CAP_DAC_OVERRIDE") && err.lines().count() == 1,
         "{err}"
     );
+
     // With it, the workload's rows.
     let wl = out_dir.join("workload.json");
-    let o = record(
+    let o = nobody.record(
         "+bpf,+perfmon,+dac_override",
         &[
             "-o",
@@ -222,7 +230,7 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
         .iter()
         .any(|p| p.workload.as_ref().is_some_and(|w| w.count > 0)));
     // bpf stats need CAP_SYS_ADMIN, and say so.
-    let o = record("+bpf,+perfmon", &["-d", "1s", "--bpf-stats"]);
+    let o = nobody.record("+bpf,+perfmon", &["-d", "1s", "--bpf-stats"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && err.contains("CAP_SYS_ADMIN"),

@@ -84,6 +84,7 @@ fn host_record_tracepoint_with_hackbench_in_a_memcg() {
     let (doc, stdout) = record_tracepoint(name, &[&hb, "-g", "2", "-l", "100"]);
     let stat = probe(&doc, "stat");
     assert_eq!(stat.backend.to_string(), "tracepoint");
+
     // This kernel (6.18, no data symbols in kallsyms, no kprobes): the cheapest reads, which
     // the counts and the workload's rows below then prove right. Elsewhere it says which.
     let reads = doc.meta.reads.as_deref().expect("meta.reads");
@@ -94,9 +95,11 @@ fn host_record_tracepoint_with_hackbench_in_a_memcg() {
             "{reads}"
         );
     }
+
     if !std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists() {
         assert!(reads.contains("tracepoint hits counted per CPU"), "{reads}");
     }
+
     assert!(stdout.contains("programs read: "), "{stdout}");
     assert!(
         ctx_count(stat, "task") > 0,
@@ -108,6 +111,7 @@ fn host_record_tracepoint_with_hackbench_in_a_memcg() {
     );
     let w = doc.meta.workload.as_ref().expect("workload recorded");
     assert_eq!(w.exit_status, Some(0));
+
     // Attribution: the workload's own task-context calls, a non-empty part of the system's.
     let own = stat.workload.as_ref().expect("workload figures").count;
     assert!(
@@ -126,6 +130,7 @@ fn host_record_tracepoint_with_hackbench_in_a_memcg() {
         "memcgs left behind: {:?}",
         leftover_memcgs()
     );
+
     // Functions the tracepoint backend cannot trace are reported with the reason.
     let charge = doc
         .not_attached
@@ -145,6 +150,7 @@ fn host_record_sees_softirq_charging() {
         return;
     };
     let dir = scratch(&format!("{name}-files"));
+
     // Files created and unlinked in the memcg: their dentries and inodes are freed from RCU
     // callbacks, in softirq, and uncharged there.
     let work = dir.join("files");
@@ -260,6 +266,7 @@ fn host_bad_input_gives_one_clear_line() {
         "bad input left memcgs: {:?}",
         leftover_memcgs()
     );
+
     // clap's own errors (malformed duration) are one usage error with exit 2.
     let out = run(&["record", "--duration", "ten"]);
     assert_eq!(out.status.code(), Some(2));
@@ -337,6 +344,7 @@ fn check_untraceable_functions_and_probes() {
             "every backend tried says why: {err}"
         );
     }
+
     // Every probe named with --probe must attach: stat does here, charge cannot (no function
     // tracing on this kernel), and the run must say so instead of tracing two of three.
     let out = run(&["record", "-q", "-p", "stat,charge", "-d", "1s"]);
@@ -399,6 +407,7 @@ fn host_ebpf_log_is_off_by_default_and_on_with_the_flag() {
     let Some(_serial) = host_ready(name) else {
         return;
     };
+
     // The programs log once per CPU when they find its per-CPU base; a workload makes sure
     // every probe runs.
     let with = run(&[
@@ -447,11 +456,13 @@ fn host_call_sites_are_named_after_the_symbol_that_holds_them() {
         skip(name, "needs root (kallsyms addresses)");
         return;
     }
+
     let (mut names, why) = memcg_trace::callers::Names::new();
     if let Some(why) = why {
         skip(name, &why);
         return;
     }
+
     let text = std::fs::read_to_string("/proc/kallsyms").unwrap();
     let mut syms: Vec<(u64, String)> = text
         .lines()
@@ -460,12 +471,14 @@ fn host_call_sites_are_named_after_the_symbol_that_holds_them() {
             let a = u64::from_str_radix(it.next()?, 16).ok()?;
             let t = it.next()?;
             let n = it.next()?;
+
             // Module text is left out: modules come and go.
             (matches!(t, "t" | "T") && it.next().is_none()).then(|| (a, n.to_string()))
         })
         .collect();
     syms.sort();
     syms.dedup_by_key(|s| s.0);
+
     // Three quarters into every 97th function: well inside it, past any alias at its start.
     let pick: Vec<(u64, String, u64)> = syms
         .windows(2)
@@ -512,6 +525,7 @@ impl Drop for TestMemcg {
             if fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
                 return;
             }
+
             thread::sleep(Duration::from_millis(100));
         }
     }
@@ -573,6 +587,7 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
         let own = v1_cgroup_without_the_flag(name, &hb, &a);
         report.push_str(&format!("; v1 --cgroup without the flag: workload {own}"));
     }
+
     summary(name, &report);
 }
 
@@ -632,6 +647,7 @@ fn check_calls_by_memcg(
             );
         }
     }
+
     let (ta, tb) = (calls(a, Some("task")), calls(b, Some("task")));
     assert!(
         ta > 0 && tb > 2 * ta && tb < 5 * ta,

@@ -33,6 +33,7 @@ fn callers_on(name: &str, short: &str) {
     );
     let text = kernel_text(&r.out_dir);
     assert!(text.len() > 10_000, "kallsyms: {} text symbols", text.len());
+
     // The kernel's own call graph, from the image the guest booted.
     let graph = memcg_trace_tests::callgraph::CallGraph::new(
         memcg_trace_tests::callgraph::vmlinux(&kernel.vmlinuz).expect("the kernel image"),
@@ -40,6 +41,7 @@ fn callers_on(name: &str, short: &str) {
     )
     .expect("the call graph");
     let mut report = String::new();
+
     // The functions of each probe's main task-context sites (5% of its calls or more), per
     // backend: the two read the return address in different ways and must find the same.
     let mut main_sites: Vec<(String, std::collections::BTreeSet<String>)> = Vec::new();
@@ -54,6 +56,7 @@ fn callers_on(name: &str, short: &str) {
             main_sites.push(main_task_sites(backend, p, &mut report));
         }
     }
+
     // Short stacks (`--callers-depth 4`, every entry sampled): each starts at a reported site
     // of its probe and context; each sampled entry is under one stack (their counts add up to
     // the entries); and each frame above the site is, in the kernel's own code, the return
@@ -63,6 +66,7 @@ fn callers_on(name: &str, short: &str) {
     for backend in ["fentry", "kprobe"] {
         check_stacks(backend, &r.out_dir, &graph, &mut report);
     }
+
     let (fentry, kprobe) = main_sites.split_at(main_sites.len() / 2);
     for ((fa, a), (kb, b)) in fentry.iter().zip(kprobe) {
         // A site just around 5% in one run may fall just under it in the other: each main
@@ -73,6 +77,7 @@ fn callers_on(name: &str, short: &str) {
             "{fa}: main sites {a:?}; {kb}: {b:?}"
         );
     }
+
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!("{name}: {report}\n").as_bytes(),
@@ -101,6 +106,7 @@ fn check_opt_in_build(backend: &str, short: &str, doc: &memcg_trace::export::Doc
             p.programs.iter().map(|g| &g.name).collect::<Vec<_>>()
         );
     }
+
     // Debian's 6.12 and 7.3 (x86_64) have bpf_rdonly_cast: the frame's words and the code
     // before a return address are plain loads through it, not helper calls.
     let reads = doc.meta.reads.clone().unwrap_or_default();
@@ -158,6 +164,7 @@ fn check_sites_add_up(backend: &str, p: &memcg_trace::export::ProbeOut) {
             c.count
         );
         let timed_ns = c.latency.as_ref().map_or(0, |l| l.sum_ns);
+
         // The "other" row has no time: equal without one, at most with one.
         assert!(
             ns == timed_ns || (c.callers_other > 0 && ns < timed_ns),
@@ -190,6 +197,7 @@ fn check_sites_in_call_graph(
             s.calls
         );
     }
+
     let known = graph.callers_of(&p.target);
     assert!(
         !known.direct.is_empty(),
@@ -220,6 +228,7 @@ fn check_sites_in_call_graph(
             }
         }
     }
+
     // Every site with 1% of the calls or more; 99.9% of all calls.
     assert!(
         unproven_main == 0 && proven * 1000 >= all * 999,
@@ -290,15 +299,17 @@ fn main_task_sites(
 /// weighed by its stack's samples).
 #[derive(Default)]
 struct StackLinks {
+    /// Links between two frames, each weighed by its stack's sampled entries.
     links: u64,
     /// Links whose caller calls the callee directly (or by a tail call).
     proven: u64,
     /// Links through a function pointer: calls, but the image cannot say which.
     indirect: u64,
-    /// Stacks the programs could not unwind.
+    /// Sampled entries whose stack the programs could not unwind.
     unwound_not: u64,
+    /// Sampled entries.
     all: u64,
-    /// Stacks with a link the image has no call for.
+    /// The stacks with a link the image has no call for (and their sampled entries).
     wrong: Vec<String>,
 }
 
@@ -313,6 +324,7 @@ impl StackLinks {
             self.unwound_not += s.sampled;
             return;
         }
+
         let addrs: Vec<u64> = s
             .addresses
             .iter()
@@ -366,6 +378,7 @@ fn check_stacks(
                 tally.add(s, graph);
             }
         }
+
         let StackLinks {
             links,
             proven,
@@ -374,6 +387,7 @@ fn check_stacks(
             all,
             wrong,
         } = tally;
+
         // Indirect calls (through a function pointer: the image cannot say which) are
         // calls still, but most links must be proven.
         assert!(
@@ -439,6 +453,7 @@ fn by_memcg_on(name: &str, short: &str) {
     for backend in ["fentry", "kprobe"] {
         check_by_memcg(backend, short, &r.out_dir, (a, b), &churn, &mut report);
     }
+
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!("{name}: {report}\n").as_bytes(),
@@ -500,6 +515,7 @@ fn check_by_memcg(
         "{backend}: {:?}",
         doc.meta.workload
     );
+
     // Debian's 6.12 and 7.3 have bpf_rdonly_cast: the chase is plain loads through it, not
     // helper calls (issue 38), though the preempt count is read through its named
     // variable and nothing else is cast there.
@@ -510,6 +526,7 @@ fn check_by_memcg(
     );
     let mut irq = 0;
     let mut read = 0;
+
     // --by-memcg needs a build that reads the charged memcg (opt_in_programs).
     let want = opt_in_programs(backend, short);
     for p in &doc.probes {
@@ -530,6 +547,7 @@ fn check_by_memcg(
             read += 1;
         }
     }
+
     assert!(
         irq > 0,
         "{backend}: no interrupt-context call charging A or B\n{text}"
@@ -557,6 +575,7 @@ fn check_charged(
             .map(|m| m.calls)
             .sum()
     };
+
     // A function whose first argument leads to no memcg (7.3's charge step takes a
     // kmem_cache) says so, and all its calls are under "unknown".
     if p.notes
@@ -567,6 +586,7 @@ fn check_charged(
         report.push_str(&format!("{backend} {}: not read ({}); ", p.name, p.target));
         return None;
     }
+
     // Other controllers' updates (rstat is shared: cpu time, io) are told apart, and
     // only where the argument is a cgroup or css.
     let other = calls(memcg_trace_common::NOT_A_MEMCG, None);
@@ -585,7 +605,9 @@ fn check_charged(
         let want = if m.id == a { "/A" } else { "/B" };
         assert_eq!(m.cgroup, want, "{backend} {}: id {}", p.name, m.id);
     }
+
     let (ta, tb) = (calls(a, Some("task")), calls(b, Some("task")));
+
     // B's hackbench runs three times A's loops, but both fork and reap as many tasks,
     // whose charges do not scale with the loops: B's share is between 1.5x (1.9x seen
     // for stat on 7.3) and 5x A's, never A's or below (calls put on the wrong memcg).
@@ -602,6 +624,7 @@ fn check_charged(
         "{backend} {}: the workload's calls are those charging A\n{text}",
         p.name
     );
+
     // The same hackbench in D1, removed, then in D2 made after it, in the run: each
     // memcg's calls on its own id (a memo of the chase kept past D1's removal, with D2
     // at D1's addresses, would put D2's on D1's id), about as many each.

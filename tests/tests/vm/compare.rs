@@ -37,6 +37,7 @@ fn vm_compare_kmem_6_12() {
     for f in runs.a.iter().chain(&runs.b) {
         load_recording(f);
     }
+
     let diff = |format: &str| diff_of(&runs, format);
     let json: serde_json::Value = serde_json::from_str(&diff("json")).unwrap();
     let figs = json["figures"].as_array().unwrap();
@@ -56,6 +57,7 @@ fn vm_compare_kmem_6_12() {
     };
     assert!(runs("a").iter().all(|&r| r > 0.0), "{rate}");
     assert!(runs("b").iter().all(|&r| r == 0.0), "{rate}");
+
     // The workload's own calls per message.
     let per_op = find("charge", "workload", "calls/op");
     assert!(per_op["a"]["mean"].as_f64().unwrap() > 0.0, "{per_op}");
@@ -134,10 +136,12 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
             "{name}: a run of the wrong kernel"
         );
     }
+
     let json: serde_json::Value = serde_json::from_str(&diff_of(&runs, "json")).unwrap();
     let table = diff_of(&runs, "table");
     let figs = json["figures"].as_array().unwrap();
     let mut changed = Vec::new();
+
     // (beyond noise, the row) where the runs alone decide it (`verdict_from_runs`).
     let mut verdicts = Vec::new();
     for p in DEFAULT_PROBES {
@@ -147,9 +151,11 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
         if let Some(said) = check_what_changed(name, p, sides, &rows, &table) {
             changed.push(said);
         }
+
         check_calls_per_op(name, p, &rows, &table);
         verdicts.extend(decided_verdicts(name, p, &rows, &table));
     }
+
     // Between two kernels the runs alone may decide no row at all: 6.12 -> 7.3 once had every
     // row's two ranges apart, none of them repeating exactly. (A change that is not to zero,
     // where the runs repeat exactly on each side, is decided when there: 6.1 -> 6.12's charge
@@ -157,6 +163,7 @@ fn compare_kernels(name: &str, a: &str, b: &str, functions_change: bool) {
     // swapped, where every row's ranges are the same and the runs decide it: within noise.
     check_side_against_itself(name, &runs.a);
     let told: Vec<&String> = verdicts.iter().filter(|v| v.0).map(|v| &v.1).collect();
+
     // 6.1 and 6.12 trace the same three functions; 7.3 moved all three.
     assert_eq!(
         !changed.is_empty(),
@@ -190,6 +197,7 @@ fn check_what_changed(
     let target = |d: &memcg_trace::export::Document| probe(d, p).target.clone();
     let (ta, tb) = (target(da), target(db));
     let said = format!("{ra}: {ta} -> {rb}: {tb}");
+
     // `auto` may take another backend on the other kernel (kprobe on preemptible 7.3).
     let backend = |d: &memcg_trace::export::Document| probe(d, p).backend.to_string();
     let (ba, bb) = (backend(da), backend(db));
@@ -206,6 +214,7 @@ fn check_what_changed(
                 "{name}: {p}: {r}"
             );
         }
+
         if ba == bb {
             assert!(
                 r.get("backends").is_none(),
@@ -219,6 +228,7 @@ fn check_what_changed(
             );
         }
     }
+
     if ta != tb {
         assert!(
             table.contains(&format!("* {p}: {said}")),
@@ -243,6 +253,7 @@ fn check_calls_per_op(name: &str, p: &str, rows: &[&serde_json::Value], table: &
             "{name}: {p} calls/op, side {side}: {per_op}"
         );
     }
+
     if p == "charge" {
         // The kmem charges of a hackbench message repeat run to run on one kernel.
         for side in ["a", "b"] {
@@ -294,6 +305,7 @@ fn check_side_against_itself(name: &str, side: &[std::path::PathBuf]) {
             same_rows += 1;
         }
     }
+
     assert!(
         same_rows > 0,
         "{name}: side a against itself: no row with two runs a side"
@@ -323,11 +335,13 @@ fn verdict_from_runs(row: &serde_json::Value) -> Option<bool> {
     if a.len() != 2 || b.len() != 2 {
         return None;
     }
+
     let range = |v: &[f64]| (v[0].min(v[1]), v[0].max(v[1]));
     let ((alo, ahi), (blo, bhi)) = (range(&a), range(&b));
     if alo <= bhi && blo <= ahi {
         return Some(false);
     }
+
     let calls = matches!(row["figure"].as_str(), Some("calls/s" | "calls/op"));
     (calls && alo == ahi && blo == bhi).then_some(true)
 }

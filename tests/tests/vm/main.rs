@@ -63,10 +63,12 @@ fn one_kernel(name: &str, short: &str) -> Option<kernels::Kernel> {
         );
         return None;
     }
+
     if !is_root() {
         skip(name, "needs root (apt-get download of the kernel)");
         return None;
     }
+
     let spec = kernels::select(short).expect("known kernel")[0];
     Some(kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}")))
 }

@@ -130,10 +130,12 @@ fn vm_matrix(short: &str) {
         );
         return;
     }
+
     if !is_root() {
         skip(&name, "needs root (apt-get download of the kernel)");
         return;
     }
+
     let spec = kernels::select(short).expect("known kernel")[0];
     let kernel = kernels::fetch(spec).unwrap_or_else(|e| panic!("fetch kernel {short}: {e:#}"));
     let quirks = quirks(short);
@@ -144,9 +146,11 @@ fn vm_matrix(short: &str) {
     for s in &scenarios {
         script.push_str(&s.script);
     }
+
     let r = boot_matrix(&kernel, &name, &quirks, script);
     let selftest = fs::read_to_string(r.out_dir.join("selftest.txt")).expect("selftest output");
     check_selftest(&selftest);
+
     // Before 5.19 the legacy object is loaded (no migrated-call search) and the selftest
     // checks that such calls are left unmatched instead; before 5.11 the task is read through
     // bpf_probe_read_kernel (no bpf_get_current_task_btf), so the general programs are used.
@@ -166,12 +170,15 @@ fn vm_matrix(short: &str) {
     for s in &scenarios {
         (s.check)(&boot);
     }
+
     if arm64 {
         check_arm64(&r, &selftest);
     }
+
     for run in ["auto", "fentry", "kprobe"] {
         check_run(&boot, run);
     }
+
     check_probes_listed(&boot);
     check_exit_and_term(&boot);
 }
@@ -185,6 +192,7 @@ fn no_split() -> Scenario {
              echo 0 >/proc/sys/kernel/kptr_restrict\n",
         |b| {
             check_no_context_split(b.out);
+
             // The portable release binary ran with the guest's own Debian 11 C library.
             let libc = fs::read_to_string(b.out.join("libc.txt")).unwrap_or_default();
             assert!(
@@ -271,6 +279,7 @@ fn check_moved(b: &Boot) {
     let p = probe(&doc, "charge");
     let own = p.workload.as_ref().expect("workload figures").count;
     let task_calls = ctx_count(p, "task");
+
     // Before the workload's sub-cgroups were followed, only the shell's few calls before
     // its move were the workload's. hackbench -g 2 -l 50 sends 2 x 20 x 20 x 50 = 40,000
     // messages, each charging at least once (2.2 a message on 5.10, 6.12 and 7.3). Not a
@@ -300,6 +309,7 @@ fn check_moved(b: &Boot) {
     };
     let (solo, _) = own_of(&alone);
     let (own, task_calls) = own_of(&beside);
+
     // hackbench -g 1 -l 40 charges about the same each run (the counts of -g 2 -l 100 are
     // equal to the call in every boot); the other hackbench, running all along, thousands.
     assert!(
@@ -358,6 +368,7 @@ fn check_every_probe(b: &Boot) {
             refused.reasons
         );
     }
+
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!(
@@ -408,6 +419,7 @@ fn check_repreempt(b: &Boot) {
     let doc = load_recording(&out.join("flicker.json"));
     let summary = fs::read_to_string(out.join("flicker.txt")).expect("summary");
     check_invariants(&doc, &summary);
+
     // (A tick that fell between the two writes would see the change itself.)
     assert!(
         doc.meta.calibration.iter().any(|c| c.contains(
@@ -448,6 +460,7 @@ fn check_skipped_in_map_updates(b: &Boot) {
     let summary = fs::read_to_string(out.join("skipped.txt")).expect("summary");
     check_invariants(&doc, &summary);
     let p = probe(&doc, "charge");
+
     // Each key's node (and its branch's) is charged: about two calls a key, counted once
     // each (counting runs, entry and exit, made them four).
     assert!(
@@ -455,6 +468,7 @@ fn check_skipped_in_map_updates(b: &Boot) {
         "{short}: charges made inside map updates: {} kprobe hits not run, {UPDATES} keys inserted\n{summary}",
         p.kprobe_skipped
     );
+
     // From 6.7 the kernel counts them itself, as the programs' misses; before, only the
     // hits less the runs tell them.
     let kernel_counts = quirks.kprobe_misses_counted;
@@ -480,6 +494,7 @@ fn check_skipped_in_map_updates(b: &Boot) {
             p.kprobe_skipped
         );
     }
+
     assert!(
         p.lost_upper >= p.kprobe_skipped,
         "{short}: loss at most {} leaves out {} kprobe hits not run\n{summary}",
@@ -581,6 +596,7 @@ fn check_run(b: &Boot, run: &str) {
         &out.join(format!("{run}.json")),
     );
     let backend = check_meta(b, run, &doc);
+
     // The context split works on real probes, not only in the selftest: hackbench's
     // charging path is also entered from interrupts (rstat from the tick, stat from RCU).
     let irq: u64 = DEFAULT_PROBES
@@ -594,6 +610,7 @@ fn check_run(b: &Boot, run: &str) {
     for name in DEFAULT_PROBES {
         let p = probe(&doc, name);
         let backend = check_attached(b, run, name, p, backend);
+
         // fentry on the split function itself sees only the calls entering through it:
         // none on hackbench's path.
         if legacy && name == "stat" && backend == "fentry" && p.count == 0 {
@@ -607,6 +624,7 @@ fn check_run(b: &Boot, run: &str) {
             );
             continue;
         }
+
         check_calls(b, run, name, p);
     }
 }
@@ -624,6 +642,7 @@ fn check_meta<'r>(b: &Boot, run: &'r str, doc: &memcg_trace::export::Document) -
         legacy,
         "{short} {run}: reads {reads:?}"
     );
+
     // The loader was spared its own parse of the kernel's BTF (tracer::kbtf), and the
     // programs still loaded and attached by the cut-down BTF's ids (checked below).
     assert_eq!(
@@ -659,6 +678,7 @@ fn check_meta<'r>(b: &Boot, run: &'r str, doc: &memcg_trace::export::Document) -
         "{short} {run}: no instrumentation floor measured for {backend}: {:?}",
         doc.meta.calibration
     );
+
     // 5.10's struct bpf_prog_stats has no recursion-miss counter (5.12): fentry's
     // interrupt pairs are confirmed in userspace there, and the recording says so.
     let expected: &[&str] = if legacy && run != "kprobe" {
@@ -693,6 +713,7 @@ fn check_attached<'r>(
     let short = b.short;
     let (legacy, preemptible) = (b.quirks.legacy, b.quirks.preemptible);
     let backend = run_backend;
+
     // 5.10's __mod_memcg_state is split by the compiler and its file's callers call
     // __mod_memcg_state.part.0, which only kprobe can trace: auto takes kprobe there.
     let split = legacy && name == "stat";
@@ -715,6 +736,7 @@ fn check_attached<'r>(
         };
         assert_eq!(p.target, want, "{short} {run}: stat's target");
     }
+
     // The usual settings take the lean fentry/fexit programs where fentry runs do not
     // interleave (tracer::fentry_build): not on a preemptible kernel.
     let names: Vec<&str> = p.programs.iter().map(|g| g.name.as_str()).collect();
@@ -768,6 +790,7 @@ fn check_calls(b: &Boot, run: &str, name: &str, p: &memcg_trace::export::ProbeOu
             memcg_trace::table::probe_footnote(p)
         );
     }
+
     let own = p.workload.as_ref().expect("workload figures").count;
     let task_calls = ctx_count(p, "task");
     assert!(
@@ -829,6 +852,7 @@ fn check_exit_and_term(b: &Boot) {
     let out = b.out;
     let leftover = fs::read_to_string(out.join("leftover-memcgs")).unwrap_or_default();
     assert_eq!(leftover.trim(), "0", "memcgs left behind in the guest");
+
     // A failing workload's status passes through and its recording is still written.
     let status = fs::read_to_string(out.join("exit3.status")).unwrap_or_default();
     assert_eq!(
@@ -841,6 +865,7 @@ fn check_exit_and_term(b: &Boot) {
         doc.meta.workload.as_ref().and_then(|w| w.exit_status),
         Some(3)
     );
+
     // SIGTERM mid-run: 128+15, a valid recording, no memcg left.
     let status = fs::read_to_string(out.join("term.status")).unwrap_or_default();
     assert_eq!(status.trim(), "143", "memcg-trace after SIGTERM");
@@ -932,6 +957,7 @@ fn check_witness_proves(short: &str, out: &Path) -> (u64, u64, u64, u64) {
         rejected += task_sum(p, |c| c.rejected);
         off += task_sum(p, |c| c.off_cpu_ns);
     }
+
     // The calls that left the CPU without moving off it are proven by the programs from the
     // witness's count on their CPU; the others are deferred and checked per tick.
     assert!(
@@ -942,6 +968,7 @@ fn check_witness_proves(short: &str, out: &Path) -> (u64, u64, u64, u64) {
         summary.contains("calls that left the CPU checked by the switch witness"),
         "{short}: the footnote does not say how the calls that left the CPU were proven\n{summary}"
     );
+
     // Its own cost, one run per context switch, told beside the daemon's; counted where the
     // kernel's bpf stats were on (the kprobe recording).
     assert!(
@@ -1006,6 +1033,7 @@ fn check_witness_beside_map_update(short: &str, out: &Path) -> (u64, u64, u64, u
         task_sum(p, |c| c.rejected),
         task_sum(p, |c| c.proven_on_cpu),
     );
+
     // (bpftool's own charges, made inside its map updates, are kprobe hits not run whether or
     // not it is preempted: the witness is the switches.)
     assert!(
@@ -1013,6 +1041,7 @@ fn check_witness_beside_map_update(short: &str, out: &Path) -> (u64, u64, u64, u
         "{short}: a bpftool process preempted in its map updates: no switch found a BPF section held ({} kprobe hits not run)\n{summary}",
         p.kprobe_skipped
     );
+
     // Which deferred calls overlap a held switch depends on when bpftool is preempted (122 of
     // 122 rejected in one run, 62 of 167 in another, before the programs proved calls on
     // their CPU): some must be. The calls on CPU 0 that left it while the section was held
@@ -1046,6 +1075,7 @@ fn check_rt_softirq(short: &str, out: &Path) {
             .find_map(|l| l.strip_prefix(&format!("@{name}: ")))
             .and_then(|v| v.trim().parse().ok())
     };
+
     // (A map bpftrace never wrote to is not printed: none such calls.)
     let bt_irq_thread = count_of("irqthread").unwrap_or(0);
     let (Some(bt_soft), Some(bt_other)) = (count_of("softirq"), count_of("other")) else {
@@ -1073,6 +1103,7 @@ fn check_rt_softirq(short: &str, out: &Path) {
     let soft = ctx_count(p, "softirq");
     let all = p.count;
     let lost = p.lost_upper;
+
     // The loopback stream's receive charges: thousands of softirq calls.
     assert!(
         bt_soft >= 100,
@@ -1083,6 +1114,7 @@ fn check_rt_softirq(short: &str, out: &Path) {
         soft <= bt_soft && soft + lost + bt_soft / 100 + 10 >= bt_soft,
         "{short}: stat's softirq calls: memcg-trace {soft} (lost at most {lost}), the kernel's field (bpftrace) {bt_soft}\n{summary}"
     );
+
     // Threaded interrupt handlers' calls, task context by the kernel's definition, counted
     // apart (bpftrace's window is the longer one here too).
     assert!(
@@ -1168,6 +1200,7 @@ fn check_no_context_split(out: &std::path::Path) {
     );
     for name in ["charge", "rstat"] {
         let p = probe(&doc, name);
+
         // Interrupt calls share the task slots there: auto takes kprobe, whose programs never
         // interleave on a CPU.
         assert_eq!(p.backend.to_string(), "kprobe", "{name} without the split");
@@ -1195,6 +1228,7 @@ fn check_no_context_split(out: &std::path::Path) {
             "{name}: no `all` row in the table:\n{summary}"
         );
     }
+
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!(
@@ -1237,6 +1271,7 @@ fn check_verified(out: &Path, short: &str) {
         if quirks(short).no_verified_insns {
             continue;
         }
+
         assert!(
             ours.iter().all(|&(_, v)| v > 0),
             "{short}: the kernel counted no verified instructions: {ours:?}"
@@ -1320,6 +1355,7 @@ fn check_arm64(r: &vm::VmResult, selftest: &str) {
         doc.meta.kernel_release
     );
     let masks = doc.meta.context_masks.as_ref().expect("context masks");
+
     // Calibrated on the kernel itself: 6.12's classic layout (hardirq 0xf0000), 7.3's with
     // the hardirq field moved up (0xf000000), which no constant would have known.
     assert!(
@@ -1348,6 +1384,7 @@ fn check_arm64(r: &vm::VmResult, selftest: &str) {
             && !l.contains(": 0 hits")),
         "arm64: hardirq not checked on ipi_entry:\n{selftest}"
     );
+
     // fentry's interrupt pairs are decided in the kernel, by the entry program's miss counter
     // read through the per-CPU offset (`__per_cpu_start`-based there): none deferred to
     // userspace, whose per-tick check rejects every pair of a tick with a miss.

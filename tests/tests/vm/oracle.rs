@@ -60,6 +60,7 @@ fn at_least(buckets: &[memcg_trace::export::Bucket], ns: u64) -> (u64, u64) {
         if b.min_ns >= ns {
             r.0 += b.count;
         }
+
         if b.max_ns > ns {
             r.1 += b.count;
         }
@@ -95,14 +96,17 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };
+
     // kprobe on a preemptible kernel (7.3, 6.1-rt here): the pairs of calls that left the CPU
     // are confirmed in userspace; before 6.7 (6.1-rt) by the switch witness.
     let confirm_deferred = attach == "kprobe" && quirks(short).preemptible;
     let modules = kernels::modules(&kernel, &["zram"]).expect("the zram module");
     let runs = oracle_runs(charge, try_charge, flip);
     let run_refs: Vec<&str> = runs.iter().map(String::as_str).collect();
+
     // Per run: whether function_graph's window was the wider.
     let mut wider = Vec::new();
+
     // Pairs of calls that left the CPU proven by the programs or deferred to userspace over
     // the runs, and of them proven (`confirm_deferred`).
     let mut deferred_all = 0;
@@ -131,11 +135,13 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
         deferred_all += seen.left_the_cpu;
         proven_all += seen.proven;
     }
+
     if confirm_deferred && (deferred_all < 100 || proven_all == 0) {
         failures.push(format!(
             "{deferred_all} calls that left the CPU proven or deferred to userspace over the runs, {proven_all} of them proven by the programs: at least 100, and some proven, expected"
         ));
     }
+
     if flip {
         // kprobe's handlers are ftrace's: the hooks registered last are called first, and
         // their window holds the other's.
@@ -146,6 +152,7 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
             ));
         }
     }
+
     let _ = std::io::Write::write_all(&mut std::io::stderr(), report.as_bytes());
     assert!(
         failures.is_empty(),
@@ -200,6 +207,7 @@ fn check_oracle_run(
             it.next().unwrap(),
         )
     };
+
     // fgraph-first runs: function_graph follows memcg-trace from its start, and so sees
     // the workload from its fork. tracer-first: the workload's shell turns function_graph
     // on for itself, after its first calls (26-41 seen on 5.10 and 6.12), which are in
@@ -207,6 +215,7 @@ fn check_oracle_run(
     let late = order == "tracer-first";
     let doc = load_recording(&out.join(format!("oracle-{w}.json")));
     let p = probe(&doc, probe_name);
+
     // function_graph traced the function memcg-trace resolved the probe to.
     assert_eq!(p.target, func, "{w}: {probe_name} resolved elsewhere");
     let fg = fgraph(&out.join(format!("fgraph-{w}.txt")));
@@ -224,6 +233,7 @@ fn check_oracle_run(
     let rows = tail_rows(report, latency, &fg);
     let mut fail = |what: String| failures.push(format!("{w}: {what}"));
     check_counts(&mut fail, late, &fg, wl.count, p.lost, irq);
+
     // Measured: 1.1-1.5 times the ratio of the means (stalls do not land uniformly: the
     // instrumentation's paths end more translation blocks under TCG); 3x leaves twice that.
     let allowed = 3.0 * ratio.max(1.0 / ratio);
@@ -327,12 +337,15 @@ fn check_counts(
     if fg.lost > 0 {
         fail(format!("function_graph lost {} events", fg.lost));
     }
+
     if fg.calls == 0 || workload == 0 {
         fail("no calls".into());
     }
+
     if !late && !fg.marked {
         fail("the workload's shell left no mark in function_graph's trace: memcg-trace's own threads were not told apart".into());
     }
+
     // Counts against the kernel's. tracer-first, function_graph starts once the workload's
     // shell has turned it on for itself (up to 200 calls later); memcg-trace's lost and
     // interrupt-context calls may be the workload's (reclaim's row holds every context's
@@ -361,6 +374,7 @@ fn excused(late: bool, fg: &Fgraph, workload: u64, upper: u64) -> (u64, u64) {
     } else {
         fg.calls.saturating_sub(upper).min(16)
     };
+
     // tracer-first: the workload shell's calls before function_graph's pid filter took
     // effect, in memcg-trace's row only. (Measured 26-41 calls; more than 64 is not a
     // preamble.) fgraph-first: none.
@@ -390,6 +404,7 @@ fn check_tails(
         } else {
             (lo, kernel_n)
         };
+
         // memcg-trace's lost calls may be any of the kernel's, the slow ones too; and its
         // row holds the workload shell's calls before function_graph's pid filter took
         // effect (`preamble`), which the kernel's does not; the kernel's holds the first
@@ -412,6 +427,7 @@ fn check_tails(
                 "{narrow_least} calls of {ns} ns or more in the narrower window, {wide_most} in the wider"
             ));
         }
+
         if ns >= 100_000 {
             let bound = allowed * narrow as f64;
             if wide as f64 > bound + 3.0 * bound.sqrt() + 10.0 {

@@ -54,6 +54,7 @@ fn profile_on(name: &str, short: &str) {
         skip(name, "perf (linux-perf) is missing");
         return;
     };
+
     // fentry loses most calls on preemptible kernels (what `auto` avoids), and a lost call's
     // time is in nobody's share: there, kprobe only.
     let backends: &[&str] = if quirks(short).preemptible {
@@ -61,6 +62,7 @@ fn profile_on(name: &str, short: &str) {
     } else {
         &["fentry", "kprobe"]
     };
+
     // Rounds without perf where two backends are compared (one is enough for the checks
     // against perf).
     let rounds = if backends.len() > 1 {
@@ -88,10 +90,12 @@ fn profile_on(name: &str, short: &str) {
         .and_then(|t| t.trim().parse().ok())
         .expect("the cost of a context switch (perf bench sched pipe)");
     let mut report = String::new();
+
     // The function's own time per call (self less the instrumentation: instructions under
     // the counted clock) by backend, from the runs without perf.
     let mut per_call: Vec<(&str, f64)> = Vec::new();
     let mut details: Vec<String> = Vec::new();
+
     // The floors' spread between runs, both backends' added (see below).
     let mut floor_spread = 0.0;
     for &backend in backends {
@@ -113,9 +117,11 @@ fn profile_on(name: &str, short: &str) {
             &round_figures,
         ));
     }
+
     if let Some(agreed) = check_backends_agree(&per_call, floor_spread, &details) {
         report.push_str(&agreed);
     }
+
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!("{name}: {report}\n").as_bytes(),
@@ -123,21 +129,19 @@ fn profile_on(name: &str, short: &str) {
 }
 
 /// Where two backends were run: the function's own time per call by each, within
-/// PROFILE_BACKENDS_AGREE of their mean plus the floors' spread (`details`: the rounds, for
-/// the message). The same function traced two ways: its own instructions per call do not
-/// depend on how it is traced, while the instrumentation taken out differs 2-3x between the
-/// backends
-/// (the floors on 6.12: 232 instructions a call inside the window for fentry, 588 for
-/// kprobe). A floor measured wrong, time lost or made up by one backend's pairing, shows
-/// here at the resolution of a few instructions a call, where perf's sampling (`check_shares`)
-/// resolves tens. Seen on 6.12: fentry 65.9-67.3 ns, kprobe 65.0-66.0 ns over six runs
-/// each, fentry above kprobe by up to 1.6 ns in five of six boots (what the instrumentation
-/// in place leaves beyond the floor; the workload's paths through the function also vary a
-/// little with the tracer's timing).
-/// The floor itself reads a few instructions apart between runs of one boot at times (kprobe
-/// 593-599 while the self time stayed within 0.02%: one boot in nine failed the 5% alone,
-/// e.g. kprobe 59.2 ns against fentry 66.8 with its floor at 599 in two of three runs, 594
-/// in the third): that spread is added to the 5%, as the own time cannot be told closer.
+/// PROFILE_BACKENDS_AGREE of their mean plus the floors' spread (`details`: the rounds, for the
+/// message). The same function traced two ways: its own instructions per call do not depend on how
+/// it is traced, while the instrumentation taken out differs 2-3x between the backends (the floors
+/// on 6.12: 232 instructions a call inside the window for fentry, 588 for kprobe). A floor measured
+/// wrong, time lost or made up by one backend's pairing, shows here at the resolution of a few
+/// instructions a call, where perf's sampling (`check_shares`) resolves tens. Seen on 6.12: fentry
+/// 65.9-67.3 ns, kprobe 65.0-66.0 ns over six runs each, fentry above kprobe by up to 1.6 ns in
+/// five of six boots (what the instrumentation in place leaves beyond the floor; the workload's
+/// paths through the function also vary a little with the tracer's timing). The floor itself reads
+/// a few instructions apart between runs of one boot at times (kprobe 593-599 while the self time
+/// stayed within 0.02%: one boot in nine failed the 5% alone, e.g. kprobe 59.2 ns against fentry
+/// 66.8 with its floor at 599 in two of three runs, 594 in the third): that spread is added to the
+/// 5%, as the own time cannot be told closer.
 fn check_backends_agree(
     per_call: &[(&str, f64)],
     floor_spread: f64,
@@ -234,6 +238,7 @@ fn check_shares(
         .expect("net share without perf");
     let calls = aw.count.max(1) as f64;
     let ns_per_call = |share: f64| share * alone_cpu as f64 / calls;
+
     // The floor's spread: how far one call's instrumentation may be from the p50 taken
     // out, as a share (0 where the clock counts instructions: the floor's calls then all
     // take the same).
@@ -242,6 +247,7 @@ fn check_shares(
         .floor(ap.backend)
         .expect("the floor of the backend");
     let spread = (floor.p90_ns - floor.p50_ns) as f64 * aw.count as f64 / alone_cpu as f64;
+
     // The calls that left the CPU (hackbench's tasks are preempted inside the function on
     // a preemptible kernel): memcg-trace takes out their time off the CPU from the
     // scheduler's clock, which starts at the clock update of the `__schedule` that switches
@@ -250,6 +256,7 @@ fn check_shares(
     // sees on those tasks' stacks, differ by at most one context switch's cost each.
     let switched = ap.contexts[0].switched as f64;
     let handoff = switched * switch_ns / alone_cpu as f64;
+
     // perf's side, once per sampling rate, each beside a recording of memcg-trace.
     let rates: Vec<PerfRun> = PROFILE_FREQS
         .iter()
@@ -287,17 +294,16 @@ fn check_shares(
     )
 }
 
-/// The range perf's shares of the function span over its sampling rates, each widened by
-/// its own sampling error (4 sigma). Why a range: under the instruction-counted clock perf's
-/// share of the function moves with its
-/// sampling rate by more than its sampling error (6.12, fentry, one boot: 1.42% at
-/// 4,000 Hz, 1.86% at 7,919, 2.04% at 10,007, 1.82% at 10,000; kprobe 1.00-1.35%;
-/// memcg-trace 1.49% and 1.24%): the timer's ticks and its handler's cost (it unwinds
-/// through the trampoline or the kprobe machinery) fall in step with the deterministic
-/// workload, and no single rate can say which is right (a second timer at 3,989 Hz
-/// beside 10,007 in one perf session, which breaks the lock-step, read 1.56-1.57% in two
-/// runs where 10,000 Hz alone read 1.92-1.97%). memcg-trace's share must lie within this
-/// range, widened by the floor's spread and the switches' handoff (`check_shares`).
+/// The range perf's shares of the function span over its sampling rates, each widened by its own
+/// sampling error (4 sigma). Why a range: under the instruction-counted clock perf's share of the
+/// function moves with its sampling rate by more than its sampling error (6.12, fentry, one boot:
+/// 1.42% at 4,000 Hz, 1.86% at 7,919, 2.04% at 10,007, 1.82% at 10,000; kprobe 1.00-1.35%;
+/// memcg-trace 1.49% and 1.24%): the timer's ticks and its handler's cost (it unwinds through the
+/// trampoline or the kprobe machinery) fall in step with the deterministic workload, and no single
+/// rate can say which is right (a second timer at 3,989 Hz beside 10,007 in one perf session, which
+/// breaks the lock-step, read 1.56-1.57% in two runs where 10,000 Hz alone read 1.92-1.97%).
+/// memcg-trace's share must lie within this range, widened by the floor's spread and the switches'
+/// handoff (`check_shares`).
 fn perf_share_range(rates: &[PerfRun]) -> (f64, f64) {
     let lo = rates
         .iter()
@@ -497,6 +503,7 @@ fn check_beside_perf(
         wo.floor_share_of_workload_cpu
             .expect("instrumentation share"),
     );
+
     // Traced alone, the charge step nests in nothing and holds no traced call.
     assert!(
         // net = (self - instrumentation inside it) / (CPU - the tracer's full cost): at
@@ -601,6 +608,7 @@ impl PerfShares {
         if k < 5 {
             return None;
         }
+
         let all: f64 = self.batches.iter().map(|b| b.0).sum();
         let share = self.batches.iter().map(|b| b.1).sum::<f64>() / all;
         let mean = all / k as f64;

@@ -33,7 +33,9 @@ fn vm_own_kernel_image_6_12() {
         "{name}: said missing on Debian's 6.12: {missing:?}"
     );
     let charge_calls = check_own_kernel_traces(name, &own, &stock.release);
-    let Some(refused) = check_refused_without_btf(name, &stock, &tree, &image) else {
+    let refused = check_refused_without_btf(name, &stock, &tree, &image);
+    let _ = fs::remove_dir_all(&tree);
+    let Some(refused) = refused else {
         return;
     };
     let _ = std::io::Write::write_all(
@@ -47,11 +49,11 @@ fn vm_own_kernel_image_6_12() {
         )
         .as_bytes(),
     );
-    let _ = fs::remove_dir_all(&tree);
 }
 
-/// Boots the user's kernel `own` and records the charges by fentry there: its calls.
-fn check_own_kernel_traces(name: &str, own: &kernels::Kernel, release: &str) -> u64 {
+/// Boots the user's kernel `own` and records the charges by fentry there, the recording's
+/// kernel release `want_release` (the stock image's): its calls.
+fn check_own_kernel_traces(name: &str, own: &kernels::Kernel, want_release: &str) -> u64 {
     let r = boot(
         own,
         "own-6.12-test".into(),
@@ -65,7 +67,7 @@ fn check_own_kernel_traces(name: &str, own: &kernels::Kernel, release: &str) -> 
     let doc = load_recording(&r.out_dir.join("fentry.json"));
     let summary = fs::read_to_string(r.out_dir.join("fentry.txt")).expect("summary");
     check_invariants(&doc, &summary);
-    assert_eq!(doc.meta.kernel_release, release, "{name}\n{summary}");
+    assert_eq!(doc.meta.kernel_release, want_release, "{name}\n{summary}");
     let charge = probe(&doc, "charge");
     assert!(
         charge.backend.to_string() == "fentry" && charge.count > 0,
@@ -96,13 +98,13 @@ fn check_refused_without_btf(
     .unwrap();
     let xtask_bin = xtask::workspace_root().join("target/debug/xtask");
     if !xtask_bin.exists() {
-        let _ = fs::remove_dir_all(tree);
         skip_case(
             name,
             "the refusal through the command: target/debug/xtask not built (cargo xtask builds it)",
         );
         return None;
     }
+
     let out = std::process::Command::new(&xtask_bin)
         .args(["vm", "--kernel-image"])
         .arg(image)
@@ -290,6 +292,7 @@ fn check_caller_series(doc: &memcg_trace::export::Document, text: &str) -> usize
         );
         sites += 1;
     }
+
     assert!(sites >= 3, "call-site series: {sites}\n{text}");
     sites
 }
@@ -305,6 +308,7 @@ fn workloads_on(name: &str, short: &str) {
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };
+
     // perf (linux-perf, which `cargo xtask setup` installs) for its `bench sched messaging`.
     let perf = xtask::which("perf").ok();
     let r = boot_on(
@@ -317,6 +321,7 @@ fn workloads_on(name: &str, short: &str) {
         None,
     );
     let mut said = Vec::new();
+
     // Measured on 6.12 and 7.3: 2.01 charges and 1.01 slab frees by the workload an open (the
     // struct file and one more object charged; the rest of the 0.01 is memcg-trace's own start
     // as the workload), 6.03-6.04 charges and 6.04-6.06 frees a pipe (pipe_inode_info, its
@@ -329,6 +334,7 @@ fn workloads_on(name: &str, short: &str) {
             name, &r.out_dir, file, unit, ops, charges, frees,
         ));
     }
+
     said.push(check_sockets(name, &r.out_dir));
     check_sockets_stopped(name, &r.out_dir);
     if perf.is_some() {
@@ -339,6 +345,7 @@ fn workloads_on(name: &str, short: &str) {
             "perf (linux-perf) is missing",
         );
     }
+
     let left = fs::read_to_string(r.out_dir.join("left.txt")).unwrap_or_default();
     assert_eq!(left.trim(), "0", "{name}: memcgs left behind");
     let _ = std::io::Write::write_all(
@@ -445,6 +452,7 @@ fn check_sockets(name: &str, out: &Path) -> String {
     let doc = load_recording(&out.join("sockets.json"));
     let summary = fs::read_to_string(out.join("sockets.txt")).expect("summary");
     check_invariants(&doc, &summary);
+
     // The clients were in memcgs of their own, and everything was given back.
     assert!(
         !summary.contains("share the workload's memcg") && !summary.contains("not given back"),
@@ -469,6 +477,7 @@ fn check_sockets(name: &str, out: &Path) -> String {
             name, &doc, p, &root, ops.count, &summary,
         ));
     }
+
     assert!(
         summary.contains("per operation (4000 64 KiB messages): try_charge "),
         "{name}: sockets: the table does not give the calls per message\n{summary}"
@@ -488,6 +497,7 @@ fn check_sockets_probe(
 ) -> String {
     let pr = probe(doc, p);
     let below = |c: &str| c == root || c.starts_with(&format!("{root}/"));
+
     // A memcg removed before it was named is the workload's: nothing else in the guest
     // makes or removes memcgs during this run (the earlier runs' memcgs were gone before
     // it began).
@@ -530,6 +540,7 @@ fn check_sockets_probe(
             "{name}: sockets: {per_op:.3} try_charge calls a message, {softirq_per_op:.3} in softirq\n{summary}"
         );
     }
+
     format!(
         "{p} ({}, {}) {per_op:.3}/message by the workload, {softirq_per_op:.3} in softirq ({:.1}% of {p}'s calls)",
         pr.target,
@@ -574,18 +585,21 @@ fn check_sockets_stopped(name: &str, out: &Path) {
 /// accounted objects: measured 3.095 against 2.225 charges a message on 6.12, 2.769 against
 /// 2.172 on 7.3, i.e. about 400 charges a fork).
 fn check_perf_messaging(name: &str, out: &Path) -> String {
+    // `-g 1 -l 50`: 20 senders, 20 receivers, 50 loops.
+    const MESSAGES: u64 = 20_000;
     let mut per_op = Vec::new();
     for (file, unit) in [
         ("hackbench", "hackbench messages"),
         ("perf", "perf messaging messages"),
     ] {
-        let (doc, _) = workload_run(name, out, file, 20_000, unit);
+        let (doc, _) = workload_run(name, out, file, MESSAGES, unit);
         let charged = probe(&doc, "charge")
             .workload
             .as_ref()
             .map_or(0, |w| w.count);
-        per_op.push(charged as f64 / 20_000.0);
+        per_op.push(charged as f64 / MESSAGES as f64);
     }
+
     let ratio = per_op[1] / per_op[0].max(1e-9);
     assert!(
         per_op[0] > 0.0 && (0.9..=2.0).contains(&ratio),
@@ -673,6 +687,7 @@ cat /out/oom.txt /out/oom.err
         (Some(0), Some(0)),
         "{name}: a workload that ended by itself after the kill"
     );
+
     // Still running when tracing stopped (its memcg removed at the end): the kills so far.
     let stopped = load_recording(&r.out_dir.join("stopped.json"));
     let ws = stopped.meta.workload.as_ref().expect("the workload");
@@ -742,6 +757,7 @@ fn vm_reclaim_6_12() {
         "try_charge calls lost: {}",
         memcg_trace::table::probe_footnote(p)
     );
+
     // The reclaiming calls slept or were preempted: they are timed wall-clock, and the time
     // they spent off the CPU is told apart from the time on it.
     assert!(

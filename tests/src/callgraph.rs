@@ -291,8 +291,8 @@ impl CallGraph {
         let Some((start, _)) = self.function_at(entry) else {
             return false;
         };
-        let i = self.syms.partition_point(|s| s.0 <= entry);
-        let end = self.syms.get(i).map_or(entry + 4096, |s| s.0);
+        let next_sym = self.syms.partition_point(|s| s.0 <= entry);
+        let end = self.syms.get(next_sym).map_or(entry + 4096, |s| s.0);
         if depth == 0 || end <= entry || end - entry > 1 << 20 {
             return false;
         }
@@ -326,16 +326,16 @@ impl CallGraph {
     /// `Some(true)` by a direct call of it, `Some(false)` by a call of one of the functions
     /// that tail-jump to it, None when the instruction before it is neither.
     pub fn site_of(&self, c: &Callers, ret: u64) -> Option<bool> {
-        let t = self.branch_before(ret, false)?;
+        let callee = self.branch_before(ret, false)?;
         if c.targets
             .iter()
-            .any(|&x| t.wrapping_sub(x).wrapping_add(16) < 32)
+            .any(|&x| callee.wrapping_sub(x).wrapping_add(16) < 32)
         {
             return Some(true);
         }
 
-        let (start, _) = self.function_at(t)?;
-        (t.wrapping_sub(start) < 16 && c.tail.contains_key(&start)).then_some(false)
+        let (start, _) = self.function_at(callee)?;
+        (callee.wrapping_sub(start) < 16 && c.tail.contains_key(&start)).then_some(false)
     }
 }
 

@@ -13,15 +13,15 @@ use serde_json::Value;
 
 /// The memcg-trace binary under test: `$MEMCG_TRACE_BIN`, else the workspace's release build.
 pub fn bin() -> PathBuf {
-    let p = std::env::var_os("MEMCG_TRACE_BIN")
+    let path = std::env::var_os("MEMCG_TRACE_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(xtask::release_bin);
     assert!(
-        p.exists(),
+        path.exists(),
         "{} is missing: build it with `cargo xtask build` (cargo xtask test does)",
-        p.display()
+        path.display()
     );
-    p
+    path
 }
 
 /// The release binary for guests of `arch`: [`bin`] on x86_64; on arm64 the cross-compiled
@@ -31,16 +31,16 @@ pub fn bin_for(arch: xtask::kernels::Arch) -> PathBuf {
         return bin();
     }
 
-    let p = std::env::var_os("MEMCG_TRACE_BIN_ARM64")
+    let path = std::env::var_os("MEMCG_TRACE_BIN_ARM64")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| xtask::release_bin_for(arch));
     assert!(
-        p.exists(),
+        path.exists(),
         "{} is missing: build it with `cargo xtask build --arch arm64` (cargo xtask test does)",
-        p.display()
+        path.display()
     );
-    p
+    path
 }
 
 /// Prints a skip where the test runner cannot swallow it, and records it for `cargo xtask

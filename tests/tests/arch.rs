@@ -13,28 +13,28 @@ fn ebpf_objects(bin: &[u8]) -> Vec<Vec<u8>> {
     let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
     let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
     let mut out = Vec::new();
-    let mut i = 0;
-    while let Some(p) = bin[i..].windows(4).position(|w| w == b"\x7fELF") {
-        let at = i + p;
-        i = at + 4;
-        let h = &bin[at..];
+    let mut pos = 0;
+    while let Some(p) = bin[pos..].windows(4).position(|w| w == b"\x7fELF") {
+        let at = pos + p;
+        pos = at + 4;
+        let elf = &bin[at..];
 
         // ELFCLASS64, little-endian, EM_BPF.
-        if h.len() < 64 || h[4] != 2 || h[5] != 1 || u16_at(h, 18) != EM_BPF {
+        if elf.len() < 64 || elf[4] != 2 || elf[5] != 1 || u16_at(elf, 18) != EM_BPF {
             continue;
         }
 
-        let shoff = u64_at(h, 0x28) as usize;
-        let (shentsize, shnum) = (u16_at(h, 0x3a) as usize, u16_at(h, 0x3c) as usize);
+        let shoff = u64_at(elf, 0x28) as usize;
+        let (shentsize, shnum) = (u16_at(elf, 0x3a) as usize, u16_at(elf, 0x3c) as usize);
         let Some(end) = shentsize
             .checked_mul(shnum)
             .and_then(|n| n.checked_add(shoff))
-            .filter(|e| shnum > 0 && *e <= h.len())
+            .filter(|e| shnum > 0 && *e <= elf.len())
         else {
             continue;
         };
-        out.push(h[..end].to_vec());
-        i = at + end;
+        out.push(elf[..end].to_vec());
+        pos = at + end;
     }
     out
 }

@@ -50,17 +50,17 @@ fn diff_of_a_recording_with_itself_changes_nothing() {
 
 #[test]
 fn diff_shows_a_change() {
-    let f = fixture();
+    let fixture_path = fixture();
     let dir = scratch("diff_shows_a_change");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&fixture_path).unwrap()).unwrap();
     // Twice the calls in the same time: +100.0% calls/s for charge in task context.
-    let ctx = &mut v["probes"][0]["contexts"][0];
+    let ctx = &mut doc["probes"][0]["contexts"][0];
     let r = ctx["rate_per_s"].as_f64().unwrap();
     ctx["rate_per_s"] = serde_json::json!(r * 2.0);
     let b = dir.join("b.json");
-    std::fs::write(&b, serde_json::to_string(&v).unwrap()).unwrap();
-    let out = run(&["diff", f.to_str().unwrap(), b.to_str().unwrap()]);
+    std::fs::write(&b, serde_json::to_string(&doc).unwrap()).unwrap();
+    let out = run(&["diff", fixture_path.to_str().unwrap(), b.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     let row = text
         .lines()
@@ -88,21 +88,21 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
         std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
         p.to_str().unwrap().to_string()
     };
-    let a = [
+    let a_files = [
         write("a1.json", 0.99),
         write("a2.json", 1.0),
         write("a3.json", 1.01),
     ];
-    let b = [
+    let b_files = [
         write("b1.json", 1.14),
         write("b2.json", 1.15),
         write("b3.json", 1.16),
     ];
     let args = |format: &str| -> Vec<String> {
         let mut v = vec!["diff".to_string(), "--format".into(), format.into()];
-        v.extend(a.iter().cloned());
+        v.extend(a_files.iter().cloned());
         v.push("--".into());
-        v.extend(b.iter().cloned());
+        v.extend(b_files.iter().cloned());
         v
     };
     let run_with = |format: &str| {
@@ -136,7 +136,7 @@ fn diff_of_runs_tells_a_change_from_the_noise() {
     );
 
     // A side without its other half is one clear line.
-    let out = run(&["diff", &a[0]]);
+    let out = run(&["diff", &a_files[0]]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("diff compares two sides"), "{err}");
@@ -160,8 +160,8 @@ fn check_diff_json(json: &serde_json::Value, base: &serde_json::Value) {
     // rsd of 0.99, 1.0, 1.01 (sample sd 0.01).
     let rsd = moved["a"]["rsd"].as_f64().unwrap();
     assert!((rsd - 0.01).abs() < 1e-9, "{rsd}");
-    let p = moved["welch"]["p"].as_f64().unwrap();
-    assert!(p < 1e-3, "{p}");
+    let welch_p = moved["welch"]["p"].as_f64().unwrap();
+    assert!(welch_p < 1e-3, "{welch_p}");
 
     // Identical on both sides: no change, p = 1.
     let same = find("charge", "task", "p50");
@@ -225,18 +225,18 @@ fn svg_texts(path: &std::path::Path) -> (Vec<String>, usize) {
 /// series, named in the legend by file, kernel, function and backend, with readable axes.
 #[test]
 fn plot_overlays_recordings_with_their_labels() {
-    let f = fixture();
+    let fixture_path = fixture();
     let dir = scratch("plot_overlays_recordings_with_their_labels");
 
     // B: the same recording under another name, its charge calls twice as slow.
-    let v = twice_as_slow(&f);
-    let b = dir.join("slower.json");
-    std::fs::write(&b, serde_json::to_string(&v).unwrap()).unwrap();
+    let slower = twice_as_slow(&fixture_path);
+    let slower_path = dir.join("slower.json");
+    std::fs::write(&slower_path, serde_json::to_string(&slower).unwrap()).unwrap();
     let out_dir = dir.join("plots");
     let out = run(&[
         "plot",
-        f.to_str().unwrap(),
-        b.to_str().unwrap(),
+        fixture_path.to_str().unwrap(),
+        slower_path.to_str().unwrap(),
         "-o",
         out_dir.to_str().unwrap(),
     ]);
@@ -282,15 +282,15 @@ fn plot_overlays_recordings_with_their_labels() {
         texts.iter().any(|t| t.ends_with("us") || t.ends_with("ns")),
         "{texts:?}"
     );
-    check_plot_refuses_bad_input(&v, &dir, &out_dir);
+    check_plot_refuses_bad_input(&slower, &dir, &out_dir);
 }
 
 /// The recording `f` with its first probe's task calls twice as slow (their buckets' bounds,
 /// minimum and maximum doubled).
 fn twice_as_slow(f: &Path) -> serde_json::Value {
-    let mut v: serde_json::Value =
+    let mut doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
-    let l = &mut v["probes"][0]["contexts"][0]["latency"];
+    let l = &mut doc["probes"][0]["contexts"][0]["latency"];
     for k in ["min_ns", "max_ns"] {
         l[k] = serde_json::json!(l[k].as_u64().unwrap() * 2);
     }
@@ -300,7 +300,7 @@ fn twice_as_slow(f: &Path) -> serde_json::Value {
             b[k] = serde_json::json!(b[k].as_u64().unwrap() * 2);
         }
     }
-    v
+    doc
 }
 
 /// `plot` without recordings, or of recordings without latency: one clear line each.

@@ -275,7 +275,7 @@ fn the_reader_survives_any_recording() {
             ..Config::default()
         });
         batch += 1;
-        let r = runner.run(&text(), |t| {
+        let outcome = runner.run(&text(), |t| {
             let text = render(&seeds, &t);
             cases.set(cases.get() + 1);
             match catch_unwind(AssertUnwindSafe(|| read_and_show(&text))) {
@@ -304,7 +304,7 @@ fn the_reader_survives_any_recording() {
                 }
             }
         });
-        failure = r.err();
+        failure = outcome.err();
     }
 
     let _ = std::panic::take_hook();

@@ -15,15 +15,17 @@ use memcg_trace_tests::*;
 
 /// A GET over HTTP/1.1 with `Connection: close`: (status, body).
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
     write!(
-        s,
+        stream,
         "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
+    stream.read_to_end(&mut raw).ok()?;
     let raw = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = raw.split_once("\r\n\r\n")?;
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
@@ -36,13 +38,13 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
         let mut out = String::new();
         let mut rest = body;
         while let Some((len, after)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(len.trim(), 16).ok()?;
-            if n == 0 {
+            let chunk_len = usize::from_str_radix(len.trim(), 16).ok()?;
+            if chunk_len == 0 {
                 break;
             }
 
-            out.push_str(after.get(..n)?);
-            rest = after.get(n + 2..)?;
+            out.push_str(after.get(..chunk_len)?);
+            rest = after.get(chunk_len + 2..)?;
         }
         out
     } else {
@@ -248,13 +250,13 @@ fn start_serve(hb: &str) -> (u16, Killed) {
     loop {
         let port = free_port();
         let mut serve = spawn(port);
-        let t = Instant::now();
+        let started = Instant::now();
         while get(port, "/metrics").is_none()
             && !serve
                 .0
                 .as_mut()
                 .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
-            && t.elapsed() < Duration::from_secs(30)
+            && started.elapsed() < Duration::from_secs(30)
         {
             thread::sleep(Duration::from_millis(20));
         }
@@ -268,7 +270,7 @@ fn start_serve(hb: &str) -> (u16, Killed) {
         assert!(
             why.contains("cannot listen there") && tries < 3,
             "serve never listened (after {:?})\n{why}",
-            t.elapsed()
+            started.elapsed()
         );
     }
 }
@@ -407,18 +409,18 @@ fn scraped_by_prometheus(prometheus: &Path, dir: &Path, listen: &str, prom_port:
     let sel = STAT_TASK_SELECTOR;
     let t0 = Instant::now();
     loop {
-        let n = query(
+        let count = query(
             prom_port,
             &format!("count_over_time({sel}[1m])"),
             unix_now(),
         );
-        if n.is_some_and(|n| n >= 4.0) {
+        if count.is_some_and(|n| n >= 4.0) {
             break;
         }
 
         assert!(
             t0.elapsed() < Duration::from_secs(90),
-            "prometheus did not scrape serve 4 times (last count {n:?})"
+            "prometheus did not scrape serve 4 times (last count {count:?})"
         );
         thread::sleep(Duration::from_millis(500));
     }

@@ -84,14 +84,14 @@ impl Session {
     fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
         loop {
-            let s = self.screen();
-            if pred(&s) {
-                return s;
+            let screen = self.screen();
+            if pred(&screen) {
+                return screen;
             }
 
             assert!(
                 start.elapsed() < timeout,
-                "timed out waiting for {what}; screen:\n{s}"
+                "timed out waiting for {what}; screen:\n{screen}"
             );
             thread::sleep(Duration::from_millis(200));
         }
@@ -128,14 +128,14 @@ fn tui_live_dashboard_with_a_workload() {
     }
 
     let bin = bin();
-    let s = Session::start(
+    let session = Session::start(
         "memcg-trace-live",
         &format!(
             "{} top --tick 500ms -- sh -c 'while true; do hackbench -g 1 -l 100 >/dev/null; done'",
             bin.display()
         ),
     );
-    let screen = s.wait_for(
+    let screen = session.wait_for(
         "stat rows with a non-zero rate",
         Duration::from_secs(60),
         |sc| {
@@ -143,19 +143,25 @@ fn tui_live_dashboard_with_a_workload() {
                 && matches!(rate_of(sc, "stat", "workload"), Some(r) if r != "0" && r != "-")
         },
     );
-    assert!(s.alternate(), "the dashboard runs on the alternate screen");
+    assert!(
+        session.alternate(),
+        "the dashboard runs on the alternate screen"
+    );
     assert!(screen.contains("memcg-trace "), "{screen}");
-    s.keys("?");
-    s.wait_for("the help overlay", Duration::from_secs(10), |sc| {
+    session.keys("?");
+    session.wait_for("the help overlay", Duration::from_secs(10), |sc| {
         sc.contains("this help")
     });
-    s.keys("?");
-    s.keys("q");
-    let end = s.wait_for("the exit status", Duration::from_secs(30), |sc| {
+    session.keys("?");
+    session.keys("q");
+    let end = session.wait_for("the exit status", Duration::from_secs(30), |sc| {
         sc.contains("EXIT=")
     });
     assert!(end.contains("EXIT=0"), "{end}");
-    assert!(!s.alternate(), "the terminal left the alternate screen");
+    assert!(
+        !session.alternate(),
+        "the terminal left the alternate screen"
+    );
     assert!(leftover_memcgs().is_empty(), "{:?}", leftover_memcgs());
     let _ = writeln_screen(name, &screen);
 }
@@ -180,14 +186,14 @@ fn tui_top_ends_on_the_whole_run() {
 
     // Shorter than the tick (0.4 s here), and several ticks long.
     for (loops, tick) in [(300, "2s"), (3000, "500ms")] {
-        let s = Session::start(
+        let session = Session::start(
             "memcg-trace-ends",
             &format!(
                 "{} top --tick {tick} -p stat -- hackbench -g 2 -l {loops}",
                 bin.display()
             ),
         );
-        let screen = s.wait_for("the workload's end", Duration::from_secs(120), |sc| {
+        let screen = session.wait_for("the workload's end", Duration::from_secs(120), |sc| {
             sc.contains("whole run shown")
         });
         assert!(
@@ -202,8 +208,8 @@ fn tui_top_ends_on_the_whole_run() {
             );
         }
 
-        s.keys("q");
-        let end = s.wait_for("the exit status", Duration::from_secs(30), |sc| {
+        session.keys("q");
+        let end = session.wait_for("the exit status", Duration::from_secs(30), |sc| {
             sc.contains("EXIT=")
         });
         assert!(end.contains("EXIT=0"), "-l {loops}: {end}");
@@ -230,13 +236,13 @@ fn tui_view_of_a_recording_made_in_a_vm() {
 
     // The committed recording is real output and still matches the schema.
     let doc = load_recording(&fixture);
-    let s = Session::start(
+    let session = Session::start(
         "memcg-trace-view",
         &format!("{} view {}", bin().display(), fixture.display()),
     );
 
     // The whole first frame: tmux can be captured while the terminal is still drawing it.
-    let screen = s.wait_for(
+    let screen = session.wait_for(
         "the recording's rows and histogram",
         Duration::from_secs(20),
         |sc| rate_of(sc, "charge", "task").is_some() && sc.contains("latency: p50"),
@@ -247,16 +253,16 @@ fn tui_view_of_a_recording_made_in_a_vm() {
         screen.contains("latency: p50 p99 p99.9"),
         "histogram of the selected row: {screen}"
     );
-    s.keys("s");
-    s.wait_for("the read-only notice", Duration::from_secs(10), |sc| {
+    session.keys("s");
+    session.wait_for("the read-only notice", Duration::from_secs(10), |sc| {
         sc.contains("read-only")
     });
-    s.keys("q");
-    let end = s.wait_for("the exit status", Duration::from_secs(20), |sc| {
+    session.keys("q");
+    let end = session.wait_for("the exit status", Duration::from_secs(20), |sc| {
         sc.contains("EXIT=")
     });
     assert!(end.contains("EXIT=0"), "{end}");
-    assert!(!s.alternate());
+    assert!(!session.alternate());
 }
 
 #[test]
@@ -267,20 +273,25 @@ fn tui_view_of_two_recordings_shows_the_change() {
     }
 
     let dir = scratch(name);
-    let a = xtask::workspace_root().join("tests/fixtures/6.12-fentry.json");
+    let fixture = xtask::workspace_root().join("tests/fixtures/6.12-fentry.json");
 
     // B: the same calls over twice the time, half the rate.
     let mut b: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&a).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(&fixture).unwrap()).unwrap();
     let d = b["meta"]["duration_ns"].as_u64().unwrap();
     b["meta"]["duration_ns"] = (2 * d).into();
     let bp = dir.join("b.json");
     std::fs::write(&bp, serde_json::to_string(&b).unwrap()).unwrap();
-    let s = Session::start(
+    let session = Session::start(
         "memcg-trace-ab",
-        &format!("{} view {} {}", bin().display(), a.display(), bp.display()),
+        &format!(
+            "{} view {} {}",
+            bin().display(),
+            fixture.display(),
+            bp.display()
+        ),
     );
-    let screen = s.wait_for("the A/B table", Duration::from_secs(20), |sc| {
+    let screen = session.wait_for("the A/B table", Duration::from_secs(20), |sc| {
         sc.contains("change") && sc.contains("B charge task latency")
     });
     assert!(screen.contains("A vs B"), "{screen}");
@@ -289,8 +300,8 @@ fn tui_view_of_two_recordings_shows_the_change() {
         .find(|l| l.contains("charge") && l.contains("task"))
         .unwrap_or_else(|| panic!("no charge task row: {screen}"));
     assert!(charge.contains("-50.0%"), "calls/s halved: {charge}");
-    s.keys("q");
-    let end = s.wait_for("the exit status", Duration::from_secs(20), |sc| {
+    session.keys("q");
+    let end = session.wait_for("the exit status", Duration::from_secs(20), |sc| {
         sc.contains("EXIT=")
     });
     assert!(end.contains("EXIT=0"), "{end}");
@@ -332,13 +343,13 @@ fn tui_view_of_a_recording_steps_through_its_history() {
         String::from_utf8_lossy(&out.stderr)
     );
     let doc = load_recording(&json);
-    let h = doc
+    let history = doc
         .history
         .as_ref()
         .expect("the recording keeps its history");
-    assert!(h.t_ms.len() >= 2, "{:?}", h.t_ms);
+    assert!(history.t_ms.len() >= 2, "{:?}", history.t_ms);
     let first = &doc.probes[0];
-    let series = h
+    let series = history
         .rows
         .iter()
         .find(|s| s.probe == first.name && s.context == "task")
@@ -351,11 +362,11 @@ fn tui_view_of_a_recording_steps_through_its_history() {
         .unwrap()
         .count;
     assert_eq!(calls, total, "the ticks add up to the recording's calls");
-    let s = Session::start(
+    let session = Session::start(
         "memcg-trace-history",
         &format!("{} view {}", bin().display(), json.display()),
     );
-    let screen = s.wait_for("the rate pane", Duration::from_secs(20), |sc| {
+    let screen = session.wait_for("the rate pane", Duration::from_secs(20), |sc| {
         sc.contains("calls/s, peak")
     });
     let peak = screen
@@ -365,12 +376,12 @@ fn tui_view_of_a_recording_steps_through_its_history() {
         .unwrap_or("0");
     assert_ne!(peak, "0", "an empty rate pane: {screen}");
     assert!(screen.contains("p99 per tick") || first.backend.to_string() == "tracepoint");
-    s.keys("Left");
-    s.wait_for("a stepped tick", Duration::from_secs(10), |sc| {
+    session.keys("Left");
+    session.wait_for("a stepped tick", Duration::from_secs(10), |sc| {
         sc.contains("calls/s at ")
     });
-    s.keys("q");
-    let end = s.wait_for("the exit status", Duration::from_secs(20), |sc| {
+    session.keys("q");
+    let end = session.wait_for("the exit status", Duration::from_secs(20), |sc| {
         sc.contains("EXIT=")
     });
     assert!(end.contains("EXIT=0"), "{end}");
@@ -448,18 +459,18 @@ fn tui_signal_matrix_top() {
             } else {
                 String::new()
             };
-            let s = Session::start(
+            let session = Session::start(
                 &format!("memcg-trace-matrix-{r}-{}", how.unwrap_or(0)),
                 &format!("{env}{}", args.join(" ")),
             );
 
             // Signals: once the rows are up; the panic: once the dashboard is drawn, before
             // its first tick.
-            s.wait_for("the dashboard", Duration::from_secs(60), |sc| {
+            session.wait_for("the dashboard", Duration::from_secs(60), |sc| {
                 sc.contains("memcg-trace ")
                     && (how.is_none() || rate_of(sc, "stat", "task").is_some())
             });
-            assert!(s.alternate(), "{what}: not on the alternate screen");
+            assert!(session.alternate(), "{what}: not on the alternate screen");
             if let Some(sig) = how {
                 let pid = pid_of(&args).unwrap_or_else(|| panic!("{what}: no memcg-trace process"));
 
@@ -467,7 +478,7 @@ fn tui_signal_matrix_top() {
                 unsafe { libc::kill(pid, sig) };
             }
 
-            let end = s.wait_for(
+            let end = session.wait_for(
                 &format!("{what}: the exit status"),
                 Duration::from_secs(60),
                 |sc| sc.contains("EXIT="),
@@ -482,10 +493,10 @@ fn tui_signal_matrix_top() {
             }
 
             assert!(
-                !s.alternate(),
+                !session.alternate(),
                 "{what}: the terminal stayed on the alternate screen"
             );
-            assert!(s.cursor_visible(), "{what}: the cursor stayed hidden");
+            assert!(session.cursor_visible(), "{what}: the cursor stayed hidden");
             assert_left_nothing(&what, &marker);
         }
 

@@ -67,14 +67,14 @@ fn host_sigkill_takes_the_workload_along_and_the_next_run_removes_the_memcg() {
 
     // The workload does not outlive memcg-trace (the kernel kills it with its parent).
     let procs = stale.join("cgroup.procs");
-    let t = std::time::Instant::now();
+    let started = std::time::Instant::now();
     while !std::fs::read_to_string(&procs)
         .unwrap_or_default()
         .trim()
         .is_empty()
     {
         assert!(
-            t.elapsed() < Duration::from_secs(10),
+            started.elapsed() < Duration::from_secs(10),
             "the workload outlived memcg-trace: {}",
             std::fs::read_to_string(&procs).unwrap_or_default()
         );
@@ -99,17 +99,17 @@ fn host_sigkill_takes_the_workload_along_and_the_next_run_removes_the_memcg() {
 /// flock(2) on a directory, held while the returned file lives.
 fn flock_dir(dir: &Path) -> fs::File {
     use std::os::fd::AsRawFd as _;
-    let f = fs::File::open(dir).unwrap();
+    let file = fs::File::open(dir).unwrap();
 
     // SAFETY: flock on a descriptor we own.
     assert_eq!(
-        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
         0,
         "flock {}: {}",
         dir.display(),
         std::io::Error::last_os_error()
     );
-    f
+    file
 }
 
 #[test]
@@ -118,14 +118,14 @@ fn host_stale_memcgs_are_told_by_their_lock_not_by_the_pid_in_their_name() {
     let Some(_serial) = host_ready(name) else {
         return;
     };
-    let h = memcg_trace::workload::find_hierarchy().unwrap();
+    let hierarchy = memcg_trace::workload::find_hierarchy().unwrap();
 
     // Left by a killed run whose pid was reused since (pid 1 is always alive): stale.
-    let reused = h.root.join("memcg-trace.1");
+    let reused = hierarchy.root.join("memcg-trace.1");
 
     // A live run's, from another pid namespace: its pid means nothing here (and no process
     // has it), but it holds its lock: not stale.
-    let held = h.root.join("memcg-trace.4194399");
+    let held = hierarchy.root.join("memcg-trace.4194399");
     let _ = fs::create_dir(&reused);
     let _ = fs::create_dir(&held);
     let lock = flock_dir(&held);
@@ -510,7 +510,7 @@ fn host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{:?}: {err}", out.status);
     let read = fs::read_to_string(&seen).unwrap_or_default();
-    let v: Vec<i32> = read
+    let nice_tracing: Vec<i32> = read
         .split_whitespace()
         .filter_map(|x| x.parse().ok())
         .collect();
@@ -518,7 +518,7 @@ fn host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own() {
     // while tracing at this test's (which the daemon started with).
     let own = own_nice();
     assert_eq!(
-        (nice_starting, v.as_slice()),
+        (nice_starting, nice_tracing.as_slice()),
         (own.min(memcg_trace::session::STARTUP_NICE), [own, own].as_slice()),
         "nice while starting, then the workload's and the daemon's while tracing ({read:?}; this test's {own})"
     );
@@ -526,7 +526,7 @@ fn host_start_up_runs_at_a_raised_priority_and_the_workload_at_its_own() {
         name,
         &format!(
             "nice {nice_starting} while starting; workload {} and daemon {} while tracing",
-            v[0], v[1]
+            nice_tracing[0], nice_tracing[1]
         ),
     );
 }

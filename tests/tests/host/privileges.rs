@@ -4,15 +4,15 @@ use super::*;
 
 /// A field of /proc/<pid>/task/<tid>/status (or /proc/<pid>/status), as hex or decimal.
 fn status_field(status: &str, field: &str) -> u64 {
-    let v = status
+    let value = status
         .lines()
         .find_map(|l| l.strip_prefix(field))
         .unwrap_or_else(|| panic!("no {field} in {status}"))
         .trim();
     if field.starts_with("Cap") {
-        u64::from_str_radix(v, 16).unwrap()
+        u64::from_str_radix(value, 16).unwrap()
     } else {
-        v.parse().unwrap()
+        value.parse().unwrap()
     }
 }
 
@@ -187,8 +187,12 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
 
     // System-wide: CAP_BPF and CAP_PERFMON are all it takes.
     let sys = out_dir.join("system.json");
-    let o = nobody.record("+bpf,+perfmon", &["-d", "1s", "-o", sys.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = nobody.record("+bpf,+perfmon", &["-d", "1s", "-o", sys.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc = load_recording(&sys);
     assert!(doc.probes.iter().any(|p| p.count > 0));
 
@@ -201,9 +205,9 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
 
     // A workload's memcg is created in root's hierarchy: without CAP_DAC_OVERRIDE, one line
     // that says what is missing, and nothing left behind.
-    let o = nobody.record("+bpf,+perfmon", &["--", "true"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
+    let out = nobody.record("+bpf,+perfmon", &["--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
     assert!(
         err.contains("CAP_DAC_OVERRIDE") && err.lines().count() == 1,
         "{err}"
@@ -211,7 +215,7 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
 
     // With it, the workload's rows.
     let wl = out_dir.join("workload.json");
-    let o = nobody.record(
+    let out = nobody.record(
         "+bpf,+perfmon,+dac_override",
         &[
             "-o",
@@ -222,7 +226,11 @@ fn host_a_service_account_with_bpf_and_perfmon_traces() {
             "ls -R /usr/share/doc >/dev/null",
         ],
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc = load_recording(&wl);
     assert!(doc.meta.workload.is_some());
     assert!(doc

@@ -551,12 +551,12 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
     let Some(h) = hierarchy_for_by_memcg(name) else {
         return;
     };
-    let a = TestMemcg::new(&h.root, "mt-test-a");
-    let b = TestMemcg::new(&h.root, "mt-test-b");
+    let memcg_a = TestMemcg::new(&h.root, "mt-test-a");
+    let memcg_b = TestMemcg::new(&h.root, "mt-test-b");
     let json = scratch(name).join("by-memcg.json");
     let script = format!(
         "{hb} -g 1 -l 100 >/dev/null & sh -c 'echo $$ > {}/cgroup.procs; exec {hb} -g 1 -l 300' >/dev/null; wait",
-        b.0.display()
+        memcg_b.0.display()
     );
     let out = run(&[
         "record",
@@ -565,7 +565,7 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
         "--bpf-stats",
         "--by-memcg",
         "--cgroup",
-        a.0.to_str().unwrap(),
+        memcg_a.0.to_str().unwrap(),
         "-o",
         json.to_str().unwrap(),
         "--",
@@ -582,9 +582,9 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
     );
     let doc = load_recording(&json);
     check_invariants(&doc, &stdout);
-    let mut report = check_calls_by_memcg(&doc, &stdout, &h, [&a, &b]);
+    let mut report = check_calls_by_memcg(&doc, &stdout, &h, [&memcg_a, &memcg_b]);
     if !h.v2 {
-        let own = v1_cgroup_without_the_flag(name, &hb, &a);
+        let own = v1_cgroup_without_the_flag(name, &hb, &memcg_a);
         report.push_str(&format!("; v1 --cgroup without the flag: workload {own}"));
     }
 
@@ -594,16 +594,16 @@ fn host_by_memcg_puts_each_call_under_the_memcg_it_charges() {
 /// This host's memcg hierarchy, where the test can run (v1, the scenario the flag is for; or v2
 /// with the memory controller enabled for the root's children); None with the skip said.
 fn hierarchy_for_by_memcg(name: &str) -> Option<memcg_trace::workload::Hierarchy> {
-    let h = match memcg_trace::workload::find_hierarchy() {
+    let hierarchy = match memcg_trace::workload::find_hierarchy() {
         Ok(h) => h,
         Err(e) => {
             skip(name, &format!("{e:#}"));
             return None;
         }
     };
-    if !h.v2 {
+    if !hierarchy.v2 {
         // The scenario the flag is for: a database in a v1 memcg.
-    } else if !fs::read_to_string(h.root.join("cgroup.subtree_control"))
+    } else if !fs::read_to_string(hierarchy.root.join("cgroup.subtree_control"))
         .unwrap_or_default()
         .contains("memory")
     {
@@ -613,7 +613,7 @@ fn hierarchy_for_by_memcg(name: &str) -> Option<memcg_trace::workload::Hierarchy
         );
         return None;
     }
-    Some(h)
+    Some(hierarchy)
 }
 
 /// Each call of `--by-memcg`'s recording under the memcg it charges (`memcgs`: A, the

@@ -25,19 +25,19 @@ fn callers_on(name: &str, short: &str) {
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };
-    let r = boot(
+    let result = boot(
         &kernel,
         format!("{short}-callers"),
         xtask::callers_script(),
         Vec::new(),
     );
-    let text = kernel_text(&r.out_dir);
+    let text = kernel_text(&result.out_dir);
     assert!(text.len() > 10_000, "kallsyms: {} text symbols", text.len());
 
     // The kernel's own call graph, from the image the guest booted.
     let graph = memcg_trace_tests::callgraph::CallGraph::new(
         memcg_trace_tests::callgraph::vmlinux(&kernel.vmlinuz).expect("the kernel image"),
-        &fs::read_to_string(r.out_dir.join("kallsyms-text")).unwrap(),
+        &fs::read_to_string(result.out_dir.join("kallsyms-text")).unwrap(),
     )
     .expect("the call graph");
     let mut report = String::new();
@@ -46,7 +46,7 @@ fn callers_on(name: &str, short: &str) {
     // backend: the two read the return address in different ways and must find the same.
     let mut main_sites: Vec<(String, std::collections::BTreeSet<String>)> = Vec::new();
     for backend in ["fentry", "kprobe"] {
-        let doc = load_recording(&r.out_dir.join(format!("callers-{backend}.json")));
+        let doc = load_recording(&result.out_dir.join(format!("callers-{backend}.json")));
         check_opt_in_build(backend, short, &doc);
         check_stat_calls_rstat(backend, &doc, &mut report);
         for p in &doc.probes {
@@ -64,7 +64,7 @@ fn callers_on(name: &str, short: &str) {
     // function that tail-jumps to it; or an indirect call, whose target the image cannot
     // name), the tracer's own frames left out.
     for backend in ["fentry", "kprobe"] {
-        check_stacks(backend, &r.out_dir, &graph, &mut report);
+        check_stacks(backend, &result.out_dir, &graph, &mut report);
     }
 
     let (fentry, kprobe) = main_sites.split_at(main_sites.len() / 2);
@@ -440,18 +440,18 @@ fn by_memcg_on(name: &str, short: &str) {
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };
-    let r = boot(
+    let result = boot(
         &kernel,
         format!("{short}-bymemcg"),
         xtask::bymemcg_script(),
         Vec::new(),
     );
-    let ids = memcg_ids(&r.out_dir);
+    let ids = memcg_ids(&result.out_dir);
     let (a, b) = (ids["/A"], ids["/B"]);
-    let churn = churned_ids(&r.out_dir);
+    let churn = churned_ids(&result.out_dir);
     let mut report = String::new();
     for backend in ["fentry", "kprobe"] {
-        check_by_memcg(backend, short, &r.out_dir, (a, b), &churn, &mut report);
+        check_by_memcg(backend, short, &result.out_dir, (a, b), &churn, &mut report);
     }
 
     let _ = std::io::Write::write_all(
@@ -666,7 +666,7 @@ fn nmi_on(name: &str, short: &str) {
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };
-    let r = boot_with_nmis(
+    let result = boot_with_nmis(
         &kernel,
         format!("{short}-nmi"),
         "memcg-trace selftest >/out/selftest.txt 2>&1 || { cat /out/selftest.txt; exit 1; }\n"
@@ -677,7 +677,8 @@ fn nmi_on(name: &str, short: &str) {
         None,
         Some(Duration::from_millis(10)),
     );
-    let selftest = fs::read_to_string(r.out_dir.join("selftest.txt")).expect("selftest output");
+    let selftest =
+        fs::read_to_string(result.out_dir.join("selftest.txt")).expect("selftest output");
     check_selftest(&selftest);
     let masks = selftest
         .lines()
@@ -686,7 +687,7 @@ fn nmi_on(name: &str, short: &str) {
     assert!(
         masks.contains("(calibrated; nmi observed)"),
         "{short}: the NMI field was not observed: {masks}\n--- console ---\n{}",
-        r.tail(20)
+        result.tail(20)
     );
     let row = selftest
         .lines()

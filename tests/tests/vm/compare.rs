@@ -86,15 +86,19 @@ fn diff_of(runs: &xtask::compare::KmemRuns, format: &str) -> String {
 
 /// `memcg-trace diff` of recordings `a` against `b`, in `format`.
 fn diff_sides(a: &[std::path::PathBuf], b: &[std::path::PathBuf], format: &str) -> String {
-    let o = std::process::Command::new(bin())
+    let out = std::process::Command::new(bin())
         .args(["diff", "--format", format])
         .args(a)
         .arg("--")
         .args(b)
         .output()
         .expect("run memcg-trace diff");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).expect("diff's output is UTF-8")
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("diff's output is UTF-8")
 }
 
 /// One kernel against another (`cargo xtask demo --compare --a A --b B`): both booted

@@ -113,7 +113,7 @@ fn boot_with_nmis(
     icount: Option<u32>,
     nmis: Option<Duration>,
 ) -> vm::VmResult {
-    let r = vm::run(
+    let result = vm::run(
         kernel,
         &VmSpec {
             name,
@@ -139,12 +139,12 @@ fn boot_with_nmis(
     )
     .expect("start the VM");
     assert!(
-        r.success,
+        result.success,
         "{}: {}\n--- last console lines ({}) ---\n{}",
         kernel.release,
-        r.failure.as_deref().unwrap_or(""),
-        r.log.display(),
-        r.tail(60)
+        result.failure.as_deref().unwrap_or(""),
+        result.log.display(),
+        result.tail(60)
     );
-    r
+    result
 }

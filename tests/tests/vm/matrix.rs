@@ -16,7 +16,7 @@ fn boot_matrix(
     let accel = accel();
     let arch = kernel.spec.arch;
     let short = kernel.spec.short;
-    let r = vm::run(
+    let result = vm::run(
         kernel,
         &VmSpec {
             name: format!("{short}-test"),
@@ -50,21 +50,21 @@ fn boot_matrix(
     )
     .expect("start the VM");
     assert!(
-        r.success,
+        result.success,
         "{short}: {}\n--- last console lines ({}) ---\n{}",
-        r.failure.as_deref().unwrap_or(""),
-        r.log.display(),
-        r.tail(60)
+        result.failure.as_deref().unwrap_or(""),
+        result.log.display(),
+        result.tail(60)
     );
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!(
             "{name}: booted and ran in {:.1}s\n",
-            r.elapsed.as_secs_f64()
+            result.elapsed.as_secs_f64()
         )
         .as_bytes(),
     );
-    r
+    result
 }
 
 /// One boot of the matrix, as its checks read it.
@@ -147,8 +147,9 @@ fn vm_matrix(short: &str) {
         script.push_str(&s.script);
     }
 
-    let r = boot_matrix(&kernel, &name, &quirks, script);
-    let selftest = fs::read_to_string(r.out_dir.join("selftest.txt")).expect("selftest output");
+    let result = boot_matrix(&kernel, &name, &quirks, script);
+    let selftest =
+        fs::read_to_string(result.out_dir.join("selftest.txt")).expect("selftest output");
     check_selftest(&selftest);
 
     // Before 5.19 the legacy object is loaded (no migrated-call search) and the selftest
@@ -165,14 +166,14 @@ fn vm_matrix(short: &str) {
         vm_name,
         quirks,
         release: &kernel.release,
-        out: &r.out_dir,
+        out: &result.out_dir,
     };
     for s in &scenarios {
         (s.check)(&boot);
     }
 
     if arm64 {
-        check_arm64(&r, &selftest);
+        check_arm64(&result, &selftest);
     }
 
     for run in ["auto", "fentry", "kprobe"] {
@@ -276,9 +277,9 @@ fn check_moved(b: &Boot) {
     let doc = load_recording(&out.join("moved.json"));
     let summary = fs::read_to_string(out.join("moved.txt")).expect("summary");
     check_invariants(&doc, &summary);
-    let p = probe(&doc, "charge");
-    let own = p.workload.as_ref().expect("workload figures").count;
-    let task_calls = ctx_count(p, "task");
+    let charge = probe(&doc, "charge");
+    let own = charge.workload.as_ref().expect("workload figures").count;
+    let task_calls = ctx_count(charge, "task");
 
     // Before the workload's sub-cgroups were followed, only the shell's few calls before
     // its move were the workload's. hackbench -g 2 -l 50 sends 2 x 20 x 20 x 50 = 40,000
@@ -345,11 +346,11 @@ fn check_every_probe(b: &Boot) {
     let base = |t: &str| t.split('.').next().unwrap_or(t).to_string();
     let mut targets: Vec<String> = doc.probes.iter().map(|p| base(&p.target)).collect();
     targets.sort();
-    let n = targets.len();
+    let probe_count = targets.len();
     targets.dedup();
     assert_eq!(
         targets.len(),
-        n,
+        probe_count,
         "{short}: --all traces a function twice\n{summary}"
     );
     if quirks.charge_is_slab_hook {
@@ -372,7 +373,7 @@ fn check_every_probe(b: &Boot) {
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!(
-            "{vm_name}: --all: {n} probes on distinct functions; not attached: {:?}\n",
+            "{vm_name}: --all: {probe_count} probes on distinct functions; not attached: {:?}\n",
             doc.not_attached.iter().map(|f| &f.name).collect::<Vec<_>>()
         )
         .as_bytes(),
@@ -459,29 +460,29 @@ fn check_skipped_in_map_updates(b: &Boot) {
     let doc = load_recording(&out.join("skipped.json"));
     let summary = fs::read_to_string(out.join("skipped.txt")).expect("summary");
     check_invariants(&doc, &summary);
-    let p = probe(&doc, "charge");
+    let charge = probe(&doc, "charge");
 
     // Each key's node (and its branch's) is charged: about two calls a key, counted once
     // each (counting runs, entry and exit, made them four).
     assert!(
-        p.kprobe_skipped >= UPDATES && p.kprobe_skipped <= 3 * UPDATES,
+        charge.kprobe_skipped >= UPDATES && charge.kprobe_skipped <= 3 * UPDATES,
         "{short}: charges made inside map updates: {} kprobe hits not run, {UPDATES} keys inserted\n{summary}",
-        p.kprobe_skipped
+        charge.kprobe_skipped
     );
 
     // From 6.7 the kernel counts them itself, as the programs' misses; before, only the
     // hits less the runs tell them.
     let kernel_counts = quirks.kprobe_misses_counted;
     assert_eq!(
-        p.recursion_misses >= UPDATES,
+        charge.recursion_misses >= UPDATES,
         kernel_counts,
         "{short}: the programs' misses {} ({UPDATES} keys)\n{summary}",
-        p.recursion_misses
+        charge.recursion_misses
     );
     if kernel_counts {
         // Two counts of the kernel's that do not share code: the kprobe events' hits less
         // the runs, and the programs' own misses.
-        let fewer = p
+        let fewer = charge
             .programs
             .iter()
             .map(|g| g.recursion_misses)
@@ -489,17 +490,17 @@ fn check_skipped_in_map_updates(b: &Boot) {
             .unwrap_or(0);
         // (A hit between a kprobe's arming and its program's attach counts as skipped.)
         assert!(
-            p.kprobe_skipped.abs_diff(fewer) <= fewer / 100 + 10,
+            charge.kprobe_skipped.abs_diff(fewer) <= fewer / 100 + 10,
             "{short}: {} calls told by the kprobe hits, {fewer} by the programs' misses\n{summary}",
-            p.kprobe_skipped
+            charge.kprobe_skipped
         );
     }
 
     assert!(
-        p.lost_upper >= p.kprobe_skipped,
+        charge.lost_upper >= charge.kprobe_skipped,
         "{short}: loss at most {} leaves out {} kprobe hits not run\n{summary}",
-        p.lost_upper,
-        p.kprobe_skipped
+        charge.lost_upper,
+        charge.kprobe_skipped
     );
     assert_eq!(
         summary.contains("calls whose kprobe programs the kernel did not run"),
@@ -510,7 +511,7 @@ fn check_skipped_in_map_updates(b: &Boot) {
         &mut std::io::stderr(),
         format!(
             "{vm_name}: {UPDATES} charges inside map updates: {} kprobe hits not run, {} program misses, {} calls counted, loss at most {}\n",
-            p.kprobe_skipped, p.recursion_misses, p.count, p.lost_upper
+            charge.kprobe_skipped, charge.recursion_misses, charge.count, charge.lost_upper
         )
         .as_bytes(),
     );
@@ -608,24 +609,24 @@ fn check_run(b: &Boot, run: &str) {
         "{short} {run}: no interrupt-context calls in any default probe"
     );
     for name in DEFAULT_PROBES {
-        let p = probe(&doc, name);
-        let backend = check_attached(b, run, name, p, backend);
+        let probe_out = probe(&doc, name);
+        let backend = check_attached(b, run, name, probe_out, backend);
 
         // fentry on the split function itself sees only the calls entering through it:
         // none on hackbench's path.
-        if legacy && name == "stat" && backend == "fentry" && p.count == 0 {
+        if legacy && name == "stat" && backend == "fentry" && probe_out.count == 0 {
             let _ = std::io::Write::write_all(
                 &mut std::io::stderr(),
                 format!(
                     "{vm_name}: {run} stat ({}): no calls on this kernel\n",
-                    p.target
+                    probe_out.target
                 )
                 .as_bytes(),
             );
             continue;
         }
 
-        check_calls(b, run, name, p);
+        check_calls(b, run, name, probe_out);
     }
 }
 
@@ -654,16 +655,16 @@ fn check_meta<'r>(b: &Boot, run: &'r str, doc: &memcg_trace::export::Document) -
         run != "auto",
         "{run}: bpf stats only when asked"
     );
-    let w = doc.meta.workload.as_ref().expect("workload");
+    let workload = doc.meta.workload.as_ref().expect("workload");
     assert_eq!(
-        w.exit_status,
+        workload.exit_status,
         Some(0),
         "hackbench failed under --attach {run}"
     );
     assert!(
-        w.cgroup.starts_with("/sys/fs/cgroup/memcg-trace."),
+        workload.cgroup.starts_with("/sys/fs/cgroup/memcg-trace."),
         "cgroup v2 memcg expected: {}",
-        w.cgroup
+        workload.cgroup
     );
     let backend = match run {
         "auto" if preemptible => "kprobe",
@@ -802,20 +803,20 @@ fn check_calls(b: &Boot, run: &str, name: &str, p: &memcg_trace::export::ProbeOu
         .iter()
         .find(|c| c.context == "task")
         .expect("task context");
-    let l = task
+    let latency = task
         .latency
         .as_ref()
         .expect("latency with function tracing");
     assert!(
-        task.count > 0 && !l.percentiles.is_empty(),
+        task.count > 0 && !latency.percentiles.is_empty(),
         "{short} {run} {name}: no task-context latency"
     );
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!(
             "{vm_name}: {run} {name}: p50 {} ns, p99 {} ns; {}\n",
-            l.percentiles[0].ns,
-            l.percentiles[2].ns,
+            latency.percentiles[0].ns,
+            latency.percentiles[2].ns,
             memcg_trace::table::probe_footnote(p),
         )
         .as_bytes(),
@@ -829,19 +830,19 @@ fn check_probes_listed(b: &Boot) {
     let listed = fs::read_to_string(out.join("probes.txt")).unwrap_or_default();
     let auto = load_recording(&out.join("auto.json"));
     for name in DEFAULT_PROBES {
-        let p = probe(&auto, name);
-        let backend = p.backend.to_string();
+        let probe_out = probe(&auto, name);
+        let backend = probe_out.backend.to_string();
         let row = listed
             .lines()
             .find(|l| l.split_whitespace().next() == Some(name))
             .map(|l| l.split_whitespace().collect::<Vec<_>>());
         assert!(
             row.as_ref().is_some_and(|f| f.len() >= 4
-                && f[1] == p.target
+                && f[1] == probe_out.target
                 && f[2] == backend
                 && f[3] == "attached"),
             "{short}: `probes` on {name}: {row:?}; auto attached {} via {backend}\n{listed}",
-            p.target
+            probe_out.target
         );
     }
 }
@@ -1026,12 +1027,12 @@ fn check_witness_beside_map_update(short: &str, out: &Path) -> (u64, u64, u64, u
     let doc = load_recording(&out.join("witness.json"));
     let summary = fs::read_to_string(out.join("witness.txt")).expect("summary");
     check_invariants(&doc, &summary);
-    let p = probe(&doc, "charge");
-    let held = p.held_switches.unwrap_or(0);
+    let charge = probe(&doc, "charge");
+    let held = charge.held_switches.unwrap_or(0);
     let (deferred_held, rejected_held, proven_held) = (
-        task_sum(p, |c| c.deferred),
-        task_sum(p, |c| c.rejected),
-        task_sum(p, |c| c.proven_on_cpu),
+        task_sum(charge, |c| c.deferred),
+        task_sum(charge, |c| c.rejected),
+        task_sum(charge, |c| c.proven_on_cpu),
     );
 
     // (bpftool's own charges, made inside its map updates, are kprobe hits not run whether or
@@ -1039,7 +1040,7 @@ fn check_witness_beside_map_update(short: &str, out: &Path) -> (u64, u64, u64, u
     assert!(
         held > 0,
         "{short}: a bpftool process preempted in its map updates: no switch found a BPF section held ({} kprobe hits not run)\n{summary}",
-        p.kprobe_skipped
+        charge.kprobe_skipped
     );
 
     // Which deferred calls overlap a held switch depends on when bpftool is preempted (122 of
@@ -1056,7 +1057,7 @@ fn check_witness_beside_map_update(short: &str, out: &Path) -> (u64, u64, u64, u
     );
     (
         held,
-        p.kprobe_skipped,
+        charge.kprobe_skipped,
         proven_held,
         deferred_held,
         rejected_held,
@@ -1099,16 +1100,16 @@ fn check_rt_softirq(short: &str, out: &Path) {
         "{short}: preemption model {:?}",
         doc.meta.preemption_model
     );
-    let p = probe(&doc, "stat");
-    let soft = ctx_count(p, "softirq");
-    let all = p.count;
-    let lost = p.lost_upper;
+    let stat = probe(&doc, "stat");
+    let soft = ctx_count(stat, "softirq");
+    let all = stat.count;
+    let lost = stat.lost_upper;
 
     // The loopback stream's receive charges: thousands of softirq calls.
     assert!(
         bt_soft >= 100,
         "{short}: the stream made only {bt_soft} softirq calls of {} by the kernel's count",
-        p.target
+        stat.target
     );
     assert!(
         soft <= bt_soft && soft + lost + bt_soft / 100 + 10 >= bt_soft,
@@ -1121,7 +1122,7 @@ fn check_rt_softirq(short: &str, out: &Path) {
         masks.threads,
         "{short}: interrupt threads not counted apart"
     );
-    let irq_thread: u64 = p.contexts.iter().map(|c| c.irq_thread).sum();
+    let irq_thread: u64 = stat.contexts.iter().map(|c| c.irq_thread).sum();
     assert!(
         irq_thread <= bt_irq_thread,
         "{short}: stat: {irq_thread} calls of interrupt threads, bpftrace {bt_irq_thread} over a longer window\n{summary}"
@@ -1137,8 +1138,8 @@ fn check_rt_softirq(short: &str, out: &Path) {
         format!(
             "vm_matrix_{}: loopback stream, {} ({}): softirq {soft} of {all} calls (lost at most {lost}), {irq_thread} by interrupt threads; bpftrace by softirq_disable_cnt: softirq {bt_soft}, other {bt_other}; by interrupt threads {bt_irq_thread}\n",
             short.replace(['.', '-'], "_"),
-            p.target,
-            p.backend
+            stat.target,
+            stat.backend
         )
         .as_bytes(),
     );
@@ -1199,21 +1200,30 @@ fn check_no_context_split(out: &std::path::Path) {
         "a row still says task without the context split:\n{summary}"
     );
     for name in ["charge", "rstat"] {
-        let p = probe(&doc, name);
+        let probe_out = probe(&doc, name);
 
         // Interrupt calls share the task slots there: auto takes kprobe, whose programs never
         // interleave on a CPU.
-        assert_eq!(p.backend.to_string(), "kprobe", "{name} without the split");
+        assert_eq!(
+            probe_out.backend.to_string(),
+            "kprobe",
+            "{name} without the split"
+        );
         assert!(
-            p.notes
+            probe_out
+                .notes
                 .iter()
                 .any(|n| n.contains("without the context split")),
             "{name}: {:?}",
-            p.notes
+            probe_out.notes
         );
-        let names: Vec<&str> = p.contexts.iter().map(|c| c.context.as_str()).collect();
+        let names: Vec<&str> = probe_out
+            .contexts
+            .iter()
+            .map(|c| c.context.as_str())
+            .collect();
         assert_eq!(names, ["all"], "{name}: contexts without the split");
-        let c = &p.contexts[0];
+        let c = &probe_out.contexts[0];
         assert!(
             c.count > 0
                 && c.latency

@@ -24,7 +24,7 @@ struct Fgraph {
 
 fn fgraph(path: &Path) -> Fgraph {
     let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut f = Fgraph {
+    let mut fg = Fgraph {
         calls: 0,
         max_ns: 0,
         ge: Vec::new(),
@@ -34,38 +34,43 @@ fn fgraph(path: &Path) -> Fgraph {
         marked: false,
     };
     for l in text.lines() {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        let num = |i: usize| w.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        match w.first().copied() {
-            Some("calls") => f.calls = num(1),
-            Some("max_ns") => f.max_ns = num(1),
-            Some("short") => f.short = (num(1), num(2)),
+        let words: Vec<&str> = l.split_whitespace().collect();
+        let num = |i: usize| {
+            words
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        match words.first().copied() {
+            Some("calls") => fg.calls = num(1),
+            Some("max_ns") => fg.max_ns = num(1),
+            Some("short") => fg.short = (num(1), num(2)),
             Some("not_workload") => {
-                f.not_workload = num(1);
-                f.marked = num(3) == 1;
+                fg.not_workload = num(1);
+                fg.marked = num(3) == 1;
             }
-            Some("ge") => f.ge.push((num(1), num(2))),
-            Some(c) if c.starts_with("cpu") => f.lost += num(w.len() - 1),
+            Some("ge") => fg.ge.push((num(1), num(2))),
+            Some(c) if c.starts_with("cpu") => fg.lost += num(words.len() - 1),
             _ => {}
         }
     }
-    f
+    fg
 }
 
 /// The calls of `buckets` whose duration is at or above `ns`, as a range: the buckets wholly at
 /// or above it, and those reaching above it.
 fn at_least(buckets: &[memcg_trace::export::Bucket], ns: u64) -> (u64, u64) {
-    let mut r = (0, 0);
+    let mut range = (0, 0);
     for b in buckets {
         if b.min_ns >= ns {
-            r.0 += b.count;
+            range.0 += b.count;
         }
 
         if b.max_ns > ns {
-            r.1 += b.count;
+            range.1 += b.count;
         }
     }
-    r
+    range
 }
 
 /// function_graph beside memcg-trace on the same function, on 2 vCPUs, both on the workload's
@@ -111,7 +116,7 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
     // the runs, and of them proven (`confirm_deferred`).
     let mut deferred_all = 0;
     let mut proven_all = 0;
-    let r = boot_on(
+    let result = boot_on(
         &kernel,
         format!("{short}-oracle-{attach}"),
         xtask::oracle_script(attach, &run_refs),
@@ -123,15 +128,15 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
     let mut report = format!("{name} ({attach}, 2 vCPUs):\n");
     let mut failures = Vec::new();
     for run in &run_refs {
-        let w = run.split_whitespace().next().unwrap_or_default();
+        let run_name = run.split_whitespace().next().unwrap_or_default();
         let seen = check_oracle_run(
             run,
-            &r.out_dir,
+            &result.out_dir,
             confirm_deferred,
             &mut report,
             &mut failures,
         );
-        wider.push((w, seen.fg_wider));
+        wider.push((run_name, seen.fg_wider));
         deferred_all += seen.left_the_cpu;
         proven_all += seen.proven;
     }
@@ -158,8 +163,8 @@ fn oracle_on(name: &str, short: &str, attach: &str, charge: &str, try_charge: &s
         failures.is_empty(),
         "{}\n{report}\n--- last console lines ({}) ---\n{}",
         failures.join("\n"),
-        r.log.display(),
-        r.tail(20)
+        result.log.display(),
+        result.tail(20)
     );
 }
 
@@ -214,37 +219,48 @@ fn check_oracle_run(
     // memcg-trace's row only (`preamble` below).
     let late = order == "tracer-first";
     let doc = load_recording(&out.join(format!("oracle-{w}.json")));
-    let p = probe(&doc, probe_name);
+    let probe_out = probe(&doc, probe_name);
 
     // function_graph traced the function memcg-trace resolved the probe to.
-    assert_eq!(p.target, func, "{w}: {probe_name} resolved elsewhere");
+    assert_eq!(
+        probe_out.target, func,
+        "{w}: {probe_name} resolved elsewhere"
+    );
     let fg = fgraph(&out.join(format!("fgraph-{w}.txt")));
-    let wl = p.workload.as_ref().expect("the workload row");
+    let wl = probe_out.workload.as_ref().expect("the workload row");
     let latency = wl.latency.as_ref().expect("the workload's latencies");
-    let irq: u64 = p
+    let irq: u64 = probe_out
         .contexts
         .iter()
         .filter(|c| c.context != "task")
         .map(|c| c.count)
         .sum();
-    describe_run(report, w, p, &fg, irq);
+    describe_run(report, w, probe_out, &fg, irq);
     let ratio = window_ratio(report, latency, &fg);
     let fg_wider = ratio >= 1.0;
     let rows = tail_rows(report, latency, &fg);
     let mut fail = |what: String| failures.push(format!("{w}: {what}"));
-    check_counts(&mut fail, late, &fg, wl.count, p.lost, irq);
+    check_counts(&mut fail, late, &fg, wl.count, probe_out.lost, irq);
 
     // Measured: 1.1-1.5 times the ratio of the means (stalls do not land uniformly: the
     // instrumentation's paths end more translation blocks under TCG); 3x leaves twice that.
     let allowed = 3.0 * ratio.max(1.0 / ratio);
-    let (head, preamble) = excused(late, &fg, wl.count, wl.count + p.lost + irq);
-    check_tails(&mut fail, &rows, fg_wider, allowed, head, preamble, p.lost);
+    let (head, preamble) = excused(late, &fg, wl.count, wl.count + probe_out.lost + irq);
+    check_tails(
+        &mut fail,
+        &rows,
+        fg_wider,
+        allowed,
+        head,
+        preamble,
+        probe_out.lost,
+    );
     let (left_the_cpu, proven) = if confirm_deferred {
-        check_left_the_cpu(&mut fail, w, p)
+        check_left_the_cpu(&mut fail, w, probe_out)
     } else {
         (0, 0)
     };
-    check_longest(&mut fail, fg_wider, latency, &fg, preamble, p.lost);
+    check_longest(&mut fail, fg_wider, latency, &fg, preamble, probe_out.lost);
     RunSeen {
         fg_wider,
         left_the_cpu,

@@ -70,7 +70,7 @@ fn profile_on(name: &str, short: &str) {
     } else {
         1
     };
-    let r = boot_on(
+    let result = boot_on(
         &kernel,
         format!("{short}-profile"),
         xtask::profile_script(
@@ -85,7 +85,7 @@ fn profile_on(name: &str, short: &str) {
         1,
         Some(0),
     );
-    let switch_ns: f64 = fs::read_to_string(r.out_dir.join("switch-ns.txt"))
+    let switch_ns: f64 = fs::read_to_string(result.out_dir.join("switch-ns.txt"))
         .ok()
         .and_then(|t| t.trim().parse().ok())
         .expect("the cost of a context switch (perf bench sched pipe)");
@@ -103,7 +103,7 @@ fn profile_on(name: &str, short: &str) {
         // interrupts land inside the timed windows in proportion to their time, and the
         // floor (measured without them) does not take them out. Of the rounds, the one whose
         // own time per call is the median stands for the backend.
-        let mut runs = alone_runs(&r.out_dir, backend, rounds);
+        let mut runs = alone_runs(&result.out_dir, backend, rounds);
         let round_figures: Vec<String> = runs.iter().map(|(ns, _)| format!("{ns:.1}")).collect();
         details.push(describe_rounds(backend, &runs));
         floor_spread += floors_apart(&runs);
@@ -112,7 +112,7 @@ fn profile_on(name: &str, short: &str) {
         report.push_str(&check_shares(
             backend,
             &alone,
-            &r.out_dir,
+            &result.out_dir,
             switch_ns,
             &round_figures,
         ));
@@ -187,18 +187,18 @@ fn describe_rounds(backend: &str, runs: &[(f64, memcg_trace::export::Document)])
         "{backend}: {}",
         runs.iter()
             .map(|(ns, d)| {
-                let p = &d.probes[0];
-                let w = p.workload.as_ref();
-                let floor = d.meta.floor(p.backend);
+                let probe = &d.probes[0];
+                let workload = probe.workload.as_ref();
+                let floor = d.meta.floor(probe.backend);
                 format!(
                     "{ns:.1} ns (self {} ns over {} calls, floor p50 {} p90 {} min {} ns, workload CPU {} ns, {} left the CPU)",
-                    w.and_then(|w| w.latency.as_ref()).and_then(|l| l.self_ns).unwrap_or(0),
-                    w.map_or(0, |w| w.count),
+                    workload.and_then(|w| w.latency.as_ref()).and_then(|l| l.self_ns).unwrap_or(0),
+                    workload.map_or(0, |w| w.count),
                     floor.map_or(0, |f| f.p50_ns),
                     floor.map_or(0, |f| f.p90_ns),
                     floor.map_or(0, |f| f.min_ns),
                     d.meta.workload.as_ref().and_then(|w| w.cpu_ns).unwrap_or(0),
-                    p.contexts[0].switched,
+                    probe.contexts[0].switched,
                 )
             })
             .collect::<Vec<_>>()
@@ -363,14 +363,15 @@ const PROFILE_ALONE_ROUNDS: u32 = 3;
 /// (its workload row's self time less the instrumentation inside it, the floor per call: what
 /// perf's share of the function measures), the workload's CPU time, ns, and its calls.
 fn own_share(rec: &memcg_trace::export::Document) -> (f64, u64, u64) {
-    let w = rec.probes[0]
+    let workload = rec.probes[0]
         .workload
         .as_ref()
         .expect("workload row without perf");
-    let share = w
+    let share = workload
         .self_share_of_workload_cpu
         .expect("self share without perf")
-        - w.floor_share_of_workload_cpu
+        - workload
+            .floor_share_of_workload_cpu
             .expect("instrumentation share without perf");
     let cpu = rec
         .meta
@@ -378,7 +379,7 @@ fn own_share(rec: &memcg_trace::export::Document) -> (f64, u64, u64) {
         .as_ref()
         .and_then(|w| w.cpu_ns)
         .expect("the workload's CPU time without perf");
-    (share, cpu, w.count)
+    (share, cpu, workload.count)
 }
 
 /// The function's own time per call in a recording of the profiler comparison (see
@@ -484,14 +485,15 @@ fn check_beside_perf(
     backend: &str,
     text: &str,
 ) -> (u64, f64, f64) {
-    let w = doc.meta.workload.as_ref().expect("workload");
-    let cpu = w.cpu_ns.expect("the workload's CPU time");
+    let workload = doc.meta.workload.as_ref().expect("workload");
+    let cpu = workload.cpu_ns.expect("the workload's CPU time");
     assert!(
-        w.cpu_source
+        workload
+            .cpu_source
             .as_deref()
             .is_some_and(|s| s.contains("cpu.stat")),
         "{run}: {:?}",
-        w.cpu_source
+        workload.cpu_source
     );
     let p = &doc.probes[0];
     assert_eq!(p.backend.to_string(), backend);
@@ -526,8 +528,11 @@ fn check_beside_perf(
 /// perf's samples of the workload: enough of them, their time its cgroup's CPU usage, some
 /// in the function.
 fn check_perf_saw_the_workload(run: &str, perf: &PerfShares, cpu: u64, target: &str, shares: &str) {
-    let n = perf.samples as f64;
-    assert!(n >= 2000.0, "{run}: perf took {n} samples\n{shares}");
+    let samples = perf.samples as f64;
+    assert!(
+        samples >= 2000.0,
+        "{run}: perf took {samples} samples\n{shares}"
+    );
     assert!(
         (perf.ns as f64 - cpu as f64).abs() <= 0.05 * cpu as f64,
         "{run}: perf's time of the workload {} ns is not its cgroup's CPU usage {cpu} ns ({} stretches, {} ns in all, of any task, not watched)\n{shares}",
@@ -565,13 +570,13 @@ struct PerfShares {
 impl PerfShares {
     fn parse(text: &str, function: &str) -> Option<PerfShares> {
         let row = |k: &str| -> Option<Vec<u64>> {
-            let v: Vec<u64> = text
+            let values: Vec<u64> = text
                 .lines()
                 .find_map(|l| l.strip_prefix(&format!("{k} ")))?
                 .split_whitespace()
                 .map(|x| x.parse().ok())
                 .collect::<Option<_>>()?;
-            Some(v)
+            Some(values)
         };
         let (all, ins, throttled, f) = (
             row("samples")?,
@@ -604,20 +609,20 @@ impl PerfShares {
     /// The standard error of the function's share from the spread of its batches (the ratio
     /// estimator's); None with fewer than 5 batches.
     fn batch_se(&self) -> Option<f64> {
-        let k = self.batches.len();
-        if k < 5 {
+        let batch_count = self.batches.len();
+        if batch_count < 5 {
             return None;
         }
 
         let all: f64 = self.batches.iter().map(|b| b.0).sum();
         let share = self.batches.iter().map(|b| b.1).sum::<f64>() / all;
-        let mean = all / k as f64;
+        let mean = all / batch_count as f64;
         let ss: f64 = self
             .batches
             .iter()
             .map(|(a, f)| (f - share * a).powi(2))
             .sum();
-        Some((ss / (k as f64 * (k - 1) as f64)).sqrt() / mean)
+        Some((ss / (batch_count as f64 * (batch_count - 1) as f64)).sqrt() / mean)
     }
 }
 

@@ -54,7 +54,7 @@ fn vm_own_kernel_image_6_12() {
 /// Boots the user's kernel `own` and records the charges by fentry there, the recording's
 /// kernel release `want_release` (the stock image's): its calls.
 fn check_own_kernel_traces(name: &str, own: &kernels::Kernel, want_release: &str) -> u64 {
-    let r = boot(
+    let result = boot(
         own,
         "own-6.12-test".into(),
         // One recording: the matrix's other steps (the selftest, `probes`, the failing
@@ -64,8 +64,8 @@ fn check_own_kernel_traces(name: &str, own: &kernels::Kernel, want_release: &str
             .into(),
         Vec::new(),
     );
-    let doc = load_recording(&r.out_dir.join("fentry.json"));
-    let summary = fs::read_to_string(r.out_dir.join("fentry.txt")).expect("summary");
+    let doc = load_recording(&result.out_dir.join("fentry.json"));
+    let summary = fs::read_to_string(result.out_dir.join("fentry.txt")).expect("summary");
     check_invariants(&doc, &summary);
     assert_eq!(doc.meta.kernel_release, want_release, "{name}\n{summary}");
     let charge = probe(&doc, "charge");
@@ -137,14 +137,14 @@ fn vm_serve_6_12() {
     let Some(kernel) = one_kernel(name, short) else {
         return;
     };
-    let r = boot(
+    let result = boot(
         &kernel,
         format!("{short}-serve"),
         xtask::serve_script(),
         Vec::new(),
     );
-    let doc = load_recording(&r.out_dir.join("serve.json"));
-    let text = fs::read_to_string(r.out_dir.join("metrics.txt")).expect("the scrape");
+    let doc = load_recording(&result.out_dir.join("serve.json"));
+    let text = fs::read_to_string(result.out_dir.join("metrics.txt")).expect("the scrape");
     let charge = probe(&doc, "charge");
     let task = charge
         .contexts
@@ -311,7 +311,7 @@ fn workloads_on(name: &str, short: &str) {
 
     // perf (linux-perf, which `cargo xtask setup` installs) for its `bench sched messaging`.
     let perf = xtask::which("perf").ok();
-    let r = boot_on(
+    let result = boot_on(
         &kernel,
         format!("{short}-workloads"),
         WORKLOADS_SCRIPT.into(),
@@ -331,14 +331,20 @@ fn workloads_on(name: &str, short: &str) {
         ("kmalloc", "pipes", 5_000, 6.0, 6.0),
     ] {
         said.push(check_operations(
-            name, &r.out_dir, file, unit, ops, charges, frees,
+            name,
+            &result.out_dir,
+            file,
+            unit,
+            ops,
+            charges,
+            frees,
         ));
     }
 
-    said.push(check_sockets(name, &r.out_dir));
-    check_sockets_stopped(name, &r.out_dir);
+    said.push(check_sockets(name, &result.out_dir));
+    check_sockets_stopped(name, &result.out_dir);
     if perf.is_some() {
-        said.push(check_perf_messaging(name, &r.out_dir));
+        said.push(check_perf_messaging(name, &result.out_dir));
     } else {
         skip(
             &format!("{name} (perf bench sched messaging)"),
@@ -346,7 +352,7 @@ fn workloads_on(name: &str, short: &str) {
         );
     }
 
-    let left = fs::read_to_string(r.out_dir.join("left.txt")).unwrap_or_default();
+    let left = fs::read_to_string(result.out_dir.join("left.txt")).unwrap_or_default();
     assert_eq!(left.trim(), "0", "{name}: memcgs left behind");
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
@@ -458,15 +464,18 @@ fn check_sockets(name: &str, out: &Path) -> String {
         !summary.contains("share the workload's memcg") && !summary.contains("not given back"),
         "{name}: sockets: the sub-memcgs were not used or not given back\n{summary}"
     );
-    let w = doc.meta.workload.as_ref().expect("the workload");
-    assert_eq!(w.exit_status, Some(0), "{name}: sockets\n{summary}");
-    let ops = w.operations.as_ref().expect("the workload's operations");
+    let workload = doc.meta.workload.as_ref().expect("the workload");
+    assert_eq!(workload.exit_status, Some(0), "{name}: sockets\n{summary}");
+    let ops = workload
+        .operations
+        .as_ref()
+        .expect("the workload's operations");
     assert_eq!(
         (ops.count, ops.unit.as_str()),
         (4000, "64 KiB messages"),
         "{name}: sockets"
     );
-    let root = w
+    let root = workload
         .cgroup
         .strip_prefix("/sys/fs/cgroup")
         .expect("the workload's memcg under /sys/fs/cgroup")
@@ -654,24 +663,24 @@ echo "guest: OOM kills in a memcg memcg-trace made, tracing stopped first"
 memcg-trace record -p charge --duration 4s -o /out/stopped.json -- sh -c 'cg=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup); echo 16M >$cg/memory.max; while :; do tail /dev/zero; done' >/out/stopped.txt 2>&1
 cat /out/oom.txt /out/oom.err
 "#;
-    let r = boot(&kernel, format!("{short}-oom"), script.into(), Vec::new());
-    let status = fs::read_to_string(r.out_dir.join("oom.status")).expect("status");
-    let summary = fs::read_to_string(r.out_dir.join("oom.txt")).expect("summary");
-    let events = fs::read_to_string(r.out_dir.join("memory.events")).expect("memory.events");
+    let result = boot(&kernel, format!("{short}-oom"), script.into(), Vec::new());
+    let status = fs::read_to_string(result.out_dir.join("oom.status")).expect("status");
+    let summary = fs::read_to_string(result.out_dir.join("oom.txt")).expect("summary");
+    let events = fs::read_to_string(result.out_dir.join("memory.events")).expect("memory.events");
     let kernel_kills =
         memcg_trace::workload::oom_kill_of(&events).expect("oom_kill in memory.events");
-    let doc = load_recording(&r.out_dir.join("oom.json"));
-    let w = doc.meta.workload.as_ref().expect("the workload");
+    let doc = load_recording(&result.out_dir.join("oom.json"));
+    let workload = doc.meta.workload.as_ref().expect("the workload");
     assert!(
-        status.trim() == "137" && w.exit_status == Some(137),
+        status.trim() == "137" && workload.exit_status == Some(137),
         "{name}: memcg-trace exited {}, the workload {:?}\n{summary}",
         status.trim(),
-        w.exit_status
+        workload.exit_status
     );
     assert!(
-        kernel_kills >= 1 && w.oom_kills == Some(kernel_kills),
+        kernel_kills >= 1 && workload.oom_kills == Some(kernel_kills),
         "{name}: the kernel counted {kernel_kills} OOM kills, the recording {:?}\n{events}\n{summary}",
-        w.oom_kills
+        workload.oom_kills
     );
     assert!(
         summary.contains(&format!(
@@ -680,7 +689,7 @@ cat /out/oom.txt /out/oom.err
         )),
         "{name}: the table does not say it was OOM-killed\n{summary}"
     );
-    let after = load_recording(&r.out_dir.join("after.json"));
+    let after = load_recording(&result.out_dir.join("after.json"));
     let wa = after.meta.workload.as_ref().expect("the workload");
     assert_eq!(
         (wa.exit_status, wa.oom_kills),
@@ -689,9 +698,9 @@ cat /out/oom.txt /out/oom.err
     );
 
     // Still running when tracing stopped (its memcg removed at the end): the kills so far.
-    let stopped = load_recording(&r.out_dir.join("stopped.json"));
+    let stopped = load_recording(&result.out_dir.join("stopped.json"));
     let ws = stopped.meta.workload.as_ref().expect("the workload");
-    let ssum = fs::read_to_string(r.out_dir.join("stopped.txt")).expect("summary");
+    let ssum = fs::read_to_string(result.out_dir.join("stopped.txt")).expect("summary");
     assert!(
         ws.exit_status.is_none()
             && ws.oom_kills.is_some_and(|k| k >= 1)
@@ -724,38 +733,38 @@ fn vm_reclaim_6_12() {
         return;
     };
     let modules = kernels::modules(&kernel, &["zram"]).expect("the zram module");
-    let r = boot(
+    let result = boot(
         &kernel,
         format!("{short}-reclaim"),
         xtask::reclaim_script("16M", 4),
         modules,
     );
-    let doc = load_recording(&r.out_dir.join("reclaim.json"));
-    let summary = fs::read_to_string(r.out_dir.join("reclaim.txt")).expect("summary");
+    let doc = load_recording(&result.out_dir.join("reclaim.json"));
+    let summary = fs::read_to_string(result.out_dir.join("reclaim.txt")).expect("summary");
     check_invariants(&doc, &summary);
-    check_hdr_independently(&r.out_dir.join("reclaim.json"));
-    let events = fs::read_to_string(r.out_dir.join("memory.events")).expect("memory.events");
+    check_hdr_independently(&result.out_dir.join("reclaim.json"));
+    let events = fs::read_to_string(result.out_dir.join("memory.events")).expect("memory.events");
     let hit_max: u64 = events
         .lines()
         .find_map(|l| l.strip_prefix("max "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
     assert!(hit_max > 0, "the memcg never reached memory.max:\n{events}");
-    let p = probe(&doc, "try_charge");
-    let task = &p.contexts[0];
-    let l = task.latency.as_ref().expect("try_charge latency");
-    let p50 = l.percentiles[0].ns;
+    let try_charge = probe(&doc, "try_charge");
+    let task = &try_charge.contexts[0];
+    let latency = task.latency.as_ref().expect("try_charge latency");
+    let p50 = latency.percentiles[0].ns;
     assert!(task.count > 0, "no try_charge call timed: {summary}");
     assert!(
-        l.max_ns >= 100 * p50.max(1),
+        latency.max_ns >= 100 * p50.max(1),
         "no reclaiming call: max {} ns vs p50 {p50} ns",
-        l.max_ns
+        latency.max_ns
     );
     assert_eq!(
-        p.lost,
+        try_charge.lost,
         0,
         "try_charge calls lost: {}",
-        memcg_trace::table::probe_footnote(p)
+        memcg_trace::table::probe_footnote(try_charge)
     );
 
     // The reclaiming calls slept or were preempted: they are timed wall-clock, and the time
@@ -763,23 +772,23 @@ fn vm_reclaim_6_12() {
     assert!(
         task.switched > 0 && task.off_cpu_ns > 0 && task.off_cpu_max_ns > 0,
         "no try_charge call left the CPU, or no time off it: {}",
-        memcg_trace::table::probe_footnote(p)
+        memcg_trace::table::probe_footnote(try_charge)
     );
     let on_cpu = task.on_cpu_ns.expect("on-CPU time");
     assert!(
-        on_cpu > 0 && on_cpu < l.sum_ns,
+        on_cpu > 0 && on_cpu < latency.sum_ns,
         "on-CPU {on_cpu} ns of {} ns",
-        l.sum_ns
+        latency.sum_ns
     );
     let _ = std::io::Write::write_all(
         &mut std::io::stderr(),
         format!(
             "{name}: memory.max reached {hit_max} times; try_charge p50 {p50} ns, p99 {} ns, max {} ns; wall {} ns = on-CPU {on_cpu} + off-CPU {} ns; {}\n",
-            l.percentiles[2].ns,
-            l.max_ns,
-            l.sum_ns,
+            latency.percentiles[2].ns,
+            latency.max_ns,
+            latency.sum_ns,
             task.off_cpu_ns,
-            memcg_trace::table::probe_footnote(p)
+            memcg_trace::table::probe_footnote(try_charge)
         )
         .as_bytes(),
     );
@@ -792,14 +801,15 @@ fn vm_reclaim_6_12() {
 /// off the CPU is told apart within charge's own.
 fn check_try_charge_nested_in_charge(name: &str, doc: &memcg_trace::export::Document) {
     let task = &probe(doc, "try_charge").contexts[0];
-    let c = &probe(doc, "charge").contexts[0];
-    let l = c.latency.as_ref().expect("charge latency");
+    let charge_task = &probe(doc, "charge").contexts[0];
+    let latency = charge_task.latency.as_ref().expect("charge latency");
     assert!(
-        l.nested_calls.unwrap_or(0) > 0 && l.self_ns.unwrap_or(u64::MAX) < l.sum_ns,
+        latency.nested_calls.unwrap_or(0) > 0
+            && latency.self_ns.unwrap_or(u64::MAX) < latency.sum_ns,
         "no try_charge call seen nested in charge: {:?} nested, self {:?} of {} ns; {}",
-        l.nested_calls,
-        l.self_ns,
-        l.sum_ns,
+        latency.nested_calls,
+        latency.self_ns,
+        latency.sum_ns,
         memcg_trace::table::probe_footnote(probe(doc, "charge"))
     );
     let tc = task.latency.as_ref().expect("try_charge latency");
@@ -812,7 +822,10 @@ fn check_try_charge_nested_in_charge(name: &str, doc: &memcg_trace::export::Docu
     {
         // The time the nested try_charge calls spent off the CPU is told apart (review finding
         // 3c), within charge's own.
-        let (off, nested_off) = (l.off_cpu_ns.unwrap_or(0), l.nested_off_cpu_ns.unwrap_or(0));
+        let (off, nested_off) = (
+            latency.off_cpu_ns.unwrap_or(0),
+            latency.nested_off_cpu_ns.unwrap_or(0),
+        );
         assert!(
             nested_off <= off,
             "charge: nested calls' time off the CPU {nested_off} ns above its own {off} ns"
@@ -821,8 +834,8 @@ fn check_try_charge_nested_in_charge(name: &str, doc: &memcg_trace::export::Docu
             &mut std::io::stderr(),
             format!(
                 "{name}: charge {} calls, {} nested calls, off the CPU {off} ns, of it in nested try_charge {nested_off} ns\n",
-                c.count,
-                l.nested_calls.unwrap_or(0)
+                charge_task.count,
+                latency.nested_calls.unwrap_or(0)
             )
             .as_bytes(),
         );

@@ -772,7 +772,8 @@ fn interrupts_cases() -> Vec<Case> {
                 .collect(),
             check: |o| {
                 let counters = &o.counters[CTX_TASK as usize];
-                expect("pairs sent and lost", counters.deferred + counters.deferred_lost, RING_FULL_CALLS)?;
+                let sent_and_lost = counters.deferred + counters.deferred_lost;
+                expect("pairs sent and lost", sent_and_lost, RING_FULL_CALLS)?;
                 expect("pairs read back", o.deferred.len() as u64, counters.deferred)?;
                 if counters.deferred_lost == 0 || counters.deferred < (1 << 20) / RING_RECORD - 64 {
                     return Err(format!(

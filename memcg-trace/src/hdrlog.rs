@@ -198,34 +198,14 @@ impl Drop for HdrLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probes::Backend;
-    use crate::snapshot::{CtxStats, ProbeStats};
+    use crate::snapshot::{for_tests::one_probe, CtxStats};
     use hdrhistogram::serialization::{interval_log::IntervalLogIterator, Deserializer};
 
     fn snap(elapsed_ms: u64, task: &[u64], soft: &[u64]) -> Snapshot {
         let mut contexts: [CtxStats; memcg_trace_common::NUM_CTX] = Default::default();
         contexts[0].hist = HistData::of(task);
         contexts[1].hist = HistData::of(soft);
-        Snapshot {
-            elapsed: Duration::from_millis(elapsed_ms),
-            probes: vec![ProbeStats {
-                name: "charge".into(),
-                target: "obj_cgroup_charge".into(),
-                backend: Backend::Fentry,
-                contexts,
-                programs: Vec::new(),
-                workload: None,
-                kprobe_missed: 0,
-                kprobe_skipped: 0,
-                held_switches: None,
-                window: None,
-                callers: Vec::new(),
-                memcgs: Vec::new(),
-                stacks: Vec::new(),
-                stack_sample: 1,
-            }],
-            ..Default::default()
-        }
+        one_probe(Duration::from_millis(elapsed_ms), contexts)
     }
 
     #[test]

@@ -449,7 +449,7 @@ pub(crate) mod counters_for_tests {
 pub(crate) mod for_tests {
     use std::time::Duration;
 
-    use memcg_trace_common::bucket_index;
+    use memcg_trace_common::{bucket_index, NUM_CTX};
 
     use super::{Backend, CtxStats, ProbeStats, Snapshot};
 
@@ -468,13 +468,19 @@ pub(crate) mod for_tests {
         softirq.hist.min_ns = 2 * ns;
         softirq.hist.max_ns = 2 * ns;
         softirq.hist.buckets[bucket_index(2 * ns)] = soft;
+        let contexts = [task, softirq, CtxStats::default(), CtxStats::default()];
+        one_probe(Duration::from_secs(secs), contexts)
+    }
+
+    /// A snapshot at `elapsed` with one fentry probe, charge, whose contexts saw `contexts`.
+    pub(crate) fn one_probe(elapsed: Duration, contexts: [CtxStats; NUM_CTX]) -> Snapshot {
         Snapshot {
-            elapsed: Duration::from_secs(secs),
+            elapsed,
             probes: vec![ProbeStats {
                 name: "charge".into(),
                 target: "obj_cgroup_charge".into(),
                 backend: Backend::Fentry,
-                contexts: [task, softirq, CtxStats::default(), CtxStats::default()],
+                contexts,
                 programs: vec![],
                 workload: None,
                 kprobe_missed: 0,

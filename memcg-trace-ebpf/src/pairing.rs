@@ -177,15 +177,15 @@ pub(crate) fn pair_entry<E: Env>(
         }
         return;
     };
-    // Counted in the context's cell, found before the call is told apart as the workload's
-    // (its exit is counted in its workload cell: userspace adds the two, see `Cell`).
     let Some(set) = pending(env.state(), probe) else {
         return;
     };
-    let Some(cs) = counters(cpu, probe, ctx) else {
-        return;
-    };
-    add(&mut cs.entries, 1, atomic);
+    // Counted in the pending set, next to `used` (see `PendingSet::entries`); userspace adds
+    // it to the context's cell (the exit of a workload's call goes to its workload cell:
+    // userspace adds the two, see `Cell`).
+    add(&mut set.entries[ctx as usize & (NUM_CTX - 1)], 1, atomic);
+    // The context's counters, looked up only where a rarer event is counted there.
+    let cs = || counters(cpu, probe, ctx);
     if !env.plain() {
         stack(ctx);
     }
@@ -196,10 +196,10 @@ pub(crate) fn pair_entry<E: Env>(
     let task = env.task();
     // Threads that do interrupt work: task context by the kernel's definition, counted apart.
     match env.thread_kind(task) {
-        THREAD_IRQ => add(&mut cs.irq_thread, 1, atomic),
-        THREAD_SOFTIRQ => add(&mut cs.softirq_thread, 1, atomic),
-        _ => {}
-    }
+        THREAD_IRQ => cs().map(|c| add(&mut c.irq_thread, 1, atomic)),
+        THREAD_SOFTIRQ => cs().map(|c| add(&mut c.softirq_thread, 1, atomic)),
+        _ => None,
+    };
     let switches = env.switches(task);
     let mut flags = if workload_call(env, probe, CTX_TASK, memcg, task) {
         PENDING_WORKLOAD
@@ -242,7 +242,9 @@ pub(crate) fn pair_entry<E: Env>(
     } else {
         // Taken meanwhile by an interleaved run (preemptible fentry): this call is not
         // recorded; its exit finds it among the evicted.
-        add(&mut cs.evicted, 1, atomic);
+        if let Some(c) = cs() {
+            add(&mut c.evicted, 1, atomic);
+        }
         remember_evicted(set, key, task);
     }
 }

@@ -25,7 +25,9 @@ macro_rules! enter_interrupt {
             return;
         };
         if p.key != 0 {
-            $cs.stale += 1;
+            if let Some(c) = $cs() {
+                c.stale += 1;
+            }
         }
         p.ctx = $ctx as u16;
         // fentry: the entry program's misses on this CPU now; an exit that finds them moved
@@ -77,7 +79,9 @@ macro_rules! take_task_slot {
             let held = p.key;
             if held == $key {
                 if claim(&mut p.key, held, 0) {
-                    add(&mut $cs.stale, 1, $atomic);
+                    if let Some(c) = $cs() {
+                        add(&mut c.stale, 1, $atomic);
+                    }
                 }
                 $free = i;
                 break;
@@ -96,7 +100,9 @@ macro_rules! take_task_slot {
             let held = p.key;
             let victim = p.task;
             if held != 0 && claim(&mut p.key, held, 0) {
-                add(&mut $cs.evicted, 1, $atomic);
+                if let Some(c) = $cs() {
+                    add(&mut c.evicted, 1, $atomic);
+                }
                 remember_evicted($set, held, victim);
             }
             $free = oldest;

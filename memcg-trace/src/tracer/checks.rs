@@ -764,8 +764,8 @@ fn outcome(rig: &mut TestRig) -> Result<Outcome> {
             .map(names::MAP_CPU_STATE)
             .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?,
     )?;
+    let states = states.get(&0, 0)?;
     out.pending = states
-        .get(&0, 0)?
         .iter()
         .map(|s| {
             s.pending[probe as usize]
@@ -775,6 +775,14 @@ fn outcome(rig: &mut TestRig) -> Result<Outcome> {
                 .count() as u64
         })
         .sum();
+
+    // The entries, counted in the pending sets (`PendingSet::entries`), as the tracer adds them.
+    for st in states.iter() {
+        for ctx in 0..NUM_CTX {
+            out.counters[ctx].entries += st.pending[probe as usize].entries[ctx];
+            out.probe1[ctx].0.entries += st.pending[1].entries[ctx];
+        }
+    }
     Ok(out)
 }
 

@@ -352,10 +352,28 @@ impl Tracer {
         let mut memcgs = self.memcg_rows();
         let mut stacks = self.stack_rows();
         let mut probes = Vec::with_capacity(self.attached.len());
-        let tp_states = self.tp_states()?;
-        for a in &self.attached {
-            let profiles = self.kprobe_profiles(a);
-            let (contexts, workload_read) = self.read_contexts(a, tp_states.as_ref());
+
+        // The kernel's kprobe counts before the programs' (see `kprobe_profiles`); the cells;
+        // then the per-CPU states, whose entries, read after the cells' exits, are never fewer
+        // (a call's entry is counted before its exit).
+        let profiles: Vec<_> = self
+            .attached
+            .iter()
+            .map(|a| self.kprobe_profiles(a))
+            .collect();
+        let mut read: Vec<_> = self
+            .attached
+            .iter()
+            .map(|a| self.read_contexts(a))
+            .collect();
+        let states = self.cpu_states()?;
+        for (a, (contexts, _)) in self.attached.iter().zip(read.iter_mut()) {
+            self.add_state_counts(a, contexts, states.as_ref());
+        }
+
+        for ((a, profiles), (contexts, workload_read)) in
+            self.attached.iter().zip(profiles).zip(read)
+        {
             let workload = self.workload.then(|| {
                 let mut hist = HistData::default();
                 if a.backend.has_latency() {
@@ -405,10 +423,11 @@ impl Tracer {
         })
     }
 
-    /// The tracepoint programs' per-CPU hits, read once for every probe (one syscall; no
-    /// kprobe program exists to miss runs while it reads); None where no probe counts hits.
-    fn tp_states(&self) -> Result<Option<aya::maps::PerCpuValues<memcg_trace_common::CpuState>>> {
-        if !self.tp_percpu || self.attached.iter().all(|a| a.backend.has_latency()) {
+    /// The per-CPU states, read once for every probe (one syscall): the entry programs'
+    /// entries (`PendingSet::entries`) and the tracepoint programs' per-CPU hits; None where
+    /// no probe counts there (only tracepoints, counting in their cells).
+    fn cpu_states(&self) -> Result<Option<aya::maps::PerCpuValues<memcg_trace_common::CpuState>>> {
+        if !self.tp_percpu && self.attached.iter().all(|a| !a.backend.has_latency()) {
             return Ok(None);
         }
 
@@ -437,13 +456,36 @@ impl Tracer {
             .collect()
     }
 
-    /// Probe `a`'s figures by context, summed over CPUs, with the pairs confirmed in
-    /// userspace; and its workload's calls from the very same reads.
-    fn read_contexts(
+    /// Probe `a`'s counts kept in the per-CPU states (`states`, see `cpu_states`), added to
+    /// its contexts: the entries of a probe with an exit, the hits of a tracepoint counting
+    /// per CPU.
+    fn add_state_counts(
         &self,
         a: &Attached,
-        tp_states: Option<&aya::maps::PerCpuValues<memcg_trace_common::CpuState>>,
-    ) -> ([CtxStats; NUM_CTX], HistData) {
+        contexts: &mut [CtxStats; NUM_CTX],
+        states: Option<&aya::maps::PerCpuValues<memcg_trace_common::CpuState>>,
+    ) {
+        let Some(states) = states else {
+            return;
+        };
+        let slot = a.slot as usize;
+        for (ctx, stats) in contexts.iter_mut().enumerate() {
+            for st in states.iter() {
+                if a.backend.has_latency() {
+                    stats.counters.entries += st.pending[slot].entries[ctx];
+                } else if self.tp_percpu {
+                    let [hits, workload_hits] = st.tp_hits[(slot * NUM_CTX + ctx) & (TP_CELLS - 1)];
+                    stats.counters.entries += hits;
+                    stats.counters.workload_hits += workload_hits;
+                }
+            }
+        }
+    }
+
+    /// Probe `a`'s figures by context, summed over CPUs, with the pairs confirmed in
+    /// userspace; and its workload's calls from the very same reads. Without the counts kept
+    /// in the per-CPU states (`add_state_counts`).
+    fn read_contexts(&self, a: &Attached) -> ([CtxStats; NUM_CTX], HistData) {
         let mut contexts: [CtxStats; NUM_CTX] = Default::default();
 
         // The programs time a workload's call, and count its exit, in its workload cell
@@ -470,15 +512,6 @@ impl Tracer {
                     stats.hist.add_cpu(&c.hist);
                     stats.counters.add(&c.counters);
                     workload_read.add_cpu(&c.hist);
-                }
-            }
-
-            if let (Some(states), false) = (&tp_states, a.backend.has_latency()) {
-                let i = (a.slot as usize * NUM_CTX + ctx) & (TP_CELLS - 1);
-                for st in states.iter() {
-                    let [hits, workload_hits] = st.tp_hits[i];
-                    stats.counters.entries += hits;
-                    stats.counters.workload_hits += workload_hits;
                 }
             }
 

@@ -248,8 +248,8 @@ macro_rules! find_task_slot {
                 // SAFETY: the copy buffer, a local.
                 unsafe { $copy.write(*p) };
             }
-            if claim(&mut p.key, $key, 0) {
-                vacate($set, local);
+            if release(&mut p.key, $key, $atomic) {
+                vacate_own($set, local, $atomic);
                 $slot = local;
                 $found = true;
             }

@@ -816,8 +816,8 @@ pub struct CpuState {
     /// Self time on this CPU (see [`Nest`]).
     pub nest: Nest,
     /// Calls waiting for their exit, by probe slot: in this value, which every program looks
-    /// up first, so that reaching them costs no lookup of their own. (The whole value must
-    /// stay within the kernel's 32 KiB limit for a per-CPU value.)
+    /// up first, so that reaching them costs no lookup of their own. (The whole value is kept
+    /// within 32 KiB: see the assertion below.)
     pub pending: [PendingSet; MAX_PROBES],
     /// Tracepoint hits on this CPU by `probe * NUM_CTX + ctx`: [hits, workload hits], where
     /// the tracepoint programs count here (`Config::tp_percpu`); `TP_CELLS` of them.
@@ -826,6 +826,8 @@ pub struct CpuState {
     /// `charged_memcg`): here, not in a map of its own, so that `--by-memcg` costs no lookup
     /// of it (20 ns of a call's 964 in the instruction-counted guest).
     pub memcg_memo: [MemcgMemo; MAX_PROBES],
+    /// Unused: the size a whole number of cache lines (see the assertion below).
+    pub pad: u64,
 }
 
 /// The end of a probe's memcg path (`MemcgPath`) for one argument: a call with the same
@@ -858,8 +860,12 @@ pub struct MemcgMemo {
     pub verdict: u64,
 }
 
-// The kernel refuses a per-CPU map value above 32 KiB (PCPU_MIN_UNIT_SIZE) when the map is
-// created: caught here instead, at build time.
+// Within 32 KiB, the kernel's limit for a per-CPU map value (PCPU_MIN_UNIT_SIZE), which it
+// was until the states became elements of a mappable array: the daemon copies every CPU's
+// state each tick, and the states of neighbouring CPUs are kept apart by a whole number of
+// cache lines (the array's elements are this size, rounded to 8, from a page boundary).
+const _: () = assert!(core::mem::size_of::<CpuState>() <= 32 * 1024);
+const _: () = assert!(core::mem::size_of::<CpuState>().is_multiple_of(64));
 const _: () = assert!(core::mem::size_of::<CpuState>() <= 32 * 1024);
 
 /// Cells of `CpuState::tp_hits`: `MAX_PROBES * NUM_CTX` rounded up to a power of two, so that

@@ -7,7 +7,9 @@ use crate::*;
 /// `find_cpu_base`).
 #[inline(always)]
 pub(crate) fn cpu_state<C: EbpfContext>(c: &C) -> Option<St> {
-    let ptr = CPU_STATE.get_ptr_mut(0)?;
+    // SAFETY: helper without preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let ptr = CPU_STATE.get_ptr_mut(cpu)?;
     // SAFETY: pointer from a successful map lookup; only programs on this CPU write it.
     if unsafe { (*ptr).preempt_addr } != 0 || find_cpu_base(c, ptr) {
         return Some(St(ptr));
@@ -15,7 +17,7 @@ pub(crate) fn cpu_state<C: EbpfContext>(c: &C) -> Option<St> {
     None
 }
 
-/// This CPU's state: a pointer into the per-CPU map. No reference to the whole value is ever
+/// This CPU's state: a pointer to its element of `CPU_STATE`. No reference to the whole value is ever
 /// made: its header fields are read through the pointer (below), and the parts the programs
 /// write (nesting sums, pending sets, tracepoint hits, the workload cache) are reached by
 /// field, so that a reference to one part never overlaps one to another.

@@ -35,8 +35,8 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_current_task,
         bpf_get_current_task_btf, bpf_get_func_arg_cnt, bpf_get_func_ip, bpf_get_smp_processor_id,
-        bpf_get_stack, bpf_ktime_get_ns, bpf_loop, bpf_map_lookup_percpu_elem,
-        bpf_probe_read_kernel, bpf_seq_write, bpf_this_cpu_ptr,
+        bpf_get_stack, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_kernel, bpf_seq_write,
+        bpf_this_cpu_ptr,
     },
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -191,7 +191,8 @@ fn opaque_u64(mut v: u64) -> u64 {
 }
 
 /// The build for kernels before 5.19 (cargo feature `legacy`): no compare-and-swap or bitwise
-/// atomics (5.12), no `bpf_loop` (5.17) nor `bpf_map_lookup_percpu_elem` (5.19), so no search
+/// atomics (5.12), no `bpf_loop` (5.17) (and, when the CPU states were a per-CPU map, no
+/// `bpf_map_lookup_percpu_elem`, 5.19, where the loader still draws the line), so no search
 /// of the other CPUs for a migrated call: its exit is counted unmatched (`orphans`) and its
 /// entry left to go stale. Task slots are then written only from their own CPU, and plain loads
 /// and stores suffice where programs cannot interleave on a CPU (kernels that do not preempt

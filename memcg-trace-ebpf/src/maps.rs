@@ -16,10 +16,15 @@ pub(crate) static WORKLOAD_CELLS: Array<Cell> = Array::with_max_entries(1, BPF_F
 #[map]
 pub(crate) static DEFERRED: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
-/// This CPU's number and the address of its preempt count, found once and verified; its
-/// nesting sums; the calls waiting for their exit.
+/// Each CPU's state, by CPU number (sized by userspace to the possible CPUs): its number and
+/// the address of its preempt count, found once and verified; its nesting sums; the calls
+/// waiting for their exit and the entries counted. Mappable, so that userspace reads the
+/// entries every tick without a map syscall (which would hold its CPU's `bpf_prog_active` and
+/// make the kprobe programs there miss runs; see `tracer::shared`). Only the programs of CPU
+/// `i` write element `i`, but for a migrated call's exit, which claims its slot by
+/// compare-and-swap (`search_cpu`).
 #[map]
-pub(crate) static CPU_STATE: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static CPU_STATE: Array<CpuState> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 /// Per probe slot: WINDOW_OPEN while both programs of the slot are attached (set by userspace).
 #[map]

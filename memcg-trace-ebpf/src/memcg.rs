@@ -71,7 +71,7 @@ pub(crate) fn charged_memcg(st: St, probe: u32, arg: u64, memo: bool) -> Charged
 /// its id.
 #[inline(always)]
 pub(crate) fn memo_hit(m: *mut MemcgMemo, arg: u64, hop: u64, id_off: u32) -> Option<Charged> {
-    // SAFETY: this CPU's element of a per-CPU map; volatile, so that the reads of the sequence
+    // SAFETY: this CPU's element of CPU_STATE; volatile, so that the reads of the sequence
     // word come before and after the others.
     unsafe {
         let seq = core::ptr::read_volatile(core::ptr::addr_of!((*m).seq));

@@ -351,18 +351,10 @@ unsafe extern "C" fn search_cpu(cpu: u64, ctx: *mut c_void) -> i64 {
     if cpu == s.skip {
         return 0;
     }
-    let zero = 0u32;
-    // SAFETY: helper lookup of CPU_STATE's element on another CPU.
-    let st = unsafe {
-        bpf_map_lookup_percpu_elem(
-            &CPU_STATE as *const _ as *mut c_void,
-            &zero as *const u32 as *const c_void,
-            cpu as u32,
-        )
-    } as *mut CpuState;
-    if st.is_null() {
+    // That CPU's state.
+    let Some(st) = CPU_STATE.get_ptr_mut(cpu as u32) else {
         return 0;
-    }
+    };
     // SAFETY: pointer from a successful map lookup.
     let Some(set) = (unsafe { (*st).pending.get_mut(s.probe as usize) }) else {
         return 0;

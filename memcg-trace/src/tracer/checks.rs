@@ -759,12 +759,9 @@ fn outcome(rig: &mut TestRig) -> Result<Outcome> {
         &mut counted,
     )?;
     (out.in_front, out.in_maps) = counted;
-    let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(
-        rig.ebpf
-            .map(names::MAP_CPU_STATE)
-            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?,
-    )?;
-    let states = states.get(&0, 0)?;
+    let states: Shared<memcg_trace_common::CpuState> =
+        rig.shared(names::MAP_CPU_STATE, rig.cpus)?;
+    let states: Vec<_> = (0..rig.cpus).map(|cpu| states.get(cpu)).collect();
     out.pending = states
         .iter()
         .map(|s| {

@@ -314,7 +314,7 @@ fn patch_direct_reads(bytes: &mut [u8], layout: &mut KernelLayout) -> Result<boo
 
 /// The entries of each map sized at load: the shared arrays for the CPUs and probe slots, the
 /// optional maps at their size where their feature is on, else 1.
-fn map_sizes(o: &LoadOptions, config: &Config, front: FrontSizes) -> [(&'static str, u32); 10] {
+fn map_sizes(o: &LoadOptions, config: &Config, front: FrontSizes) -> [(&'static str, u32); 11] {
     let (cpus, probes) = (config.cpus, config.probes);
     let shards = breakdown_shards(cpus);
     let when = |on: bool, entries: u32| if on { entries } else { 1 };
@@ -327,6 +327,7 @@ fn map_sizes(o: &LoadOptions, config: &Config, front: FrontSizes) -> [(&'static 
         ),
         (names::MAP_DEFERRED, DEFERRED_BYTES),
         (names::MAP_HELD_SWITCHES, cpus),
+        (names::MAP_CPU_STATE, cpus),
         (
             names::MAP_CALLERS,
             when(features.callers, MAX_CALLERS * shards),

@@ -30,7 +30,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{MapData, RingBuf},
     programs::Program,
     Btf, Ebpf,
 };
@@ -191,6 +191,9 @@ pub struct Tracer {
     workload_cells: Shared<Cell>,
     /// The switch witness's counts, per CPU (`HeldSwitches`).
     held_switches: Shared<HeldSwitches>,
+    /// The CPUs' states (`CPU_STATE`): the entries counted there, the tracepoints' per-CPU
+    /// hits, the calls pending at the end.
+    states: Shared<memcg_trace_common::CpuState>,
     /// How the deferred pairs of kprobe slots are proven on a kernel that counts no kprobe
     /// program misses (`HeldSwitches`): None until a kprobe slot that defers is attached.
     witness: Option<Witness>,
@@ -249,13 +252,14 @@ fn take_hash<K: aya::Pod, V: aya::Pod>(
 }
 
 /// The arrays the programs share with userspace, mapped: the cells, the workload's cells (of
-/// `workload_contexts` per CPU and probe slot) and the switch witness's counts.
+/// `workload_contexts` per CPU and probe slot), the switch witness's counts and the CPUs'
+/// states.
 fn map_shared_arrays(
     ebpf: &Ebpf,
     cpus: usize,
     probes: usize,
     workload_contexts: usize,
-) -> Result<(Shared<Cell>, Shared<Cell>, Shared<HeldSwitches>)> {
+) -> Result<SharedArrays> {
     let map = |name: &str| {
         ebpf.map(name)
             .ok_or_else(|| anyhow!("map {name} missing from the object"))
@@ -276,8 +280,17 @@ fn map_shared_arrays(
             map(names::MAP_HELD_SWITCHES)?,
             cpus,
         )?,
+        Shared::new(names::MAP_CPU_STATE, map(names::MAP_CPU_STATE)?, cpus)?,
     ))
 }
+
+/// What `map_shared_arrays` maps.
+type SharedArrays = (
+    Shared<Cell>,
+    Shared<Cell>,
+    Shared<HeldSwitches>,
+    Shared<memcg_trace_common::CpuState>,
+);
 
 /// The optional breakdowns' maps, taken out of the object where their feature is on, and the
 /// names they are shown by.
@@ -387,7 +400,7 @@ impl Tracer {
         let cpus = possible_cpus();
         let probes = opts.probes.max(1);
         let workload_contexts = workload_contexts(opts.features.workload_memcg);
-        let (shared_cells, workload_cells, held_switches) =
+        let (shared_cells, workload_cells, held_switches, states) =
             map_shared_arrays(&ebpf, cpus, probes as usize, workload_contexts as usize)?;
         let ring = deferred_ring(&mut ebpf)?;
         let tp_percpu = opts.no_kprobes;
@@ -445,6 +458,7 @@ impl Tracer {
             cells: shared_cells,
             workload_cells,
             held_switches,
+            states,
             witness: None,
             prog_active_known: layout.valid != 0
                 && layout.no_context == 0

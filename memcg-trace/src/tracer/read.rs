@@ -322,21 +322,13 @@ impl Tracer {
         Ok(snap)
     }
 
-    /// Calls still pending in the programs' slots, per probe slot (after detaching: read with
-    /// the map syscalls, no program runs any more).
+    /// Calls still pending in the programs' slots, per probe slot (after detaching: no
+    /// program runs any more).
     fn pending_calls(&self) -> Result<Vec<u64>> {
-        let map = self
-            .ebpf
-            .map(names::MAP_CPU_STATE)
-            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?;
-        let states: aya::maps::PerCpuArray<_, memcg_trace_common::CpuState> =
-            aya::maps::PerCpuArray::try_from(map)?;
-        let states = states
-            .get(&0, 0)
-            .context("reading the pending calls (CPU_STATE)")?;
         let mut out = vec![0; self.attached.len()];
-        for (slot, n) in out.iter_mut().enumerate() {
-            for st in states.iter() {
+        for cpu in 0..self.cpus {
+            let st = self.states.get(cpu);
+            for (slot, n) in out.iter_mut().enumerate() {
                 *n += st.pending[slot].calls.iter().filter(|c| c.key != 0).count() as u64;
             }
         }
@@ -366,9 +358,9 @@ impl Tracer {
             .iter()
             .map(|a| self.read_contexts(a))
             .collect();
-        let states = self.cpu_states()?;
+        let states = self.cpu_states();
         for (a, (contexts, _)) in self.attached.iter().zip(read.iter_mut()) {
-            self.add_state_counts(a, contexts, states.as_ref());
+            self.add_state_counts(a, contexts, &states);
         }
 
         for ((a, profiles), (contexts, workload_read)) in
@@ -423,23 +415,14 @@ impl Tracer {
         })
     }
 
-    /// The per-CPU states, read once for every probe (one syscall): the entry programs'
-    /// entries (`PendingSet::entries`) and the tracepoint programs' per-CPU hits; None where
-    /// no probe counts there (only tracepoints, counting in their cells).
-    fn cpu_states(&self) -> Result<Option<aya::maps::PerCpuValues<memcg_trace_common::CpuState>>> {
+    /// The CPUs' states, copied once for every probe (from the mapping, no syscall): the
+    /// entry programs' entries (`PendingSet::entries`) and the tracepoint programs' per-CPU
+    /// hits; none where no probe counts there (only tracepoints, counting in their cells).
+    fn cpu_states(&self) -> Vec<memcg_trace_common::CpuState> {
         if !self.tp_percpu && self.attached.iter().all(|a| !a.backend.has_latency()) {
-            return Ok(None);
+            return Vec::new();
         }
-
-        let map = self
-            .ebpf
-            .map(names::MAP_CPU_STATE)
-            .ok_or_else(|| anyhow!("map {} missing", names::MAP_CPU_STATE))?;
-        let states: PerCpuArray<_, memcg_trace_common::CpuState> = PerCpuArray::try_from(map)?;
-        let values = states
-            .get(&0, 0)
-            .with_context(|| format!("read {}", names::MAP_CPU_STATE))?;
-        Ok(Some(values))
+        (0..self.cpus).map(|cpu| self.states.get(cpu)).collect()
     }
 
     /// The kernel's counts of probe `a`'s kprobe events: (kretprobe, hits, misses). Read
@@ -463,11 +446,8 @@ impl Tracer {
         &self,
         a: &Attached,
         contexts: &mut [CtxStats; NUM_CTX],
-        states: Option<&aya::maps::PerCpuValues<memcg_trace_common::CpuState>>,
+        states: &[memcg_trace_common::CpuState],
     ) {
-        let Some(states) = states else {
-            return;
-        };
         let slot = a.slot as usize;
         for (ctx, stats) in contexts.iter_mut().enumerate() {
             for st in states.iter() {

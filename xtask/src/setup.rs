@@ -41,6 +41,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "prometheus",
     // The profiler the self and total shares are checked against in the VM (Debian 12: 6.1).
     "linux-perf",
+    // The host test that the arrays the programs share are never read by a map syscall.
+    "strace",
 ];
 
 /// HdrHistogram_py, the independent reader the tests decode recordings' histograms with, and

@@ -143,6 +143,85 @@ fn host_record_tracepoint_with_hackbench_in_a_memcg() {
     );
 }
 
+/// The arrays the programs share with userspace (`BPF_F_MMAPABLE`: the cells, the CPUs'
+/// states with the entries counted there, the switch witness's counts, the front slots) are
+/// read from their mappings only, never by a map syscall: such a syscall holds its CPU's
+/// `bpf_prog_active`, and a kprobe program that fires there meanwhile does not run. A
+/// recording of a few ticks under strace: every map created with the flag, by the fd the
+/// kernel gave it (until that fd is closed), is looked up by no syscall.
+#[test]
+fn host_shared_arrays_are_never_read_by_syscall() {
+    let name = "host_shared_arrays_are_never_read_by_syscall";
+    let Some(_serial) = host_ready(name) else {
+        return;
+    };
+    if xtask::which("strace").is_err() {
+        skip(
+            name,
+            "strace is not installed (cargo xtask setup installs it)",
+        );
+        return;
+    }
+    let dir = scratch(name);
+    let log = dir.join("strace.log");
+    let log_arg = log.to_string_lossy().into_owned();
+    let wrapper = [
+        "strace",
+        "-f",
+        "-e",
+        "trace=bpf,close",
+        "-o",
+        log_arg.as_str(),
+    ];
+    record_tracepoint_in(&wrapper, &dir.join("tp.json"), None, &["sleep", "3"]);
+
+    let trace = std::fs::read_to_string(&log).expect("strace log");
+    let (mapped, read) = syscall_reads_of_mapped_arrays(&trace);
+    assert!(
+        mapped.iter().any(|n| n == "CPU_STATE") && mapped.iter().any(|n| n == "CELLS"),
+        "strace saw no mappable CPU_STATE and CELLS created (saw {mapped:?})"
+    );
+    assert!(
+        read.is_empty(),
+        "mappable arrays read by map syscalls: {read:?}"
+    );
+}
+
+/// From an strace log of `bpf` and `close` calls (`-f`: each line starts with a pid): the
+/// names of the maps created with `BPF_F_MMAPABLE`, and the lookups of such a map made while
+/// its fd was open ("name: call" each).
+fn syscall_reads_of_mapped_arrays(trace: &str) -> (Vec<String>, Vec<String>) {
+    let field = |line: &str, key: &str| -> Option<String> {
+        let at = line.find(key)? + key.len();
+        let rest = &line[at..];
+        let end = rest.find([',', '}', '"']).unwrap_or(rest.len());
+        Some(rest[..end].to_string())
+    };
+    let returned = |line: &str| -> Option<u32> { line.rsplit("= ").next()?.trim().parse().ok() };
+    let mut open: std::collections::HashMap<u32, String> = Default::default();
+    let (mut mapped, mut read) = (Vec::new(), Vec::new());
+    for line in trace.lines() {
+        if line.contains("bpf(BPF_MAP_CREATE") && line.contains("BPF_F_MMAPABLE") {
+            let name = field(line, "map_name=\"").unwrap_or_default();
+            if let Some(fd) = returned(line) {
+                open.insert(fd, name.clone());
+                mapped.push(name);
+            }
+        } else if let Some(fd) = line
+            .find("close(")
+            .and_then(|at| line[at + 6..].split(')').next()?.parse::<u32>().ok())
+        {
+            open.remove(&fd);
+        } else if line.contains("bpf(BPF_MAP_LOOKUP") || line.contains("bpf(BPF_MAP_GET_NEXT_KEY") {
+            let fd = field(line, "map_fd=").and_then(|f| f.parse::<u32>().ok());
+            if let Some(name) = fd.and_then(|fd| open.get(&fd)) {
+                read.push(format!("{name}: {line}"));
+            }
+        }
+    }
+    (mapped, read)
+}
+
 #[test]
 fn host_record_sees_softirq_charging() {
     let name = "host_record_sees_softirq_charging";

@@ -271,8 +271,8 @@ pub mod names {
     pub const MAP_DEFERRED: &str = "DEFERRED";
     /// The switch witness's counts, one [`super::HeldSwitches`] per CPU.
     pub const MAP_HELD_SWITCHES: &str = "HELD_SWITCHES";
-    /// Per-CPU state of the programs, with the calls waiting for their exit
-    /// (`CpuState::pending`).
+    /// The CPUs' states, one element per CPU (`CpuState`), with the calls waiting for their
+    /// exit and the entries counted; mapped by userspace.
     pub const MAP_CPU_STATE: &str = "CPU_STATE";
     /// Per probe slot: the per-CPU address of the entry program's recursion-miss counter, or
     /// [`super::MISSES_BY_WITNESS`].
@@ -314,7 +314,12 @@ pub mod names {
     /// Maps userspace reads through a shared mapping, never through the map syscalls: those
     /// hold the CPU's BPF recursion guard while preemptible, and a kprobe firing on that CPU
     /// meanwhile would be lost.
-    pub const SHARED_MAPS: [&str; 3] = [MAP_CELLS, MAP_WORKLOAD_CELLS, MAP_HELD_SWITCHES];
+    pub const SHARED_MAPS: [&str; 4] = [
+        MAP_CELLS,
+        MAP_WORKLOAD_CELLS,
+        MAP_HELD_SWITCHES,
+        MAP_CPU_STATE,
+    ];
 
     /// Every program the object must hold.
     pub fn all_programs() -> impl Iterator<Item = &'static str> {
@@ -792,7 +797,7 @@ pub const fn off_cpu_slack(wall: u64) -> u64 {
     (wall >> 10) + 1000
 }
 
-/// Per-CPU state the programs keep for themselves.
+/// One CPU's state, kept by the programs (its element of `CPU_STATE`, by CPU number).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuState {
@@ -866,7 +871,6 @@ pub struct MemcgMemo {
 // cache lines (the array's elements are this size, rounded to 8, from a page boundary).
 const _: () = assert!(core::mem::size_of::<CpuState>() <= 32 * 1024);
 const _: () = assert!(core::mem::size_of::<CpuState>().is_multiple_of(64));
-const _: () = assert!(core::mem::size_of::<CpuState>() <= 32 * 1024);
 
 /// Cells of `CpuState::tp_hits`: `MAX_PROBES * NUM_CTX` rounded up to a power of two, so that
 /// a masked index is always in bounds.
@@ -947,11 +951,11 @@ pub struct Config {
     /// cgroup v2 id of the workload's cgroup (0: no workload). Task-context calls by its tasks
     /// are timed, and their exits counted, in the workload cells.
     pub workload_cgroup: u64,
-    /// Non-zero when the tracepoint programs count their hits in the per-CPU state
+    /// Non-zero when the tracepoint programs count their hits in the CPU's state
     /// (`CpuState::tp_hits`) instead of the shared cells: the state is at hand (no lookup
-    /// of its own), but userspace can read it only through the map syscalls, which would make
-    /// kprobe programs on that CPU miss their runs meanwhile. So only on kernels without
-    /// kprobes.
+    /// of its own). Only on kernels without kprobes, as when userspace could read the states
+    /// only through the map syscalls, which make kprobe programs on that CPU miss their runs;
+    /// since the states are mapped, it could be on everywhere (not measured yet).
     pub tp_percpu: u32,
     /// Non-zero with `--callers`: the entry programs read the call site and the exit programs
     /// count each timed call under it in `CALLERS`.

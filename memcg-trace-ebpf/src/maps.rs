@@ -21,8 +21,9 @@ pub(crate) static DEFERRED: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 /// waiting for their exit and the entries counted. Mappable, so that userspace reads the
 /// entries every tick without a map syscall (which would hold its CPU's `bpf_prog_active` and
 /// make the kprobe programs there miss runs; see `tracer::shared`). Only the programs of CPU
-/// `i` write element `i`, but for a migrated call's exit, which claims its slot by
-/// compare-and-swap (`search_cpu`).
+/// `i` write element `i`, but for the exit of a call that migrated, run on another CPU: it
+/// claims its slot by compare-and-swap and clears its `used` bit, or takes it from the
+/// evicted ones (`search_cpu`).
 #[map]
 pub(crate) static CPU_STATE: Array<CpuState> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 

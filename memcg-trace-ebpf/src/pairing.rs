@@ -45,7 +45,7 @@ pub(crate) fn defer(
 /// The pending set of `probe` in CPU state `st` (no lookup: `st` is at hand).
 #[inline(always)]
 pub(crate) fn pending(st: St, probe: u32) -> Option<&'static mut PendingSet> {
-    // SAFETY: per-CPU value; see the module docs for who writes which slot.
+    // SAFETY: this CPU's state; see the module docs for who writes which slot.
     unsafe { (*st.0).pending.get_mut(probe as usize) }
 }
 

@@ -17,8 +17,9 @@ pub const OBJECT_ENV: &str = "MEMCG_TRACE_BPF_OBJECT";
 /// Which build of the eBPF programs is loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Object {
-    /// Every feature: the migrated-call search (`bpf_loop`, 5.17; `bpf_map_lookup_percpu_elem`,
-    /// 5.19) and atomic claims of task slots (compare-and-swap, 5.12).
+    /// Every feature: the migrated-call search (`bpf_loop`, 5.17) and atomic claims of task
+    /// slots (compare-and-swap, 5.12); from 5.19, where `bpf_map_lookup_percpu_elem` came,
+    /// which the search used while the CPUs' states were a per-CPU map.
     Full,
     /// For kernels before 5.19: no migrated-call search (such a call's exit is counted
     /// unmatched, its entry goes stale) and plain claims (sound only where programs cannot be
@@ -81,7 +82,7 @@ pub struct LoadOptions {
     /// The kernel preempts (see `Config::kprobe_defers`).
     pub kernel_preemptible: bool,
     /// No kprobe program can be attached on this kernel: the tracepoint programs may count in
-    /// a per-CPU map (see `Config::tp_percpu`).
+    /// the CPUs' states (see `Config::tp_percpu`).
     pub no_kprobes: bool,
     /// What the programs do beyond timing calls.
     pub features: Features,

@@ -202,9 +202,9 @@ pub struct Tracer {
     /// The kernel preempts: kprobe task calls that left the CPU are deferred
     /// (`Config::kprobe_defers`).
     kprobe_defers: bool,
-    /// The tracepoint programs count their hits in the per-CPU state (`Config::tp_percpu`),
-    /// read once a snapshot: about 25 KB a CPU through one map syscall (only on kernels without
-    /// kprobes, whose programs such a read would make miss).
+    /// The tracepoint programs count their hits in the CPUs' states (`Config::tp_percpu`),
+    /// copied from their mapping once a snapshot (only on kernels without kprobes: see
+    /// `Config::tp_percpu`).
     tp_percpu: bool,
     ring: RingBuf<MapData>,
     verifier: Verifier,

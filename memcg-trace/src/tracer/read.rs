@@ -346,8 +346,9 @@ impl Tracer {
         let mut probes = Vec::with_capacity(self.attached.len());
 
         // The kernel's kprobe counts before the programs' (see `kprobe_profiles`); the cells;
-        // then the per-CPU states, whose entries, read after the cells' exits, are never fewer
-        // (a call's entry is counted before its exit).
+        // then the CPUs' states, whose entries, read after the cells' exits, are not fewer (a
+        // call's entry is counted before its exit; on x86, which does not reorder loads; no
+        // figure subtracts the two).
         let profiles: Vec<_> = self
             .attached
             .iter()

@@ -17,7 +17,7 @@ fn a_clone_is_its_function() {
     ));
 }
 
-/// The legacy object below 5.19 (bpf_map_lookup_percpu_elem), direct task reads from 5.11
+/// The legacy object below 5.19 (where bpf_map_lookup_percpu_elem came), direct task reads from 5.11
 /// (bpf_get_current_task_btf); an unknown version takes the full object.
 #[test]
 fn object_and_reads_by_kernel_version() {

@@ -145,6 +145,16 @@ pub(crate) fn nest_exit<E: Env>(env: &E, call: &Pending, here: bool) -> Nested {
     let Some(n) = env.nest() else {
         return r;
     };
+    r.enclosed = call.flags & PENDING_ENCLOSED != 0;
+    if n.top == call.nest_id && n.calls == call.nest_calls {
+        // Still the innermost open call, and no call was counted inside it: the sums are
+        // still what it noted (they change only with `calls`, or back to what a call entered
+        // after it noted), so only the open call is set back.
+        r.child_ns = 0;
+        n.owner = call.nest_owner;
+        n.top = call.nest_top;
+        return r;
+    }
     if n.top == call.nest_id {
         r.child_ns = n.ns.wrapping_sub(call.nest_ns);
         r.child_calls = n.calls.wrapping_sub(call.nest_calls);
@@ -155,7 +165,6 @@ pub(crate) fn nest_exit<E: Env>(env: &E, call: &Pending, here: bool) -> Nested {
     n.off = call.nest_off;
     n.owner = call.nest_owner;
     n.top = call.nest_top;
-    r.enclosed = call.flags & PENDING_ENCLOSED != 0;
     r
 }
 

@@ -318,21 +318,22 @@ impl Tracer {
         self.flush_log();
         let mut snap = self.snapshot()?;
         snap.elapsed = elapsed;
-        snap.pending = self.pending_calls()?;
+        snap.pending = self.pending_calls();
         Ok(snap)
     }
 
     /// Calls still pending in the programs' slots, per probe slot (after detaching: no
-    /// program runs any more).
-    fn pending_calls(&self) -> Result<Vec<u64>> {
+    /// program runs any more): the slots' keys, read from the mapping.
+    fn pending_calls(&self) -> Vec<u64> {
         let mut out = vec![0; self.attached.len()];
         for cpu in 0..self.cpus {
-            let st = self.states.get(cpu);
             for (slot, n) in out.iter_mut().enumerate() {
-                *n += st.pending[slot].calls.iter().filter(|c| c.key != 0).count() as u64;
+                *n += (0..memcg_trace_common::PENDING_SLOTS)
+                    .filter(|&call| self.states.word(cpu, state_offsets::key(slot, call)) != 0)
+                    .count() as u64;
             }
         }
-        Ok(out)
+        out
     }
 
     /// Reads what the programs counted, summed over CPUs, with the deferred pairs confirmed so
@@ -359,9 +360,8 @@ impl Tracer {
             .iter()
             .map(|a| self.read_contexts(a))
             .collect();
-        let states = self.cpu_states();
         for (a, (contexts, _)) in self.attached.iter().zip(read.iter_mut()) {
-            self.add_state_counts(a, contexts, &states);
+            self.add_state_counts(a, contexts);
         }
 
         for ((a, profiles), (contexts, workload_read)) in
@@ -416,16 +416,6 @@ impl Tracer {
         })
     }
 
-    /// The CPUs' states, copied once for every probe (from the mapping, no syscall): the
-    /// entry programs' entries (`PendingSet::entries`) and the tracepoint programs' per-CPU
-    /// hits; none where no probe counts there (only tracepoints, counting in their cells).
-    fn cpu_states(&self) -> Vec<memcg_trace_common::CpuState> {
-        if !self.tp_percpu && self.attached.iter().all(|a| !a.backend.has_latency()) {
-            return Vec::new();
-        }
-        (0..self.cpus).map(|cpu| self.states.get(cpu)).collect()
-    }
-
     /// The kernel's counts of probe `a`'s kprobe events: (kretprobe, hits, misses). Read
     /// before the programs' counters, so that a hit counted here has run (or was skipped)
     /// before they are read: hits less runs never exceeds the runs skipped (exact once the
@@ -440,24 +430,27 @@ impl Tracer {
             .collect()
     }
 
-    /// Probe `a`'s counts kept in the per-CPU states (`states`, see `cpu_states`), added to
-    /// its contexts: the entries of a probe with an exit, the hits of a tracepoint counting
-    /// per CPU.
-    fn add_state_counts(
-        &self,
-        a: &Attached,
-        contexts: &mut [CtxStats; NUM_CTX],
-        states: &[memcg_trace_common::CpuState],
-    ) {
+    /// Probe `a`'s counts kept in the CPUs' states, added to its contexts: the entries of a
+    /// probe with an exit (`PendingSet::entries`), the hits of a tracepoint counting per CPU
+    /// (`CpuState::tp_hits`). Read field by field from the mapping (no syscall, and not the
+    /// whole state: 31 KB a CPU).
+    fn add_state_counts(&self, a: &Attached, contexts: &mut [CtxStats; NUM_CTX]) {
         let slot = a.slot as usize;
+        let latency = a.backend.has_latency();
+        if !latency && !self.tp_percpu {
+            return;
+        }
         for (ctx, stats) in contexts.iter_mut().enumerate() {
-            for st in states.iter() {
-                if a.backend.has_latency() {
-                    stats.counters.entries += st.pending[slot].entries[ctx];
-                } else if self.tp_percpu {
-                    let [hits, workload_hits] = st.tp_hits[(slot * NUM_CTX + ctx) & (TP_CELLS - 1)];
-                    stats.counters.entries += hits;
-                    stats.counters.workload_hits += workload_hits;
+            for cpu in 0..self.cpus {
+                if latency {
+                    stats.counters.entries +=
+                        self.states.word(cpu, state_offsets::entries(slot, ctx));
+                } else {
+                    let cell = (slot * NUM_CTX + ctx) & (TP_CELLS - 1);
+                    stats.counters.entries +=
+                        self.states.word(cpu, state_offsets::tp_hits(cell, 0));
+                    stats.counters.workload_hits +=
+                        self.states.word(cpu, state_offsets::tp_hits(cell, 1));
                 }
             }
         }
@@ -567,4 +560,97 @@ fn kprobe_losses(profiles: &[(bool, u64, u64)], contexts: &[CtxStats; NUM_CTX]) 
         (a, b) => a.or(b).unwrap_or(0),
     };
     (kprobe_missed, skipped_both)
+}
+
+/// Byte offsets in a `CpuState` of the words userspace reads from the mapping.
+mod state_offsets {
+    use std::mem::{offset_of, size_of};
+
+    use memcg_trace_common::{
+        CpuState, Pending, PendingSet, MAX_PROBES, NUM_CTX, PENDING_SLOTS, TP_CELLS,
+    };
+
+    /// Probe slot `slot`'s pending set.
+    fn set(slot: usize) -> usize {
+        assert!(slot < MAX_PROBES, "probe slot {slot} beyond {MAX_PROBES}");
+        offset_of!(CpuState, pending) + slot * size_of::<PendingSet>()
+    }
+
+    /// `pending[slot].entries[ctx]`.
+    pub(super) fn entries(slot: usize, ctx: usize) -> usize {
+        assert!(ctx < NUM_CTX, "context {ctx} beyond {NUM_CTX}");
+        set(slot) + offset_of!(PendingSet, entries) + ctx * size_of::<u64>()
+    }
+
+    /// `pending[slot].calls[call].key`.
+    pub(super) fn key(slot: usize, call: usize) -> usize {
+        assert!(
+            call < PENDING_SLOTS,
+            "call slot {call} beyond {PENDING_SLOTS}"
+        );
+        set(slot)
+            + offset_of!(PendingSet, calls)
+            + call * size_of::<Pending>()
+            + offset_of!(Pending, key)
+    }
+
+    /// `tp_hits[cell][which]`.
+    pub(super) fn tp_hits(cell: usize, which: usize) -> usize {
+        assert!(
+            cell < TP_CELLS && which < 2,
+            "tracepoint cell {cell}/{which} out of range"
+        );
+        offset_of!(CpuState, tp_hits) + (cell * 2 + which) * size_of::<u64>()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        /// Each offset reads the field it names out of a state's bytes (and no other: every
+        /// field written holds a value of its own).
+        #[test]
+        fn offsets_read_the_fields_they_name() {
+            // SAFETY: CpuState is a plain struct of integers: all zeros is a value of it.
+            let mut st: Box<CpuState> = Box::new(unsafe { std::mem::zeroed() });
+            let mut v = 1;
+            for slot in 0..MAX_PROBES {
+                for ctx in 0..NUM_CTX {
+                    st.pending[slot].entries[ctx] = v;
+                    v += 1;
+                }
+                for call in 0..PENDING_SLOTS {
+                    st.pending[slot].calls[call].key = v;
+                    v += 1;
+                }
+            }
+            for cell in 0..TP_CELLS {
+                st.tp_hits[cell] = [v, v + 1];
+                v += 2;
+            }
+            let word = |offset: usize| {
+                // SAFETY: an offset within the state (the functions assert their indices; the
+                // read is checked against its size here), aligned to 8 as the fields are.
+                assert!(offset + 8 <= size_of::<CpuState>() && offset.is_multiple_of(8));
+                unsafe {
+                    (&*st as *const CpuState as *const u8)
+                        .add(offset)
+                        .cast::<u64>()
+                        .read()
+                }
+            };
+            for slot in 0..MAX_PROBES {
+                for ctx in 0..NUM_CTX {
+                    assert_eq!(word(entries(slot, ctx)), st.pending[slot].entries[ctx]);
+                }
+                for call in 0..PENDING_SLOTS {
+                    assert_eq!(word(key(slot, call)), st.pending[slot].calls[call].key);
+                }
+            }
+            for cell in 0..TP_CELLS {
+                assert_eq!(word(tp_hits(cell, 0)), st.tp_hits[cell][0]);
+                assert_eq!(word(tp_hits(cell, 1)), st.tp_hits[cell][1]);
+            }
+        }
+    }
 }

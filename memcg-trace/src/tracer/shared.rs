@@ -53,17 +53,32 @@ impl<T: Copy> Shared<T> {
 
     /// The first u64 of element `i` as it is now (a tag, say, read before the whole element).
     pub fn first_word(&self, i: usize) -> u64 {
+        self.word(i, 0)
+    }
+
+    /// The u64 at byte `offset` of element `i` as it is now (one atomic load): one field of
+    /// the element, without copying the rest of it.
+    pub fn word(&self, i: usize, offset: usize) -> u64 {
         assert!(
             i < self.entries,
             "index {i} beyond {} entries",
             self.entries
         );
-        const { assert!(std::mem::size_of::<T>() >= 8 && std::mem::align_of::<T>() == 8) };
+        assert!(
+            offset.is_multiple_of(8) && offset + 8 <= std::mem::size_of::<T>(),
+            "offset {offset} is not a whole u64 of the element"
+        );
+        const { assert!(std::mem::align_of::<T>() == 8) };
 
-        // SAFETY: as in `get`: element i lies within the mapping, aligned to 8, and begins
-        // with a whole u64.
+        // SAFETY: as in `get`: element i lies within the mapping, aligned to 8, and holds a
+        // whole u64 at `offset` (checked above).
         unsafe {
-            (*self.ptr.as_ptr().add(i * self.stride).cast::<AtomicU64>()).load(Ordering::Relaxed)
+            (*self
+                .ptr
+                .as_ptr()
+                .add(i * self.stride + offset)
+                .cast::<AtomicU64>())
+            .load(Ordering::Relaxed)
         }
     }
 

@@ -209,19 +209,21 @@ pub(crate) fn pair_entry<E: Env>(
     let Some(set) = pending(env.state(), probe) else {
         return;
     };
-    // Counted in the pending set, next to `used` (see `PendingSet::entries`); userspace adds
-    // it to the context's cell (the exit of a workload's call goes to its workload cell:
-    // userspace adds the two, see `Cell`).
-    add(&mut set.entries[ctx as usize & (NUM_CTX - 1)], 1, atomic);
     // The context's counters, looked up only where a rarer event is counted there.
     let cs = || counters(cpu, probe, ctx);
     if !env.plain() {
         stack(ctx);
     }
+    // Counted in the pending set, next to `used` (see `PendingSet::entries`); userspace adds
+    // it to the context's cell (the exit of a workload's call goes to its workload cell:
+    // userspace adds the two, see `Cell`). In each branch below, so that a task call's index
+    // is a constant.
     // An interrupt context's call: its context's own slot (the step ends the run).
     if ctx != CTX_TASK {
+        add(&mut set.entries[ctx as usize & (NUM_CTX - 1)], 1, atomic);
         enter_interrupt!(env, probe, key, ctx, fentry, caller, memcg, set, cs);
     }
+    add(&mut set.entries[CTX_TASK as usize], 1, atomic);
     let task = env.task();
     // Threads that do interrupt work: task context by the kernel's definition, counted apart.
     match env.thread_kind(task) {

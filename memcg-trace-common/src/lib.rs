@@ -866,9 +866,9 @@ pub struct MemcgMemo {
 }
 
 // Within 32 KiB, the kernel's limit for a per-CPU map value (PCPU_MIN_UNIT_SIZE), which it
-// was until the states became elements of a mappable array: the daemon copies every CPU's
-// state each tick, and the states of neighbouring CPUs are kept apart by a whole number of
-// cache lines (the array's elements are this size, rounded to 8, from a page boundary).
+// was until the states became elements of a mappable array (the daemon reads a few words of
+// each, from the mapping); the states of neighbouring CPUs are kept apart by a whole number
+// of cache lines (the array's elements are this size, rounded to 8, from a page boundary).
 const _: () = assert!(core::mem::size_of::<CpuState>() <= 32 * 1024);
 const _: () = assert!(core::mem::size_of::<CpuState>().is_multiple_of(64));
 
@@ -879,8 +879,9 @@ pub const TP_CELLS: usize = (MAX_PROBES * NUM_CTX).next_power_of_two();
 /// Self time on one CPU, kept as running sums instead of a stack. `ns` and `calls` sum the
 /// traced calls completed at the current nesting level. A call entering takes the next number
 /// (`seq`), notes the sums and who was innermost (`Pending::nest_*`), and becomes the innermost
-/// open call (`top`, `owner`). At its exit it sets all of it back to what it noted, plus
-/// itself in the sums if the call it found open encloses it: what that call will see. If it is
+/// open call (`top`, `owner`). At its exit it sets all of it back to what it noted (only the
+/// open call where no call was counted inside it: the sums are then still what it noted),
+/// plus itself in the sums if the call it found open encloses it: what that call will see. If it is
 /// still the innermost call at its exit, every change to the sums meanwhile was made inside
 /// its window by a call it encloses (a call enclosed by the one innermost when it entered, set
 /// back to a value noted inside its window), so their growth is exactly its nested calls'

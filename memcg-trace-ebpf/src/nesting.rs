@@ -148,8 +148,15 @@ pub(crate) fn nest_exit<E: Env>(env: &E, call: &Pending, here: bool) -> Nested {
     r.enclosed = call.flags & PENDING_ENCLOSED != 0;
     if n.top == call.nest_id && n.calls == call.nest_calls {
         // Still the innermost open call, and no call was counted inside it: the sums are
-        // still what it noted (they change only with `calls`, or back to what a call entered
-        // after it noted), so only the open call is set back.
+        // still what it noted (after the last write of `top` to this call, by its entry or by
+        // the exit of a call that noted it as top, the sums move only by `nest_done`, which
+        // adds to `calls` too), so only the open call is set back. Like every update of the
+        // state, this assumes no other program's run lands between a run's words: an
+        // interrupt call landing inside another exit's restore (a window of an instruction or
+        // two) can leave the sums moved with `calls` set back; if that exit is then counted
+        // ambiguous (no `nest_done`), the call below takes this path and the interrupt call's
+        // time stays in the sums. The full path errs in other such windows (an interrupt call
+        // inside an entry's noting goes to the entering call's child time).
         r.child_ns = 0;
         n.owner = call.nest_owner;
         n.top = call.nest_top;

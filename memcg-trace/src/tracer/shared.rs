@@ -53,6 +53,7 @@ impl<T: Copy> Shared<T> {
 
     /// The first u64 of element `i` as it is now (a tag, say, read before the whole element).
     pub fn first_word(&self, i: usize) -> u64 {
+        const { assert!(std::mem::size_of::<T>() >= 8) };
         self.word(i, 0)
     }
 
@@ -65,7 +66,10 @@ impl<T: Copy> Shared<T> {
             self.entries
         );
         assert!(
-            offset.is_multiple_of(8) && offset + 8 <= std::mem::size_of::<T>(),
+            offset.is_multiple_of(8)
+                && offset
+                    .checked_add(8)
+                    .is_some_and(|end| end <= std::mem::size_of::<T>()),
             "offset {offset} is not a whole u64 of the element"
         );
         const { assert!(std::mem::align_of::<T>() == 8) };

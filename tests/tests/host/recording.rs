@@ -189,8 +189,9 @@ fn host_shared_arrays_are_never_read_by_syscall() {
     );
 }
 
-/// From an strace log of `bpf` and `close` calls (`-f`: each line starts with a pid; a call
-/// another thread's line cut in two is `<unfinished ...>`, then `<... resumed>`): the names of
+/// From an strace log of `bpf` and `close` calls (`-f`: each line starts with a pid, padded to
+/// five columns, so a pid below 10000 is followed by two spaces; a call another thread's line
+/// cut in two is `<unfinished ...>`, then `<... resumed>`): the names of
 /// the maps created with `BPF_F_MMAPABLE`, and the reads of such a map by map command
 /// (lookups, key walks) made while its fd was open ("name: call" each). (Writes are left out:
 /// start-up writes some before any program is attached; the ticks only read.)
@@ -199,6 +200,7 @@ fn syscall_reads_of_mapped_arrays(trace: &str) -> (Vec<String>, Vec<String>) {
     let mut calls = Vec::new();
     for line in trace.lines() {
         let (pid, call) = line.split_once(' ').unwrap_or(("", line));
+        let call = call.trim_start();
         if let Some(head) = call.strip_suffix(" <unfinished ...>") {
             unfinished.insert(pid, head.to_string());
         } else if let Some(at) = call.find("resumed>") {
@@ -241,6 +243,36 @@ fn syscall_reads_of_mapped_arrays(trace: &str) -> (Vec<String>, Vec<String>) {
         }
     }
     (mapped, read)
+}
+
+/// The strace parser reads lines of any pid's width (strace pads pids to five columns: a
+/// four-digit pid made every line unreadable once, so the test saw no map created), calls cut
+/// by another thread's line, and fds closed and reused.
+#[test]
+fn strace_lines_of_any_pid_width_are_read() {
+    let create = |pid: &str, name: &str, fd: u32| {
+        format!("{pid}bpf(BPF_MAP_CREATE, {{map_type=BPF_MAP_TYPE_ARRAY, key_size=4, value_size=8, max_entries=2, map_flags=BPF_F_MMAPABLE, inner_map_fd=0, map_name=\"{name}\", map_ifindex=0}}, 152) = {fd}")
+    };
+    let lookup = |pid: &str, fd: u32| {
+        format!("{pid}bpf(BPF_MAP_LOOKUP_ELEM, {{map_fd={fd}, key=0x7ffd, value=0x7ffe, flags=BPF_ANY}}, 32) = 0")
+    };
+    let trace = [
+        create("5676  ", "CPU_STATE", 27),
+        create("12345 ", "CELLS", 17),
+        "5676  bpf(BPF_MAP_CREATE, {map_type=BPF_MAP_TYPE_HASH, map_flags=0, map_name=\"CALLERS\"}, 152) = 30".to_string(),
+        lookup("5677  ", 30),
+        "5677  bpf(BPF_MAP_LOOKUP_ELEM, {map_fd=27, key=0x1 <unfinished ...>".to_string(),
+        lookup("12346 ", 17),
+        "5677  <... bpf resumed>, value=0x2, flags=BPF_ANY}, 32) = 0".to_string(),
+        "5676  close(17)                          = 0".to_string(),
+        lookup("5676  ", 17),
+    ]
+    .join("\n");
+    let (mapped, read) = syscall_reads_of_mapped_arrays(&trace);
+    assert_eq!(mapped, ["CPU_STATE", "CELLS"]);
+    assert_eq!(read.len(), 2, "{read:?}");
+    assert!(read[0].starts_with("CELLS: "), "{read:?}");
+    assert!(read[1].starts_with("CPU_STATE: "), "{read:?}");
 }
 
 #[test]

@@ -203,8 +203,8 @@ pub struct Tracer {
     /// (`Config::kprobe_defers`).
     kprobe_defers: bool,
     /// The tracepoint programs count their hits in the CPUs' states (`Config::tp_percpu`),
-    /// copied from their mapping once a snapshot (only on kernels without kprobes: see
-    /// `Config::tp_percpu`).
+    /// read word by word from their mapping once a snapshot (only on kernels without
+    /// kprobes: see `Config::tp_percpu`).
     tp_percpu: bool,
     ring: RingBuf<MapData>,
     verifier: Verifier,
@@ -264,33 +264,33 @@ fn map_shared_arrays(
         ebpf.map(name)
             .ok_or_else(|| anyhow!("map {name} missing from the object"))
     };
-    Ok((
-        Shared::new(
+    Ok(SharedArrays {
+        cells: Shared::new(
             names::MAP_CELLS,
             map(names::MAP_CELLS)?,
             cpus * probes * NUM_CTX,
         )?,
-        Shared::new(
+        workload_cells: Shared::new(
             names::MAP_WORKLOAD_CELLS,
             map(names::MAP_WORKLOAD_CELLS)?,
             cpus * probes * workload_contexts,
         )?,
-        Shared::new(
+        held_switches: Shared::new(
             names::MAP_HELD_SWITCHES,
             map(names::MAP_HELD_SWITCHES)?,
             cpus,
         )?,
-        Shared::new(names::MAP_CPU_STATE, map(names::MAP_CPU_STATE)?, cpus)?,
-    ))
+        states: Shared::new(names::MAP_CPU_STATE, map(names::MAP_CPU_STATE)?, cpus)?,
+    })
 }
 
-/// What `map_shared_arrays` maps.
-type SharedArrays = (
-    Shared<Cell>,
-    Shared<Cell>,
-    Shared<HeldSwitches>,
-    Shared<memcg_trace_common::CpuState>,
-);
+/// What `map_shared_arrays` maps (see the `Tracer` fields of the same names).
+struct SharedArrays {
+    cells: Shared<Cell>,
+    workload_cells: Shared<Cell>,
+    held_switches: Shared<HeldSwitches>,
+    states: Shared<memcg_trace_common::CpuState>,
+}
 
 /// The optional breakdowns' maps, taken out of the object where their feature is on, and the
 /// names they are shown by.
@@ -400,8 +400,12 @@ impl Tracer {
         let cpus = possible_cpus();
         let probes = opts.probes.max(1);
         let workload_contexts = workload_contexts(opts.features.workload_memcg);
-        let (shared_cells, workload_cells, held_switches, states) =
-            map_shared_arrays(&ebpf, cpus, probes as usize, workload_contexts as usize)?;
+        let SharedArrays {
+            cells,
+            workload_cells,
+            held_switches,
+            states,
+        } = map_shared_arrays(&ebpf, cpus, probes as usize, workload_contexts as usize)?;
         let ring = deferred_ring(&mut ebpf)?;
         let tp_percpu = opts.no_kprobes;
         let mut calibration = Vec::new();
@@ -455,7 +459,7 @@ impl Tracer {
             probes,
             misses_offset: layout.stats_misses,
             misses_unreachable: misses_unreachable(layout),
-            cells: shared_cells,
+            cells,
             workload_cells,
             held_switches,
             states,
